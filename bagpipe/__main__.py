@@ -1,0 +1,5 @@
+import sys
+
+from bagpipe.cli import main
+
+sys.exit(main())

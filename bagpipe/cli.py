@@ -1,0 +1,85 @@
+"""The ``bagpipe`` command line: one subcommand per module in :mod:`bagpipe.commands`.
+
+Library code raises :class:`bagpipe.errors.BagpipeError`; this is the only place that
+turns those into a one-line message and an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bagpipe.errors import BagpipeError
+
+# name -> (module, one-line summary). Each module defines add_arguments(parser) and run(args) -> int.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "synth": ("bagpipe.commands.synth", "generate a skewed synthetic CTR dataset"),
+    "preprocess": ("bagpipe.commands.preprocess", "convert raw Criteo / Avazu / Taobao logs to shards"),
+    "train": ("bagpipe.commands.train", "train a model (reference, cached or lookahead mode)"),
+    "eval": ("bagpipe.commands.eval", "evaluate a finished run on a dataset"),
+    "bench": ("bagpipe.commands.bench", "run a benchmark scenario side by side"),
+}
+
+DESCRIPTION = """\
+bagpipe trains recommendation models (DLRM, DeepFM, Wide & Deep, DCN) whose embedding
+tables are far larger than a trainer's memory, with exactly the result of plain
+synchronous training.
+
+Typical session:
+  bagpipe synth --profile tiny --samples 50000 --out data/tiny
+  bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/a
+  bagpipe eval --run runs/a --data data/tiny
+
+Run `bagpipe COMMAND --help` for the options of each command.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bagpipe", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, summary) in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:
+                continue  # command not built yet
+            raise
+        p = sub.add_parser(
+            name,
+            help=summary,
+            description=getattr(module, "DESCRIPTION", summary),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def _version() -> str:
+    from bagpipe import __version__
+
+    return f"bagpipe {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except BagpipeError as e:
+        print(f"bagpipe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bagpipe {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

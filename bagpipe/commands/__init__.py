@@ -1,0 +1,2 @@
+"""CLI subcommands. Each module defines ``DESCRIPTION``, ``add_arguments(parser)`` and
+``run(args) -> int`` and is registered in :data:`bagpipe.cli.COMMANDS`."""

@@ -1,0 +1,159 @@
+"""The dataset schema stored in ``meta.json``.
+
+A dataset is a directory::
+
+    DIR/meta.json                      written last, atomically: its presence means "complete"
+    DIR/<split>/<shard:05d>/labels.npy float32 (n,)
+    DIR/<split>/<shard:05d>/dense.npy  float32 (n, Dd)
+    DIR/<split>/<shard:05d>/sparse.npy int32|int64 (n, F1), the one-hot features in schema order
+    DIR/<split>/<shard:05d>/<name>.values.npy / <name>.offsets.npy
+                                       a multi-hot feature: ids (nnz,) and offsets (n + 1,) int64
+
+Every categorical feature has its own table; ``FeatureSpec.num_rows`` is that table's
+size and ids are in ``[0, num_rows)``. Splits (``train``, ``eval``) share the tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bagpipe.errors import DataError
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+
+
+@dataclass
+class FeatureSpec:
+    """One categorical feature and its embedding table."""
+
+    name: str
+    num_rows: int
+    multi_hot: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_rows <= 0:
+            raise DataError(f"feature {self.name!r}: num_rows must be > 0, got {self.num_rows}")
+
+
+@dataclass
+class SplitMeta:
+    """Sample counts of one split, one entry per shard."""
+
+    shard_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def num_samples(self) -> int:
+        return int(sum(self.shard_sizes))
+
+
+@dataclass
+class DatasetMeta:
+    """Everything a reader needs to interpret the shards."""
+
+    dense_names: list[str]
+    features: list[FeatureSpec]
+    splits: dict[str, SplitMeta]
+    id_dtype: str = "int64"
+    format_version: int = FORMAT_VERSION
+    source: dict = field(default_factory=dict)
+
+    @property
+    def num_dense(self) -> int:
+        return len(self.dense_names)
+
+    @property
+    def num_features(self) -> int:
+        return len(self.features)
+
+    @property
+    def table_sizes(self) -> list[int]:
+        return [f.num_rows for f in self.features]
+
+    @property
+    def total_rows(self) -> int:
+        return int(sum(self.table_sizes))
+
+    @property
+    def onehot_features(self) -> list[FeatureSpec]:
+        return [f for f in self.features if not f.multi_hot]
+
+    @property
+    def multihot_features(self) -> list[FeatureSpec]:
+        return [f for f in self.features if f.multi_hot]
+
+    def num_samples(self, split: str = "train") -> int:
+        return self.split(split).num_samples
+
+    def split(self, name: str) -> SplitMeta:
+        if name not in self.splits:
+            raise DataError(f"dataset has no split {name!r} (it has: {', '.join(sorted(self.splits))})")
+        return self.splits[name]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for name, sm in self.splits.items():
+            d["splits"][name]["num_samples"] = sm.num_samples
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DatasetMeta":
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise DataError(f"unsupported dataset format_version {version!r} (this bagpipe reads {FORMAT_VERSION})")
+        splits = {k: SplitMeta(shard_sizes=[int(x) for x in v["shard_sizes"]]) for k, v in d["splits"].items()}
+        return cls(
+            dense_names=list(d["dense_names"]),
+            features=[FeatureSpec(**f) for f in d["features"]],
+            splits=splits,
+            id_dtype=d.get("id_dtype", "int64"),
+            format_version=version,
+            source=dict(d.get("source", {})),
+        )
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write ``meta.json`` atomically (temp file, fsync, rename)."""
+        atomic_write_text(Path(directory) / META_FILE, json.dumps(self.to_json(), indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "DatasetMeta":
+        path = Path(directory) / META_FILE
+        if not Path(directory).is_dir():
+            raise DataError(f"{directory}: no such dataset directory")
+        if not path.exists():
+            raise DataError(f"{path}: missing; {directory} is not a finished bagpipe dataset")
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+        return cls.from_json(d)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a text file so that readers see either the old or the new content."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,242 @@
+"""Writing and reading the binary shard format (see :mod:`bagpipe.data.schema`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bagpipe.data.schema import META_FILE, DatasetMeta, FeatureSpec, SplitMeta
+from bagpipe.errors import DataError
+
+DEFAULT_ROWS_PER_SHARD = 1 << 18
+
+
+def prepare_output_dir(out: str | os.PathLike, overwrite: bool) -> Path:
+    """Create ``out`` for a new dataset.
+
+    Refuses a directory that already holds a finished dataset unless ``overwrite``;
+    a half-written one (no meta.json) is cleared, since it can never be mistaken for
+    a finished dataset anyway.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory")
+    if (out / META_FILE).exists() and not overwrite:
+        raise DataError(f"{out}: already holds a dataset (pass --overwrite to replace it)")
+    if out.exists():
+        if (out / META_FILE).exists():
+            (out / META_FILE).unlink()  # first, so a crash below leaves an unfinished dir
+        for child in out.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class ShardWriter:
+    """Accumulates samples per split and writes fixed-size shards as they fill.
+
+    ``meta.json`` is written by :meth:`close` only, after every shard is on disk, so
+    a crash or Ctrl-C mid-write leaves a directory that readers reject.
+
+    Example::
+
+        w = ShardWriter(out, dense_names, features, overwrite=True)
+        w.append("train", labels, dense, sparse, multihot={"seq": (values, lengths)})
+        w.close(source={"tool": "synth"})
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        dense_names: list[str],
+        features: list[FeatureSpec],
+        *,
+        id_dtype: str = "int64",
+        rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
+        overwrite: bool = False,
+    ):
+        if rows_per_shard <= 0:
+            raise DataError("rows_per_shard must be > 0")
+        if id_dtype not in ("int32", "int64"):
+            raise DataError(f"id_dtype must be int32 or int64, got {id_dtype!r}")
+        self.out = prepare_output_dir(out, overwrite)
+        self.dense_names = list(dense_names)
+        self.features = list(features)
+        self.id_dtype = np.dtype(id_dtype)
+        self.rows_per_shard = rows_per_shard
+        self._pending: dict[str, list[dict]] = {}
+        self._pending_rows: dict[str, int] = {}
+        self._splits: dict[str, SplitMeta] = {}
+        self._closed = False
+        self._onehot = [f for f in features if not f.multi_hot]
+        self._multihot = [f for f in features if f.multi_hot]
+
+    def append(
+        self,
+        split: str,
+        labels: np.ndarray,
+        dense: np.ndarray,
+        sparse: np.ndarray,
+        multihot: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
+        """Add n samples to ``split``.
+
+        labels (n,), dense (n, Dd), sparse (n, F1) ids of the one-hot features in
+        schema order, multihot: name -> (values (nnz,), lengths (n,)).
+        """
+        n = len(labels)
+        dense = np.asarray(dense, dtype=np.float32).reshape(n, len(self.dense_names))
+        sparse = np.asarray(sparse).reshape(n, len(self._onehot))
+        multihot = multihot or {}
+        if set(multihot) != {f.name for f in self._multihot}:
+            raise DataError(f"multihot features given {sorted(multihot)} != schema {[f.name for f in self._multihot]}")
+        for j, f in enumerate(self._onehot):
+            col = sparse[:, j]
+            if n and (col.min() < 0 or col.max() >= f.num_rows):
+                raise DataError(f"feature {f.name!r}: ids outside [0, {f.num_rows})")
+        chunk = {
+            "labels": np.asarray(labels, dtype=np.float32),
+            "dense": dense,
+            "sparse": sparse.astype(self.id_dtype, copy=False),
+        }
+        for f in self._multihot:
+            values, lengths = multihot[f.name]
+            values = np.asarray(values).astype(self.id_dtype, copy=False)
+            lengths = np.asarray(lengths, dtype=np.int64)
+            if len(lengths) != n or lengths.sum() != len(values):
+                raise DataError(f"feature {f.name!r}: lengths do not match values / sample count")
+            if len(values) and (values.min() < 0 or values.max() >= f.num_rows):
+                raise DataError(f"feature {f.name!r}: ids outside [0, {f.num_rows})")
+            chunk[f.name] = (values, lengths)
+        self._pending.setdefault(split, []).append(chunk)
+        self._pending_rows[split] = self._pending_rows.get(split, 0) + n
+        self._splits.setdefault(split, SplitMeta())
+        while self._pending_rows[split] >= self.rows_per_shard:
+            self._flush(split, self.rows_per_shard)
+
+    def _take(self, split: str, n: int) -> dict:
+        """Remove exactly n samples from the front of the split's pending chunks."""
+        out: dict[str, list] = {}
+        need = n
+        chunks = self._pending[split]
+        while need > 0:
+            c = chunks[0]
+            m = len(c["labels"])
+            k = min(m, need)
+            head, tail = _split_chunk(c, k, self._multihot)
+            for key, v in head.items():
+                out.setdefault(key, []).append(v)
+            if k == m:
+                chunks.pop(0)
+            else:
+                chunks[0] = tail
+            need -= k
+        self._pending_rows[split] -= n
+        merged = {key: np.concatenate(out[key]) for key in ("labels", "dense", "sparse")}
+        for f in self._multihot:
+            parts = out[f.name]
+            merged[f.name] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        return merged
+
+    def _flush(self, split: str, n: int) -> None:
+        data = self._take(split, n)
+        sm = self._splits[split]
+        shard_dir = self.out / split / f"{len(sm.shard_sizes):05d}"
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        np.save(shard_dir / "labels.npy", data["labels"])
+        np.save(shard_dir / "dense.npy", data["dense"])
+        np.save(shard_dir / "sparse.npy", data["sparse"])
+        for f in self._multihot:
+            values, lengths = data[f.name]
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            np.save(shard_dir / f"{f.name}.values.npy", values)
+            np.save(shard_dir / f"{f.name}.offsets.npy", offsets)
+        sm.shard_sizes.append(n)
+
+    def close(self, source: dict | None = None) -> DatasetMeta:
+        """Write remaining samples and then meta.json (atomically, last)."""
+        if self._closed:
+            raise DataError("ShardWriter already closed")
+        for split in list(self._pending):
+            if self._pending_rows[split] > 0:
+                self._flush(split, self._pending_rows[split])
+        meta = DatasetMeta(
+            dense_names=self.dense_names,
+            features=self.features,
+            splits=self._splits,
+            id_dtype=str(self.id_dtype),
+            source=dict(source or {}),
+        )
+        if not self._splits or all(s.num_samples == 0 for s in self._splits.values()):
+            raise DataError("no samples were written")
+        meta.save(self.out)
+        self._closed = True
+        return meta
+
+
+def _split_chunk(c: dict, k: int, multihot: list[FeatureSpec]) -> tuple[dict, dict]:
+    head = {key: c[key][:k] for key in ("labels", "dense", "sparse")}
+    tail = {key: c[key][k:] for key in ("labels", "dense", "sparse")}
+    for f in multihot:
+        values, lengths = c[f.name]
+        cut = int(lengths[:k].sum())
+        head[f.name] = (values[:cut], lengths[:k])
+        tail[f.name] = (values[cut:], lengths[k:])
+    return head, tail
+
+
+@dataclass
+class _Shard:
+    labels: np.ndarray
+    dense: np.ndarray
+    sparse: np.ndarray
+    multihot: dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (values, offsets)
+
+
+class Dataset:
+    """Read access to a finished dataset; shards are memory-mapped, never loaded whole."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        self.meta = DatasetMeta.load(self.dir)
+        self._cache: dict[tuple[str, int], _Shard] = {}
+
+    def has_split(self, split: str) -> bool:
+        return split in self.meta.splits and self.meta.splits[split].num_samples > 0
+
+    def shard(self, split: str, index: int) -> _Shard:
+        key = (split, index)
+        if key not in self._cache:
+            d = self.dir / split / f"{index:05d}"
+            try:
+                mh = {
+                    f.name: (
+                        np.load(d / f"{f.name}.values.npy", mmap_mode="r"),
+                        np.load(d / f"{f.name}.offsets.npy", mmap_mode="r"),
+                    )
+                    for f in self.meta.multihot_features
+                }
+                shard = _Shard(
+                    labels=np.load(d / "labels.npy", mmap_mode="r"),
+                    dense=np.load(d / "dense.npy", mmap_mode="r"),
+                    sparse=np.load(d / "sparse.npy", mmap_mode="r"),
+                    multihot=mh,
+                )
+            except FileNotFoundError as e:
+                raise DataError(f"{d}: shard file missing ({Path(e.filename).name})") from None
+            expected = self.meta.splits[split].shard_sizes[index]
+            if len(shard.labels) != expected:
+                raise DataError(f"{d}: holds {len(shard.labels)} samples, meta.json says {expected}")
+            self._cache[key] = shard
+        return self._cache[key]
+
+    def shard_sizes(self, split: str) -> list[int]:
+        return self.meta.split(split).shard_sizes
