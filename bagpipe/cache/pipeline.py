@@ -1,0 +1,243 @@
+"""Executes Plans against a store and a SlotCache, synchronously or pipelined.
+
+Pipelined (the lookahead mode) runs three background threads:
+
+    planner thread   runs the planner (which reads the batch stream) into a queue
+    fetch thread     for each plan, waits until the write-backs it depends on
+                     (``plan.fetch_after``) have reached the store, then reads the
+                     plan's misses into staging arrays, up to ``depth`` plans ahead
+    write-back thread writes evicted rows to the store in order and publishes the
+                     label of the last completed step
+
+while the trainer (the caller's thread) only copies rows in and out of the cache.
+Synchronous execution (nocache, lru) does the same work in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from bagpipe.cache.slots import SlotCache
+from bagpipe.errors import BagpipeError
+from bagpipe.oracle.plan import Plan
+from bagpipe.store.base import EmbeddingStore
+
+_DONE = object()
+
+
+@dataclass
+class PipelineTimes:
+    """Seconds the trainer's thread spent on embedding traffic."""
+
+    wait_embeddings: float = 0.0
+    writeback: float = 0.0
+    fetch_busy: float = 0.0  # background fetch thread, for reference
+    writeback_busy: float = 0.0  # background write-back thread
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+@dataclass
+class _WriteBack:
+    rows: np.ndarray
+    weights: np.ndarray
+    state: np.ndarray
+    closes: int | None = None  # when set: every write-back labelled <= closes is done after this one
+
+
+class PlanExecutor:
+    """Iterate over plans whose fetched rows are installed and ready for the step.
+
+    Call :meth:`after_step` after each step's optimizer update, and :meth:`close`
+    at the end (writes back everything still pending).
+    """
+
+    def __init__(
+        self,
+        store: EmbeddingStore,
+        cache: SlotCache,
+        plans: Iterator[Plan],
+        *,
+        pipelined: bool,
+        depth: int = 2,
+        start_step: int = 0,
+    ):
+        self.store = store
+        self.cache = cache
+        self.plans = plans
+        self.pipelined = pipelined
+        self.times = PipelineTimes()
+        self._pending_after: Plan | None = None
+        # label of the last step whose write-backs reached the store; before the first
+        # planned step the store holds everything
+        self._written = start_step - 1
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        if pipelined:
+            self._plan_q: queue.Queue = queue.Queue(maxsize=max(2, depth))
+            self._ready_q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+            self._wb_q: queue.Queue = queue.Queue()
+            for target, name in ((self._plan_loop, "bagpipe-planner"), (self._fetch_loop, "bagpipe-fetch"), (self._wb_loop, "bagpipe-writeback")):
+                t = threading.Thread(target=target, name=name, daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    # background threads -------------------------------------------------------------
+    def _put(self, q: queue.Queue, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _plan_loop(self) -> None:
+        try:
+            for plan in self.plans:
+                if not self._put(self._plan_q, plan):
+                    return
+            self._put(self._plan_q, _DONE)
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
+            self._put(self._plan_q, _Failure(e))
+
+    def _fetch_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                plan = self._plan_q.get()
+                if plan is _DONE or isinstance(plan, _Failure):
+                    self._put(self._ready_q, plan)
+                    return
+                with self._cond:
+                    while self._written < plan.fetch_after and not self._stop.is_set():
+                        self._cond.wait(timeout=0.1)
+                t0 = time.perf_counter()
+                w, s = self.store.read(plan.fetch_rows)
+                self.times.fetch_busy += time.perf_counter() - t0
+                if not self._put(self._ready_q, (plan, w, s)):
+                    return
+        except BaseException as e:  # noqa: BLE001
+            self._put(self._ready_q, _Failure(e))
+
+    def _wb_loop(self) -> None:
+        while True:
+            item = self._wb_q.get()
+            if item is _DONE:
+                self._wb_q.task_done()
+                return
+            try:
+                t0 = time.perf_counter()
+                self.store.write(item.rows, item.weights, item.state)
+                self.times.writeback_busy += time.perf_counter() - t0
+            except BaseException as e:  # noqa: BLE001
+                self._wb_error = e
+                self._stop.set()
+                with self._cond:
+                    self._cond.notify_all()
+                return
+            finally:
+                self._wb_q.task_done()
+            if item.closes is not None:
+                with self._cond:
+                    self._written = item.closes
+                    self._cond.notify_all()
+
+    # trainer side -------------------------------------------------------------------
+    def _write_back(self, slots: np.ndarray, rows: np.ndarray, closes: int | None) -> None:
+        t0 = time.perf_counter()
+        w, s = self.cache.take(slots) if len(slots) else (None, None)
+        if self.pipelined:
+            if len(slots) or closes is not None:
+                self._check_wb()
+                self._wb_q.put(_WriteBack(rows, w, s, closes) if len(slots) else _WriteBack(rows, np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32), closes))
+        elif len(slots):
+            self.store.write(rows, w, s)
+        self.times.writeback += time.perf_counter() - t0
+
+    def _check_wb(self) -> None:
+        err = getattr(self, "_wb_error", None)
+        if err is not None:
+            raise err
+
+    def __iter__(self) -> Iterator[Plan]:
+        while True:
+            t0 = time.perf_counter()
+            if self.pipelined:
+                item = self._get_ready()
+                if item is _DONE:
+                    return
+                plan, w, s = item
+            else:
+                plan = next(self.plans, None)
+                if plan is None:
+                    return
+            self.times.wait_embeddings += time.perf_counter() - t0
+            # write-backs labelled step-1: the previous step's expired rows, then this step's forced-out rows
+            self._write_back(plan.evict_before_slots, plan.evict_before_rows, closes=plan.step - 1)
+            t0 = time.perf_counter()
+            if not self.pipelined:
+                w, s = self.store.read(plan.fetch_rows)
+            self.cache.install(plan.fetch_slots, plan.fetch_rows, w, s)
+            self.times.wait_embeddings += time.perf_counter() - t0
+            yield plan
+
+    def _get_ready(self):
+        while True:
+            try:
+                item = self._ready_q.get(timeout=0.5)
+            except queue.Empty:
+                self._check_wb()
+                if not any(t.is_alive() for t in self._threads[:2]):
+                    raise BagpipeError("the prefetch pipeline stopped without a result")
+                continue
+            if isinstance(item, _Failure):
+                raise item.exc
+            return item
+
+    def after_step(self, plan: Plan) -> None:
+        """The step's optimizer update is done: its expired rows may leave."""
+        self._write_back(plan.evict_after_slots, plan.evict_after_rows, closes=None)
+
+    def drain(self) -> None:
+        """Wait until every queued write-back has reached the store."""
+        if self.pipelined and not self._closed:
+            self._wb_q.join()
+            self._check_wb()
+
+    def flush_cached(self) -> None:
+        """Write every cached row to the store (rows stay cached). For checkpoints and the end."""
+        self.drain()
+        slots, rows = self.cache.occupied()
+        if len(slots):
+            idx_w = self.cache.weights[slots].cpu().numpy()
+            idx_s = self.cache.state[slots].cpu().numpy()
+            self.store.write(rows, idx_w, idx_s)
+        self.store.flush()
+
+    def close(self) -> None:
+        """Stop the background threads (after draining write-backs)."""
+        if self.pipelined and not self._closed:
+            try:
+                self.drain()
+            finally:
+                self._closed = True
+                self._stop.set()
+                self._wb_q.put(_DONE)
+                with self._cond:
+                    self._cond.notify_all()
+                for t in self._threads:
+                    t.join(timeout=10)

@@ -1,0 +1,51 @@
+"""The trainer's cache: C slots of D weights (+ S optimizer-state values) on a device."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class SlotCache:
+    """A (C, D) weight tensor and a (C, S) state tensor, plus which row each slot holds.
+
+    The model's embedding collection gathers slot ids from ``weights``, so forward and
+    backward cost what a table of C rows costs, whatever the size of the store.
+    """
+
+    def __init__(self, cache_rows: int, dim: int, state_dim: int, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.weights = torch.zeros(cache_rows, dim, device=self.device)
+        self.state = torch.zeros(cache_rows, state_dim, device=self.device)
+        self.slot_rows = np.full(cache_rows, -1, dtype=np.int64)
+        self._pin = self.device.type == "cuda"
+
+    @property
+    def capacity(self) -> int:
+        return int(self.weights.shape[0])
+
+    def install(self, slots: np.ndarray, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
+        """Put fetched rows into their slots."""
+        if len(slots) == 0:
+            return
+        idx = torch.from_numpy(slots).to(self.device)
+        w = torch.from_numpy(weights)
+        s = torch.from_numpy(state)
+        if self._pin:  # pragma: no cover - CUDA only
+            w, s = w.pin_memory(), s.pin_memory()
+        self.weights.index_copy_(0, idx, w.to(self.device, non_blocking=self._pin))
+        self.state.index_copy_(0, idx, s.to(self.device, non_blocking=self._pin))
+        self.slot_rows[slots] = rows
+
+    def take(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copy the values of ``slots`` out (for write-back) and mark the slots free."""
+        idx = torch.from_numpy(slots).to(self.device)
+        w = self.weights.index_select(0, idx).cpu().numpy()
+        s = self.state.index_select(0, idx).cpu().numpy()
+        self.slot_rows[slots] = -1
+        return w, s
+
+    def occupied(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, rows) of every slot that holds a row."""
+        slots = np.flatnonzero(self.slot_rows >= 0)
+        return slots, self.slot_rows[slots]

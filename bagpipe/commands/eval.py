@@ -1,0 +1,66 @@
+"""``bagpipe eval``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DESCRIPTION = """\
+Evaluate a finished (or checkpointed) run on a dataset's eval split: log loss and AUC.
+
+The run's latest checkpoint holds every embedding row in global row order, so a run
+trained in any mode evaluates the same way.
+
+Example:
+  bagpipe eval --run runs/a --data data/tiny
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", required=True, help="run directory written by bagpipe train")
+    p.add_argument("--data", required=True, help="dataset directory with an eval split")
+    p.add_argument("--batch-size", type=int, default=4096, help="eval batch size (default 4096)")
+    p.add_argument("--max-samples", type=int, default=0, help="cap on eval samples (default: all)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from bagpipe.data.shards import Dataset
+    from bagpipe.errors import CheckpointError, ConfigError
+    from bagpipe.models import ModelConfig, build_model
+    from bagpipe.train.checkpoint import load_latest
+    from bagpipe.train.loop import evaluate
+
+    run_dir = Path(args.run)
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.exists():
+        raise ConfigError(f"{run_dir}: not a bagpipe run directory (no config.json)")
+    conf = json.loads(cfg_path.read_text())
+    ckpt = load_latest(run_dir)
+    if ckpt is None:
+        raise CheckpointError(f"{run_dir}: the run has no checkpoint to evaluate")
+    dataset = Dataset(args.data)
+    mcfg = ModelConfig(**conf["model"])
+    model = build_model(mcfg, dataset.meta.num_dense, dataset.meta.num_features)
+    model.load_state_dict(ckpt.dense["model"])
+    table = ckpt.weights()
+    if table.shape[0] != dataset.meta.total_rows:
+        raise ConfigError(
+            f"{args.data} has {dataset.meta.total_rows} embedding rows but the run was trained with {table.shape[0]}"
+        )
+
+    def lookup(rows: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(table[rows.numpy()])
+
+    res = evaluate(model, lookup, dataset, args.batch_size, args.max_samples)
+    res["step"] = ckpt.step
+    if args.json:
+        print(json.dumps(res))
+    elif res["eval_auc"] is None:
+        print(f"{args.data} has no eval split")
+    else:
+        print(f"step {ckpt.step}: eval logloss {res['eval_logloss']:.4f}, eval AUC {res['eval_auc']:.4f} on {res['eval_samples']} samples")
+    return 0

@@ -1,0 +1,154 @@
+"""``bagpipe preprocess``: raw Criteo / Avazu / Taobao logs -> binary shards."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Convert raw click logs into bagpipe's binary shard format (see docs/preprocessing.md).
+
+Formats:
+  criteo   label \\t I1..I13 \\t C1..C26 (Kaggle / Terabyte text; 39 fields with --no-label)
+  avazu    the Avazu CSV (id,click,hour,C1,...,C21; header detected, --no-header to refuse it)
+  taobao   the Taobao display-ad CSV (clk,...,price,...,click_sequence; header in file)
+
+Splits: --input lines are split by line order, the first --split of them (default 0.9,
+or 1.0 when --eval-files is given) to "train", the rest to "eval"; --eval-files go to
+"eval" whole. --no-label input (e.g. Kaggle test.txt) goes whole to split "test" with
+labels written as 0; preprocess it into its own dataset with --vocab-from.
+
+Categorical values: a vocabulary of the train lines (the default, --min-count 1: every
+value seen in train has its own row; values seen fewer than --min-count times and
+values never seen share row 0) or hashing (--max-rows-per-table M: id = value % M, as
+DLRM's --max-ind-range). The mapping is saved in OUT/vocab; --vocab-from DIR reuses
+DIR's, so a validation or test file gets the same ids and table sizes.
+
+Bad lines (wrong field count, non-numeric integer, non-hex category, label not 0/1, ...)
+stop the run with FILE:LINE: problem (--on-error fail, the default) or are skipped and
+counted (--on-error skip; the count is printed and stored in meta.json). meta.json is
+written last, so an interrupted run never looks like a finished dataset.
+
+Examples:
+  bagpipe preprocess criteo --input train.txt --out data/criteo
+  bagpipe preprocess criteo --input day_0.gz day_1.gz --eval-files day_23.gz \\
+      --max-rows-per-table 10000000 --out data/terabyte
+  bagpipe preprocess criteo --input test.txt --no-label --vocab-from data/criteo --out data/criteo-test
+  bagpipe preprocess avazu --input train_head9k.csv --eval-files test_1k.csv --out data/avazu
+  bagpipe preprocess avazu --input test_1k.csv --no-header --split 0 --vocab-from data/avazu --out data/avazu-test
+  bagpipe preprocess taobao --input train.csv --eval-files valid.csv --min-count 2 --out data/taobao
+"""
+
+_FORMATS = {
+    "criteo": ("bagpipe.data.criteo", "CriteoFormat", "Criteo Kaggle / Terabyte text (tab-separated, no header)"),
+    "avazu": ("bagpipe.data.avazu", "AvazuFormat", "Avazu CTR CSV"),
+    "taobao": ("bagpipe.data.taobao", "TaobaoFormat", "Taobao display-ad CSV (FuxiCTR layout)"),
+}
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _fraction(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {v}")
+    return v
+
+
+def _common(p: argparse.ArgumentParser, fmt: str) -> None:
+    g = p.add_argument_group("input and output")
+    g.add_argument("--input", nargs="+", default=[], metavar="FILE", help="raw files (plain or gzip), read in order")
+    g.add_argument("--eval-files", nargs="+", default=[], metavar="FILE", help="files that go whole to split 'eval'")
+    g.add_argument("--out", required=True, metavar="DIR", help="output dataset directory")
+    g.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
+    g.add_argument("--no-label", action="store_true", help="input has no label column; every line goes to split 'test' with label 0")
+    if fmt != "criteo":
+        g.add_argument("--no-header", action="store_true", help="the first line is data (standard column order), never a header")
+    g.add_argument(
+        "--split",
+        type=_fraction,
+        metavar="F",
+        help="fraction of --input lines (by line order) that go to 'train', the rest to 'eval' "
+        "(default 0.9; 1.0 when --eval-files is given)",
+    )
+    g = p.add_argument_group("categorical features (default: vocabulary, --min-count 1)")
+    m = g.add_mutually_exclusive_group()
+    m.add_argument(
+        "--max-rows-per-table",
+        type=_positive_int,
+        metavar="M",
+        help="hashing: id = value %% M, a missing value -> 0 (DLRM's --max-ind-range); one pass",
+    )
+    m.add_argument(
+        "--min-count",
+        type=_positive_int,
+        metavar="K",
+        help="vocabulary of the train lines: values seen >= K times get their own row, the rest share row 0 (default 1)",
+    )
+    m.add_argument("--vocab-from", metavar="DIR", help="reuse the vocabulary / hashing of dataset DIR (same ids, same table sizes)")
+    g = p.add_argument_group("errors and performance")
+    g.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a bad line stops the run naming file and line (fail, default) or is skipped and counted (skip)",
+    )
+    g.add_argument("--rows-per-shard", type=_positive_int, metavar="N", help="samples per shard file (default 262144)")
+    g.add_argument("--workers", type=_positive_int, metavar="N", help="parser threads (default: CPU count, at most 4)")
+    g.add_argument("--block-mb", type=_positive_int, default=8, metavar="MB", help="bytes read per block (default 8 MB)")
+    g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
+    for name, (_, _, summary) in _FORMATS.items():
+        module = __import__(_FORMATS[name][0], fromlist=["__doc__"])
+        sp = sub.add_parser(
+            name,
+            help=summary,
+            description=(module.__doc__ or summary) + "\nSee `bagpipe preprocess --help` for splits, vocabularies and errors.",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _common(sp, name)
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib
+
+    from bagpipe.data.preprocess import DEFAULT_ROWS_PER_SHARD, Options, run_preprocess
+
+    module_name, cls_name, _ = _FORMATS[args.format]
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    fmt = cls(labelled=not args.no_label, header="no" if getattr(args, "no_header", False) else "auto")
+    opts = Options(
+        out=args.out,
+        inputs=list(args.input),
+        eval_files=list(args.eval_files),
+        split=args.split,
+        labelled=not args.no_label,
+        max_rows_per_table=args.max_rows_per_table,
+        min_count=args.min_count,
+        vocab_from=args.vocab_from,
+        on_error=args.on_error,
+        overwrite=args.overwrite,
+        rows_per_shard=args.rows_per_shard or DEFAULT_ROWS_PER_SHARD,
+        workers=args.workers,
+        block_bytes=args.block_mb << 20,
+        progress=args.progress,
+    )
+    result = run_preprocess(fmt, opts)
+    print(result.summary(f"preprocess {args.format}"))
+    if result.skipped:
+        for ex in result.bad_examples[:3]:
+            print(f"  skipped e.g. {ex}")
+    return 0

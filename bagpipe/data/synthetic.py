@@ -1,0 +1,476 @@
+"""Synthetic CTR datasets with the access skew of real click logs.
+
+``generate(SynthConfig(profile="criteo-kaggle", samples=1_000_000), "data/ck")`` writes a
+dataset in the shard format of :mod:`bagpipe.data.schema` whose tables have the sizes of
+the named profile and whose ids follow the skew measured on real data: in every table of
+at least :data:`SKEW_MIN_ROWS` rows, the 1% hottest rows receive ~90% of the accesses.
+
+How a sample is made (all of it vectorised over chunks of :data:`CHUNK_SAMPLES`):
+
+* **ids** -- for table t of n rows, a *rank* r in [0, n) is drawn from a truncated
+  continuous power law, p(x) ~ x**-s on [1, n + 1), r = floor(x) - 1, by inverse CDF in
+  closed form. The exponent s of large tables is calibrated per table so that the
+  hottest 1% of ranks carry exactly the share of accesses a 10**7-row table has under
+  ``zipf_exponent`` (0.90 for the default 1.15; the Criteo Kaggle 10M-row table thus keeps
+  ~1.15, a 100k-row table gets a steeper exponent). Tables below ``SKEW_MIN_ROWS`` rows use
+  a mild exponent (:data:`SMALL_TABLE_EXPONENT`) and are near uniform. The rank is then
+  scattered by a seeded affine bijection ``id = (a * r + b) mod n`` with gcd(a, n) = 1, so
+  hot rows are spread over the table rather than being rows 0..k.
+* **dense** -- Criteo-like: ``log1p`` of a zero-inflated, floored log-normal count per
+  feature. Avazu: hour of day and day of week (scaled to [0, 1]) of a clock that runs
+  over 10 days from the first to the last sample, so the eval split is the last day(s).
+* **label** -- a hidden logistic model: each (table, row) has a weight derived from a
+  64-bit hash of (seed, table, row) (no per-row arrays, so 10M-row tables cost nothing),
+  full size for the hottest 1% of ranks and decaying beyond, so the rows a learner sees
+  often carry most of the signal; plus a linear term in the dense features, plus Gaussian
+  noise, plus a bias calibrated on a pilot sample to hit the profile's click rate;
+  through a sigmoid, then Bernoulli.
+
+Everything is a pure function of the config: the same config gives byte-identical shard
+files (chunk k uses the random stream ``(seed, 1, k)``), and the samples do not depend on
+``eval_fraction`` or ``rows_per_shard``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+import numpy as np
+
+from bagpipe.data.schema import DatasetMeta, FeatureSpec
+from bagpipe.data.shards import DEFAULT_ROWS_PER_SHARD, ShardWriter
+from bagpipe.errors import ConfigError
+
+#: Tables with at least this many rows get the Zipf-like skew; smaller ones are near uniform.
+SKEW_MIN_ROWS = 10_000
+#: Power-law exponent of tables below SKEW_MIN_ROWS (0 would be exactly uniform).
+SMALL_TABLE_EXPONENT = 0.3
+#: The table size at which ``zipf_exponent`` is applied as is; see :func:`table_exponents`.
+REFERENCE_ROWS = 10_000_000
+#: Samples generated per step (bounds memory; part of the definition of the output).
+CHUNK_SAMPLES = 1 << 16
+#: The fraction of rows called "hot" throughout (the 1% of the skew statement).
+HOT_FRACTION = 0.01
+
+_PILOT_SAMPLES = 1 << 14
+_SPARSE_SIGNAL_STD = 1.6  # std of the summed per-row weights of the hottest rows
+_DENSE_SIGNAL_STD = 0.6  # std of the dense linear term
+_NOISE_STD = 0.4  # Gaussian noise on the logit
+_AVAZU_DAYS = 10
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The shape of one dataset family."""
+
+    description: str
+    dense_names: tuple[str, ...]
+    table_names: tuple[str, ...]
+    cardinalities: tuple[int, ...]
+    ctr: float  # click rate the hidden model is calibrated to
+    clock_dense: bool = False  # dense = (hour_of_day, day_of_week) of a 10-day clock
+
+
+_CRITEO_KAGGLE = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+
+_AVAZU = {
+    "C1": 7,
+    "banner_pos": 7,
+    "site_id": 4737,
+    "site_domain": 7745,
+    "site_category": 26,
+    "app_id": 8552,
+    "app_domain": 559,
+    "app_category": 36,
+    "device_id": 2686408,
+    "device_ip": 6729486,
+    "device_model": 8251,
+    "device_type": 5,
+    "device_conn_type": 4,
+    "C14": 2626,
+    "C15": 8,
+    "C16": 9,
+    "C17": 435,
+    "C18": 4,
+    "C19": 68,
+    "C20": 172,
+    "C21": 60,
+}
+
+_TINY = (10, 50, 200, 1000, 5000, 20000, 100, 3)
+
+PROFILES: dict[str, Profile] = {
+    "tiny": Profile(
+        description="13 dense, 8 tables of 3..20k rows (26k rows in all); for tests and demos",
+        dense_names=tuple(f"I{i}" for i in range(1, 14)),
+        table_names=tuple(f"C{i}" for i in range(1, len(_TINY) + 1)),
+        cardinalities=_TINY,
+        ctr=0.25,
+    ),
+    "criteo-kaggle": Profile(
+        description="13 dense, the 26 DLRM Criteo Kaggle tables (33.8M rows; largest 10.1M)",
+        dense_names=tuple(f"I{i}" for i in range(1, 14)),
+        table_names=tuple(f"C{i}" for i in range(1, 27)),
+        cardinalities=_CRITEO_KAGGLE,
+        ctr=0.25,
+    ),
+    "avazu": Profile(
+        description="2 dense (hour of day, day of week), 21 Avazu-like tables (9.5M rows)",
+        dense_names=("hour_of_day", "day_of_week"),
+        table_names=tuple(_AVAZU),
+        cardinalities=tuple(_AVAZU.values()),
+        ctr=0.2,
+        clock_dense=True,
+    ),
+}
+
+#: profile name -> one-line description (for help texts).
+PROFILE_DESCRIPTIONS: dict[str, str] = {name: p.description for name, p in PROFILES.items()}
+
+
+@dataclass(kw_only=True)
+class SynthConfig:
+    """What :func:`generate` makes."""
+
+    profile: str
+    """Dataset family: ``tiny``, ``criteo-kaggle`` or ``avazu`` (see :data:`PROFILES`)."""
+
+    samples: int
+    """Total number of samples over both splits (> 0)."""
+
+    scale: float = 1.0
+    """Multiplies every table's cardinality (rounded, at least 1 row per table); > 0."""
+
+    seed: int = 0
+    """Seeds everything: ids, permutations, hidden model, labels. Same config, same bytes."""
+
+    eval_fraction: float = 0.1
+    """The last ``round(samples * eval_fraction)`` samples form split ``eval``, the rest
+    ``train``; in [0, 1)."""
+
+    zipf_exponent: float = 1.15
+    """Power-law exponent of a 10M-row table; it fixes the top-1% access share (0.90 at
+    1.15) that every table of >= 10,000 rows is calibrated to. In [0.5, 3]."""
+
+    rows_per_shard: int = DEFAULT_ROWS_PER_SHARD
+    """Samples per shard file (> 0); does not change the samples themselves."""
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ConfigError(f"unknown profile {self.profile!r} (choose from: {', '.join(PROFILES)})")
+        if not _is_int(self.samples) or self.samples <= 0:
+            raise ConfigError(f"samples must be a positive integer, got {self.samples!r}")
+        if not _is_real(self.scale) or not self.scale > 0 or not math.isfinite(self.scale):
+            raise ConfigError(f"scale must be a finite number > 0, got {self.scale!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not _is_real(self.eval_fraction) or not 0 <= self.eval_fraction < 1:
+            raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
+        if not _is_real(self.zipf_exponent) or not 0.5 <= self.zipf_exponent <= 3:
+            raise ConfigError(f"zipf_exponent must be in [0.5, 3], got {self.zipf_exponent!r}")
+        if not _is_int(self.rows_per_shard) or self.rows_per_shard <= 0:
+            raise ConfigError(f"rows_per_shard must be a positive integer, got {self.rows_per_shard!r}")
+        if self.samples - self.num_eval <= 0:
+            raise ConfigError(
+                f"eval_fraction {self.eval_fraction} of {self.samples} samples leaves no training samples"
+            )
+        biggest = max(profile_tables(self.profile, self.scale))
+        if biggest >= 1 << 40:
+            raise ConfigError(f"scale {self.scale} makes a table of {biggest} rows (limit 2**40)")
+
+    @property
+    def num_eval(self) -> int:
+        return int(round(self.samples * self.eval_fraction))
+
+    @property
+    def num_train(self) -> int:
+        return self.samples - self.num_eval
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def profile_tables(profile: str, scale: float = 1.0) -> list[int]:
+    """Table cardinalities of ``profile`` times ``scale`` (rounded, >= 1 row each)."""
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown profile {profile!r} (choose from: {', '.join(PROFILES)})")
+    if not scale > 0:
+        raise ConfigError(f"scale must be > 0, got {scale!r}")
+    return [max(1, int(round(n * scale))) for n in PROFILES[profile].cardinalities]
+
+
+# --------------------------------------------------------------------------- skew
+
+
+def hot_rows(n: int) -> int:
+    """How many rows are "the top 1%" of an n-row table: ceil(0.01 * n)."""
+    return max(1, math.ceil(HOT_FRACTION * n))
+
+
+def power_law_top_share(n: int, s: float, k: int | None = None) -> float:
+    """Share of accesses to the k (default: top 1%) hottest of n rows under the sampler.
+
+    Exact for the discretised power law used here: rank r covers x in [r+1, r+2) of
+    p(x) ~ x**-s on [1, n+1), so the top k ranks hold F(k+1).
+    """
+    k = hot_rows(n) if k is None else k
+    if abs(1 - s) < 1e-12:
+        return math.log(k + 1) / math.log(n + 1)
+    e = 1 - s
+    return math.expm1(e * math.log(k + 1)) / math.expm1(e * math.log(n + 1))
+
+
+def table_exponents(table_sizes: list[int], zipf_exponent: float) -> list[float]:
+    """The power-law exponent of each table.
+
+    Tables of >= SKEW_MIN_ROWS rows: the exponent whose top-1% share equals that of a
+    REFERENCE_ROWS-row table under ``zipf_exponent`` (bisection; the share grows with s).
+    Smaller tables: SMALL_TABLE_EXPONENT.
+    """
+    target = power_law_top_share(REFERENCE_ROWS, zipf_exponent)
+    out = []
+    for n in table_sizes:
+        if n < SKEW_MIN_ROWS:
+            out.append(SMALL_TABLE_EXPONENT)
+            continue
+        lo, hi = 0.01, 20.0
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            if power_law_top_share(n, mid) < target:
+                lo = mid
+            else:
+                hi = mid
+        out.append(0.5 * (lo + hi))
+    return out
+
+
+def top_share(ids: np.ndarray, num_rows: int, fraction: float = HOT_FRACTION) -> float:
+    """Measured share of ``ids`` that hit the ceil(fraction * num_rows) most accessed rows.
+
+    Note this is sample-limited: with fewer samples than ~10x that many rows, the rows
+    seen at all are few enough to all count as "top", and the share tends to 1.
+    """
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size == 0:
+        return float("nan")
+    k = max(1, math.ceil(fraction * num_rows))
+    counts = np.bincount(ids.astype(np.int64), minlength=num_rows)
+    if k < counts.size:
+        counts = np.partition(counts, counts.size - k)[counts.size - k :]
+    return float(counts.sum() / ids.size)
+
+
+# --------------------------------------------------------------------------- hashing
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64_(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 on a uint64 array, in place (wrapping arithmetic); returns x."""
+    tmp = np.empty_like(x)
+    with np.errstate(over="ignore"):
+        x += np.uint64(0x9E3779B97F4A7C15)
+        for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            np.right_shift(x, np.uint64(shift), out=tmp)
+            x ^= tmp
+            x *= np.uint64(mult)
+        np.right_shift(x, np.uint64(31), out=tmp)
+        x ^= tmp
+    return x
+
+
+def _hash_uniform(rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Deterministic uniform [0, 1) per (key, row); rows (B, F) int64, keys (F,) uint64."""
+    h = rows.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        h *= np.uint64(0xD1B54A32D192ED03)
+        h += keys
+    h = _splitmix64_(h)
+    h >>= np.uint64(11)
+    return h.astype(np.float64) * (1.0 / (1 << 53))
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class _Plan:
+    """Per-dataset constants, all derived from the config."""
+
+    sizes: np.ndarray  # (F,) int64
+    exponent: np.ndarray  # (F,) float64
+    one_minus_s: np.ndarray  # (F,) float64, never exactly 0
+    cdf_norm: np.ndarray  # (F,) 1 - (n+1)**(1-s)
+    perm_a: np.ndarray  # (F,) int64, gcd(a, n) = 1
+    perm_b: np.ndarray  # (F,) int64
+    hash_keys: np.ndarray  # (F,) uint64
+    weight_std: np.ndarray  # (F,) float64
+    hot: np.ndarray  # (F,) float64: ranks below this carry full weight
+    skewed: np.ndarray  # (F,) bool
+    dense_p_zero: np.ndarray  # (Dd,)
+    dense_mu: np.ndarray
+    dense_sigma: np.ndarray
+    dense_weight: np.ndarray  # (Dd,)
+    clock_dense: bool
+    samples: int
+    bias: float = 0.0
+
+
+def _make_plan(cfg: SynthConfig) -> _Plan:
+    prof = PROFILES[cfg.profile]
+    sizes = profile_tables(cfg.profile, cfg.scale)
+    F = len(sizes)
+    rng = np.random.default_rng([cfg.seed, 0])
+    exps = np.array(table_exponents(sizes, cfg.zipf_exponent), dtype=np.float64)
+    one_minus_s = 1.0 - exps
+    one_minus_s[np.abs(one_minus_s) < 1e-9] = 1e-9
+    n = np.array(sizes, dtype=np.int64)
+    cdf_norm = -np.expm1(one_minus_s * np.log(n.astype(np.float64) + 1.0))
+    perm_a = np.empty(F, np.int64)
+    perm_b = np.empty(F, np.int64)
+    for t, nt in enumerate(sizes):
+        # a*r must fit int64 for r < n: keep a < 2**62 / n.
+        limit = min(nt, (1 << 62) // nt)
+        a = int(rng.integers(max(1, limit // 4), max(2, limit))) if nt > 2 else 1
+        while math.gcd(a, nt) != 1:
+            a = a + 1 if a + 1 < limit else 1
+        perm_a[t] = a
+        perm_b[t] = int(rng.integers(0, nt))
+    hash_keys = rng.integers(0, 1 << 63, size=F, dtype=np.int64).astype(np.uint64)
+    weight_std = np.full(F, _SPARSE_SIGNAL_STD / math.sqrt(F))
+    hot = np.array([hot_rows(nt) for nt in sizes], dtype=np.float64)
+    skewed = n >= SKEW_MIN_ROWS
+    Dd = len(prof.dense_names)
+    clock = prof.clock_dense
+    plan = _Plan(
+        sizes=n,
+        exponent=exps,
+        one_minus_s=one_minus_s,
+        cdf_norm=cdf_norm,
+        perm_a=perm_a,
+        perm_b=perm_b,
+        hash_keys=hash_keys,
+        weight_std=weight_std,
+        hot=hot,
+        skewed=skewed,
+        dense_p_zero=rng.uniform(0.05, 0.45, Dd),
+        dense_mu=rng.uniform(0.0, 4.0, Dd),
+        dense_sigma=rng.uniform(0.5, 1.8, Dd),
+        # clock features span [0, 1] (std ~0.3): twice the weight for a similar effect
+        dense_weight=rng.normal(0.0, _DENSE_SIGNAL_STD / math.sqrt(Dd), Dd) * (2.0 if clock else 1.0),
+        clock_dense=prof.clock_dense,
+        samples=cfg.samples,
+    )
+    # Calibrate the bias on a pilot sample (own random stream) so the click rate is prof.ctr.
+    pilot_pos = np.linspace(0, cfg.samples - 1, _PILOT_SAMPLES).astype(np.int64)
+    z = _features(plan, np.random.default_rng([cfg.seed, 2]), pilot_pos)[2]
+    lo, hi = -20.0, 20.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _sigmoid(z + mid).mean() < prof.ctr:
+            lo = mid
+        else:
+            hi = mid
+    plan.bias = 0.5 * (lo + hi)
+    return plan
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def _features(plan: _Plan, rng: np.random.Generator, positions: np.ndarray):
+    """dense (B, Dd) float32, ids (B, F) int64 and the bias-free logit (B,) of samples."""
+    B = len(positions)
+    F = len(plan.sizes)
+    # ids: inverse CDF of the truncated power law, then the affine scatter.
+    u = rng.random((B, F))
+    x = np.exp(np.log1p(-u * plan.cdf_norm) / plan.one_minus_s)
+    rank = x.astype(np.int64) - 1
+    np.clip(rank, 0, plan.sizes - 1, out=rank)
+    ids = (rank * plan.perm_a + plan.perm_b) % plan.sizes
+    # hidden per-row weights: full size for hot ranks, decaying beyond (skewed tables).
+    w = (_hash_uniform(ids, plan.hash_keys) * 2.0 - 1.0) * (math.sqrt(3.0) * plan.weight_std)
+    amp = np.where(plan.skewed, np.sqrt(np.minimum(1.0, plan.hot / (rank + 1.0))), 1.0)
+    logit = (w * amp).sum(axis=1)
+    # dense features
+    if plan.clock_dense:
+        hours = positions * (24 * _AVAZU_DAYS) // max(1, plan.samples)
+        dense = np.stack([(hours % 24) / 23.0, ((1 + hours // 24) % 7) / 6.0], axis=1)
+    else:
+        Dd = len(plan.dense_mu)
+        raw = np.floor(np.exp(plan.dense_mu + plan.dense_sigma * rng.standard_normal((B, Dd))))
+        raw *= rng.random((B, Dd)) >= plan.dense_p_zero
+        dense = np.log1p(raw)
+    dense = dense.astype(np.float32)
+    logit += dense.astype(np.float64) @ plan.dense_weight
+    logit += _NOISE_STD * rng.standard_normal(B)
+    return dense, ids, logit
+
+
+def _chunk(plan: _Plan, seed: int, index: int, lo: int, hi: int):
+    rng = np.random.default_rng([seed, 1, index])
+    dense, ids, z = _features(plan, rng, np.arange(lo, hi, dtype=np.int64))
+    labels = (rng.random(hi - lo) < _sigmoid(z + plan.bias)).astype(np.float32)
+    return labels, dense, ids
+
+
+# --------------------------------------------------------------------------- generate
+
+
+def generate(
+    cfg: SynthConfig,
+    out: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> DatasetMeta:
+    """Write the dataset described by ``cfg`` to directory ``out``; return its meta.
+
+    Refuses a directory that already holds a dataset unless ``overwrite``
+    (:class:`bagpipe.errors.DataError`). Memory is bounded by one chunk plus one shard.
+    """
+    from tqdm import tqdm
+
+    prof = PROFILES[cfg.profile]
+    sizes = profile_tables(cfg.profile, cfg.scale)
+    features = [FeatureSpec(name=name, num_rows=n) for name, n in zip(prof.table_names, sizes)]
+    id_dtype = "int32" if max(sizes) < (1 << 31) else "int64"
+    plan = _make_plan(cfg)
+    writer = ShardWriter(
+        out,
+        list(prof.dense_names),
+        features,
+        id_dtype=id_dtype,
+        rows_per_shard=cfg.rows_per_shard,
+        overwrite=overwrite,
+    )
+    n_train = cfg.num_train
+    with tqdm(total=cfg.samples, unit="samples", unit_scale=True, disable=not progress, desc="synth") as bar:
+        for index, lo in enumerate(range(0, cfg.samples, CHUNK_SAMPLES)):
+            hi = min(lo + CHUNK_SAMPLES, cfg.samples)
+            labels, dense, ids = _chunk(plan, cfg.seed, index, lo, hi)
+            cut = max(0, min(hi, n_train) - lo)
+            if cut > 0:
+                writer.append("train", labels[:cut], dense[:cut], ids[:cut])
+            if cut < hi - lo:
+                writer.append("eval", labels[cut:], dense[cut:], ids[cut:])
+            bar.update(hi - lo)
+    source = {
+        "tool": "bagpipe synth",
+        "profile": cfg.profile,
+        "seed": cfg.seed,
+        "scale": cfg.scale,
+        "zipf_exponent": cfg.zipf_exponent,
+        "samples": cfg.samples,
+    }
+    return writer.close(source=source)

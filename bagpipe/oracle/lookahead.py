@@ -1,0 +1,209 @@
+"""The lookahead oracle (BagPipe's Oracle Cacher, made exact under a fixed capacity).
+
+It reads the batch stream L batches ahead of the step it plans. For step x it knows,
+for every unique row of the batch, whether the row is used again in (x, x+L]; rows
+that are keep their slot, the others are written back right after x. A row's slot is
+handed to a later fetch only after its write-back is ordered before that fetch
+(``Plan.fetch_after``), so no read is ever stale. When the window's working set does
+not fit the C slots, rows are forced out before the step by furthest next use
+(Belady) and counted in ``stats.forced_evictions``.
+
+State: one int32 per table row (the sequence number of the row's latest occurrence,
+modulo 2^31) plus ring arrays over the *occurrences* (unique rows per batch) of the
+2L+1 batches around the current step. Every operation is vectorised over a batch; no
+Python loop runs per id.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from bagpipe.data.batch import Batch
+from bagpipe.errors import CapacityError, ConfigError
+from bagpipe.oracle.plan import Plan, PlanStats
+
+_WRAP = np.int64(1 << 31)
+
+
+class LookaheadOracle:
+    """Plans every fetch, slot and write-back of a cache of ``cache_rows`` slots.
+
+    Args:
+        num_rows: rows in the global row space (all tables).
+        cache_rows: C, slots in the trainer's cache.
+        lookahead: L >= 1, batches looked ahead.
+    """
+
+    def __init__(self, num_rows: int, cache_rows: int, lookahead: int):
+        if lookahead < 1:
+            raise ConfigError(f"lookahead must be >= 1, got {lookahead}")
+        if cache_rows < 1:
+            raise ConfigError(f"cache_rows must be >= 1, got {cache_rows}")
+        self.num_rows = int(num_rows)
+        self.C = int(cache_rows)
+        self.L = int(lookahead)
+        self.latest = np.full(self.num_rows, -1, dtype=np.int32)
+        self._alloc_ring(1 << 14)
+        self.lo = 0  # oldest live occurrence sequence number
+        self.hi = 0  # next sequence number
+        self.steps_live: deque[tuple[int, int]] = deque()  # (step, first seq) of retained steps
+        self.free = np.arange(self.C - 1, -1, -1, dtype=np.int64)  # stack; top = free[n_free-1]
+        self.n_free = self.C
+        self.slot_seq = np.full(self.C, -1, dtype=np.int64)  # occurrence holding each slot
+        self.stats = PlanStats()
+
+    # ring of occurrences -------------------------------------------------------------
+    def _alloc_ring(self, cap: int) -> None:
+        self.cap = cap
+        self.ent_row = np.zeros(cap, np.int64)
+        self.ent_prev = np.full(cap, -1, np.int64)  # seq of the row's previous occurrence
+        self.ent_next = np.full(cap, -1, np.int64)  # step of the row's next use (-1: none read yet)
+        self.ent_slot = np.full(cap, -1, np.int64)  # slot held after this step, -1 none
+        self.ent_evict = np.full(cap, -1, np.int64)  # write-back label when it left its slot
+
+    def _ensure(self, extra: int) -> None:
+        need = self.hi + extra - self.lo
+        if need <= self.cap:
+            return
+        new_cap = self.cap
+        while new_cap < 2 * need:
+            new_cap *= 2
+        old = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
+        old_cap = self.cap
+        self._alloc_ring(new_cap)
+        seqs = np.arange(self.lo, self.hi, dtype=np.int64)
+        src, dst = seqs % old_cap, seqs % new_cap
+        for new, o in zip((self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict), old):
+            new[dst] = o[src]
+
+    # reading ------------------------------------------------------------------------
+    def _read(self, step: int, batch: Batch) -> tuple[int, int, np.ndarray]:
+        rows = batch.rows.numpy()
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        n = len(uniq)
+        self._ensure(n)
+        start = self.hi
+        seqs = np.arange(start, start + n, dtype=np.int64)
+        idx = seqs % self.cap
+        v = self.latest[uniq].astype(np.int64)
+        seen = v >= 0
+        prev = np.full(n, -1, np.int64)
+        if seen.any():
+            full = self.lo + (v[seen] - self.lo) % _WRAP
+            ok = (full < self.hi) & (self.ent_row[full % self.cap] == uniq[seen])
+            cand = np.flatnonzero(seen)[ok]
+            prev[cand] = full[ok]
+            self.ent_next[full[ok] % self.cap] = step
+        self.ent_row[idx] = uniq
+        self.ent_prev[idx] = prev
+        self.ent_next[idx] = -1
+        self.ent_slot[idx] = -1
+        self.ent_evict[idx] = -1
+        self.latest[uniq] = (seqs % _WRAP).astype(np.int32)
+        self.hi += n
+        self.steps_live.append((step, start))
+        return start, n, inverse.astype(np.int64, copy=False)
+
+    # planning -----------------------------------------------------------------------
+    def _push_free(self, slots: np.ndarray) -> None:
+        k = len(slots)
+        self.free[self.n_free : self.n_free + k] = slots
+        self.n_free += k
+
+    def _plan(self, step: int, batch: Batch, start: int, n: int, inverse: np.ndarray) -> Plan:
+        cap, L = self.cap, self.L
+        seqs = np.arange(start, start + n, dtype=np.int64)
+        idx = seqs % cap
+        rows = self.ent_row[idx].copy()
+        prev = self.ent_prev[idx]
+        pv = prev >= self.lo
+        slots = np.full(n, -1, np.int64)
+        slots[pv] = self.ent_slot[prev[pv] % cap]
+        hit = slots >= 0
+        # hits move their slot from the previous occurrence to this one
+        self.ent_slot[prev[hit] % cap] = -1
+        self.slot_seq[slots[hit]] = seqs[hit]
+        miss = ~hit
+        m = int(miss.sum())
+        ev_b_rows = ev_b_slots = np.zeros(0, np.int64)
+        if m > self.n_free:
+            ev_b_rows, ev_b_slots = self._force_out(step, m - self.n_free, slots[hit], n)
+        new = self.free[self.n_free - m : self.n_free][::-1].copy()
+        self.n_free -= m
+        slots[miss] = new
+        self.slot_seq[new] = seqs[miss]
+        self.ent_slot[idx] = slots
+        fetch_after = step - L - 1
+        dep = miss & pv
+        if dep.any():
+            fetch_after = max(fetch_after, int(self.ent_evict[prev[dep] % cap].max()))
+        # rows not used again within the window leave after this step
+        ev = self.ent_next[idx] < 0
+        ev_a_slots = slots[ev]
+        self.ent_slot[idx[ev]] = -1
+        self.ent_evict[idx[ev]] = step
+        self.slot_seq[ev_a_slots] = -1
+        self._push_free(ev_a_slots)
+        plan = Plan(
+            step=step,
+            batch=batch,
+            rows=rows,
+            slots=slots,
+            inverse=inverse,
+            fetch_rows=rows[miss],
+            fetch_slots=slots[miss],
+            evict_before_rows=ev_b_rows,
+            evict_before_slots=ev_b_slots,
+            evict_after_rows=rows[ev],
+            evict_after_slots=ev_a_slots,
+            fetch_after=fetch_after,
+        )
+        self.stats.add(plan, self.C - self.n_free + len(ev_a_slots))
+        # occurrences of steps <= step - L + 0 can no longer be a hit's previous use
+        while self.steps_live and self.steps_live[0][0] <= step - L:
+            self.steps_live.popleft()
+        self.lo = self.steps_live[0][1] if self.steps_live else self.hi
+        return plan
+
+    def _force_out(self, step: int, k: int, hit_slots: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Free k slots by evicting the cached rows used furthest in the future (Belady)."""
+        mask = self.slot_seq >= 0
+        mask[hit_slots] = False
+        cand = np.flatnonzero(mask)
+        if len(cand) < k:
+            raise CapacityError(
+                f"a cache of {self.C} rows cannot hold step {step}'s {n} unique rows; "
+                f"use at least {n} cache rows (more than the largest batch's unique rows)"
+            )
+        nxt = self.ent_next[self.slot_seq[cand] % self.cap]
+        if k < len(cand):
+            # stable ordering on (next use desc, slot asc) so plans are reproducible
+            order = np.lexsort((cand, -nxt))[:k]
+            victims = cand[order]
+        else:
+            victims = cand
+        vidx = self.slot_seq[victims] % self.cap
+        rows = self.ent_row[vidx].copy()
+        self.ent_slot[vidx] = -1
+        self.ent_evict[vidx] = step - 1
+        self.slot_seq[victims] = -1
+        self._push_free(victims)
+        self.stats.forced_evictions += k
+        return rows, victims.astype(np.int64)
+
+    def plans(self, batches: Iterable[tuple[int, Batch]]) -> Iterator[Plan]:
+        """Plans for ``(step, batch)`` pairs given in step order."""
+        buffer: deque = deque()
+        for step, batch in batches:
+            buffer.append((step, batch) + self._read(step, batch))
+            if len(buffer) > self.L:
+                yield self._plan(*buffer.popleft())
+        while buffer:
+            yield self._plan(*buffer.popleft())
+
+    @property
+    def occupied(self) -> int:
+        return self.C - self.n_free

@@ -1,0 +1,1 @@
+"""The slow tier holding every table's rows and their optimizer state."""

@@ -1,0 +1,99 @@
+"""The EmbeddingStore protocol: the slow tier of every table's rows and optimizer state.
+
+Rows are addressed by global row index g in [0, num_rows). Each row has D weights and
+S optimizer-state values (S = 0 for SGD, 1 for row-wise Adagrad). A row that was never
+written reads as its deterministic initial value (:class:`RowInitializer`) and zero state.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from bagpipe.store.init import RowInitializer
+
+
+@dataclass
+class StoreStats:
+    """Counters every store keeps (rows, not bytes; see ``row_bytes``)."""
+
+    reads: int = 0
+    rows_read: int = 0
+    writes: int = 0
+    rows_written: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class EmbeddingStore(ABC):
+    """Holds every row of every table plus its optimizer state.
+
+    Args:
+        init: gives the initial value of any row (also fixes num_rows and D).
+        state_dim: S, optimizer-state values per row.
+
+    Thread safety: one reader thread and one writer thread may work at once on
+    *disjoint* rows (the oracle guarantees a row is never read while a newer value
+    of it is being written).
+    """
+
+    def __init__(self, init: RowInitializer, state_dim: int):
+        self.init = init
+        self.num_rows = init.num_rows
+        self.dim = init.dim
+        self.state_dim = int(state_dim)
+        self.stats = StoreStats()
+        self._stats_lock = threading.Lock()
+
+    @property
+    def row_bytes(self) -> int:
+        return 4 * (self.dim + self.state_dim)
+
+    def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Current values of ``rows`` (n,) int64 -> weights (n, D), state (n, S) float32 (copies)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        w, s = self._read(rows)
+        with self._stats_lock:
+            self.stats.reads += 1
+            self.stats.rows_read += len(rows)
+        return w, s
+
+    def write(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
+        """Store new values of ``rows`` (n,) int64: weights (n, D), state (n, S)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return
+        self._write(rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim))
+        with self._stats_lock:
+            self.stats.writes += 1
+            self.stats.rows_written += len(rows)
+
+    def peek(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`read` but not counted as training traffic (evaluation, digests)."""
+        return self._read(np.asarray(rows, dtype=np.int64))
+
+    def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [start, stop) for digests and export; does not count as training reads."""
+        return self._read(np.arange(start, stop, dtype=np.int64))
+
+    @abstractmethod
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    @abstractmethod
+    def _write(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None: ...
+
+    def flush(self) -> None:
+        """Make every completed write durable (no-op for memory)."""
+
+    def close(self) -> None:
+        """Release resources; the store is unusable afterwards."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,61 @@
+"""Deterministic, lazy initial values of embedding rows.
+
+Row g of the global row space starts as a pure function of (seed, g): every store
+(memory, disk, a server shard) and the reference trainer's full tables produce the
+same bits without coordinating, and a table of a billion rows costs nothing until a
+row is touched. Values follow DLRM's scheme, uniform in [-1/sqrt(n), 1/sqrt(n)) for a
+table of n rows, drawn from a counter-based hash (SplitMix64) of (seed, g, column).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    z = x + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+class RowInitializer:
+    """Initial values for any set of global rows.
+
+    Args:
+        table_sizes: rows per table, in table order (global rows are table offset + id).
+        dim: D, the embedding dimension.
+        seed: the run's seed.
+    """
+
+    def __init__(self, table_sizes: list[int], dim: int, seed: int):
+        self.table_sizes = [int(n) for n in table_sizes]
+        self.dim = int(dim)
+        self.seed = int(seed)
+        self.offsets = np.concatenate([[0], np.cumsum(self.table_sizes)]).astype(np.int64)
+        self.bounds = (1.0 / np.sqrt(np.array(self.table_sizes, dtype=np.float64))).astype(np.float32)
+        with np.errstate(over="ignore"):
+            self._key = _splitmix64(np.array([self.seed], dtype=np.uint64))[0]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.offsets[-1])
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """Initial values of ``rows`` (n,) int64 -> (n, D) float32."""
+        rows = np.asarray(rows, dtype=np.int64)
+        table = np.searchsorted(self.offsets, rows, side="right") - 1
+        cols = np.arange(self.dim, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            counter = (rows.astype(np.uint64)[:, None] * np.uint64(self.dim) + cols[None, :]) ^ self._key
+            bits = _splitmix64(counter)
+        u = (bits >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)  # [0, 1), exact
+        return (u * np.float32(2.0) - np.float32(1.0)) * self.bounds[table][:, None]
+
+    def range(self, start: int, stop: int) -> np.ndarray:
+        """Initial values of the contiguous rows [start, stop) -> (stop - start, D)."""
+        return self.rows(np.arange(start, stop, dtype=np.int64))

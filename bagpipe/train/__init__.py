@@ -1,0 +1,1 @@
+"""Training: configuration, the shared step, the loop over embedding backends, metrics, checkpoints."""

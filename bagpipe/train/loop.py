@@ -1,0 +1,232 @@
+"""The training loop: one function from a TrainConfig to a summary dict."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from bagpipe.data.shards import Dataset
+from bagpipe.data.stream import BatchStream
+from bagpipe.errors import CheckpointError, ConfigError
+from bagpipe.models import build_model
+from bagpipe.optim.sparse import build_dense_optimizer, build_sparse_optimizer
+from bagpipe.store.init import RowInitializer
+from bagpipe.train.backends import CachedBackend, FullBackend
+from bagpipe.train.checkpoint import load_latest, save_checkpoint
+from bagpipe.train.config import TrainConfig
+from bagpipe.train.metrics import current_rss_mb, log_loss, peak_rss_mb, roc_auc
+from bagpipe.train.step import forward_logits, train_step
+
+TIME_KEYS = ("wait_embeddings", "forward", "backward", "optimizer", "writeback")
+
+
+def make_store(cfg: TrainConfig, init: RowInitializer, state_dim: int):
+    if cfg.store == "memory":
+        from bagpipe.store.memory import MemoryStore
+
+        return MemoryStore(init, state_dim)
+    from bagpipe.store.disk import DiskStore
+
+    path = cfg.store_dir or os.path.join(cfg.out, "store")
+    return DiskStore(init, state_dim, path)
+
+
+def default_cache_rows(cfg: TrainConfig, total_rows: int, lookups_per_batch: int) -> int:
+    """5% of all rows, but never less than what one batch can touch."""
+    return int(min(total_rows, max(math.ceil(0.05 * total_rows), lookups_per_batch)))
+
+
+def make_backend(cfg: TrainConfig, init: RowInitializer, state_dim: int, lookups_per_batch: int):
+    if cfg.mode == "full":
+        return FullBackend(init, state_dim)
+    store = make_store(cfg, init, state_dim)
+    if cfg.mode == "nocache":
+        cache_rows = lookups_per_batch  # a staging area for one batch
+    else:
+        cache_rows = cfg.cache_rows or default_cache_rows(cfg, init.num_rows, lookups_per_batch)
+    return CachedBackend(cfg.mode, store, cache_rows, lookahead=cfg.lookahead)
+
+
+def params_digest(model: torch.nn.Module, backend) -> str:
+    """sha256 over every dense parameter (by name) and every embedding row and its state."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    for _, w, s in backend.export():
+        h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
+        h.update(np.ascontiguousarray(s, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, lookup, dataset: Dataset, batch_size: int, max_samples: int = 0) -> dict:
+    """Log loss and AUC on the eval split; ``lookup(rows) -> (U, D)`` reads embedding rows."""
+    if not dataset.has_split("eval"):
+        return {"eval_logloss": None, "eval_auc": None, "eval_samples": 0}
+    stream = BatchStream(dataset, "eval", batch_size, shuffle=False, drop_last=False)
+    model.eval()
+    labels, probs = [], []
+    seen = 0
+    for batch in stream.batches():
+        uniq, inverse = torch.unique(batch.rows, sorted=True, return_inverse=True)
+        logits = forward_logits(model, lookup(uniq), inverse, batch)
+        labels.append(batch.labels.numpy())
+        probs.append(torch.sigmoid(logits).numpy())
+        seen += batch.batch_size
+        if max_samples and seen >= max_samples:
+            break
+    model.train()
+    y, p = np.concatenate(labels), np.concatenate(probs)
+    if max_samples:
+        y, p = y[:max_samples], p[:max_samples]
+    return {"eval_logloss": log_loss(y, p), "eval_auc": roc_auc(y, p), "eval_samples": int(len(y))}
+
+
+class MetricsLog:
+    """Appends one JSON object per line to RUN/metrics.jsonl."""
+
+    def __init__(self, path: Path):
+        self.f = open(path, "a")
+
+    def write(self, **record) -> None:
+        self.f.write(json.dumps(record) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train as configured; returns (and writes) the summary."""
+    out = Path(cfg.out)
+    if not cfg.resume and (out / "checkpoints" / "LATEST").exists():
+        raise ConfigError(f"{out} already holds a run with checkpoints; pass --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dataset = Dataset(cfg.data)
+    meta = dataset.meta
+    stream = BatchStream(dataset, "train", cfg.batch_size, seed=cfg.seed, block_size=cfg.block_size)
+    mcfg = cfg.model_config()
+    torch.manual_seed(cfg.seed)
+    model = build_model(mcfg, meta.num_dense, meta.num_features)
+    dense_opt = build_dense_optimizer(cfg.optimizer, cfg.lr, model.parameters())
+    sparse_opt = build_sparse_optimizer(cfg.optimizer, cfg.lr)
+    init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, cfg.seed)
+    lookups = cfg.batch_size * meta.num_features if not meta.multihot_features else max(
+        cfg.batch_size * meta.num_features, _max_lookups(stream, cfg)
+    )
+    backend = make_backend(cfg, init, sparse_opt.state_dim, lookups)
+
+    start = 0
+    if cfg.resume:
+        ckpt = load_latest(out)
+        if ckpt is None:
+            raise CheckpointError(f"{out}: --resume given but the run has no checkpoint")
+        model.load_state_dict(ckpt.dense["model"])
+        dense_opt.load_state_dict(ckpt.dense["dense_optimizer"])
+        torch.set_rng_state(ckpt.dense["torch_rng"])
+        for a, w, s in ckpt.rows():
+            backend.load_rows(a, w, s)
+        start = ckpt.step
+    (out / "config.json").write_text(json.dumps({"train": cfg.to_json(), "model": _asdict(mcfg)}, indent=2))
+    log = MetricsLog(out / "metrics.jsonl")
+
+    def checkpoint(step: int) -> None:
+        backend.flush()
+        dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state()}
+        save_checkpoint(out, step, dense, backend.export(), init.num_rows, init.dim, sparse_opt.state_dim)
+
+    times = dict.fromkeys(TIME_KEYS, 0.0)
+    losses: list[float] = []
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.model}/{cfg.mode}", unit="step", disable=not cfg.progress, dynamic_ncols=True)
+    t_start = time.perf_counter()
+    step = start
+    try:
+        for inp in backend.steps(stream, start, cfg.steps):
+            loss = train_step(model, dense_opt, sparse_opt, inp, times)
+            t0 = time.perf_counter()
+            backend.after_step(inp)
+            times["writeback"] += time.perf_counter() - t0
+            losses.append(loss)
+            step = inp.step + 1
+            bar.update(1)
+            if step % 10 == 0 or step == cfg.steps:
+                elapsed = time.perf_counter() - t_start
+                sps = (step - start) * cfg.batch_size / max(elapsed, 1e-9)
+                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", samples_s=f"{sps:,.0f}")
+                log.write(step=step, loss=float(np.mean(losses[-10:])), samples_per_s=sps)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                backend.flush()
+                ev = evaluate(model, backend.lookup, dataset, cfg.batch_size, cfg.eval_samples)
+                log.write(step=step, **ev)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                checkpoint(step)
+        elapsed = time.perf_counter() - t_start
+        bar.close()
+        pipeline_times = {}
+        if isinstance(backend, CachedBackend) and backend.executor is not None:
+            pipeline_times = backend.executor.times.as_dict()
+            times["wait_embeddings"] = pipeline_times["wait_embeddings"]
+            times["writeback"] += pipeline_times["writeback"]
+        backend.flush()
+        ev = evaluate(model, backend.lookup, dataset, cfg.batch_size, cfg.eval_samples)
+        log.write(step=step, **ev)
+        digest = params_digest(model, backend)
+        checkpoint(step)
+        trained = step - start
+        summary = {
+            "mode": cfg.mode,
+            "model": cfg.model,
+            "optimizer": cfg.optimizer,
+            "steps": step,
+            "steps_this_run": trained,
+            "samples": trained * cfg.batch_size,
+            "batch_size": cfg.batch_size,
+            "seconds": elapsed,
+            "samples_per_s": trained * cfg.batch_size / max(elapsed, 1e-9),
+            "train_logloss": float(np.mean(losses[-50:])) if losses else None,
+            **ev,
+            "params_sha256": digest,
+            "peak_rss_mb": peak_rss_mb(),
+            "rss_mb": current_rss_mb(),
+            "total_rows": init.num_rows,
+            "embedding_dim": init.dim,
+            "time_per_step_ms": {k: 1000 * v / max(trained, 1) for k, v in times.items()},
+            "cache": backend.stats(),
+        }
+        if cfg.mode != "full":
+            summary["cache"]["lookahead"] = cfg.lookahead if cfg.mode == "lookahead" else None
+        text = json.dumps(summary, indent=2)
+        (out / "summary.json").write_text(text)
+        if cfg.summary_json:
+            Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
+            Path(cfg.summary_json).write_text(text)
+        return summary
+    finally:
+        bar.close()
+        log.close()
+        backend.close()
+
+
+def _max_lookups(stream: BatchStream, cfg: TrainConfig) -> int:
+    """Upper bound of lookups per batch for multi-hot data (scans the first epoch's batches)."""
+    best = 0
+    for i in range(min(stream.batches_per_epoch, cfg.steps)):
+        best = max(best, int(stream.batch(i).rows.shape[0]))
+    return best
+
+
+def _asdict(x):
+    import dataclasses
+
+    return dataclasses.asdict(x)

@@ -1,0 +1,46 @@
+"""Evaluation metrics: ROC AUC and log loss, plus resource readings."""
+
+from __future__ import annotations
+
+import numpy as np
+import psutil
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve via the rank-sum formula (ties get average ranks).
+
+    Returns NaN when only one class is present.
+    """
+    labels = np.asarray(labels, dtype=np.float64).ravel()
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    pos = labels > 0.5
+    n_pos = int(pos.sum())
+    n_neg = len(labels) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    # average rank of each group of tied scores (ranks are 1-based)
+    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
+    avg_rank = first + (counts + 1) / 2.0
+    ranks = np.empty(len(scores))
+    ranks[order] = np.repeat(avg_rank, counts)
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def log_loss(labels: np.ndarray, probs: np.ndarray, eps: float = 1e-7) -> float:
+    """Mean binary cross-entropy of probabilities ``probs`` against 0/1 ``labels``."""
+    labels = np.asarray(labels, dtype=np.float64).ravel()
+    p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), eps, 1 - eps)
+    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux ru_maxrss is KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mb() -> float:
+    return psutil.Process().memory_info().rss / (1024.0 * 1024.0)

@@ -1,0 +1,309 @@
+"""How fast does DiskStore read a miss-heavy batch of random rows from a cold file?
+
+Creates a DiskStore (in a temp dir under --dir, default the system temp dir; it must
+be a real disk, not tmpfs), writes every row once in 1M-row chunks so the file is
+fully allocated (33.8M rows x D=16 float32 = 2.16 GB by default), then for each row
+distribution (uniform, and Zipf-like over a scrambled row order) and each strategy:
+
+  diskstore         DiskStore.read: rows sorted, np.take gathers from MADV_RANDOM
+                    memory maps split over a persistent pool of --threads threads
+  pread_pool        the alternative: rows sorted, rows whose bytes lie in the same or
+                    adjacent 4 KiB pages coalesced into one os.pread/preadv, groups
+                    spread over a pool of --threads threads
+  mmap_1thread      baseline: one np.take gather from a MADV_RANDOM np.memmap
+  mmap_1thread_ra   naive baseline: one gather from a plain np.memmap (default
+                    read-around: each page fault reads up to read_ahead_kb)
+
+drops the page cache (fsync + POSIX_FADV_DONTNEED), times --batches batches of
+--batch-rows unique rows in random caller order ("cold" pass: the first batches are
+all misses; later Zipf batches hit pages earlier batches brought in), then times the
+same batches again ("warm" pass: everything cached). Every strategy returns rows in
+the caller's order and its first and last batch are checked against the written
+values. Prints a table and writes --out JSON.
+
+    .venv/bin/python benchmarks/disk_store_reads.py --out runs/bench/disk_store_reads.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import mmap
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bagpipe.store.disk import STATE, WEIGHTS, DiskStore  # noqa: E402
+from bagpipe.store.init import RowInitializer  # noqa: E402
+
+PAGE = 4096
+WRITE_CHUNK = 1 << 20
+
+
+def expected(rows: np.ndarray, dim: int, state_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values the benchmark writes to each row (a cheap deterministic function)."""
+    r = rows.astype(np.int64)[:, None]
+    w = ((r * 7919 + np.arange(dim)) % 1_000_003).astype(np.float32)
+    s = ((r * 31 + np.arange(state_dim)) % 65_521).astype(np.float32)
+    return w, s
+
+
+# ---------------------------------------------------------------- batches
+
+
+def uniform_batches(rng, n_rows: int, batch: int, count: int) -> list[np.ndarray]:
+    return [rng.choice(n_rows, batch, replace=False) for _ in range(count)]
+
+
+def zipf_batches(rng, n_rows: int, batch: int, count: int, s: float) -> list[np.ndarray]:
+    """Unique rows drawn by a Zipf(s) law over ranks, ranks scattered over the file."""
+    mult = 2_654_435_761
+    while math.gcd(mult, n_rows) != 1:
+        mult += 2
+    out = []
+    for _ in range(count):
+        seen: list[np.ndarray] = []
+        have = 0
+        draws = batch * 4
+        got = np.zeros(0, np.int64)
+        while have < batch:
+            u = rng.random(draws)
+            if abs(s - 1.0) < 1e-9:
+                rank = np.floor(np.power(float(n_rows), u))
+            else:
+                a = 1.0 - s
+                rank = np.floor(np.power((n_rows**a - 1.0) * u + 1.0, 1.0 / a))
+            seen.append(np.minimum(rank.astype(np.int64), n_rows) - 1)
+            cat = np.concatenate(seen)
+            uniq, first = np.unique(cat, return_index=True)
+            have = len(uniq)
+            got = cat[np.sort(first)]  # first-appearance order is already random
+            draws *= 2
+        ranks = got[:batch]
+        out.append((ranks * mult) % n_rows)
+    return out
+
+
+# ---------------------------------------------------------------- strategies
+
+
+def in_callers_order(res: list[np.ndarray], order: np.ndarray, state_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows gathered in sorted order -> the caller's order (as DiskStore does it)."""
+    inv = np.empty(len(order), np.intp)
+    inv[order] = np.arange(len(order), dtype=np.intp)
+    w = np.take(res[0], inv, axis=0)
+    s = np.take(res[1], inv, axis=0) if state_dim else np.zeros((len(order), 0), np.float32)
+    return w, s
+
+
+class PreadPool:
+    """Sorted, page-coalesced preads from a thread pool (the alternative to mmap gathers)."""
+
+    def __init__(self, path: Path, num_rows: int, dim: int, state_dim: int, threads: int):
+        self.dim, self.state_dim, self.threads = dim, state_dim, threads
+        self.files = [(os.open(path / WEIGHTS, os.O_RDONLY), dim)]
+        if state_dim:
+            self.files.append((os.open(path / STATE, os.O_RDONLY), state_dim))
+        for fd, _ in self.files:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self.pool = ThreadPoolExecutor(threads)
+        list(self.pool.map(lambda _: None, range(threads * 2)))  # start the threads now
+
+    def _read_file(self, fd: int, cols: int, srows: np.ndarray) -> np.ndarray:
+        rb = 4 * cols
+        n = len(srows)
+        out = np.empty((n, cols), np.float32)
+        mv = memoryview(out).cast("B")
+        off = srows * rb
+        pg0, pg1 = off // PAGE, (off + rb - 1) // PAGE
+        brk = np.flatnonzero(pg0[1:] > pg1[:-1] + 1) + 1
+        gs = np.concatenate([[0], brk]).tolist()
+        ge = np.concatenate([brk, [n]]).tolist()
+        offl = off.tolist()
+        col = np.arange(cols)
+
+        def task(a: int, b: int) -> None:
+            preadv, pread = os.preadv, os.pread
+            for g in range(a, b):
+                i, j = gs[g], ge[g]
+                if j - i == 1 or offl[j - 1] - offl[i] == (j - i - 1) * rb:  # adjacent rows
+                    preadv(fd, [mv[i * rb : j * rb]], offl[i])
+                else:
+                    lo = offl[i]
+                    buf = np.frombuffer(pread(fd, offl[j - 1] + rb - lo, lo), np.float32)
+                    rel = (off[i:j] - lo) // 4
+                    out[i:j] = buf[rel[:, None] + col]
+
+        k = min(self.threads, len(gs))
+        bounds = np.linspace(0, len(gs), k + 1).astype(int).tolist()
+        futs = [self.pool.submit(task, a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        for f in futs:
+            f.result()
+        return out
+
+    def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(rows)
+        srows = rows[order]
+        res = [self._read_file(fd, cols, srows) for fd, cols in self.files]
+        return in_callers_order(res, order, self.state_dim)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        for fd, _ in self.files:
+            os.close(fd)
+
+
+class MmapOneThread:
+    """One np.take gather per file from an np.memmap (optionally MADV_RANDOM)."""
+
+    def __init__(self, path: Path, num_rows: int, dim: int, state_dim: int, random_advice: bool):
+        self.state_dim = state_dim
+        self.maps = [np.memmap(path / WEIGHTS, np.float32, "r", shape=(num_rows, dim))]
+        if state_dim:
+            self.maps.append(np.memmap(path / STATE, np.float32, "r", shape=(num_rows, state_dim)))
+        if random_advice:
+            for m in self.maps:
+                m._mmap.madvise(mmap.MADV_RANDOM)
+
+    def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(rows)
+        srows = rows[order]
+        res = [np.take(np.asarray(m), srows, axis=0) for m in self.maps]
+        return in_callers_order(res, order, self.state_dim)
+
+    def close(self) -> None:
+        for m in self.maps:
+            m._mmap.close()
+        self.maps = []
+
+
+# ---------------------------------------------------------------- driver
+
+
+def summary(times: list[float], rows_per_batch: int) -> dict:
+    t = np.array(times)
+    return {
+        "ms_per_batch_mean": float(t.mean() * 1e3),
+        "ms_per_batch_median": float(np.median(t) * 1e3),
+        "ms_first_batch": float(t[0] * 1e3),
+        "ms_per_batch_max": float(t.max() * 1e3),
+        "rows_per_s": float(rows_per_batch * len(t) / t.sum()),
+        "ms_each": [round(x * 1e3, 2) for x in times],
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=33_800_000, help="rows in the store (33.8M x D16 = 2.16 GB)")
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--state-dim", type=int, default=0, help="S; a separate state file doubles cold I/Os")
+    ap.add_argument("--batch-rows", type=int, default=40_000)
+    ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--dist", choices=["uniform", "zipf", "both"], default="both")
+    ap.add_argument("--zipf-s", type=float, default=1.05)
+    ap.add_argument("--strategies", default="diskstore,pread_pool,mmap_1thread,mmap_1thread_ra")
+    ap.add_argument("--dir", default=None, help="parent of the temporary store directory (a real disk)")
+    ap.add_argument("--keep", action="store_true", help="keep the store directory")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write results as JSON here")
+    args = ap.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="bagpipe-diskbench-", dir=args.dir))
+    path = root / "store"
+    init = RowInitializer([args.rows], args.dim, seed=args.seed)
+    result: dict = {
+        "config": vars(args),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "store_dir": str(path),
+        },
+        "results": {},
+    }
+    try:
+        store = DiskStore(init, args.state_dim, path, threads=args.threads)
+        t0 = time.perf_counter()
+        for a in range(0, args.rows, WRITE_CHUNK):
+            rows = np.arange(a, min(args.rows, a + WRITE_CHUNK), dtype=np.int64)
+            store.write(rows, *expected(rows, args.dim, args.state_dim))
+        t_write = time.perf_counter() - t0
+        store.flush()
+        t_flush = time.perf_counter() - t0 - t_write
+        nbytes = args.rows * 4 * (args.dim + args.state_dim)
+        result["write"] = {
+            "seconds": t_write,
+            "flush_seconds": t_flush,
+            "bytes": nbytes,
+            "MB_per_s": nbytes / 1e6 / (t_write + t_flush),
+            "rows_per_s": args.rows / (t_write + t_flush),
+        }
+        print(f"wrote {args.rows:,} rows ({nbytes / 1e9:.2f} GB) in {t_write:.1f}s + flush {t_flush:.1f}s")
+
+        rng = np.random.default_rng(args.seed)
+        dists = ["uniform", "zipf"] if args.dist == "both" else [args.dist]
+        strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+        for dist in dists:
+            if dist == "uniform":
+                batches = uniform_batches(rng, args.rows, args.batch_rows, args.batches)
+            else:
+                batches = zipf_batches(rng, args.rows, args.batch_rows, args.batches, args.zipf_s)
+            distinct_pages = len(np.unique(np.concatenate(batches) * 4 * args.dim // PAGE))
+            result["results"][dist] = {"distinct_weight_pages_over_all_batches": distinct_pages}
+            for name in strategies:
+                if name == "diskstore":
+                    reader = store
+                elif name == "pread_pool":
+                    reader = PreadPool(path, args.rows, args.dim, args.state_dim, args.threads)
+                elif name in ("mmap_1thread", "mmap_1thread_ra"):
+                    reader = MmapOneThread(path, args.rows, args.dim, args.state_dim, name == "mmap_1thread")
+                else:
+                    raise SystemExit(f"unknown strategy {name}")
+                store.drop_page_cache()  # also evicts pages the other readers cached
+                passes = {}
+                for pass_name in ("cold", "warm"):
+                    times = []
+                    for i, rows in enumerate(batches):
+                        t = time.perf_counter()
+                        w, s = reader.read(rows)
+                        times.append(time.perf_counter() - t)
+                        if i in (0, len(batches) - 1):
+                            ew, es = expected(rows, args.dim, args.state_dim)
+                            assert np.array_equal(w, ew) and np.array_equal(s, es), (name, dist, i)
+                    passes[pass_name] = summary(times, args.batch_rows)
+                if reader is not store:
+                    reader.close()
+                result["results"][dist][name] = passes
+                c, wm = passes["cold"], passes["warm"]
+                print(
+                    f"{dist:8s} {name:16s} cold: {c['rows_per_s']:>10,.0f} rows/s  "
+                    f"{c['ms_per_batch_mean']:8.1f} ms/batch (first {c['ms_first_batch']:.0f}, "
+                    f"median {c['ms_per_batch_median']:.0f})   warm: {wm['rows_per_s']:>12,.0f} rows/s "
+                    f"{wm['ms_per_batch_mean']:7.1f} ms/batch",
+                    flush=True,
+                )
+        store.close()
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

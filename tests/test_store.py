@@ -1,0 +1,300 @@
+"""The embedding stores keep exactly what they are given and nothing else.
+
+For both :class:`MemoryStore` and :class:`DiskStore` (parametrised) this proves:
+rows never written read as :meth:`RowInitializer.rows` bit for bit with zero state;
+a write followed by a read returns exactly the written bits, in the caller's order,
+for unsorted unique rows; rows not written keep their initial value; the stats count
+rows; ``read_range`` over written and unwritten rows is what it should be; and a
+hypothesis property test runs random write/read/read_range sequences against both
+stores and a plain dict, which must agree bit for bit.
+
+For :class:`DiskStore` alone: data persists across close/reopen (and ``create=False``
+reopens), a header that does not match the requested shape or seed raises
+:class:`DataError`, the files are sparse (a 10M-row store with a few rows written
+allocates far less than its size), and a reader thread and a writer thread working
+on disjoint rows at the same time both see correct results.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bagpipe.errors import DataError
+from bagpipe.store.disk import DiskStore
+from bagpipe.store.init import RowInitializer
+from bagpipe.store.memory import MemoryStore
+
+TABLES = [700, 50, 1250]
+D = 8
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(bits(a), bits(b))
+
+
+def make(kind: str, init: RowInitializer, state_dim: int, path) -> object:
+    if kind == "memory":
+        return MemoryStore(init, state_dim)
+    return DiskStore(init, state_dim, path, threads=4)
+
+
+@pytest.fixture(params=["memory", "disk"])
+def kind(request):
+    return request.param
+
+
+@pytest.fixture(params=[0, 1, 3], ids=lambda s: f"S{s}")
+def state_dim(request):
+    return request.param
+
+
+@pytest.fixture
+def store(kind, state_dim, tmp_path):
+    s = make(kind, RowInitializer(TABLES, D, seed=7), state_dim, tmp_path / "store")
+    yield s
+    s.close()
+
+
+def values(rng, n, d):
+    return rng.standard_normal((n, d)).astype(np.float32)
+
+
+def test_unread_rows_are_initial_values(store):
+    rows = np.random.default_rng(0).permutation(store.num_rows)[:500]
+    w, s = store.read(rows)
+    assert same_bits(w, store.init.rows(rows))
+    assert s.shape == (500, store.state_dim) and not s.any()
+
+
+def test_write_then_read_in_callers_order(store):
+    rng = np.random.default_rng(1)
+    rows = rng.permutation(store.num_rows)[:300]  # unique, unsorted
+    w, s = values(rng, 300, D), values(rng, 300, store.state_dim)
+    store.write(rows, w, s)
+    # read back a different permutation, mixing in rows never written
+    fresh = np.setdiff1d(np.arange(store.num_rows), rows)[:100]
+    ask = rng.permutation(np.concatenate([rows, fresh]))
+    got_w, got_s = store.read(ask)
+    pos = {int(r): i for i, r in enumerate(rows)}
+    for j, r in enumerate(ask.tolist()):
+        if r in pos:
+            assert same_bits(got_w[j], w[pos[r]]) and same_bits(got_s[j], s[pos[r]])
+        else:
+            assert same_bits(got_w[j], store.init.rows(np.array([r]))[0])
+            assert not got_s[j].any()
+
+
+def test_stats_count_rows(store):
+    rng = np.random.default_rng(2)
+    store.read(np.array([5, 3, 9]))
+    store.write(np.array([4, 2]), values(rng, 2, D), values(rng, 2, store.state_dim))
+    store.read(np.array([1]))
+    store.write(np.array([], dtype=np.int64), values(rng, 0, D), values(rng, 0, store.state_dim))
+    store.read_range(0, 100)  # not a training read
+    assert store.stats.as_dict() == {"reads": 2, "rows_read": 4, "writes": 1, "rows_written": 2}
+
+
+def test_read_range_mixes_written_and_initial(store):
+    rng = np.random.default_rng(3)
+    rows = rng.choice(np.arange(600, 900), 120, replace=False)
+    w, s = values(rng, 120, D), values(rng, 120, store.state_dim)
+    store.write(rows, w, s)
+    ew = store.init.range(650, 880)
+    es = np.zeros((230, store.state_dim), np.float32)
+    inside = (rows >= 650) & (rows < 880)
+    ew[rows[inside] - 650] = w[inside]
+    es[rows[inside] - 650] = s[inside]
+    gw, gs = store.read_range(650, 880)
+    assert same_bits(gw, ew) and same_bits(gs, es)
+    gw, gs = store.read_range(10, 10)
+    assert gw.shape == (0, D) and gs.shape == (0, store.state_dim)
+
+
+# ---------------------------------------------------------------- property test
+
+SMALL = [40, 9, 71]
+N_SMALL = sum(SMALL)
+
+op = st.one_of(
+    st.tuples(st.just("write"), st.lists(st.integers(0, N_SMALL - 1), min_size=1, max_size=40, unique=True), st.integers(0, 2**32 - 1)),
+    st.tuples(st.just("read"), st.lists(st.integers(0, N_SMALL - 1), min_size=0, max_size=60, unique=True), st.just(0)),
+    st.tuples(st.just("range"), st.tuples(st.integers(0, N_SMALL), st.integers(0, N_SMALL)), st.just(0)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, max_size=25), state_dim=st.sampled_from([0, 1, 2]), seed=st.integers(0, 3))
+def test_random_operations_agree_with_a_dict(ops, state_dim, seed):
+    init = RowInitializer(SMALL, 4, seed)
+    ref: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def expect(rows):
+        w = np.stack([ref[r][0] if r in ref else init.rows(np.array([r]))[0] for r in rows]) if rows else np.zeros((0, 4), np.float32)
+        s = np.stack([ref[r][1] if r in ref else np.zeros(state_dim, np.float32) for r in rows]) if rows else np.zeros((0, state_dim), np.float32)
+        return w.reshape(len(rows), 4), s.reshape(len(rows), state_dim)
+
+    with tempfile.TemporaryDirectory() as d:
+        stores = [MemoryStore(init, state_dim), DiskStore(init, state_dim, d, threads=3)]
+        try:
+            for kind, arg, vseed in ops:
+                if kind == "write":
+                    rng = np.random.default_rng(vseed)
+                    w, s = values(rng, len(arg), 4), values(rng, len(arg), state_dim)
+                    for store in stores:
+                        store.write(np.array(arg, dtype=np.int64), w, s)
+                    for i, r in enumerate(arg):
+                        ref[r] = (w[i].copy(), s[i].copy())
+                elif kind == "read":
+                    ew, es = expect(arg)
+                    for store in stores:
+                        gw, gs = store.read(np.array(arg, dtype=np.int64))
+                        assert same_bits(gw, ew) and same_bits(gs, es)
+                else:
+                    a, b = sorted(arg)
+                    ew, es = expect(list(range(a, b)))
+                    for store in stores:
+                        gw, gs = store.read_range(a, b)
+                        assert same_bits(gw, ew) and same_bits(gs, es)
+            ew, es = expect(list(range(N_SMALL)))
+            for store in stores:
+                gw, gs = store.read_range(0, N_SMALL)
+                assert same_bits(gw, ew) and same_bits(gs, es)
+            stores[1].close()
+            reopened = DiskStore(init, state_dim, d, create=False, threads=2)
+            gw, gs = reopened.read_range(0, N_SMALL)
+            reopened.close()
+            assert same_bits(gw, ew) and same_bits(gs, es)
+        finally:
+            for store in stores:
+                store.close()
+
+
+# ---------------------------------------------------------------- DiskStore only
+
+
+def test_disk_persists_across_reopen(tmp_path):
+    init = RowInitializer(TABLES, D, seed=11)
+    rng = np.random.default_rng(4)
+    rows = rng.permutation(init.num_rows)[:200]
+    w, s = values(rng, 200, D), values(rng, 200, 1)
+    with DiskStore(init, 1, tmp_path / "st") as store:
+        store.write(rows, w, s)
+        before = store.read_range(0, init.num_rows)
+    for create in (True, False):  # same path with create=True reopens, never truncates
+        with DiskStore(init, 1, tmp_path / "st", create=create) as store:
+            gw, gs = store.read(rows)
+            assert same_bits(gw, w) and same_bits(gs, s)
+            after = store.read_range(0, init.num_rows)
+            assert same_bits(after[0], before[0]) and same_bits(after[1], before[1])
+
+
+def test_disk_header_mismatch_raises(tmp_path):
+    path = tmp_path / "st"
+    DiskStore(RowInitializer(TABLES, D, seed=1), 1, path).close()
+    bad = {
+        "dim": (RowInitializer(TABLES, D * 2, seed=1), 1),
+        "state_dim": (RowInitializer(TABLES, D, seed=1), 0),
+        "num_rows": (RowInitializer(TABLES + [5], D, seed=1), 1),
+        "seed": (RowInitializer(TABLES, D, seed=2), 1),
+        "table_sizes": (RowInitializer([1250, 50, 700], D, seed=1), 1),
+    }
+    for field, (init, sd) in bad.items():
+        with pytest.raises(DataError, match=field):
+            DiskStore(init, sd, path)
+    with pytest.raises(DataError, match="no DiskStore"):
+        DiskStore(RowInitializer(TABLES, D, seed=1), 1, tmp_path / "missing", create=False)
+    # a truncated data file is caught too
+    os.truncate(path / "weights.f32", 100)
+    with pytest.raises(DataError, match="bytes, expected"):
+        DiskStore(RowInitializer(TABLES, D, seed=1), 1, path)
+
+
+def test_disk_files_are_sparse(tmp_path):
+    init = RowInitializer([6_000_000, 4_000_000], 16, seed=3)
+    rng = np.random.default_rng(5)
+    rows = rng.choice(init.num_rows, 50, replace=False)
+    with DiskStore(init, 1, tmp_path / "big") as store:
+        store.write(rows, values(rng, 50, 16), values(rng, 50, 1))
+        store.flush()
+        logical = sum(os.stat(tmp_path / "big" / f).st_size for f in ("weights.f32", "state.f32", "present.u8"))
+        allocated = sum(os.stat(tmp_path / "big" / f).st_blocks * 512 for f in ("weights.f32", "state.f32", "present.u8"))
+        assert logical == 10_000_000 * (64 + 4 + 1)
+        assert allocated < 4 * 1024 * 1024, allocated  # 50 rows touch <= 150 blocks of 4 KiB
+        gw, _ = store.read(rows)
+        assert store.read(np.array([0, init.num_rows - 1]))[0].shape == (2, 16)
+    with pytest.raises(IndexError):
+        with DiskStore(init, 1, tmp_path / "big") as store:
+            store.read(np.array([init.num_rows]))
+
+
+def test_disk_rejects_duplicate_rows_in_a_write(tmp_path):
+    with DiskStore(RowInitializer(TABLES, D, seed=1), 0, tmp_path / "st") as store:
+        with pytest.raises(ValueError, match="unique"):
+            store.write(np.array([3, 9, 3]), np.zeros((3, D), np.float32), np.zeros((3, 0), np.float32))
+
+
+def test_disk_concurrent_reader_and_writer_on_disjoint_rows(tmp_path):
+    init = RowInitializer([40_000, 24_000], D, seed=9)
+    rng = np.random.default_rng(6)
+    rows = rng.permutation(init.num_rows)
+    read_rows, write_rows = rows[:20_000], rows[20_000:40_000]
+    base_w, base_s = values(rng, 20_000, D), values(rng, 20_000, 1)
+    errors: list[str] = []
+    rounds = 30
+
+    def wvals(k):  # round k's value of write_rows: recognisable, distinct per round
+        return np.full((len(write_rows), D), k, np.float32) + np.arange(D, dtype=np.float32), np.full((len(write_rows), 1), -k, np.float32)
+
+    with DiskStore(init, 1, tmp_path / "st", threads=8) as store:
+        store.write(read_rows, base_w, base_s)
+
+        def reader():
+            r = np.random.default_rng(7)
+            for _ in range(rounds):
+                pick = r.permutation(20_000)[:5000]
+                gw, gs = store.read(read_rows[pick])
+                if not (same_bits(gw, base_w[pick]) and same_bits(gs, base_s[pick])):
+                    errors.append("reader saw wrong values")
+                # also rows never written (beyond 40_000 in the permutation)
+                gw, _ = store.read(rows[40_000:41_000])
+                if not same_bits(gw, init.rows(rows[40_000:41_000])):
+                    errors.append("reader saw wrong initial values")
+
+        def writer():
+            for k in range(rounds):
+                store.write(write_rows, *wvals(k))
+
+        threads = [threading.Thread(target=reader), threading.Thread(target=writer)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        gw, gs = store.read(write_rows)
+        ew, es = wvals(rounds - 1)
+        assert same_bits(gw, ew) and same_bits(gs, es)
+
+
+def test_disk_drop_page_cache_keeps_data(tmp_path):
+    init = RowInitializer(TABLES, D, seed=2)
+    rng = np.random.default_rng(8)
+    rows = rng.permutation(init.num_rows)[:500]
+    w = values(rng, 500, D)
+    with DiskStore(init, 0, tmp_path / "st") as store:
+        store.write(rows, w, np.zeros((500, 0), np.float32))
+        store.drop_page_cache()
+        assert same_bits(store.read(rows)[0], w)
+    store.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        store.read(rows)
