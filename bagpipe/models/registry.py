@@ -100,7 +100,7 @@ def recipe(model: str, size: str) -> ModelConfig:
     if model not in MODEL_NAMES:
         raise ConfigError(f"unknown model {model!r}; valid: {', '.join(MODEL_NAMES)}")
     if size == "debug":
-        return ModelConfig(name=model, embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(16, 8), cross_layers=2)
+        return ModelConfig(name=model, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 16), cross_layers=2)
     if size == "kaggle":
         return ModelConfig(
             name=model, embedding_dim=16, bottom_mlp=(512, 256, 64, 16), top_mlp=(512, 256), cross_layers=3
