@@ -1,0 +1,111 @@
+"""Every cached mode computes exactly what the reference trainer computes.
+
+The design's first invariant: on one process, ``--mode lookahead``, ``lru`` and
+``nocache`` end with the same params_sha256 (a digest of every dense parameter, every
+embedding row and its optimizer state) as ``--mode full``. The matrix covers every
+model, SGD and Adagrad, the memory and disk stores, and L in {1, 2, 8, 64}; plus a
+cache so small that the oracle must force rows out early (asserted), a cache exactly
+as large as the largest batch's unique rows, and checkpoint/resume in lookahead mode.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from bagpipe.data.shards import Dataset
+from bagpipe.data.stream import BatchStream
+from bagpipe.data.synthetic import SynthConfig, generate
+from bagpipe.train.config import TrainConfig
+from bagpipe.train.loop import train
+
+STEPS = 200
+BATCH = 64
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exact") / "tiny"
+    generate(SynthConfig(profile="tiny", samples=16000, seed=3), str(out), progress=False)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    @functools.cache
+    def run(model: str, optimizer: str) -> dict:
+        out = tmp_path_factory.mktemp(f"full-{model}-{optimizer}")
+        return train(cfg(data, str(out), model=model, optimizer=optimizer, mode="full"))
+
+    return run
+
+
+def cfg(data: str, out: str, **kw) -> TrainConfig:
+    base = dict(data=data, out=out, steps=STEPS, batch_size=BATCH, lr=0.05, seed=7, progress=False, eval_samples=512)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+MATRIX = [
+    # model, optimizer, mode, store, lookahead
+    ("dlrm", "adagrad", "lookahead", "memory", 1),
+    ("dlrm", "sgd", "lookahead", "disk", 8),
+    ("deepfm", "adagrad", "lookahead", "disk", 2),
+    ("wide_deep", "sgd", "lookahead", "memory", 64),
+    ("dcn", "adagrad", "lookahead", "memory", 8),
+    ("dcn", "adagrad", "lru", "disk", 8),
+    ("wide_deep", "sgd", "lru", "memory", 8),
+    ("deepfm", "adagrad", "nocache", "memory", 8),
+    ("dlrm", "sgd", "nocache", "disk", 8),
+]
+
+
+@pytest.mark.parametrize("model,optimizer,mode,store,L", MATRIX)
+def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mode, store, L):
+    ref = reference(model, optimizer)
+    got = train(cfg(data, str(tmp_path / "run"), model=model, optimizer=optimizer, mode=mode, store=store, lookahead=L, cache_rows=2000))
+    assert got["params_sha256"] == ref["params_sha256"]
+    assert got["eval_auc"] == ref["eval_auc"]
+    c = got["cache"]
+    assert c["hits"] + c["misses"] == c["unique_rows"]
+    assert c["rows_fetched"] == c["misses"]
+    if mode == "nocache":
+        assert c["hits"] == 0 and c["rows_written_back"] == c["rows_fetched"]
+    if mode == "lookahead":
+        assert c["hits"] > 0
+        # every fetched row was written back by the end: the store holds the model
+        assert c["rows_written_back"] == c["rows_fetched"]
+
+
+def max_unique_rows(data: str) -> int:
+    stream = BatchStream(Dataset(data), "train", BATCH, seed=7)
+    return max(len(np.unique(b.rows.numpy())) for b in stream.batches(0, STEPS))
+
+
+def test_tiny_cache_forces_early_evictions_and_stays_exact(data, reference, tmp_path):
+    ref = reference("dlrm", "adagrad")
+    C = max_unique_rows(data) + 8
+    got = train(cfg(data, str(tmp_path / "run"), mode="lookahead", lookahead=8, cache_rows=C))
+    assert got["cache"]["forced_evictions"] > 0
+    assert got["cache"]["max_occupied"] <= C
+    assert got["params_sha256"] == ref["params_sha256"]
+
+
+def test_cache_of_exactly_one_batch(data, reference, tmp_path):
+    ref = reference("deepfm", "adagrad")
+    C = max_unique_rows(data)
+    got = train(cfg(data, str(tmp_path / "run"), model="deepfm", mode="lookahead", lookahead=2, cache_rows=C))
+    assert got["cache"]["forced_evictions"] > 0
+    assert got["params_sha256"] == ref["params_sha256"]
+
+
+def test_lookahead_resume_matches_uninterrupted(data, reference, tmp_path):
+    ref = reference("dlrm", "adagrad")
+    run = str(tmp_path / "run")
+    half = train(cfg(data, run, mode="lookahead", lookahead=8, steps=STEPS // 2, cache_rows=1500, checkpoint_every=STEPS // 4))
+    assert half["steps"] == STEPS // 2
+    resumed = train(cfg(data, run, mode="lookahead", lookahead=8, cache_rows=1500, resume=True))
+    assert resumed["steps"] == STEPS and resumed["steps_this_run"] == STEPS // 2
+    assert resumed["params_sha256"] == ref["params_sha256"]
