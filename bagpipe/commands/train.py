@@ -58,6 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action="store_true", default=None, help="continue from the run directory's latest checkpoint")
     g.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+    g.add_argument("--warmup-steps", type=int, help="steps left out of samples_per_s (benchmarks; default 0)")
+    g.add_argument("--no-final-checkpoint", dest="save_final", action="store_false", default=None,
+                   help="skip the checkpoint at the end (bagpipe eval then has nothing to read)")
+    g.add_argument("--no-digest", dest="digest", action="store_false", default=None,
+                   help="skip params_sha256 (it reads every embedding row once)")
 
 
 def run(args: argparse.Namespace) -> int:

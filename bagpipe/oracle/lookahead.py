@@ -24,6 +24,7 @@ import numpy as np
 from bagpipe.data.batch import Batch
 from bagpipe.errors import CapacityError, ConfigError
 from bagpipe.oracle.plan import Plan, PlanStats
+from bagpipe.oracle.unique import unique_inverse
 
 _WRAP = np.int64(1 << 31)
 
@@ -58,6 +59,7 @@ class LookaheadOracle:
     # ring of occurrences -------------------------------------------------------------
     def _alloc_ring(self, cap: int) -> None:
         self.cap = cap
+        self.mask = cap - 1  # cap is a power of two: seq & mask is the ring index
         self.ent_row = np.zeros(cap, np.int64)
         self.ent_prev = np.full(cap, -1, np.int64)  # seq of the row's previous occurrence
         self.ent_next = np.full(cap, -1, np.int64)  # step of the row's next use (-1: none read yet)
@@ -75,28 +77,28 @@ class LookaheadOracle:
         old_cap = self.cap
         self._alloc_ring(new_cap)
         seqs = np.arange(self.lo, self.hi, dtype=np.int64)
-        src, dst = seqs % old_cap, seqs % new_cap
+        src, dst = seqs & (old_cap - 1), seqs & (new_cap - 1)
         for new, o in zip((self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict), old):
             new[dst] = o[src]
 
     # reading ------------------------------------------------------------------------
     def _read(self, step: int, batch: Batch) -> tuple[int, int, np.ndarray]:
         rows = batch.rows.numpy()
-        uniq, inverse = np.unique(rows, return_inverse=True)
+        uniq, inverse = unique_inverse(rows)
         n = len(uniq)
         self._ensure(n)
         start = self.hi
         seqs = np.arange(start, start + n, dtype=np.int64)
-        idx = seqs % self.cap
+        idx = seqs & self.mask
         v = self.latest[uniq].astype(np.int64)
         seen = v >= 0
         prev = np.full(n, -1, np.int64)
         if seen.any():
             full = self.lo + (v[seen] - self.lo) % _WRAP
-            ok = (full < self.hi) & (self.ent_row[full % self.cap] == uniq[seen])
+            ok = (full < self.hi) & (self.ent_row[full & self.mask] == uniq[seen])
             cand = np.flatnonzero(seen)[ok]
             prev[cand] = full[ok]
-            self.ent_next[full[ok] % self.cap] = step
+            self.ent_next[full[ok] & self.mask] = step
         self.ent_row[idx] = uniq
         self.ent_prev[idx] = prev
         self.ent_next[idx] = -1
@@ -114,17 +116,17 @@ class LookaheadOracle:
         self.n_free += k
 
     def _plan(self, step: int, batch: Batch, start: int, n: int, inverse: np.ndarray) -> Plan:
-        cap, L = self.cap, self.L
+        mask, L = self.mask, self.L
         seqs = np.arange(start, start + n, dtype=np.int64)
-        idx = seqs % cap
+        idx = seqs & mask
         rows = self.ent_row[idx].copy()
         prev = self.ent_prev[idx]
         pv = prev >= self.lo
         slots = np.full(n, -1, np.int64)
-        slots[pv] = self.ent_slot[prev[pv] % cap]
+        slots[pv] = self.ent_slot[prev[pv] & mask]
         hit = slots >= 0
         # hits move their slot from the previous occurrence to this one
-        self.ent_slot[prev[hit] % cap] = -1
+        self.ent_slot[prev[hit] & mask] = -1
         self.slot_seq[slots[hit]] = seqs[hit]
         miss = ~hit
         m = int(miss.sum())
@@ -139,7 +141,7 @@ class LookaheadOracle:
         fetch_after = step - L - 1
         dep = miss & pv
         if dep.any():
-            fetch_after = max(fetch_after, int(self.ent_evict[prev[dep] % cap].max()))
+            fetch_after = max(fetch_after, int(self.ent_evict[prev[dep] & mask].max()))
         # rows not used again within the window leave after this step
         ev = self.ent_next[idx] < 0
         ev_a_slots = slots[ev]
@@ -178,14 +180,14 @@ class LookaheadOracle:
                 f"a cache of {self.C} rows cannot hold step {step}'s {n} unique rows; "
                 f"use at least {n} cache rows (more than the largest batch's unique rows)"
             )
-        nxt = self.ent_next[self.slot_seq[cand] % self.cap]
+        nxt = self.ent_next[self.slot_seq[cand] & self.mask]
         if k < len(cand):
             # stable ordering on (next use desc, slot asc) so plans are reproducible
             order = np.lexsort((cand, -nxt))[:k]
             victims = cand[order]
         else:
             victims = cand
-        vidx = self.slot_seq[victims] % self.cap
+        vidx = self.slot_seq[victims] & self.mask
         rows = self.ent_row[vidx].copy()
         self.ent_slot[vidx] = -1
         self.ent_evict[vidx] = step - 1

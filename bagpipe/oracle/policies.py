@@ -19,10 +19,11 @@ import numpy as np
 from bagpipe.data.batch import Batch
 from bagpipe.errors import CapacityError, ConfigError
 from bagpipe.oracle.plan import Plan, PlanStats
+from bagpipe.oracle.unique import unique_inverse
 
 
 def unique_rows(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-    uniq, inverse = np.unique(batch.rows.numpy(), return_inverse=True)
+    uniq, inverse = unique_inverse(batch.rows.numpy())
     return uniq, inverse.astype(np.int64, copy=False)
 
 

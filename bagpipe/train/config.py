@@ -66,6 +66,12 @@ class TrainConfig:
     """Show a progress bar."""
     block_size: int = 4096
     """Samples per shuffled block of the data stream."""
+    warmup_steps: int = 0
+    """Steps excluded from the throughput figure (samples_per_s), for benchmarks."""
+    save_final: bool = True
+    """Write a checkpoint at the end (bagpipe eval reads it); benchmarks turn it off."""
+    digest: bool = True
+    """Compute params_sha256 at the end (reads every row once)."""
 
     def __post_init__(self) -> None:
         from bagpipe.models import MODEL_NAMES, RECIPE_SIZES
@@ -91,6 +97,7 @@ class TrainConfig:
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         need(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
         need(self.block_size > 0, f"block size must be > 0, got {self.block_size}")
+        need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")
 
     def model_config(self):
         from bagpipe.models import recipe

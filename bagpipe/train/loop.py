@@ -22,7 +22,7 @@ from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import CachedBackend, FullBackend
 from bagpipe.train.checkpoint import load_latest, save_checkpoint
 from bagpipe.train.config import TrainConfig
-from bagpipe.train.metrics import current_rss_mb, log_loss, peak_rss_mb, roc_auc
+from bagpipe.train.metrics import RssSampler, current_rss_mb, log_loss, peak_rss_mb, roc_auc
 from bagpipe.train.step import forward_logits, train_step
 
 TIME_KEYS = ("wait_embeddings", "forward", "backward", "optimizer", "writeback")
@@ -148,17 +148,21 @@ def train(cfg: TrainConfig) -> dict:
 
     times = dict.fromkeys(TIME_KEYS, 0.0)
     losses: list[float] = []
+    rss = RssSampler()
+    t_measure = None  # start of the measured (post-warm-up) steps
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.model}/{cfg.mode}", unit="step", disable=not cfg.progress, dynamic_ncols=True)
     t_start = time.perf_counter()
     step = start
     try:
         for inp in backend.steps(stream, start, cfg.steps):
             loss = train_step(model, dense_opt, sparse_opt, inp, times)
-            t0 = time.perf_counter()
-            backend.after_step(inp)
-            times["writeback"] += time.perf_counter() - t0
+            backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
             losses.append(loss)
             step = inp.step + 1
+            if step - start == cfg.warmup_steps:
+                t_measure = time.perf_counter()
+                times_at_warmup = dict(times)
+                pipe_at_warmup = _pipeline_times(backend)
             bar.update(1)
             if step % 10 == 0 or step == cfg.steps:
                 elapsed = time.perf_counter() - t_start
@@ -171,19 +175,25 @@ def train(cfg: TrainConfig) -> dict:
                 log.write(step=step, **ev)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
                 checkpoint(step)
-        elapsed = time.perf_counter() - t_start
+        t_end = time.perf_counter()
         bar.close()
-        pipeline_times = {}
-        if isinstance(backend, CachedBackend) and backend.executor is not None:
-            pipeline_times = backend.executor.times.as_dict()
-            times["wait_embeddings"] = pipeline_times["wait_embeddings"]
-            times["writeback"] += pipeline_times["writeback"]
+        trained = step - start
+        if t_measure is None:  # warm-up longer than the run (only when resuming near the end)
+            t_measure, times_at_warmup, pipe_at_warmup = t_start, dict.fromkeys(TIME_KEYS, 0.0), {}
+        measured = trained - (cfg.warmup_steps if trained > cfg.warmup_steps else 0)
+        pipe = _pipeline_times(backend)
+        for k in ("wait_embeddings", "writeback"):
+            times[k] += pipe.get(k, 0.0)
+            times_at_warmup[k] += pipe_at_warmup.get(k, 0.0)
+        step_times = {k: 1000 * (times[k] - times_at_warmup[k]) / max(measured, 1) for k in TIME_KEYS}
+        elapsed = t_end - t_measure
+        peak_anon = rss.stop()
         backend.flush()
         ev = evaluate(model, backend.lookup, dataset, cfg.batch_size, cfg.eval_samples)
         log.write(step=step, **ev)
-        digest = params_digest(model, backend)
-        checkpoint(step)
-        trained = step - start
+        digest = params_digest(model, backend) if cfg.digest else None
+        if cfg.save_final:
+            checkpoint(step)
         summary = {
             "mode": cfg.mode,
             "model": cfg.model,
@@ -192,16 +202,18 @@ def train(cfg: TrainConfig) -> dict:
             "steps_this_run": trained,
             "samples": trained * cfg.batch_size,
             "batch_size": cfg.batch_size,
-            "seconds": elapsed,
-            "samples_per_s": trained * cfg.batch_size / max(elapsed, 1e-9),
+            "seconds": t_end - t_start,
+            "measured_steps": measured,
+            "samples_per_s": measured * cfg.batch_size / max(elapsed, 1e-9),
             "train_logloss": float(np.mean(losses[-50:])) if losses else None,
             **ev,
             "params_sha256": digest,
             "peak_rss_mb": peak_rss_mb(),
+            "peak_anon_rss_mb": peak_anon,
             "rss_mb": current_rss_mb(),
             "total_rows": init.num_rows,
             "embedding_dim": init.dim,
-            "time_per_step_ms": {k: 1000 * v / max(trained, 1) for k, v in times.items()},
+            "time_per_step_ms": step_times,
             "cache": backend.stats(),
         }
         if cfg.mode != "full":
@@ -213,9 +225,16 @@ def train(cfg: TrainConfig) -> dict:
             Path(cfg.summary_json).write_text(text)
         return summary
     finally:
+        rss.stop()
         bar.close()
         log.close()
         backend.close()
+
+
+def _pipeline_times(backend) -> dict:
+    if isinstance(backend, CachedBackend) and backend.executor is not None:
+        return backend.executor.times.as_dict()
+    return {}
 
 
 def _max_lookups(stream: BatchStream, cfg: TrainConfig) -> int:

@@ -44,3 +44,45 @@ def peak_rss_mb() -> float:
 
 def current_rss_mb() -> float:
     return psutil.Process().memory_info().rss / (1024.0 * 1024.0)
+
+
+def rss_breakdown_mb() -> dict:
+    """Current anonymous (private heap) and file-backed resident memory, from /proc (Linux)."""
+    out = {"anon": 0.0, "file": 0.0}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    out["anon"] = int(line.split()[1]) / 1024.0
+                elif line.startswith("RssFile:"):
+                    out["file"] = int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return out
+
+
+class RssSampler:
+    """Samples anonymous RSS in a background thread and keeps its peak (MiB).
+
+    ``peak_rss_mb`` (ru_maxrss) also counts file pages a memory map touched, which the
+    kernel can drop at will; the anonymous peak is the memory the process owns.
+    """
+
+    def __init__(self, interval_s: float = 0.05):
+        import threading
+
+        self.peak_anon_mb = rss_breakdown_mb()["anon"]
+        self._stop = threading.Event()
+        self._interval = interval_s
+        self._t = threading.Thread(target=self._run, daemon=True, name="bagpipe-rss")
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak_anon_mb = max(self.peak_anon_mb, rss_breakdown_mb()["anon"])
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._t.join(timeout=1)
+        self.peak_anon_mb = max(self.peak_anon_mb, rss_breakdown_mb()["anon"])
+        return self.peak_anon_mb

@@ -1,0 +1,103 @@
+"""``bagpipe bench oracle``: planning throughput of the lookahead oracle alone.
+
+Batches are generated and read into memory first; then the oracle plans them on one
+thread (torch/numpy intra-op threads pinned to 1). Reports lookups planned per
+second, per-batch planning time, the oracle's own state in MiB and the hit rate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
+
+
+@dataclass(kw_only=True)
+class OracleBench:
+    out: str = "bench-out/oracle"
+    profile: str = "criteo-kaggle"
+    scale: float = 1.0
+    batch_sizes: tuple[int, ...] = (1024, 2048, 4096)
+    lookaheads: tuple[int, ...] = (1, 10, 50, 200)
+    batches: int = 120
+    cache_fraction: float = 0.05
+    reps: int = 3
+
+    @classmethod
+    def quick(cls, **kw) -> "OracleBench":
+        base = dict(scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1)
+        base.update(kw)
+        return cls(**base)
+
+
+def oracle_state_mb(o) -> float:
+    arrays = [o.latest, o.ent_row, o.ent_prev, o.ent_next, o.ent_slot, o.ent_evict, o.free, o.slot_seq]
+    return sum(a.nbytes for a in arrays) / 2**20
+
+
+def run(b: OracleBench) -> dict:
+    import torch
+
+    from bagpipe.data.shards import Dataset
+    from bagpipe.data.stream import BatchStream
+    from bagpipe.data.synthetic import SynthConfig, generate
+    from bagpipe.oracle import LookaheadOracle
+
+    torch.set_num_threads(1)
+    out = Path(b.out)
+    data = out / "data"
+    need = max(b.batch_sizes) * (b.batches + 1)
+    generate(SynthConfig(profile=b.profile, samples=int(need / 0.9) + 1, scale=b.scale, seed=2), str(data), overwrite=True, progress=False)
+    ds = Dataset(data)
+    total = ds.meta.total_rows
+    rows, res = [], {}
+    for B in b.batch_sizes:
+        stream = BatchStream(ds, "train", B, seed=0)
+        batches = [(i, stream.batch(i)) for i in range(b.batches)]
+        lookups = sum(int(x.rows.shape[0]) for _, x in batches)
+        cache = max(int(b.cache_fraction * total), B * ds.meta.num_features)
+        for L in b.lookaheads:
+            rates, state = [], 0.0
+            for _ in range(b.reps):
+                o = LookaheadOracle(total, cache, L)
+                t0 = time.perf_counter()
+                for _p in o.plans(batches):
+                    pass
+                dt = time.perf_counter() - t0
+                rates.append(lookups / dt)
+                state = oracle_state_mb(o)
+            med, spread = median_spread(rates)
+            key = f"B={B},L={L}"
+            res[key] = {"batch_size": B, "lookahead": L, "lookups_per_s": med, "spread": spread,
+                        "ms_per_batch": 1000 * lookups / med / len(batches), "state_mb": state,
+                        "hit_rate": o.stats.as_dict()["hit_rate"], "forced_evictions": o.stats.forced_evictions}
+            rows.append([B, L, med / 1e6, f"{spread:.0%}", res[key]["ms_per_batch"], state, f"{res[key]['hit_rate']:.1%}"])
+            print(f"B={B} L={L}: {med / 1e6:.1f}M lookups/s", flush=True)
+    table = markdown_table(["batch", "L", "M lookups/s", "spread", "ms/batch", "oracle state MiB", "hit rate"], rows)
+    payload = {"scenario": "oracle", "config": asdict(b), "machine": machine(), "total_rows": total, "results": res, "table": table}
+    _plot(out, res, b)
+    write_results(out, "oracle", payload, table)
+    return payload
+
+
+def _plot(out: Path, res: dict, b: OracleBench) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for B in b.batch_sizes:
+        pts = [(v["lookahead"], v["lookups_per_s"] / 1e6) for v in res.values() if v["batch_size"] == B]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {B}")
+    ax.set_xscale("log")
+    ax.set_xlabel("lookahead L (batches)")
+    ax.set_ylabel("million lookups planned / s (1 thread)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "oracle.png", dpi=110)
+    plt.close(fig)
