@@ -115,9 +115,11 @@ def header_layout(
     optional: set[str],
     marks: set[str],
     header: str,
+    label: str,
 ) -> Layout:
     """Layout of a CSV file: from its header if the first line has a field in ``marks``
-    (and ``header`` is not "no"), else the standard column order."""
+    (and ``header`` is not "no"), else the standard column order. ``label``: the name
+    of the label column (for a hint when it is missing)."""
     if first_line.startswith(b"\xef\xbb\xbf"):
         first_line = first_line[3:]
     fields = [f.strip().decode("utf-8", "replace") for f in first_line.split(b",")]
@@ -128,7 +130,8 @@ def header_layout(
     if missing or extra or len(set(fields)) != len(fields):
         what = []
         if missing:
-            what.append("missing " + ", ".join(missing))
+            hint = "; for an unlabelled file pass --no-label" if missing == [label] else ""
+            what.append("missing " + ", ".join(missing) + hint)
         if extra:
             what.append("unexpected " + ", ".join(extra))
         if len(set(fields)) != len(fields):
@@ -174,7 +177,6 @@ def hour_features_slow(v: bytes) -> list[int]:
 
 class AvazuFormat(RawFormat):
     name = "avazu"
-    delimiter = b","
     key_kind = "fnv1a64"
     dense_names: list = []
     key_features = KEY_FEATURES
@@ -189,7 +191,7 @@ class AvazuFormat(RawFormat):
     def layout(self, path: str, first_line: bytes) -> Layout:
         required = [c for c in self.standard if c != "id"]
         optional = {"id"} | ({"click"} if not self.labelled else set())
-        return header_layout(path, first_line, self.standard, required, optional, {"id", "click", "hour"}, self.header)
+        return header_layout(path, first_line, self.standard, required, optional, {"id", "click", "hour"}, self.header, "click")
 
     def parse_line(self, line: bytes, layout: Layout) -> Row:
         fields = strip_cr(line).split(b",")

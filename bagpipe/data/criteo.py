@@ -51,7 +51,6 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 class CriteoFormat(RawFormat):
     name = "criteo"
-    delimiter = b"\t"
     key_kind = "hex"
     dense_names = DENSE_NAMES
     key_features = CAT_NAMES
@@ -138,20 +137,20 @@ class CriteoFormat(RawFormat):
         if ints is None:
             return None
         c = nf - 26
-        # categories feature-major (26, n), the layout of Raw.keys
-        ends = np.ascontiguousarray(S[:, c:].T)
+        # categories in line order (the gather walks the buffer once), then transposed
+        # to the feature-major layout of Raw.keys
+        ends = S[:, c:].copy()
         cr = buf[last - 1] == 13
         if cr.any():
-            ends[-1] -= cr  # "\r\n": the \r is not part of C26
-        starts = np.ascontiguousarray(S[:, c - 1 : nf - 1].T)
-        starts += 1
-        keys = parse_hex_keys(w, starts.ravel(), ends.ravel())
+            ends[:, -1] -= cr  # "\r\n": the \r is not part of C26
+        keys = parse_hex_keys(w, (S[:, c - 1 : nf - 1] + 1).ravel(), ends.ravel())
         if keys is None:
             return None
+        keys = np.ascontiguousarray(keys.reshape(n, 26).T)
         return Raw(
             rows=np.arange(n, dtype=np.int64),
             labels=labels,
             dense=ints.reshape(n, 13),
-            keys=keys.reshape(26, n),
+            keys=keys,
             fixed=np.zeros((n, 0), dtype=np.int64),
         )

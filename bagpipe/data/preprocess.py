@@ -227,7 +227,7 @@ def parse_hex_keys(wview: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.
     full = length == 8
     if bool((empty | full).all()):  # the usual case: 8 hex digits or nothing
         out = wview[start]
-        out[empty] = _U(_ASCII_ZEROS)
+        np.copyto(out, _U(_ASCII_ZEROS), where=empty)
     elif int(length.max()) > 8:
         return None
     else:
@@ -246,7 +246,7 @@ def parse_hex_keys(wview: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.
         np.add(x, A, out=x)
         _combine_bytes(x, B, 16)
     keys = out.view(np.int64)
-    keys[empty] = MISSING_KEY
+    np.copyto(keys, MISSING_KEY, where=empty)
     return keys
 
 
@@ -319,8 +319,7 @@ class Raw:
     rows: (n,) 0-based offsets of the lines inside the block; labels (n,) float32;
     dense (n, Dd) float64 raw numbers (missing = 0), transformed later; keys (Fk, n)
     int64 categorical keys, feature-major; fixed (n, Ff) int64 ids of fixed-size
-    features; seqs: one
-    (keys (nnz,), lengths (n,)) per multi-hot feature.
+    features; seqs: one (keys (nnz,), lengths (n,)) per multi-hot feature.
     """
 
     rows: np.ndarray
@@ -385,9 +384,6 @@ class Layout:
     names: list[str]
     header_lines: int = 0
 
-    def index(self, name: str) -> int:
-        return self.names.index(name)
-
 
 class RawFormat:
     """A raw log format. Subclasses set the schema and implement the two parsers.
@@ -397,8 +393,7 @@ class RawFormat:
     """
 
     name = "?"
-    delimiter = b"\t"
-    key_kind = "?"
+    key_kind = "?"  # how values become keys: "hex" or "fnv1a64"
     dense_names: list[str] = []
     key_features: list[str] = []  # one-hot features with keys (vocabulary / hashing)
     fixed_features: list[tuple[str, int]] = []  # one-hot features with fixed tables
@@ -582,9 +577,9 @@ class Block:
     data_len: int = 0  # bytes of text (kept when ``data`` is dropped)
 
 
-def iter_blocks(f: InputFile, block_bytes: int, stop_after: int | None = None) -> Iterator[Block]:
+def iter_blocks(f: InputFile, block_bytes: int) -> Iterator[Block]:
     """Blocks of whole lines of ``f`` (header skipped). A last line without newline gets
-    one. ``stop_after``: stop once that many data lines have been yielded."""
+    one."""
     reader, raw = open_input(f.path)
     try:
         line_no = 1
@@ -594,7 +589,7 @@ def iter_blocks(f: InputFile, block_bytes: int, stop_after: int | None = None) -
         index = 0
         pos = raw.tell()
         rest = b""
-        while stop_after is None or index < stop_after:
+        while True:
             chunk = _read(reader, block_bytes, f.path)
             if not chunk:
                 if rest:
@@ -1136,13 +1131,16 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
                 return p, counts
 
             bar = _progress(opts, sum(f.size for f in inputs), "vocabulary")
+            lines_done = 0
             with bar:
                 for b, (p, counts) in _pipelined(blocks(inputs), count_block, workers):
                     bad.report(b, p.bad)
                     for name, (v, c) in zip(keyed, counts):
                         counters[name].add(v, c)
                     spill.put(b, p)
+                    lines_done += b.nlines
                     bar.update(b.disk_bytes)
+                    bar.set_postfix_str(f"{lines_done:,} lines", refresh=False)
             keys, counts_ = {}, {}
             for name in keyed:
                 keys[name], counts_[name] = counters[name].result()

@@ -13,20 +13,25 @@ from bagpipe.data.schema import META_FILE, DatasetMeta, FeatureSpec, SplitMeta
 from bagpipe.errors import DataError
 
 DEFAULT_ROWS_PER_SHARD = 1 << 18
+WRITING_MARKER = ".bagpipe-writing"  # present while a dataset is being written
 
 
 def prepare_output_dir(out: str | os.PathLike, overwrite: bool) -> Path:
     """Create ``out`` for a new dataset.
 
-    Refuses a directory that already holds a finished dataset unless ``overwrite``;
-    a half-written one (no meta.json) is cleared, since it can never be mistaken for
-    a finished dataset anyway.
+    Refuses a directory that already holds a finished dataset unless ``overwrite``,
+    and any other non-empty directory that is not a half-written dataset (it would
+    hold someone's files). A half-written dataset (no meta.json, our marker file) is
+    cleared, since it can never be mistaken for a finished one anyway.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory")
-    if (out / META_FILE).exists() and not overwrite:
+    is_dataset = (out / META_FILE).exists()
+    if is_dataset and not overwrite:
         raise DataError(f"{out}: already holds a dataset (pass --overwrite to replace it)")
+    if out.exists() and not is_dataset and not (out / WRITING_MARKER).exists() and any(out.iterdir()):
+        raise DataError(f"{out}: directory is not empty and is not a bagpipe dataset; refusing to write into it")
     if out.exists():
         if (out / META_FILE).exists():
             (out / META_FILE).unlink()  # first, so a crash below leaves an unfinished dir
@@ -36,6 +41,7 @@ def prepare_output_dir(out: str | os.PathLike, overwrite: bool) -> Path:
             else:
                 child.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    (out / WRITING_MARKER).touch()
     return out
 
 
@@ -66,6 +72,9 @@ class ShardWriter:
             raise DataError("rows_per_shard must be > 0")
         if id_dtype not in ("int32", "int64"):
             raise DataError(f"id_dtype must be int32 or int64, got {id_dtype!r}")
+        too_big = [f.name for f in features if id_dtype == "int32" and f.num_rows > (1 << 31)]
+        if too_big:
+            raise DataError(f"feature(s) {', '.join(too_big)} have more than 2^31 rows; use id_dtype int64")
         self.out = prepare_output_dir(out, overwrite)
         self.dense_names = list(dense_names)
         self.features = list(features)
@@ -178,6 +187,7 @@ class ShardWriter:
         if not self._splits or all(s.num_samples == 0 for s in self._splits.values()):
             raise DataError("no samples were written")
         meta.save(self.out)
+        (self.out / WRITING_MARKER).unlink(missing_ok=True)
         self._closed = True
         return meta
 

@@ -117,7 +117,7 @@ class BatchStream:
     def batches(self, start: int = 0, stop: int | None = None) -> Iterator[Batch]:
         """Batches ``start, start+1, ...`` up to ``stop`` (exclusive; None: one epoch past start)."""
         if stop is None:
-            stop = self.batches_per_epoch
+            stop = start + self.batches_per_epoch
         for i in range(start, stop):
             yield self.batch(i)
 

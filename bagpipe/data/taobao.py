@@ -56,7 +56,6 @@ _PRICE_RE_B = re.compile(_PRICE_RE.encode())
 
 class TaobaoFormat(RawFormat):
     name = "taobao"
-    delimiter = b","
     key_kind = "fnv1a64"
     dense_names = ["price"]
     key_features = KEY_FEATURES
@@ -72,7 +71,7 @@ class TaobaoFormat(RawFormat):
         required = [c for c in self.standard if c != "time_stamp"]
         optional = {"time_stamp"} | ({"clk"} if not self.labelled else set())
         return header_layout(
-            path, first_line, self.standard, required, optional, {"clk", "userid", "adgroup_id"}, self.header
+            path, first_line, self.standard, required, optional, {"clk", "userid", "adgroup_id"}, self.header, "clk"
         )
 
     def parse_line(self, line: bytes, layout: Layout) -> Row:

@@ -74,6 +74,7 @@ class TrainConfig:
     """Compute params_sha256 at the end (reads every row once)."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         from bagpipe.models import MODEL_NAMES, RECIPE_SIZES
         from bagpipe.optim import OPTIMIZER_NAMES
 
@@ -98,6 +99,22 @@ class TrainConfig:
         need(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
         need(self.block_size > 0, f"block size must be > 0, got {self.block_size}")
         need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")
+
+    def _check_types(self) -> None:
+        """Values from a TOML file arrive untyped: check each against its annotation."""
+        kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            ann = str(f.type).replace(" ", "")
+            optional = ann.endswith("|None")
+            base = ann.removesuffix("|None")
+            if value is None and optional:
+                continue
+            ok = isinstance(value, kinds[base]) and not (base in ("int", "float") and isinstance(value, bool))
+            if not ok:
+                raise ConfigError(f"{f.name} must be {'an' if base == 'int' else 'a'} {base}, got {value!r}")
+            if base == "float":
+                setattr(self, f.name, float(value))
 
     def model_config(self):
         from bagpipe.models import recipe

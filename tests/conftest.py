@@ -1,0 +1,46 @@
+"""Shared fixtures of the bagpipe test suite.
+
+* ``tiny_data``: a session-wide synthetic dataset of the ``tiny`` profile (24,000
+  samples: 21,600 train + 2,400 eval, one shard per split), made once with
+  :func:`bagpipe.data.synthetic.generate`. Tests must treat it as read-only.
+* ``run_cli``: runs ``bagpipe ARGS...`` in-process and returns ``(exit code, stdout,
+  stderr)``; an ``argparse`` exit (``--help``, a bad choice) is turned into its code.
+
+torch's thread count is left at its default here; modules whose models are tiny may
+lower it for themselves (and restore it afterwards).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bagpipe.data.synthetic import SynthConfig, generate
+
+TINY_SAMPLES = 24_000
+TINY_SEED = 1
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> str:
+    """Directory of a finished ``tiny`` dataset (read-only, shared by the session)."""
+    out = tmp_path_factory.mktemp("data") / "tiny"
+    generate(SynthConfig(profile="tiny", samples=TINY_SAMPLES, seed=TINY_SEED), out, progress=False)
+    return str(out)
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """``run_cli("train", "--data", ...) -> (rc, stdout, stderr)``, in this process."""
+    from bagpipe.cli import main
+
+    def run(*args) -> tuple[int, str, str]:
+        capsys.readouterr()  # drop anything printed before
+        try:
+            rc = main([str(a) for a in args])
+        except SystemExit as e:  # argparse: --help, --version, usage errors
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run
+
