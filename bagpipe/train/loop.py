@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -35,7 +36,11 @@ def make_store(cfg: TrainConfig, init: RowInitializer, state_dim: int):
         return MemoryStore(init, state_dim)
     from bagpipe.store.disk import DiskStore
 
-    path = cfg.store_dir or os.path.join(cfg.out, "store")
+    if cfg.store_dir:  # a user-given store is opened as it is: its rows are the starting tables
+        return DiskStore(init, state_dim, cfg.store_dir)
+    path = Path(cfg.out) / "store"
+    if path.exists():  # the run's own store: a fresh or resumed run rebuilds it from scratch / the checkpoint
+        shutil.rmtree(path)
     return DiskStore(init, state_dim, path)
 
 
@@ -132,8 +137,17 @@ def train(cfg: TrainConfig) -> dict:
         ckpt = load_latest(out)
         if ckpt is None:
             raise CheckpointError(f"{out}: --resume given but the run has no checkpoint")
-        model.load_state_dict(ckpt.dense["model"])
-        dense_opt.load_state_dict(ckpt.dense["dense_optimizer"])
+        if ckpt.weights().shape != (init.num_rows, init.dim):
+            raise CheckpointError(
+                f"{ckpt.path}: holds {ckpt.weights().shape[0]} rows of dim {ckpt.weights().shape[1]}, "
+                f"this run has {init.num_rows} rows of dim {init.dim}"
+            )
+        try:
+            model.load_state_dict(ckpt.dense["model"])
+            dense_opt.load_state_dict(ckpt.dense["dense_optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            first = str(e).strip().splitlines()[0]
+            raise CheckpointError(f"{ckpt.path}: does not match this run's model/optimizer ({first})") from None
         torch.set_rng_state(ckpt.dense["torch_rng"])
         for a, w, s in ckpt.rows():
             backend.load_rows(a, w, s)
