@@ -62,9 +62,9 @@ class LookaheadOracle:
         self.mask = cap - 1  # cap is a power of two: seq & mask is the ring index
         self.ent_row = np.zeros(cap, np.int64)
         self.ent_prev = np.full(cap, -1, np.int64)  # seq of the row's previous occurrence
-        self.ent_next = np.full(cap, -1, np.int64)  # step of the row's next use (-1: none read yet)
-        self.ent_slot = np.full(cap, -1, np.int64)  # slot held after this step, -1 none
-        self.ent_evict = np.full(cap, -1, np.int64)  # write-back label when it left its slot
+        self.ent_next = np.full(cap, -1, np.int32)  # step of the row's next use (-1: none read yet)
+        self.ent_slot = np.full(cap, -1, np.int32)  # slot held after this step, -1 none
+        self.ent_evict = np.full(cap, -1, np.int32)  # write-back label when it left its slot
 
     def _ensure(self, extra: int) -> None:
         need = self.hi + extra - self.lo
@@ -81,6 +81,17 @@ class LookaheadOracle:
         for new, o in zip((self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict), old):
             new[dst] = o[src]
 
+    def _span(self, start: int, n: int):
+        """Ring positions of the occurrences [start, start+n): a slice unless it wraps.
+
+        Slices make the per-step reads and writes of the ring plain memory copies
+        instead of fancy-index gathers and scatters.
+        """
+        a = start & self.mask
+        if a + n <= self.cap:
+            return slice(a, a + n)
+        return np.arange(start, start + n, dtype=np.int64) & self.mask
+
     # reading ------------------------------------------------------------------------
     def _read(self, step: int, batch: Batch) -> tuple[int, int, np.ndarray]:
         rows = batch.rows.numpy()
@@ -89,16 +100,12 @@ class LookaheadOracle:
         self._ensure(n)
         start = self.hi
         seqs = np.arange(start, start + n, dtype=np.int64)
-        idx = seqs & self.mask
+        idx = self._span(start, n)
         v = self.latest[uniq].astype(np.int64)
-        seen = v >= 0
-        prev = np.full(n, -1, np.int64)
-        if seen.any():
-            full = self.lo + (v[seen] - self.lo) % _WRAP
-            ok = (full < self.hi) & (self.ent_row[full & self.mask] == uniq[seen])
-            cand = np.flatnonzero(seen)[ok]
-            prev[cand] = full[ok]
-            self.ent_next[full[ok] & self.mask] = step
+        full = self.lo + (v - self.lo) % _WRAP  # candidate sequence number of the previous occurrence
+        ok = (v >= 0) & (full < self.hi) & (self.ent_row[full & self.mask] == uniq)
+        prev = np.where(ok, full, -1)
+        self.ent_next[full[ok] & self.mask] = step
         self.ent_row[idx] = uniq
         self.ent_prev[idx] = prev
         self.ent_next[idx] = -1
@@ -118,12 +125,11 @@ class LookaheadOracle:
     def _plan(self, step: int, batch: Batch, start: int, n: int, inverse: np.ndarray) -> Plan:
         mask, L = self.mask, self.L
         seqs = np.arange(start, start + n, dtype=np.int64)
-        idx = seqs & mask
+        idx = self._span(start, n)
         rows = self.ent_row[idx].copy()
         prev = self.ent_prev[idx]
         pv = prev >= self.lo
-        slots = np.full(n, -1, np.int64)
-        slots[pv] = self.ent_slot[prev[pv] & mask]
+        slots = np.where(pv, self.ent_slot[prev & mask], -1).astype(np.int64)
         hit = slots >= 0
         # hits move their slot from the previous occurrence to this one
         self.ent_slot[prev[hit] & mask] = -1
@@ -145,8 +151,9 @@ class LookaheadOracle:
         # rows not used again within the window leave after this step
         ev = self.ent_next[idx] < 0
         ev_a_slots = slots[ev]
-        self.ent_slot[idx[ev]] = -1
-        self.ent_evict[idx[ev]] = step
+        ev_pos = seqs[ev] & mask
+        self.ent_slot[ev_pos] = -1
+        self.ent_evict[ev_pos] = step
         self.slot_seq[ev_a_slots] = -1
         self._push_free(ev_a_slots)
         plan = Plan(
