@@ -2,11 +2,14 @@
 
 Creates a DiskStore (in a temp dir under --dir, default the system temp dir; it must
 be a real disk, not tmpfs), writes every row once in 1M-row chunks so the file is
-fully allocated (33.8M rows x D=16 float32 = 2.16 GB by default), then for each row
-distribution (uniform, and Zipf-like over a scrambled row order) and each strategy:
+fully allocated (33.8M rows x D=16 float32 = 2.16 GB by default; with --state-dim S
+each row is D + S floats, weights and state side by side in rows.f32, so a cold row
+costs one page fault whatever S is), then for each row distribution (uniform, and
+Zipf-like over a scrambled row order) and each strategy:
 
-  diskstore         DiskStore.read: rows sorted, np.take gathers from MADV_RANDOM
-                    memory maps split over a persistent pool of --threads threads
+  diskstore         DiskStore.read: rows sorted, np.take gathers of whole (D + S)-float
+                    rows from a MADV_RANDOM memory map of rows.f32, split over a
+                    persistent pool of --threads threads
   pread_pool        the alternative: rows sorted, rows whose bytes lie in the same or
                     adjacent 4 KiB pages coalesced into one os.pread/preadv, groups
                     spread over a pool of --threads threads
@@ -19,7 +22,13 @@ drops the page cache (fsync + POSIX_FADV_DONTNEED), times --batches batches of
 all misses; later Zipf batches hit pages earlier batches brought in), then times the
 same batches again ("warm" pass: everything cached). Every strategy returns rows in
 the caller's order and its first and last batch are checked against the written
-values. Prints a table and writes --out JSON.
+values. Major page faults (getrusage) are counted per batch: a cold mmap gather of
+rows.f32 costs about one fault per row (1 + (D + S - 1) / 1024 with straddling rows;
+pread_pool reads fault nothing, they show up as 0). Prints a table and writes --out JSON.
+
+The first cold batch is the honest miss-only number ("first" rows/s): once
+--batches x --batch-rows approaches the number of 4 KiB pages of rows.f32 (a small
+--rows), later "cold" batches mostly hit pages earlier batches brought in.
 
     .venv/bin/python benchmarks/disk_store_reads.py --out runs/bench/disk_store_reads.json
 """
@@ -32,6 +41,7 @@ import math
 import mmap
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -43,7 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bagpipe.store.disk import STATE, WEIGHTS, DiskStore  # noqa: E402
+from bagpipe.store.disk import ROWS, DiskStore  # noqa: E402
 from bagpipe.store.init import RowInitializer  # noqa: E402
 
 PAGE = 4096
@@ -97,25 +107,20 @@ def zipf_batches(rng, n_rows: int, batch: int, count: int, s: float) -> list[np.
 # ---------------------------------------------------------------- strategies
 
 
-def in_callers_order(res: list[np.ndarray], order: np.ndarray, state_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows gathered in sorted order -> the caller's order (as DiskStore does it)."""
+def in_callers_order(res: np.ndarray, order: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whole rows gathered in sorted order -> weights, state in the caller's order (as DiskStore does it)."""
     inv = np.empty(len(order), np.intp)
     inv[order] = np.arange(len(order), dtype=np.intp)
-    w = np.take(res[0], inv, axis=0)
-    s = np.take(res[1], inv, axis=0) if state_dim else np.zeros((len(order), 0), np.float32)
-    return w, s
+    return np.take(res[:, :dim], inv, axis=0), np.take(res[:, dim:], inv, axis=0)
 
 
 class PreadPool:
     """Sorted, page-coalesced preads from a thread pool (the alternative to mmap gathers)."""
 
     def __init__(self, path: Path, num_rows: int, dim: int, state_dim: int, threads: int):
-        self.dim, self.state_dim, self.threads = dim, state_dim, threads
-        self.files = [(os.open(path / WEIGHTS, os.O_RDONLY), dim)]
-        if state_dim:
-            self.files.append((os.open(path / STATE, os.O_RDONLY), state_dim))
-        for fd, _ in self.files:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self.dim, self.cols, self.threads = dim, dim + state_dim, threads
+        self.fd = os.open(path / ROWS, os.O_RDONLY)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.pool = ThreadPoolExecutor(threads)
         list(self.pool.map(lambda _: None, range(threads * 2)))  # start the threads now
 
@@ -154,50 +159,53 @@ class PreadPool:
     def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(rows)
         srows = rows[order]
-        res = [self._read_file(fd, cols, srows) for fd, cols in self.files]
-        return in_callers_order(res, order, self.state_dim)
+        return in_callers_order(self._read_file(self.fd, self.cols, srows), order, self.dim)
 
     def close(self) -> None:
         self.pool.shutdown()
-        for fd, _ in self.files:
-            os.close(fd)
+        os.close(self.fd)
 
 
 class MmapOneThread:
-    """One np.take gather per file from an np.memmap (optionally MADV_RANDOM)."""
+    """One np.take gather of whole rows from an np.memmap of rows.f32 (optionally MADV_RANDOM)."""
 
     def __init__(self, path: Path, num_rows: int, dim: int, state_dim: int, random_advice: bool):
-        self.state_dim = state_dim
-        self.maps = [np.memmap(path / WEIGHTS, np.float32, "r", shape=(num_rows, dim))]
-        if state_dim:
-            self.maps.append(np.memmap(path / STATE, np.float32, "r", shape=(num_rows, state_dim)))
+        self.dim = dim
+        self.map = np.memmap(path / ROWS, np.float32, "r", shape=(num_rows, dim + state_dim))
         if random_advice:
-            for m in self.maps:
-                m._mmap.madvise(mmap.MADV_RANDOM)
+            self.map._mmap.madvise(mmap.MADV_RANDOM)
 
     def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(rows)
         srows = rows[order]
-        res = [np.take(np.asarray(m), srows, axis=0) for m in self.maps]
-        return in_callers_order(res, order, self.state_dim)
+        return in_callers_order(np.take(np.asarray(self.map), srows, axis=0), order, self.dim)
 
     def close(self) -> None:
-        for m in self.maps:
-            m._mmap.close()
-        self.maps = []
+        self.map._mmap.close()
+        self.map = None
 
 
 # ---------------------------------------------------------------- driver
 
 
-def summary(times: list[float], rows_per_batch: int) -> dict:
+def major_faults() -> int:
+    """Major page faults of this process so far (all threads): page-ins of the memory maps."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
+def summary(times: list[float], rows_per_batch: int, faults: list[int]) -> dict:
     t = np.array(times)
     return {
+        "major_faults_first_batch": faults[0],
+        "major_faults_per_row_first_batch": faults[0] / rows_per_batch,
+        "major_faults": int(sum(faults)),
+        "major_faults_each": faults,
         "ms_per_batch_mean": float(t.mean() * 1e3),
         "ms_per_batch_median": float(np.median(t) * 1e3),
         "ms_first_batch": float(t[0] * 1e3),
         "ms_per_batch_max": float(t.max() * 1e3),
         "rows_per_s": float(rows_per_batch * len(t) / t.sum()),
+        "first_batch_rows_per_s": float(rows_per_batch / t[0]),
         "ms_each": [round(x * 1e3, 2) for x in times],
     }
 
@@ -206,7 +214,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=33_800_000, help="rows in the store (33.8M x D16 = 2.16 GB)")
     ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--state-dim", type=int, default=0, help="S; a separate state file doubles cold I/Os")
+    ap.add_argument("--state-dim", type=int, default=0, help="S (1: row-wise Adagrad); stored beside the weights of each row")
     ap.add_argument("--batch-rows", type=int, default=40_000)
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--threads", type=int, default=32)
@@ -260,8 +268,15 @@ def main(argv=None) -> int:
                 batches = uniform_batches(rng, args.rows, args.batch_rows, args.batches)
             else:
                 batches = zipf_batches(rng, args.rows, args.batch_rows, args.batches, args.zipf_s)
-            distinct_pages = len(np.unique(np.concatenate(batches) * 4 * args.dim // PAGE))
-            result["results"][dist] = {"distinct_weight_pages_over_all_batches": distinct_pages}
+            row_bytes = 4 * (args.dim + args.state_dim)
+            off = np.concatenate(batches) * row_bytes
+            pages = np.unique(np.concatenate([off // PAGE, (off + row_bytes - 1) // PAGE]))
+            straddle = float(np.mean(off // PAGE != (off + row_bytes - 1) // PAGE))
+            result["results"][dist] = {
+                "distinct_row_pages_over_all_batches": len(pages),
+                "row_file_pages": -(-args.rows * row_bytes // PAGE),
+                "rows_straddling_a_page": straddle,
+            }
             for name in strategies:
                 if name == "diskstore":
                     reader = store
@@ -274,21 +289,25 @@ def main(argv=None) -> int:
                 store.drop_page_cache()  # also evicts pages the other readers cached
                 passes = {}
                 for pass_name in ("cold", "warm"):
-                    times = []
+                    times, faults = [], []
                     for i, rows in enumerate(batches):
+                        f = major_faults()
                         t = time.perf_counter()
                         w, s = reader.read(rows)
                         times.append(time.perf_counter() - t)
+                        faults.append(major_faults() - f)
                         if i in (0, len(batches) - 1):
                             ew, es = expected(rows, args.dim, args.state_dim)
                             assert np.array_equal(w, ew) and np.array_equal(s, es), (name, dist, i)
-                    passes[pass_name] = summary(times, args.batch_rows)
+                    passes[pass_name] = summary(times, args.batch_rows, faults)
                 if reader is not store:
                     reader.close()
                 result["results"][dist][name] = passes
                 c, wm = passes["cold"], passes["warm"]
                 print(
                     f"{dist:8s} {name:16s} cold: {c['rows_per_s']:>10,.0f} rows/s  "
+                    f"first {c['first_batch_rows_per_s']:>9,.0f} rows/s "
+                    f"{c['major_faults_per_row_first_batch']:.2f} faults/row  "
                     f"{c['ms_per_batch_mean']:8.1f} ms/batch (first {c['ms_first_batch']:.0f}, "
                     f"median {c['ms_per_batch_median']:.0f})   warm: {wm['rows_per_s']:>12,.0f} rows/s "
                     f"{wm['ms_per_batch_mean']:7.1f} ms/batch",

@@ -10,13 +10,15 @@ stores and a plain dict, which must agree bit for bit.
 
 For :class:`DiskStore` alone: data persists across close/reopen (and ``create=False``
 reopens), a header that does not match the requested shape or seed raises
-:class:`DataError`, the files are sparse (a 10M-row store with a few rows written
-allocates far less than its size), and a reader thread and a writer thread working
-on disjoint rows at the same time both see correct results.
+:class:`DataError`, and so does a store of the old (version 1) layout; a row's weights
+and state sit side by side in ``rows.f32``; the files are sparse (a 10M-row store with
+a few rows written allocates far less than its size), and a reader thread and a
+writer thread working on disjoint rows at the same time both see correct results.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -215,9 +217,68 @@ def test_disk_header_mismatch_raises(tmp_path):
     with pytest.raises(DataError, match="no DiskStore"):
         DiskStore(RowInitializer(TABLES, D, seed=1), 1, tmp_path / "missing", create=False)
     # a truncated data file is caught too
-    os.truncate(path / "weights.f32", 100)
+    os.truncate(path / "rows.f32", 100)
     with pytest.raises(DataError, match="bytes, expected"):
         DiskStore(RowInitializer(TABLES, D, seed=1), 1, path)
+
+
+@pytest.mark.parametrize("state_dim", [0, 1, 3], ids=lambda s: f"S{s}")
+def test_disk_row_weights_and_state_side_by_side(tmp_path, state_dim):
+    init = RowInitializer(TABLES, D, seed=12)
+    rng = np.random.default_rng(13)
+    rows = rng.permutation(np.setdiff1d(np.arange(init.num_rows), np.arange(1000, 1100)))[:200]
+    w, s = values(rng, 300, D), values(rng, 300, state_dim)
+    with DiskStore(init, state_dim, tmp_path / "st") as store:
+        store.write(rows[:200], w[:200], s[:200])  # scattered through the memory map
+        run = np.arange(1000, 1100)  # a contiguous run: one pwrite
+        store.write(run, w[200:], s[200:])
+        store.flush()
+        raw = np.fromfile(tmp_path / "st" / "rows.f32", dtype=np.float32)
+        assert raw.size == init.num_rows * (D + state_dim)
+        raw = raw.reshape(init.num_rows, D + state_dim)
+        # row g is its D weights then its S state values, at byte offset g * 4 * (D + S)
+        assert same_bits(raw[rows[:200], :D], w[:200]) and same_bits(raw[rows[:200], D:], s[:200])
+        assert same_bits(raw[run, :D], w[200:]) and same_bits(raw[run, D:], s[200:])
+        g = int(rows[7])
+        with open(tmp_path / "st" / "rows.f32", "rb") as f:
+            f.seek(g * 4 * (D + state_dim))
+            one = np.frombuffer(f.read(4 * (D + state_dim)), dtype=np.float32)
+        assert same_bits(one, np.concatenate([w[7], s[7]]))
+        # rows never written stay holes (zeros) in the file
+        never = np.setdiff1d(np.arange(init.num_rows), np.concatenate([rows[:200], run]))
+        assert not raw[never].any()
+        # read returns separate C-contiguous float32 arrays
+        gw, gs = store.read(rows[:200])
+        for a, cols in ((gw, D), (gs, state_dim)):
+            assert a.dtype == np.float32 and a.flags.c_contiguous and a.shape == (200, cols)
+        gw, gs = store.read(run)  # sorted, all present: the no-reorder path
+        assert gw.flags.c_contiguous and gs.flags.c_contiguous
+        assert same_bits(gw, w[200:]) and same_bits(gs, s[200:])
+        gw, gs = store.read_range(1000, 1100)
+        assert gw.flags.c_contiguous and gs.flags.c_contiguous
+        assert same_bits(gw, w[200:]) and same_bits(gs, s[200:])
+
+
+def test_disk_old_layout_version_raises(tmp_path):
+    init = RowInitializer(TABLES, D, seed=1)
+    path = tmp_path / "st"
+    DiskStore(init, 1, path).close()
+    # turn it into a version-1 store: header version 1, weights and state in two files
+    header = json.loads((path / "header.json").read_text())
+    assert header["version"] == 2
+    header["version"] = 1
+    (path / "header.json").write_text(json.dumps(header))
+    (path / "rows.f32").unlink()
+    with open(path / "weights.f32", "wb") as f:
+        f.truncate(init.num_rows * D * 4)
+    with open(path / "state.f32", "wb") as f:
+        f.truncate(init.num_rows * 4)
+    for create in (True, False):
+        with pytest.raises(DataError, match="version 1.*recreate"):
+            DiskStore(init, 1, path, create=create)
+    # nothing was overwritten or created
+    assert sorted(p.name for p in path.iterdir()) == ["header.json", "present.u8", "state.f32", "weights.f32"]
+    assert json.loads((path / "header.json").read_text())["version"] == 1
 
 
 def test_disk_files_are_sparse(tmp_path):
@@ -227,9 +288,12 @@ def test_disk_files_are_sparse(tmp_path):
     with DiskStore(init, 1, tmp_path / "big") as store:
         store.write(rows, values(rng, 50, 16), values(rng, 50, 1))
         store.flush()
-        logical = sum(os.stat(tmp_path / "big" / f).st_size for f in ("weights.f32", "state.f32", "present.u8"))
-        allocated = sum(os.stat(tmp_path / "big" / f).st_blocks * 512 for f in ("weights.f32", "state.f32", "present.u8"))
+        files = sorted(p.name for p in (tmp_path / "big").iterdir())
+        assert files == ["header.json", "present.u8", "rows.f32"], files
+        logical = sum(os.stat(tmp_path / "big" / f).st_size for f in ("rows.f32", "present.u8"))
+        allocated = sum(os.stat(tmp_path / "big" / f).st_blocks * 512 for f in ("rows.f32", "present.u8"))
         assert logical == 10_000_000 * (64 + 4 + 1)
+        assert sum(store.disk_usage().values()) == allocated
         assert allocated < 4 * 1024 * 1024, allocated  # 50 rows touch <= 150 blocks of 4 KiB
         gw, _ = store.read(rows)
         assert store.read(np.array([0, init.num_rows - 1]))[0].shape == (2, 16)

@@ -1,12 +1,21 @@
 """A store on disk for tables larger than RAM.
 
-Layout of the directory ``path``::
+Layout of the directory ``path`` (format version 2)::
 
-    header.json   shape, dtype and seed of the store (written last, atomically)
-    weights.f32   num_rows x D float32, row-major
-    state.f32     num_rows x S float32 (absent when S == 0)
+    header.json   shape, dtype, seed and format version of the store (written last,
+                  atomically)
+    rows.f32      num_rows x (D + S) float32, row-major: row g is its D weights
+                  followed by its S optimizer-state values, at byte offset
+                  g * 4 * (D + S)
     present.u8    one byte per row: 0 = never written (reads give the initial value
-                  and zero state), 1 = the files hold the row
+                  and zero state), 1 = rows.f32 holds the row
+
+A row's weights and state sit side by side, so a cold read of a row costs one page
+fault, not one per file (version 1 kept them in ``weights.f32`` and ``state.f32``,
+two random page faults per row with S > 0; a version-1 store is refused at open).
+Rows are not page-aligned: a row of 4c bytes straddles a 4 KiB page boundary with
+probability (c - 1) / 1024 (D + S = 17: 16 rows in 1024, ~1.6%), and only those rows
+cost two faults.
 
 Every file is created sparse (``ftruncate``), so a billion-row table costs no disk
 until rows are written.
@@ -17,12 +26,17 @@ which for a table larger than RAM wastes the disk and evicts useful pages). The 
 of a batch are sorted by offset and split into contiguous chunks that a persistent
 thread pool gathers with ``np.take``; numpy releases the GIL while copying, so the
 page faults of different chunks overlap and the device sees a queue depth of about
-``threads``. Writes scatter the same way (a contiguous run of rows is one ``pwrite``).
+``threads``. Each chunk gathers whole (D + S)-float rows into one buffer that is then
+split into the weights and state arrays :meth:`read` returns. Writes scatter the same
+way (a contiguous run of rows is one ``pwrite``).
 On the 2-CPU VM this was written on, cold uniform random reads of 64-byte rows ran
 at ~90-120k rows/s with 32 threads against ~30-40k rows/s from one thread; coalesced
 ``pread``s from a 32-thread pool were slower cold (~60-85k rows/s) and ~10x slower
-when the pages are cached (per-call Python overhead under the GIL). See
-``benchmarks/disk_store_reads.py``.
+when the pages are cached (per-call Python overhead under the GIL). With S = 1 the
+version-1 layout (separate state file) faulted twice per cold row: on 5M rows with
+batches of 2,000 uniform random rows the first cold batch took 1.80 major faults per
+row and ran at ~27k rows/s, against 1.00 faults per row and ~40k rows/s with rows.f32
+(same warm cost). See ``benchmarks/disk_store_reads.py``.
 
 Which rows are present is kept in memory as a bitmap (num_rows / 8 bytes), loaded
 from ``present.u8`` at open (only its allocated extents are read), so deciding
@@ -45,10 +59,9 @@ from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowInitializer
 
 FORMAT = "bagpipe.DiskStore"
-VERSION = 1
+VERSION = 2  # 1: weights.f32 + state.f32; 2: rows.f32 (weights and state side by side)
 HEADER = "header.json"
-WEIGHTS = "weights.f32"
-STATE = "state.f32"
+ROWS = "rows.f32"
 PRESENT = "present.u8"
 
 _MIN_ROWS_PER_TASK = 16  # below this a thread hand-off costs more than it hides
@@ -76,7 +89,7 @@ def _pwrite_from(fd: int, buf: np.ndarray, offset: int) -> None:
 
 
 class DiskStore(EmbeddingStore):
-    """Rows and optimizer state in sparse files under ``path``.
+    """Rows and their optimizer state, side by side in one sparse file under ``path``.
 
     Args:
         init: gives the initial value of any row (also fixes num_rows and D).
@@ -169,6 +182,12 @@ class DiskStore(EmbeddingStore):
             raise DataError(f"{hp}: unreadable DiskStore header: {e}") from e
         if not isinstance(have, dict) or have.get("format") != FORMAT:
             raise DataError(f"{hp}: not a DiskStore header")
+        if have.get("version") != VERSION:
+            raise DataError(
+                f"{hp}: DiskStore format version {have.get('version')!r}, this bagpipe reads only "
+                f"version {VERSION} (weights and state of a row side by side in {ROWS}; version 1 "
+                "kept them in weights.f32 and state.f32); recreate the store"
+            )
         diffs = [
             f"{k}={have.get(k)!r} (asked for {v!r})"
             for k, v in want.items()
@@ -180,10 +199,12 @@ class DiskStore(EmbeddingStore):
             raise DataError(f"{self.path}: existing DiskStore does not match: " + ", ".join(diffs))
 
     def _file_sizes(self) -> dict[str, int]:
-        sizes = {WEIGHTS: self.num_rows * self.dim * 4, PRESENT: self.num_rows}
-        if self.state_dim:
-            sizes[STATE] = self.num_rows * self.state_dim * 4
-        return sizes
+        return {ROWS: self.num_rows * self._cols * 4, PRESENT: self.num_rows}
+
+    @property
+    def _cols(self) -> int:
+        """Floats per row of rows.f32: D weights then S state values."""
+        return self.dim + self.state_dim
 
     def _open_files(self, new: bool) -> None:
         self._new = new
@@ -214,8 +235,7 @@ class DiskStore(EmbeddingStore):
         except BaseException:
             self._release()
             raise
-        self._w = self._array(WEIGHTS, self.dim, np.float32)
-        self._s = self._array(STATE, self.state_dim, np.float32)
+        self._r = self._array(ROWS, self._cols, np.float32)
         self._p = self._array(PRESENT, 0, np.uint8)
 
     def _array(self, name: str, cols: int, dtype) -> np.ndarray:
@@ -246,7 +266,7 @@ class DiskStore(EmbeddingStore):
             pos = stop
 
     def _release(self) -> None:
-        self._w = self._s = self._p = None
+        self._r = self._p = None
         for m in self._maps.values():
             try:
                 m.close()
@@ -290,70 +310,75 @@ class DiskStore(EmbeddingStore):
 
     def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = len(rows)
+        d = self.dim
         srows, order = self._sorted(rows)
         pres = self._present(srows)
         p = np.flatnonzero(pres)
         prow = srows[p]
-        wp = np.empty((len(p), self.dim), dtype=np.float32)
-        sp = np.empty((len(p), self.state_dim), dtype=np.float32)
-        W, S = self._w, self._s
+        # Whole rows (weights and state side by side) land here: the rows on disk first,
+        # in sorted order, then the rows never written.
+        buf = np.empty((n, self._cols), dtype=np.float32)
+        R = self._r
+        fd = self._fds[ROWS]
+        row_bytes = self._cols * 4
 
         def gather(a: int, b: int) -> None:
             r = prow[a:b]
             if r[-1] - r[0] == b - a - 1:  # a contiguous run: one pread (readahead applies)
-                r0 = int(r[0])
-                _pread_into(self._fds[WEIGHTS], wp[a:b], r0 * self.dim * 4)
-                if self.state_dim:
-                    _pread_into(self._fds[STATE], sp[a:b], r0 * self.state_dim * 4)
+                _pread_into(fd, buf[a:b], int(r[0]) * row_bytes)
             else:
-                np.take(W, r, axis=0, out=wp[a:b], mode="clip")
-                if self.state_dim:
-                    np.take(S, r, axis=0, out=sp[a:b], mode="clip")
+                np.take(R, r, axis=0, out=buf[a:b], mode="clip")
 
         if len(p):
             self._run(self._read_pool, gather, self._split(len(p)))
         if len(p) == n:  # every row on disk: reorder the gathered rows (if needed)
             if order is None:
-                return wp, sp
+                return np.ascontiguousarray(buf[:, :d]), np.ascontiguousarray(buf[:, d:])
             pos = np.empty(n, dtype=np.intp)
             pos[order] = np.arange(n, dtype=np.intp)
-        else:  # rows on disk first, then rows never written; one gather puts all in place
+        else:  # one gather below puts the rows on disk and the rows never written in place
             a = np.flatnonzero(~pres)
-            wp = np.concatenate([wp, self.init.rows(srows[a])])
-            sp = np.concatenate([sp, np.zeros((len(a), self.state_dim), dtype=np.float32)])
-            pos = np.empty(n, dtype=np.intp)  # sorted row k is row pos[k] of wp
+            buf[len(p) :, :d] = self.init.rows(srows[a])
+            buf[len(p) :, d:] = 0.0
+            pos = np.empty(n, dtype=np.intp)  # sorted row k is row pos[k] of buf
             pos[p] = np.arange(len(p), dtype=np.intp)
             pos[a] = np.arange(len(p), n, dtype=np.intp)
             if order is not None:
                 pos_caller = np.empty(n, dtype=np.intp)
                 pos_caller[order] = pos
                 pos = pos_caller
-        return np.take(wp, pos, axis=0), np.take(sp, pos, axis=0)
+        # Reorder whole rows (np.take would copy a strided half before gathering it),
+        # then split each row into its weights and its state.
+        buf = np.take(buf, pos, axis=0)
+        return np.ascontiguousarray(buf[:, :d]), np.ascontiguousarray(buf[:, d:])
 
     def _write(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
         n = len(rows)
-        weights = weights.reshape(n, self.dim)
+        d = self.dim
+        weights = weights.reshape(n, d)
         srows, order = self._sorted(rows)
         if n > 1 and bool(np.any(srows[1:] == srows[:-1])):
             raise ValueError("DiskStore.write: rows must be unique")
-        if order is not None:
-            weights, state = np.take(weights, order, axis=0), np.take(state, order, axis=0)
-        weights = np.ascontiguousarray(weights)
-        state = np.ascontiguousarray(state)
-        W, S, P = self._w, self._s, self._p
+        # Whole rows in sorted order: weights then state, as laid out in rows.f32.
+        buf = np.empty((n, self._cols), dtype=np.float32)
+        if order is None:
+            buf[:, :d] = weights
+            buf[:, d:] = state
+        else:
+            buf[:, :d] = np.take(weights, order, axis=0)
+            buf[:, d:] = np.take(state, order, axis=0)
+        R, P = self._r, self._p
+        fd = self._fds[ROWS]
+        row_bytes = self._cols * 4
 
         def scatter(a: int, b: int) -> None:
             r = srows[a:b]
             if r[-1] - r[0] == b - a - 1:  # a contiguous run: plain writes, no page faults
                 r0 = int(r[0])
-                _pwrite_from(self._fds[WEIGHTS], weights[a:b], r0 * self.dim * 4)
-                if self.state_dim:
-                    _pwrite_from(self._fds[STATE], state[a:b], r0 * self.state_dim * 4)
+                _pwrite_from(fd, buf[a:b], r0 * row_bytes)
                 _pwrite_from(self._fds[PRESENT], np.ones(b - a, dtype=np.uint8), r0)
             else:
-                W[r] = weights[a:b]
-                if self.state_dim:
-                    S[r] = state[a:b]
+                R[r] = buf[a:b]
                 P[r] = 1
 
         self._run(self._write_pool, scatter, self._split(n))
@@ -362,20 +387,20 @@ class DiskStore(EmbeddingStore):
             np.bitwise_or.at(self._bits, srows >> 3, masks)
 
     def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows [start, stop) with one sequential read per file (kernel readahead applies)."""
+        """Rows [start, stop) with one sequential read of rows.f32 (kernel readahead applies)."""
         if self._closed:
             raise ValueError(f"DiskStore {self.path} is closed")
         start, stop = int(start), int(stop)
         if not 0 <= start <= stop <= self.num_rows:
             raise IndexError(f"range [{start}, {stop}) outside [0, {self.num_rows})")
         n = stop - start
-        w = np.empty((n, self.dim), dtype=np.float32)
-        s = np.zeros((n, self.state_dim), dtype=np.float32)
+        d = self.dim
         if n == 0:
-            return w, s
-        _pread_into(self._fds[WEIGHTS], w, start * self.dim * 4)
-        if self.state_dim:
-            _pread_into(self._fds[STATE], s, start * self.state_dim * 4)
+            return np.empty((0, d), dtype=np.float32), np.empty((0, self.state_dim), dtype=np.float32)
+        buf = np.empty((n, self._cols), dtype=np.float32)
+        _pread_into(self._fds[ROWS], buf, start * self._cols * 4)
+        w, s = np.ascontiguousarray(buf[:, :d]), np.ascontiguousarray(buf[:, d:])
+        del buf
         missing = np.flatnonzero(~self._present(np.arange(start, stop, dtype=np.int64)))
         if len(missing):
             w[missing] = self.init.rows(missing + start)
@@ -388,7 +413,7 @@ class DiskStore(EmbeddingStore):
         """Make every completed write durable (msync + fsync of every file)."""
         if self._closed:
             return
-        for name in (WEIGHTS, STATE, PRESENT):  # data before the flags that vouch for it
+        for name in (ROWS, PRESENT):  # data before the flags that vouch for it
             if name in self._maps:
                 self._maps[name].flush()
             if name in self._fds:
