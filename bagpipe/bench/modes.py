@@ -8,18 +8,15 @@ read from the device, not from memory.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
+from bagpipe.bench.runner import ensure_synth, run_train
 from bagpipe.errors import ConfigError
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
@@ -68,25 +65,18 @@ class ModesBench:
 
 
 def _run_train(b: ModesBench, data: Path, run_dir: Path, mode: str, store: str, store_dir: Path | None, cache_rows: int) -> dict:
-    summary = run_dir / "summary.json"
-    cmd = [
-        sys.executable, "-m", "bagpipe", "train", "--data", str(data), "--out", str(run_dir),
+    args = [
+        "--data", str(data), "--out", str(run_dir),
         "--model", b.model, "--recipe", b.recipe, "--batch-size", str(b.batch_size),
         "--optimizer", b.optimizer, "--lr", str(b.lr), "--steps", str(b.steps), "--warmup-steps", str(b.warmup),
         "--mode", mode, "--store", store, "--cache-rows", str(cache_rows), "--lookahead", str(b.lookahead),
-        "--no-progress", "--no-final-checkpoint", "--no-digest", "--eval-samples", "20000", "--summary-json", str(summary),
+        "--no-progress", "--no-final-checkpoint", "--no-digest", "--eval-samples", "20000",
     ]
     if b.threads:
-        cmd += ["--threads", str(b.threads)]
+        args += ["--threads", str(b.threads)]
     if store_dir is not None:
-        cmd += ["--store-dir", str(store_dir)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{mode}/{store} failed:\n{proc.stderr[-3000:]}")
-    s = json.loads(summary.read_text())
-    s["wall_s"] = time.perf_counter() - t0
-    return s
+        args += ["--store-dir", str(store_dir)]
+    return run_train(args, run_dir / "summary.json", f"{mode}/{store}")
 
 
 def _materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int) -> None:
@@ -131,7 +121,6 @@ def _fresh_cold_copy(template: Path, dest: Path) -> None:
 
 def run(b: ModesBench) -> dict:
     from bagpipe.data.schema import DatasetMeta
-    from bagpipe.data.synthetic import SynthConfig, generate
     from bagpipe.models import recipe
 
     out = Path(b.out)
@@ -139,10 +128,7 @@ def run(b: ModesBench) -> dict:
     data = out / "data"
     samples = b.batch_size * (b.steps + 2)
     samples = int(samples / 0.9) + 1
-    meta_file = data / "meta.json"
-    if not (meta_file.exists() and json.loads(meta_file.read_text()).get("source", {}).get("samples") == samples
-            and json.loads(meta_file.read_text())["source"].get("scale") == b.scale):
-        generate(SynthConfig(profile=b.profile, samples=samples, scale=b.scale, seed=1), str(data), overwrite=True)
+    ensure_synth(data, b.profile, samples, b.scale, seed=1)
     meta = DatasetMeta.load(data)
     total = meta.total_rows
     cache_rows = max(int(b.cache_fraction * total), b.batch_size * meta.num_features)

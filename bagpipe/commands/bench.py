@@ -13,6 +13,15 @@ Scenarios:
   modes   full / nocache / lru / lookahead on generated Criteo-Kaggle-sized data
           (33.8M rows, DLRM Kaggle recipe, batch 2048, Adagrad), memory and disk stores
   oracle  the oracle's planning throughput alone vs batch size and lookahead
+  peers   TorchRec's DLRM (FUSED kernel; needs `make peers`) beside bagpipe full and
+          lookahead (cache 10% of rows) on the same data, model, batch and optimizer;
+          --modes picks from full,lookahead,torchrec (+ torchrec-omp-default,torchrec-dense)
+  sweep   lookahead mode over cache size (1-20% of rows) x L (1, 10, 50, 200):
+          samples/s, hit rate, forced evictions; plus the --cache-budget-mb auto-tuner
+          against the best measured point (criteo-kaggle x 0.01, batch 512)
+  convergence
+          eval AUC / log loss per step, full vs lookahead (must be identical; exit 1
+          otherwise), on generated data and the real Criteo sample in ../shared/data
 
 --quick shrinks a scenario to under a minute (tables at 1% size, few steps).
 
@@ -20,6 +29,8 @@ Examples:
   bagpipe bench modes --out bench-out/modes
   bagpipe bench modes --stores disk --modes full,nocache,lru,lookahead
   bagpipe bench oracle --quick
+  bagpipe bench sweep --cache-percents 1,5,20 --lookaheads 1,50
+  bagpipe bench convergence --quick
 """
 
 
@@ -28,7 +39,7 @@ def _csv(kind):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", choices=("modes", "oracle"), help="what to benchmark")
+    p.add_argument("scenario", choices=("modes", "oracle", "peers", "sweep", "convergence"), help="what to benchmark")
     p.add_argument("--out", help="output folder (default bench-out/SCENARIO)")
     p.add_argument("--quick", action="store_true", help="a small size that runs in under a minute")
     p.add_argument("--scale", type=float, help="table cardinality factor (1.0: full Criteo Kaggle, 33.8M rows)")
@@ -42,9 +53,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-fraction", type=float, help="cache slots as a fraction of all rows (default 0.05)")
     g.add_argument("--lookahead", type=int, help="L for the lookahead mode")
     g.add_argument("--threads", type=int, help="torch threads per training process")
+    g = p.add_argument_group("sweep scenario (also --steps, --warmup, --batch-size, --lookaheads, --threads)")
+    g.add_argument("--cache-percents", type=_csv(float), help="comma-separated cache sizes in %% of rows (default 1,2,5,10,20)")
+    g.add_argument("--autotune-percent", type=float,
+                   help="the auto-tuner's budget buys a cache of this %% of rows (default 5; 0 skips it)")
+    g = p.add_argument_group("convergence scenario (also --steps, --batch-size, --cache-fraction, --lookahead, --threads)")
+    g.add_argument("--eval-every", type=int, help="evaluate every N steps (generated data)")
+    g.add_argument("--no-criteo", dest="criteo", action="store_false", default=None,
+                   help="skip the real Criteo sample even if ../shared/data has it")
     g = p.add_argument_group("oracle scenario")
     g.add_argument("--batch-sizes", type=_csv(int), help="comma-separated batch sizes")
-    g.add_argument("--lookaheads", type=_csv(int), help="comma-separated L values")
+    g.add_argument("--lookaheads", type=_csv(int), help="comma-separated L values (oracle, sweep)")
     g.add_argument("--batches", type=int, help="batches planned per measurement")
 
 
@@ -57,6 +76,36 @@ def run(args: argparse.Namespace) -> int:
         kw["out"] = args.out or "bench-out/modes"
         b = ModesBench.quick(**kw) if args.quick else ModesBench(**kw)
         payload = run_modes(b)
+    elif args.scenario == "peers":
+        from bagpipe.bench.peers import PeersBench, run as run_peers
+
+        keys = ("scale", "reps", "steps", "warmup", "batch_size", "cache_fraction", "lookahead", "threads")
+        kw = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+        if args.modes:
+            kw["configs"] = args.modes
+        kw["out"] = args.out or "bench-out/peers"
+        b = PeersBench.quick(**kw) if args.quick else PeersBench(**kw)
+        payload = run_peers(b)
+    elif args.scenario == "sweep":
+        from bagpipe.bench.sweep import SweepBench, run as run_sweep
+
+        keys = ("scale", "reps", "steps", "warmup", "batch_size", "cache_percents", "lookaheads", "autotune_percent", "threads")
+        kw = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+        kw["out"] = args.out or "bench-out/sweep"
+        b = SweepBench.quick(**kw) if args.quick else SweepBench(**kw)
+        payload = run_sweep(b)
+    elif args.scenario == "convergence":
+        from bagpipe.bench.convergence import ConvergenceBench, run as run_convergence
+
+        keys = ("steps", "batch_size", "eval_every", "cache_fraction", "lookahead", "threads", "criteo")
+        kw = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+        kw["out"] = args.out or "bench-out/convergence"
+        b = ConvergenceBench.quick(**kw) if args.quick else ConvergenceBench(**kw)
+        payload = run_convergence(b)
+        if not payload["identical"]:
+            print(payload["table"])
+            print("full and lookahead differ: exactness violated (see results.json)")
+            return 1
     else:
         from bagpipe.bench.oracle import OracleBench, run as run_oracle
 

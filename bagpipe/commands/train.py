@@ -23,6 +23,8 @@ Examples:
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/full
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/la \\
       --mode lookahead --cache-rows 20000 --lookahead 8
+  bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/auto \\
+      --mode lookahead --cache-budget-mb 0.5
   bagpipe train --config run.toml --resume
 """
 
@@ -51,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--store-dir", help="directory of the disk store (default RUN/store)")
     g.add_argument("--cache-rows", type=int, help="C, cache slots for lru/lookahead (default 5%% of all rows)")
     g.add_argument("--lookahead", type=int, help="L, batches the oracle looks ahead (default 8)")
+    g.add_argument("--cache-budget-mb", type=float, metavar="MIB",
+                   help="memory budget of the cache (lru, lookahead): picks --cache-rows from it and, for "
+                   "lookahead, the largest L whose window fits (planned over the first batches); "
+                   "excludes --cache-rows, overrides --lookahead")
     g = p.add_argument_group("evaluation, checkpoints, runtime")
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (default: only at the end)")
     g.add_argument("--eval-samples", type=int, help="cap on eval samples (default: the whole eval split)")
@@ -71,13 +77,14 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k, None) for k in TrainConfig.field_names()}
     cfg = load_config(args.config, overrides)
-    s = train(cfg)
+    s = train(cfg, announce=lambda line: print(line, flush=True))
     auc = "n/a" if s["eval_auc"] is None else f"{s['eval_auc']:.4f}"
     ll = "n/a" if s["eval_logloss"] is None else f"{s['eval_logloss']:.4f}"
+    digest = "not computed (--no-digest)" if s["params_sha256"] is None else s["params_sha256"][:16] + "…"
     print(
         f"{s['mode']}: {s['steps']} steps, {s['samples_per_s']:,.0f} samples/s, "
         f"train logloss {s['train_logloss']:.4f}, eval logloss {ll}, eval AUC {auc}, "
-        f"peak RSS {s['peak_rss_mb']:.0f} MiB, params_sha256 {s['params_sha256'][:16]}…"
+        f"peak RSS {s['peak_rss_mb']:.0f} MiB, params_sha256 {digest}"
     )
     print(f"run directory: {cfg.out}")
     return 0

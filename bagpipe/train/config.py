@@ -8,6 +8,7 @@ one-line message at start-up.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,9 @@ class TrainConfig:
     """C, rows of the trainer's cache (lru, lookahead); 0 picks 5% of all rows, at least one batch's worth."""
     lookahead: int = 8
     """L, batches the oracle looks ahead."""
+    cache_budget_mb: float = 0.0
+    """Memory budget of the cache in MiB (lru, lookahead); > 0 lets the auto-tuner pick the
+    cache rows and L (bagpipe.oracle.autotune). 0: off. Excludes an explicit cache_rows."""
     eval_every: int = 0
     """Evaluate every N steps (0: only at the end)."""
     eval_samples: int = 0
@@ -93,6 +97,15 @@ class TrainConfig:
         need(self.embedding_dim is None or self.embedding_dim > 0, f"embedding dim must be > 0, got {self.embedding_dim}")
         need(self.cache_rows >= 0, f"cache rows must be >= 0, got {self.cache_rows}")
         need(self.lookahead >= 1, f"lookahead must be >= 1, got {self.lookahead}")
+        need(
+            math.isfinite(self.cache_budget_mb) and self.cache_budget_mb >= 0,
+            f"cache budget must be a finite number of MiB >= 0, got {self.cache_budget_mb}",
+        )
+        need(
+            not (self.cache_budget_mb > 0 and self.cache_rows > 0),
+            "--cache-budget-mb and --cache-rows are mutually exclusive: give the cache's memory budget "
+            "(the tuner picks rows and lookahead) or its rows, not both",
+        )
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}")
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")

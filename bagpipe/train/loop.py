@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -49,15 +50,32 @@ def default_cache_rows(cfg: TrainConfig, total_rows: int, lookups_per_batch: int
     return int(min(total_rows, max(math.ceil(0.05 * total_rows), lookups_per_batch)))
 
 
-def make_backend(cfg: TrainConfig, init: RowInitializer, state_dim: int, lookups_per_batch: int):
+def autotune(cfg: TrainConfig, init: RowInitializer, state_dim: int, stream: BatchStream):
+    """The auto-tuner's choice for ``cfg.cache_budget_mb`` (None when off or the mode has no cache)."""
+    if not (cfg.cache_budget_mb > 0 and cfg.mode in ("lru", "lookahead")):
+        return None
+    from bagpipe.oracle.autotune import choose
+
+    return choose(
+        cfg.cache_budget_mb, init.num_rows, init.dim, state_dim, stream.batch, cfg.steps,
+        tune_lookahead=cfg.mode == "lookahead",
+    )
+
+
+def make_backend(cfg: TrainConfig, init: RowInitializer, state_dim: int, lookups_per_batch: int, tuned=None):
+    """The backend of ``cfg.mode``; ``tuned`` (an AutotuneChoice) overrides cache rows and L."""
     if cfg.mode == "full":
         return FullBackend(init, state_dim)
     store = make_store(cfg, init, state_dim)
+    lookahead = cfg.lookahead
     if cfg.mode == "nocache":
         cache_rows = lookups_per_batch  # a staging area for one batch
+    elif tuned is not None:
+        cache_rows = tuned.cache_rows
+        lookahead = tuned.lookahead or cfg.lookahead
     else:
         cache_rows = cfg.cache_rows or default_cache_rows(cfg, init.num_rows, lookups_per_batch)
-    return CachedBackend(cfg.mode, store, cache_rows, lookahead=cfg.lookahead)
+    return CachedBackend(cfg.mode, store, cache_rows, lookahead=lookahead)
 
 
 def params_digest(model: torch.nn.Module, backend) -> str:
@@ -110,8 +128,12 @@ class MetricsLog:
         self.f.close()
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train as configured; returns (and writes) the summary."""
+def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> dict:
+    """Train as configured; returns (and writes) the summary.
+
+    ``announce`` receives one-line notices meant for the user before training starts
+    (today: the auto-tuner's choice); the command line passes ``print``.
+    """
     out = Path(cfg.out)
     if not cfg.resume and (out / "checkpoints" / "LATEST").exists():
         raise ConfigError(f"{out} already holds a run with checkpoints; pass --resume to continue it or choose another --out")
@@ -130,7 +152,10 @@ def train(cfg: TrainConfig) -> dict:
     lookups = cfg.batch_size * meta.num_features if not meta.multihot_features else max(
         cfg.batch_size * meta.num_features, _max_lookups(stream, cfg)
     )
-    backend = make_backend(cfg, init, sparse_opt.state_dim, lookups)
+    tuned = autotune(cfg, init, sparse_opt.state_dim, stream)
+    if tuned is not None and announce is not None:
+        announce(tuned.line())
+    backend = make_backend(cfg, init, sparse_opt.state_dim, lookups, tuned)
 
     start = 0
     if cfg.resume:
@@ -231,7 +256,9 @@ def train(cfg: TrainConfig) -> dict:
             "cache": backend.stats(),
         }
         if cfg.mode != "full":
-            summary["cache"]["lookahead"] = cfg.lookahead if cfg.mode == "lookahead" else None
+            summary["cache"]["lookahead"] = backend.lookahead if cfg.mode == "lookahead" else None
+        if tuned is not None:
+            summary["cache"]["autotune"] = tuned.as_dict()
         text = json.dumps(summary, indent=2)
         (out / "summary.json").write_text(text)
         if cfg.summary_json:

@@ -1,0 +1,62 @@
+"""Every benchmark scenario runs end to end at its ``--quick`` size.
+
+``bagpipe bench modes|sweep|convergence|oracle --quick`` (driven in-process through
+``bagpipe.cli.main``; the training runs are child processes) each write results.json,
+results.md and their PNG into a fresh folder, with positive throughputs; the sweep
+records its too-small cache points and compares the auto-tuner with the best point;
+the convergence scenario finds full and lookahead identical. The modes scenario runs
+with fewer steps than its --quick default to keep the module at ~2-3 minutes on two
+busy cores (each scenario also has its own timeout).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bagpipe.cli import main
+
+SCENARIOS = {
+    "modes": ["--steps", "8", "--warmup", "2", "--batch-size", "256"],
+    "sweep": [],
+    "convergence": [],
+    "oracle": [],
+}
+PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png"}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
+    out = tmp_path / scenario
+    rc = main(["bench", scenario, "--quick", "--out", str(out), *SCENARIOS[scenario]])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed[-2000:]
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["scenario"] == scenario
+    md = (out / "results.md").read_text()
+    assert md.startswith(f"# bagpipe bench {scenario}") and "|---|" in md
+    png = out / PNG[scenario]
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = payload.get("results", {})
+    if scenario == "modes":
+        assert set(res) == {"full/memory", "nocache/memory", "lru/memory", "lookahead/memory"}
+        assert all(v["samples_per_s"] > 0 and v["peak_anon_rss_mb"] > 0 for v in res.values())
+    elif scenario == "oracle":
+        assert res and all(v["lookups_per_s"] > 0 for v in res.values())
+    elif scenario == "sweep":
+        ran = {k: v for k, v in res.items() if "samples_per_s" in v}
+        assert any(v["too_small"] for v in res.values()), "the quick grid's smallest cache is below one batch"
+        assert "too small" in md
+        assert len(ran) >= 4 and all(v["samples_per_s"] > 0 and 0 < v["hit_rate"] <= 1 for v in ran.values())
+        auto = payload["autotune"]
+        assert auto["samples_per_s"] > 0 and auto["ratio_to_best"] > 0 and auto["lookahead"] >= 1
+    elif scenario == "convergence":
+        assert payload["identical"] is True
+        for d in payload["datasets"].values():
+            full, la = d["modes"]["full"], d["modes"]["lookahead"]
+            assert len(full["curve"]) >= 2 and full["curve"] == la["curve"]
+            assert full["params_sha256"] == la["params_sha256"]
+            assert all(0 < p["eval_auc"] < 1 and p["eval_logloss"] > 0 for p in full["curve"])
+            assert la["samples_per_s"] > 0
