@@ -17,10 +17,16 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, in place on a copy of ``x`` (uint64), to spare temporaries."""
     z = x + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    t = np.empty_like(z)
+    for shift, mult in ((30, _M1), (27, _M2)):
+        np.right_shift(z, np.uint64(shift), out=t)
+        z ^= t
+        z *= mult
+    np.right_shift(z, np.uint64(31), out=t)
+    z ^= t
+    return z
 
 
 class RowInitializer:
@@ -51,10 +57,15 @@ class RowInitializer:
         table = np.searchsorted(self.offsets, rows, side="right") - 1
         cols = np.arange(self.dim, dtype=np.uint64)
         with np.errstate(over="ignore"):
-            counter = (rows.astype(np.uint64)[:, None] * np.uint64(self.dim) + cols[None, :]) ^ self._key
+            counter = rows.astype(np.uint64)[:, None] * np.uint64(self.dim) + cols[None, :]
+            counter ^= self._key
             bits = _splitmix64(counter)
-        u = (bits >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)  # [0, 1), exact
-        return (u * np.float32(2.0) - np.float32(1.0)) * self.bounds[table][:, None]
+        bits >>= np.uint64(40)
+        u = bits.astype(np.float32)
+        u *= np.float32(2.0**-23)  # = 2 * ([0, 1) uniform, exact in float32)
+        u -= np.float32(1.0)
+        u *= self.bounds[table][:, None]
+        return u
 
     def range(self, start: int, stop: int) -> np.ndarray:
         """Initial values of the contiguous rows [start, stop) -> (stop - start, D)."""
