@@ -20,8 +20,6 @@ import datetime
 import gzip
 import json
 import math
-import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -239,6 +237,23 @@ def test_avazu_real_samples_exact(tmp_path, capsys):
     a, b = read_split(out, "eval"), read_split(out2, "eval")
     np.testing.assert_array_equal(a["sparse"], b["sparse"])
     np.testing.assert_array_equal(a["labels"], b["labels"])
+
+
+def test_avazu_unlabelled_with_header(tmp_path, capsys):
+    cols = [c for c in AVAZU_COLUMNS if c != "click"]
+    row = "10000174,14103100,1005,0,1fbe01fe,f3845767,28905ebd,ecad2386,7801e8d9,07d7df22,a99f214a,ddd2926e,44956a24,1,2,15706,320,50,1722,0,35,-1,79"
+    src = tmp_path / "test.csv"
+    src.write_text(",".join(cols) + "\n" + "\n".join([row] * 40) + "\n")
+    code, _, err = cli(capsys, "avazu", "--input", src, "--out", tmp_path / "a", "--max-rows-per-table", 50)
+    assert code == 2 and "missing click; for an unlabelled file pass --no-label" in one_line_error(err)
+    out = tmp_path / "b"
+    code, stdout, err = cli(capsys, "avazu", "--input", src, "--no-label", "--max-rows-per-table", 50, "--out", out)
+    assert code == 0, err
+    assert "rows test 40" in stdout
+    got = read_split(out, "test")
+    assert not got["labels"].any()
+    assert got["sparse"][0, :2].tolist() == [0, 4]  # 2014-10-31 00h was a Friday
+    assert got["sparse"][0, 2] == fnv("1005") % 50
 
 
 TAOBAO_KEYS = (

@@ -188,8 +188,17 @@ plain_hex_field = st.one_of(
 )
 
 
+# the share of corrupt lines, drawn per example: a few scattered bad lines let the
+# fast path take the clean parts of a block; many bad lines push work to the line parser
+bad_rate = st.sampled_from([0.0, 0.01, 0.05, 0.3])
+
+
+def corruption(draw, rate: float, kinds: list[str]) -> str:
+    return draw(st.sampled_from(kinds)) if draw(st.floats(0, 1)) < rate else "ok"
+
+
 @st.composite
-def criteo_line(draw, labelled: bool):
+def criteo_line(draw, labelled: bool, rate: float = 0.05):
     # most lines hold what the published data holds (the vectorised fast path takes
     # them); one in five has long integers / short or long hex values as well
     exotic = draw(st.integers(0, 4)) == 0
@@ -197,7 +206,7 @@ def criteo_line(draw, labelled: bool):
     fields = ([draw(st.sampled_from(["0", "1"]))] if labelled else []) + [draw(ints) for _ in range(13)]
     fields += [draw(hexes) for _ in range(26)]
     o = 1 if labelled else 0
-    kind = draw(st.sampled_from(["ok"] * 30 + ["count", "int", "cat", "label", "empty"]))
+    kind = corruption(draw, rate, ["count", "int", "cat", "label", "empty"])
     if kind == "count":
         if draw(st.booleans()):
             del fields[draw(st.integers(0, len(fields) - 1))]
@@ -250,7 +259,7 @@ file_options = st.fixed_dictionaries(
 @settings(max_examples=80, **SETTINGS)
 @given(data=st.data(), labelled=st.booleans(), opts=file_options)
 def test_criteo_lines_round_trip_and_bad_lines_are_named(data, labelled, opts):
-    lines = data.draw(st.lists(criteo_line(labelled), min_size=1, max_size=300))
+    lines = data.draw(st.lists(criteo_line(labelled, data.draw(bad_rate)), min_size=1, max_size=300))
     lines[0] = lines[0] or "\t".join(["1"] * (40 if labelled else 39))  # not an empty file
     with tempfile.TemporaryDirectory() as d:
         path, seen = write(Path(d), lines, opts["crlf"], opts["final_newline"], opts["gz"])
@@ -281,7 +290,7 @@ def keys_back(out: Path, split: str, names: list[str]) -> np.ndarray:
 @settings(max_examples=25, **SETTINGS)
 @given(data=st.data(), opts=file_options, workers=st.integers(1, 3))
 def test_criteo_pipeline_round_trip_skip_and_fail(data, opts, workers):
-    lines = data.draw(st.lists(criteo_line(True), min_size=1, max_size=200))
+    lines = data.draw(st.lists(criteo_line(True, data.draw(bad_rate)), min_size=1, max_size=200))
     lines[0] = "0\t" + "\t".join(["1"] * 13) + "\t" + "\t".join(["0000abcd"] * 26)
     ref = None
     with tempfile.TemporaryDirectory() as d:
@@ -312,17 +321,33 @@ def test_criteo_pipeline_round_trip_skip_and_fail(data, opts, workers):
 
 
 @st.composite
-def avazu_line(draw):
+def avazu_line(draw, rate: float = 0.05):
     day = draw(st.dates(datetime.date(2000, 1, 1), datetime.date(2099, 12, 31)))
     hour = f"{day:%y%m%d}{draw(st.integers(0, 23)):02d}"
     text = st.text(alphabet="0123456789abcdef-", max_size=12)
     fields = [str(draw(st.integers(0, 2**64))), draw(st.sampled_from(["0", "1"])), hour]
     fields += [draw(text) for _ in AVAZU_KEYS]
-    kind = draw(st.sampled_from(["ok"] * 5 + ["count", "hour", "label"]))
+    kind = corruption(draw, rate, ["count", "hour", "hour", "hour", "label"])
     if kind == "count":
         fields.append("x")
     elif kind == "hour":
-        fields[2] = draw(st.sampled_from(["1410210", "141021000", "14102124", "14023012", "14130100", "1410x100", "-1410210", ""]))
+        yy, mm, dd, hh = hour[:2], hour[2:4], hour[4:6], hour[6:]
+        fields[2] = draw(
+            st.sampled_from(
+                [
+                    f"{yy}{mm}{dd}{draw(st.integers(24, 99))}",  # no such hour
+                    f"{yy}{draw(st.sampled_from(['00', '13', '99']))}{dd}{hh}",  # no such month
+                    f"{yy}{mm}{draw(st.sampled_from(['00', '32', '99']))}{hh}",  # no such day
+                    f"{yy}0230{hh}",  # no such date
+                    f"{(draw(st.integers(1, 99)) * 4 + 1) % 100:02d}0229{hh}",  # not a leap year (but 2000 is)
+                    hour[:7],
+                    hour + "0",
+                    "1410x100",
+                    "-1410210",
+                    "",
+                ]
+            )
+        )
     elif kind == "label":
         fields[1] = draw(st.sampled_from(BAD_LABELS))
     return ",".join(fields)
@@ -331,7 +356,7 @@ def avazu_line(draw):
 @settings(max_examples=40, **SETTINGS)
 @given(data=st.data(), opts=file_options, header=st.booleans())
 def test_avazu_lines_round_trip(data, opts, header):
-    lines = data.draw(st.lists(avazu_line(), min_size=1, max_size=150))
+    lines = data.draw(st.lists(avazu_line(data.draw(bad_rate)), min_size=1, max_size=150))
     with tempfile.TemporaryDirectory() as d:
         path, seen = write(Path(d), lines, opts["crlf"], opts["final_newline"], opts["gz"], ",".join(AVAZU_COLUMNS) if header else None)
         raw, _, line_numbers, bad = parse_file(AvazuFormat(), path, opts["block_bytes"])
@@ -348,7 +373,7 @@ def test_avazu_lines_round_trip(data, opts, header):
 
 
 @st.composite
-def taobao_line(draw):
+def taobao_line(draw, rate: float = 0.05):
     num = st.one_of(st.just(""), st.integers(0, 10**9).map(str))
     price = draw(
         st.one_of(
@@ -362,7 +387,7 @@ def taobao_line(draw):
     seq = "^".join(draw(st.lists(item, max_size=6)))
     fields = [draw(st.sampled_from(["0", "1"])), "2017-05-06 00:00:00"]
     fields += [draw(num) for _ in range(7)] + [price] + [draw(num) for _ in range(8)] + [seq]
-    kind = draw(st.sampled_from(["ok"] * 5 + ["count", "price", "seq", "label"]))
+    kind = corruption(draw, rate, ["count", "price", "seq", "label"])
     if kind == "count":
         fields.pop()
     elif kind == "price":
@@ -377,7 +402,7 @@ def taobao_line(draw):
 @settings(max_examples=40, **SETTINGS)
 @given(data=st.data(), opts=file_options)
 def test_taobao_lines_round_trip(data, opts):
-    lines = data.draw(st.lists(taobao_line(), min_size=1, max_size=150))
+    lines = data.draw(st.lists(taobao_line(data.draw(bad_rate)), min_size=1, max_size=150))
     with tempfile.TemporaryDirectory() as d:
         path, seen = write(Path(d), lines, opts["crlf"], opts["final_newline"], opts["gz"], ",".join(TAOBAO_COLUMNS))
         raw, dense, line_numbers, bad = parse_file(TaobaoFormat(), path, opts["block_bytes"])

@@ -44,6 +44,44 @@ _FORMATS = {
     "taobao": ("bagpipe.data.taobao", "TaobaoFormat", "Taobao display-ad CSV (FuxiCTR layout)"),
 }
 
+_FORMAT_HELP = {
+    "criteo": """\
+Criteo Kaggle / Terabyte text: one line per sample, tab-separated, no header:
+  label \\t I1..I13 \\t C1..C26     (39 fields without the label: --no-label)
+label 0/1; I1..I13 integers or empty -> dense log(1 + max(x, 0)), empty = 0;
+C1..C26 hex categories (1-16 digits) or empty -> 26 tables. Plain or gzip input.
+
+Examples:
+  bagpipe preprocess criteo --input train.txt --out data/criteo
+  bagpipe preprocess criteo --input test.txt --no-label --vocab-from data/criteo --out data/criteo-test
+  bagpipe preprocess criteo --input day_0.gz day_1.gz --eval-files day_23.gz \\
+      --max-rows-per-table 10000000 --out data/terabyte
+""",
+    "avazu": """\
+Avazu CSV: id,click,hour,C1,banner_pos,site_id,...,device_conn_type,C14,...,C21.
+click is the label (absent with --no-label); hour (YYMMDDHH) becomes the features
+hour_of_day (24 rows) and day_of_week (7 rows, Monday = 0); id is ignored; the other 21
+columns are categorical (values taken as strings). No dense features. A header line is
+recognised (columns may come in any order); without one, the standard order is used.
+
+Examples:
+  bagpipe preprocess avazu --input train_head9k.csv --eval-files test_1k.csv --out data/avazu
+  bagpipe preprocess avazu --input test_1k.csv --no-header --split 0 --vocab-from data/avazu --out data/avazu-test
+""",
+    "taobao": """\
+Taobao display-ad CSV (header in file): clk,time_stamp,userid,adgroup_id,pid,cate_id,
+campaign_id,customer,brand,price,cms_segid,cms_group_id,final_gender_code,age_level,
+pvalue_level,shopping_level,occupation,new_user_class_level,click_sequence.
+clk is the label; price the dense feature log(1 + max(price, 0)); time_stamp is ignored;
+the 15 id columns are categorical; click_sequence (items joined by ^) is a multi-hot
+feature with its own table, stored as values + offsets.
+
+Examples:
+  bagpipe preprocess taobao --input train.csv --eval-files valid.csv --out data/taobao
+  bagpipe preprocess taobao --input test.csv --split 0 --vocab-from data/taobao --out data/taobao-test
+""",
+}
+
 
 def _positive_int(s: str) -> int:
     try:
@@ -112,11 +150,11 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
     for name, (_, _, summary) in _FORMATS.items():
-        module = __import__(_FORMATS[name][0], fromlist=["__doc__"])
         sp = sub.add_parser(
             name,
             help=summary,
-            description=(module.__doc__ or summary) + "\nSee `bagpipe preprocess --help` for splits, vocabularies and errors.",
+            description=_FORMAT_HELP[name]
+            + "\nSee `bagpipe preprocess --help` and docs/preprocessing.md for splits, vocabularies and errors.",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         _common(sp, name)

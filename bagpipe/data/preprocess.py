@@ -7,11 +7,13 @@ The pipeline, for every format (:mod:`bagpipe.data.criteo`, :mod:`~bagpipe.data.
    recognised (or refused with ``--no-header``).
 2. *count* (only for ``0 < --split < 1``): newlines per file, so the first
    ``floor(split * N)`` data lines can go to ``train``.
-3. *vocabulary* (vocabulary mode only): the train lines are parsed and every
-   categorical value counted.
-4. *write*: every line is parsed, its categorical values mapped to ids (vocabulary or
-   hashing), and rows appended to a :class:`~bagpipe.data.shards.ShardWriter`, which
-   writes shards as they fill and ``meta.json`` last.
+3. *vocabulary* (vocabulary mode only): every ``--input`` line is parsed, the
+   categorical keys of the train lines are counted, and the parsed blocks are kept in
+   a spill file next to the output directory.
+4. *write*: every line is parsed (or replayed from the spill), its categorical values
+   mapped to ids (vocabulary or hashing), and rows appended to a
+   :class:`~bagpipe.data.shards.ShardWriter`, which writes shards as they fill and
+   ``meta.json`` last.
 
 Reading is streaming: files (plain or gzip) are read in byte blocks cut at newline
 boundaries, so line numbers are exact (1-based, a header counts as line 1). Each block
@@ -62,8 +64,6 @@ VOCAB_VERSION = 1
 MISSING_KEY = -1
 DEFAULT_BLOCK_BYTES = 8 << 20
 MAX_BAD_EXAMPLES = 10
-_INT64_MAX = (1 << 63) - 1
-_INT64_MIN = -(1 << 63)
 
 
 class BadLine(Exception):
@@ -131,7 +131,7 @@ def _aligned_words(wview: np.ndarray, start: np.ndarray, length: np.ndarray) -> 
 
 
 class _Scratch:
-    """Three reusable uint64 buffers of one chunk (per thread: each call makes its own)."""
+    """Three reusable uint64 buffers of one chunk (each call makes its own: thread-safe)."""
 
     def __init__(self) -> None:
         self.a = np.empty(_CHUNK, dtype=np.uint64)
@@ -821,14 +821,20 @@ class Vocabulary(Mapping):
 
     mode = "vocab"
 
-    def __init__(self, keys: dict[str, np.ndarray], counts: dict[str, np.ndarray], min_count: int):
+    def __init__(self, keys: dict[str, np.ndarray], counts: dict[str, np.ndarray], min_count: int, workers: int = 1):
         if min_count < 1:
             raise ConfigError(f"--min-count must be >= 1, got {min_count}")
         self.keys = keys
         self.counts = counts
         self.min_count = int(min_count)
         self.kept = {n: np.ascontiguousarray(keys[n][counts[n] >= min_count]) for n in keys}
-        self._index = {n: KeyIndex(k, counts[n][counts[n] >= min_count]) for n, k in self.kept.items()}
+
+        def build(n: str) -> KeyIndex:
+            return KeyIndex(self.kept[n], counts[n][counts[n] >= min_count])
+
+        names = sorted(keys, key=lambda n: -len(self.kept[n]))  # big tables first
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
+            self._index = dict(zip(names, ex.map(build, names)))
 
     def num_rows(self, name: str) -> int:
         return len(self.kept[name]) + 1
@@ -1141,10 +1147,11 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
                     lines_done += b.nlines
                     bar.update(b.disk_bytes)
                     bar.set_postfix_str(f"{lines_done:,} lines", refresh=False)
-            keys, counts_ = {}, {}
-            for name in keyed:
-                keys[name], counts_[name] = counters[name].result()
-            mapping = Vocabulary(keys, counts_, min_count)
+            with ThreadPoolExecutor(max_workers=workers) as ex:
+                results = dict(zip(keyed, ex.map(lambda n: counters[n].result(), keyed)))
+            keys = {n: r[0] for n, r in results.items()}
+            counts_ = {n: r[1] for n, r in results.items()}
+            mapping = Vocabulary(keys, counts_, min_count, workers)
         return _write(fmt, opts, out, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0)
     finally:
         if spill is not None:
