@@ -40,3 +40,19 @@ bench-quick: setup
 
 clean:
 	rm -rf $(VENV) runs bench-out
+
+# TorchRec + FBGEMM (CPU build) for `bagpipe bench peers`, into the same .venv. With
+# torch 2.13.0 only fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0 load (1.7.0 and 1.9.0 fail
+# with undefined symbols). torchrec goes in with --no-deps: its plain dependency
+# fbgemm-gpu is a ~500 MB CUDA wheel for another torch that would replace the CPU
+# fbgemm_gpu module. The constraint keeps every step from touching torch; the other
+# versions are the ones verified to work. Not a pyproject extra, since an extra
+# cannot say --no-deps. See docs/peers.md.
+PEERS_CONSTRAINTS := $(VENV)/peers-constraints.txt
+.PHONY: peers
+peers: setup
+	$(BIN)/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(PEERS_CONSTRAINTS)
+	$(BIN)/pip install -q -c $(PEERS_CONSTRAINTS) fbgemm-gpu-cpu==1.8.0
+	$(BIN)/pip install -q --no-deps torchrec==1.8.0
+	$(BIN)/pip install -q -c $(PEERS_CONSTRAINTS) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions==0.0.32
+	$(BIN)/python -c "import torch, fbgemm_gpu, torchrec; from torchrec.models.dlrm import DLRM; import importlib.metadata as m; print('torch', torch.__version__, '| torchrec', m.version('torchrec'), '| fbgemm-gpu-cpu', m.version('fbgemm-gpu-cpu'))"

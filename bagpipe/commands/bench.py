@@ -14,8 +14,9 @@ Scenarios:
           (33.8M rows, DLRM Kaggle recipe, batch 2048, Adagrad), memory and disk stores
   oracle  the oracle's planning throughput alone vs batch size and lookahead
   peers   TorchRec's DLRM (FUSED kernel; needs `make peers`) beside bagpipe full and
-          lookahead (cache 10% of rows) on the same data, model, batch and optimizer;
-          --modes picks from full,lookahead,torchrec (+ torchrec-omp-default,torchrec-dense)
+          lookahead (cache 10% of rows, memory and disk stores) on the same data, model,
+          batch and optimizer; --modes picks from full,lookahead,lookahead-disk,torchrec
+          (the default) and torchrec-omp-default,torchrec-dense (docs/peers.md)
   sweep   lookahead mode over cache size (1-20% of rows) x L (1, 10, 50, 200):
           samples/s, hit rate, forced evictions; plus the --cache-budget-mb auto-tuner
           against the best measured point (criteo-kaggle x 0.01, batch 512)
