@@ -59,7 +59,7 @@ class ModesBench:
 
     @classmethod
     def quick(cls, **kw) -> "ModesBench":
-        base = dict(scale=0.01, batch_size=512, recipe="debug", steps=16, warmup=4, reps=1, lookahead=8, stores=("memory",))
+        base = dict(scale=0.01, batch_size=256, recipe="debug", steps=8, warmup=2, reps=1, lookahead=8, stores=("memory",))
         base.update(kw)
         return cls(**base)
 
