@@ -39,12 +39,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -241,45 +239,6 @@ def _load_bagpipe_rows(tables: dict, table_sizes: list[int], dim: int, seed: int
             dst[a:b].copy_(torch.from_numpy(init.range(base + a, base + b)))
 
 
-class _Prefetch:
-    """Runs ``fn(i)`` for i in [start, stop) in a background thread, ``depth`` ahead
-    (bagpipe's loader does the same for its batches)."""
-
-    def __init__(self, fn, start: int, stop: int, depth: int = 4):
-        self.q: queue.Queue = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-
-        def run():
-            try:
-                for i in range(start, stop):
-                    item = fn(i)
-                    while not self.stop.is_set():
-                        try:
-                            self.q.put(("item", item), timeout=0.1)
-                            break
-                        except queue.Full:
-                            pass
-                    if self.stop.is_set():
-                        return
-                self.q.put(("done", None))
-            except BaseException as e:  # noqa: BLE001
-                self.q.put(("error", e))
-
-        threading.Thread(target=run, daemon=True, name="peers-loader").start()
-
-    def __iter__(self):
-        while True:
-            kind, item = self.q.get()
-            if kind == "done":
-                return
-            if kind == "error":
-                raise item
-            yield item
-
-    def close(self) -> None:
-        self.stop.set()
-
-
 def train_torchrec(
     data: str,
     *,
@@ -380,7 +339,9 @@ def train_torchrec(
     times = dict(forward=0.0, backward=0.0, optimizer=0.0)
     losses: list[float] = []
     rss = RssSampler()
-    loader = _Prefetch(prepare, 0, steps)
+    from bagpipe.train.backends import Prefetched
+
+    loader = Prefetched(prepare(i) for i in range(steps))
     dmp.train()
     t_start = time.perf_counter()
     t_measure, at_warmup, step = None, dict(times), 0

@@ -52,7 +52,7 @@ class StepInput:
     plan: Plan | None = None
 
 
-class _Prefetched:
+class Prefetched:
     """Runs a generator in a background thread, ``depth`` items ahead."""
 
     def __init__(self, gen: Iterator, depth: int = 4):
@@ -121,7 +121,7 @@ class FullBackend:
                 uniq, inverse = torch.unique(batch.rows, sorted=True, return_inverse=True)
                 yield step, batch, uniq, inverse
 
-        loader = _Prefetched(prepare())
+        loader = Prefetched(prepare())
         try:
             for step, batch, uniq, inverse in loader:
                 yield StepInput(step, batch.to(self.device), self.weights, self.state, uniq.to(self.device), inverse.to(self.device))
