@@ -30,13 +30,13 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q tests
 
-bench: setup
-	$(BIN)/bagpipe bench modes --out bench-out/modes
-	$(BIN)/bagpipe bench oracle --out bench-out/oracle
+# Every scenario at its default size (about 35 minutes on 2 cores), then docs/benchmarks.md.
+bench: peers
+	$(BIN)/python benchmarks/make_docs.py --scenarios modes,oracle,sweep,convergence,peers --out bench-out
 
+# Every scenario at --quick size, into bench-out/quick (docs untouched).
 bench-quick: setup
-	$(BIN)/bagpipe bench modes --quick --out bench-out/modes-quick
-	$(BIN)/bagpipe bench oracle --quick --out bench-out/oracle-quick
+	for s in modes oracle sweep convergence; do $(BIN)/bagpipe bench $$s --quick --out bench-out/quick/$$s || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs bench-out
