@@ -544,3 +544,30 @@ def test_option_conflicts(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["preprocess", "criteo", "--input", str(src), "--out", "x", "--min-count", "2", "--max-rows-per-table", "5"])
     capsys.readouterr()
+
+
+@needs_data
+def test_train_on_preprocessed_criteo_sample_reports_auc(tmp_path, capsys):
+    """The real Criteo sample, preprocessed, trains in full and lookahead mode to the same digest."""
+    import torch
+
+    out = tmp_path / "criteo"
+    code, _, err = cli(capsys, "criteo", "--input", CRITEO_TRAIN, "--out", out)
+    assert code == 0, err
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        digests = []
+        for mode in ("full", "lookahead"):
+            run = tmp_path / mode
+            rc = main(["train", "--data", str(out), "--out", str(run), "--model", "dlrm", "--steps", "120",
+                       "--batch-size", "64", "--mode", mode, "--cache-rows", "4000", "--lookahead", "8", "--no-progress"])
+            captured = capsys.readouterr()
+            assert rc == 0, captured.err
+            assert "eval AUC" in captured.out
+            summary = json.loads((run / "summary.json").read_text())
+            assert 0.5 < summary["eval_auc"] < 1.0
+            digests.append(summary["params_sha256"])
+        assert digests[0] == digests[1]
+    finally:
+        torch.set_num_threads(threads)
