@@ -1,9 +1,28 @@
 """Datasets: the binary shard format, batch type, deterministic batch streams,
-synthetic data and raw-log preprocessing."""
+synthetic data and raw-log preprocessing.
 
-from bagpipe.data.batch import Batch
-from bagpipe.data.schema import DatasetMeta, FeatureSpec, SplitMeta
-from bagpipe.data.shards import Dataset, ShardWriter
-from bagpipe.data.stream import BatchStream
+Names are imported lazily so that commands that never touch torch (``bagpipe
+preprocess``) do not pay its ~3 s import.
+"""
 
-__all__ = ["Batch", "BatchStream", "Dataset", "DatasetMeta", "FeatureSpec", "ShardWriter", "SplitMeta"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Batch": "bagpipe.data.batch",
+    "BatchStream": "bagpipe.data.stream",
+    "Dataset": "bagpipe.data.shards",
+    "DatasetMeta": "bagpipe.data.schema",
+    "FeatureSpec": "bagpipe.data.schema",
+    "ShardWriter": "bagpipe.data.shards",
+    "SplitMeta": "bagpipe.data.schema",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'bagpipe.data' has no attribute {name!r}")

@@ -8,8 +8,10 @@ part of any model: the caller pools embeddings and passes the pooled tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # torch loads only when a model is built, not for --help
+    from torch import nn
 
 from bagpipe.errors import ConfigError
 
