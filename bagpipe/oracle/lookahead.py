@@ -71,7 +71,7 @@ class LookaheadOracle:
         if need <= self.cap:
             return
         new_cap = self.cap
-        while new_cap < 2 * need:
+        while new_cap < need + need // 8:  # the window's size settles after 2L+1 steps: little headroom
             new_cap *= 2
         old = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
         old_cap = self.cap
