@@ -99,7 +99,6 @@ def _materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int,
 
 
 def _fresh_cold_copy(template: Path, dest: Path) -> None:
-    from bagpipe.store.disk import DiskStore
 
     if dest.exists():
         shutil.rmtree(dest)

@@ -11,7 +11,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 
 from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
 

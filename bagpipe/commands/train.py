@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 DESCRIPTION = """\
 Train a CTR model on a bagpipe dataset.

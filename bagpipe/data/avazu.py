@@ -91,6 +91,25 @@ def labels_fast(table: pa.Table, name: str) -> np.ndarray | None:
     return (lab - 48).astype(np.float32)
 
 
+def csv_fast_block(
+    data: bytes, nlines: int, layout: Layout, label: str | None, columns: list[str]
+) -> tuple[pa.Table, np.ndarray] | None:
+    """The common start of a CSV format's fast path: parse ``columns`` (and the label
+    column when ``label`` is given) of a block, and its labels (zeros when unlabelled).
+
+    None sends the block to the exact line-by-line parser.
+    """
+    if not csv_fast_ok(data):
+        return None
+    t = csv_table(data, layout.names, ([label] if label else []) + columns)
+    if t is None or t.num_rows != nlines:
+        return None
+    labels = labels_fast(t, label) if label else np.zeros(nlines, np.float32)
+    if labels is None:
+        return None
+    return t, labels
+
+
 def label_slow(v: bytes) -> int:
     if v not in (b"0", b"1"):
         raise BadLine(f"label {show(v)} is not 0 or 1")
@@ -204,19 +223,11 @@ class AvazuFormat(RawFormat):
         return Row(label, [], keys, fixed)
 
     def parse_fast(self, data: bytes, nlines: int, layout: Layout) -> Raw | None:
-        if not csv_fast_ok(data):
+        block = csv_fast_block(data, nlines, layout, "click" if self.labelled else None, ["hour"] + KEY_FEATURES)
+        if block is None:
             return None
-        include = (["click"] if self.labelled else []) + ["hour"] + KEY_FEATURES
-        t = csv_table(data, layout.names, include)
-        if t is None or t.num_rows != nlines:
-            return None
+        t, labels = block
         n = nlines
-        if self.labelled:
-            labels = labels_fast(t, "click")
-            if labels is None:
-                return None
-        else:
-            labels = np.zeros(n, np.float32)
         hdata, hs, he = binary_parts(t.column("hour"))
         if not (he - hs == 8).all():
             return None

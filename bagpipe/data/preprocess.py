@@ -54,7 +54,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from bagpipe.data.schema import META_FILE, FeatureSpec
+from bagpipe.data.schema import META_FILE, FeatureSpec, read_json
 from bagpipe.data.shards import DEFAULT_ROWS_PER_SHARD, ShardWriter
 from bagpipe.errors import ConfigError, DataError, ParseError
 
@@ -881,10 +881,7 @@ def load_mapping(directory: str | os.PathLike, fmt: RawFormat) -> Mapping:
         raise DataError(f"--vocab-from {directory}: not a finished dataset (no {META_FILE})")
     if not path.exists():
         raise DataError(f"--vocab-from {directory}: has no {VOCAB_DIR}/{VOCAB_FILE} (not made by bagpipe preprocess)")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    doc = read_json(path)
     if doc.get("version") != VOCAB_VERSION:
         raise DataError(f"{path}: unsupported vocabulary version {doc.get('version')!r}")
     if doc.get("format") != fmt.name:
@@ -1057,7 +1054,6 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
         mapping = load_mapping(opts.vocab_from, fmt)
 
     inputs = [f for f in files if f.role == "input"]
-    total_disk = sum(f.size for f in files)
     n_train: int | None = None  # global data-line index bound of "train" among the inputs
     if split is not None and inputs:
         if split >= 1.0:

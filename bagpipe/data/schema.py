@@ -125,11 +125,15 @@ class DatasetMeta:
             raise DataError(f"{directory}: no such dataset directory")
         if not path.exists():
             raise DataError(f"{path}: missing; {directory} is not a finished bagpipe dataset")
-        try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-        return cls.from_json(d)
+        return cls.from_json(read_json(path))
+
+
+def read_json(path: str | os.PathLike):
+    """Parse a JSON file; a syntax error becomes a DataError naming file and line."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bagpipe.data.avazu import csv_fast_ok, csv_table, header_layout, keys_fast, label_slow, labels_fast
+from bagpipe.data.avazu import csv_fast_block, header_layout, keys_fast, label_slow
 from bagpipe.data.preprocess import (
     BadLine,
     Layout,
@@ -97,19 +97,11 @@ class TaobaoFormat(RawFormat):
         return Row(label, [price], keys, [], [[fnv1a_key(x) for x in items]])
 
     def parse_fast(self, data: bytes, nlines: int, layout: Layout) -> Raw | None:
-        if not csv_fast_ok(data):
+        block = csv_fast_block(data, nlines, layout, "clk" if self.labelled else None, ["price"] + KEY_FEATURES + [SEQ_FEATURE])
+        if block is None:
             return None
-        include = (["clk"] if self.labelled else []) + ["price"] + KEY_FEATURES + [SEQ_FEATURE]
-        t = csv_table(data, layout.names, include)
-        if t is None or t.num_rows != nlines:
-            return None
+        t, labels = block
         n = nlines
-        if self.labelled:
-            labels = labels_fast(t, "clk")
-            if labels is None:
-                return None
-        else:
-            labels = np.zeros(n, np.float32)
         price = _price_fast(t.column("price").combine_chunks())
         if price is None:
             return None

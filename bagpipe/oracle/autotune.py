@@ -150,7 +150,6 @@ def choose(
     cache_rows = rows_for_budget(budget_mb, dim, state_dim, num_rows)
     choice = AutotuneChoice(budget_mb=float(budget_mb), bytes_per_row=bpr, num_rows=int(num_rows), cache_rows=cache_rows, lookahead=None, reason="")
 
-    sample = min(num_batches, max(min_batches, 2 * cands[-1] + 1))
     batches: list[tuple[int, Batch]] = []
 
     def first(n: int) -> list[tuple[int, Batch]]:
