@@ -77,16 +77,25 @@ def make_backend(cfg: TrainConfig, init: RowInitializer, state_dim: int, lookups
     return CachedBackend(cfg.mode, store, cache_rows, lookahead=lookahead)
 
 
-def params_digest(model: torch.nn.Module, backend) -> str:
-    """sha256 over every dense parameter (by name) and every embedding row and its state."""
+def dense_digest(model: torch.nn.Module):
+    """A sha256 started over every dense parameter (by name); feed it the rows with :func:`hashed`.
+
+    The finished digest (params_sha256) covers every dense parameter, every embedding
+    row and its optimizer state, in global row order.
+    """
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    for _, w, s in backend.export():
+    return h
+
+
+def hashed(rows, h):
+    """Pass (start, weights, state) chunks through while adding them to digest ``h``."""
+    for a, w, s in rows:
         h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
         h.update(np.ascontiguousarray(s, dtype=np.float32).tobytes())
-    return h.hexdigest()
+        yield a, w, s
 
 
 @torch.no_grad()
@@ -179,10 +188,11 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> di
     (out / "config.json").write_text(json.dumps({"train": cfg.to_json(), "model": _asdict(mcfg)}, indent=2))
     log = MetricsLog(out / "metrics.jsonl")
 
-    def checkpoint(step: int) -> None:
-        backend.flush()
+    def checkpoint(step: int, rows=None) -> None:
+        """Save the run; the store must be flushed. ``rows`` defaults to a fresh export."""
         dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state()}
-        save_checkpoint(out, step, dense, backend.export(), init.num_rows, init.dim, sparse_opt.state_dim)
+        rows = backend.export() if rows is None else rows
+        save_checkpoint(out, step, dense, rows, init.num_rows, init.dim, sparse_opt.state_dim)
 
     times = dict.fromkeys(TIME_KEYS, 0.0)
     losses: list[float] = []
@@ -212,6 +222,7 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> di
                 ev = evaluate(model, backend.lookup, dataset, cfg.batch_size, cfg.eval_samples)
                 log.write(step=step, **ev)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                backend.flush()
                 checkpoint(step)
         t_end = time.perf_counter()
         bar.close()
@@ -229,9 +240,15 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> di
         backend.flush()
         ev = evaluate(model, backend.lookup, dataset, cfg.batch_size, cfg.eval_samples)
         log.write(step=step, **ev)
-        digest = params_digest(model, backend) if cfg.digest else None
+        # one pass over every row serves both the digest and the final checkpoint
+        h = dense_digest(model) if cfg.digest else None
+        rows = backend.export() if h is None else hashed(backend.export(), h)
         if cfg.save_final:
-            checkpoint(step)
+            checkpoint(step, rows)
+        elif h is not None:
+            for _ in rows:
+                pass
+        digest = h.hexdigest() if h is not None else None
         summary = {
             "mode": cfg.mode,
             "model": cfg.model,
