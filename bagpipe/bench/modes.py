@@ -99,20 +99,15 @@ def _materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int,
 
 
 def _fresh_cold_copy(template: Path, dest: Path) -> None:
-
+    """Copy the table files and drop both copies from the page cache (fsync first, so
+    the dirty pages of the new copy can be dropped)."""
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(template, dest)
-    for f in dest.iterdir():
+    for f in [*dest.iterdir(), *template.iterdir()]:
         fd = os.open(f, os.O_RDONLY)
         try:
             os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    for f in template.iterdir():
-        fd = os.open(f, os.O_RDONLY)
-        try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
