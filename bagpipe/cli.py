@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("bagpipe.commands.train", "train a model (reference, cached or lookahead mode)"),
     "eval": ("bagpipe.commands.eval", "evaluate a finished run on a dataset"),
     "bench": ("bagpipe.commands.bench", "run a benchmark scenario side by side"),
+    "serve": ("bagpipe.commands.serve", "start one embedding server of a distributed job"),
+    "worker": ("bagpipe.commands.worker", "run one role of a distributed job (launcher / torchrun)"),
 }
 
 DESCRIPTION = """\

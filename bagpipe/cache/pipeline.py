@@ -126,7 +126,7 @@ class PlanExecutor:
                     while self._written < plan.fetch_after and not self._stop.is_set():
                         self._cond.wait(timeout=0.1)
                 t0 = time.perf_counter()
-                w, s = self.store.read(plan.fetch_rows)
+                w, s = self.store.read(plan.fetch_rows, after=plan.fetch_after)
                 self.times.fetch_busy += time.perf_counter() - t0
                 if not self._put(self._ready_q, (plan, w, s)):
                     return
@@ -142,6 +142,8 @@ class PlanExecutor:
             try:
                 t0 = time.perf_counter()
                 self.store.write(item.rows, item.weights, item.state)
+                if item.closes is not None:
+                    self.store.mark_written(item.closes)  # a remote store tells its servers
                 self.times.writeback_busy += time.perf_counter() - t0
             except BaseException as e:  # noqa: BLE001
                 self._wb_error = e
@@ -188,6 +190,7 @@ class PlanExecutor:
             self.times.wait_embeddings += time.perf_counter() - t0
             # write-backs labelled step-1: the previous step's expired rows, then this step's forced-out rows
             self._write_back(plan.evict_before_slots, plan.evict_before_rows, closes=plan.step - 1)
+            self.cache.drop(plan.drop_before_slots)
             t0 = time.perf_counter()
             if not self.pipelined:
                 w, s = self.store.read(plan.fetch_rows)
@@ -211,6 +214,7 @@ class PlanExecutor:
     def after_step(self, plan: Plan) -> None:
         """The step's optimizer update is done: its expired rows may leave."""
         self._write_back(plan.evict_after_slots, plan.evict_after_rows, closes=None)
+        self.cache.drop(plan.drop_after_slots)
 
     def drain(self) -> None:
         """Wait until every queued write-back has reached the store."""

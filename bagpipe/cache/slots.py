@@ -45,6 +45,10 @@ class SlotCache:
         self.slot_rows[slots] = -1
         return w, s
 
+    def drop(self, slots: np.ndarray) -> None:
+        """Mark ``slots`` free without reading them (another trainer writes their rows back)."""
+        self.slot_rows[slots] = -1
+
     def occupied(self) -> tuple[np.ndarray, np.ndarray]:
         """(slots, rows) of every slot that holds a row."""
         slots = np.flatnonzero(self.slot_rows >= 0)

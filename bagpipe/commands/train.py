@@ -15,6 +15,12 @@ Modes (--mode) compute the same thing and differ only in where embedding rows li
              fetch and eviction, prefetching in the background (the product)
 All modes end with the same params_sha256 on one process.
 
+Distributed (--trainers N --servers S): N data-parallel trainers (each on 1/N of every
+global batch of --batch-size samples), S embedding servers holding the rows and their
+optimizer state, and one oracle process, all started here on loopback; the result
+matches --mode full within float tolerance. Logs per role go to RUN/logs/. Across
+machines start the same roles with torchrun and `bagpipe worker` (docs/distributed.md).
+
 Settings can come from a TOML file (--config, keys as the long options with
 underscores, optionally under a [train] table); command-line options override it.
 
@@ -24,6 +30,8 @@ Examples:
       --mode lookahead --cache-rows 20000 --lookahead 8
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/auto \\
       --mode lookahead --cache-budget-mb 0.5
+  bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/dist \
+      --mode lookahead --trainers 2 --servers 2
   bagpipe train --config run.toml --resume
 """
 
@@ -56,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="memory budget of the cache (lru, lookahead): picks --cache-rows from it and, for "
                    "lookahead, the largest L whose window fits (planned over the first batches); "
                    "excludes --cache-rows, overrides --lookahead")
+    g = p.add_argument_group("distributed (one machine: every role a process on loopback)")
+    g.add_argument("--trainers", type=int, help="N data-parallel trainers (default 1)")
+    g.add_argument("--servers", type=int, help="S embedding server processes (default 0: the store is in the trainer)")
+    g.add_argument("--cache-sync", choices=("partitioned", "replicated"),
+                   help="partitioned (default): rows one trainer uses and then drops are not replicated or "
+                   "synchronised; replicated: every trainer holds and synchronises every planned row")
+    g.add_argument("--plans-in-flight", type=int, help="plans the oracle may send ahead of each trainer (default 4)")
     g = p.add_argument_group("evaluation, checkpoints, runtime")
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (default: only at the end)")
     g.add_argument("--eval-samples", type=int, help="cap on eval samples (default: the whole eval split)")
@@ -76,14 +91,25 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k, None) for k in TrainConfig.field_names()}
     cfg = load_config(args.config, overrides)
-    s = train(cfg, announce=lambda line: print(line, flush=True))
+    if cfg.distributed:
+        from bagpipe.dist.launch import launch
+
+        s = launch(cfg, echo=lambda line: print(line, flush=True))
+    else:
+        s = train(cfg, announce=lambda line: print(line, flush=True))
+    if not cfg.distributed:  # the launcher already echoed trainer 0's line
+        print(summary_line(s))
+    print(f"run directory: {cfg.out}")
+    return 0
+
+
+def summary_line(s: dict) -> str:
+    """The one line a finished run prints."""
     auc = "n/a" if s["eval_auc"] is None else f"{s['eval_auc']:.4f}"
     ll = "n/a" if s["eval_logloss"] is None else f"{s['eval_logloss']:.4f}"
     digest = "not computed (--no-digest)" if s["params_sha256"] is None else s["params_sha256"][:16] + "…"
-    print(
+    return (
         f"{s['mode']}: {s['steps']} steps, {s['samples_per_s']:,.0f} samples/s, "
         f"train logloss {s['train_logloss']:.4f}, eval logloss {ll}, eval AUC {auc}, "
         f"peak RSS {s['peak_rss_mb']:.0f} MiB, params_sha256 {digest}"
     )
-    print(f"run directory: {cfg.out}")
-    return 0

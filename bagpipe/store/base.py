@@ -53,8 +53,13 @@ class EmbeddingStore(ABC):
     def row_bytes(self) -> int:
         return 4 * (self.dim + self.state_dim)
 
-    def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Current values of ``rows`` (n,) int64 -> weights (n, D), state (n, S) float32 (copies)."""
+    def read(self, rows: np.ndarray, after: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        """Current values of ``rows`` (n,) int64 -> weights (n, D), state (n, S) float32 (copies).
+
+        ``after``: the read must see every write-back labelled <= ``after`` (see
+        :meth:`mark_written`). An in-process store ignores it: its only writer is the
+        caller's own pipeline, which waits for those write-backs before reading.
+        """
         rows = np.asarray(rows, dtype=np.int64)
         w, s = self._read(rows)
         with self._stats_lock:
@@ -71,6 +76,9 @@ class EmbeddingStore(ABC):
         with self._stats_lock:
             self.stats.writes += 1
             self.stats.rows_written += len(rows)
+
+    def mark_written(self, label: int) -> None:
+        """Every write-back labelled <= ``label`` by this client has been issued (remote stores)."""
 
     def peek(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Like :meth:`read` but not counted as training traffic (evaluation, digests)."""

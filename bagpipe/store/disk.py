@@ -146,7 +146,8 @@ class DiskStore(EmbeddingStore):
     # ------------------------------------------------------------------ files
 
     def _expected_header(self) -> dict:
-        return {
+        shard = getattr(self.init, "shard_label", None)  # a server's shard of the row space
+        return ({"shard": shard} if shard else {}) | {
             "format": FORMAT,
             "version": VERSION,
             "dtype": "float32",

@@ -17,6 +17,7 @@ from bagpipe.errors import ConfigError
 
 MODES = ("full", "nocache", "lru", "lookahead")
 STORES = ("memory", "disk")
+CACHE_SYNCS = ("partitioned", "replicated")
 
 
 @dataclass(kw_only=True)
@@ -76,6 +77,20 @@ class TrainConfig:
     """Write a checkpoint at the end (bagpipe eval reads it); benchmarks turn it off."""
     digest: bool = True
     """Compute params_sha256 at the end (reads every row once)."""
+    trainers: int = 1
+    """N, data-parallel trainer processes; each trains on 1/N of every global batch."""
+    servers: int = 0
+    """S, embedding server processes holding the rows (row g on server g % S); 0: in-process store.
+    With S >= 1 the run is distributed: N trainers + S servers + 1 oracle process."""
+    cache_sync: str = "partitioned"
+    """Distributed cache: partitioned (rows used by one trainer and then expired are neither
+    replicated nor synchronised) or replicated (every trainer holds and syncs every planned row)."""
+    plans_in_flight: int = 4
+    """Distributed: plans the oracle may send a trainer ahead of what it has taken (back-pressure)."""
+
+    @property
+    def distributed(self) -> bool:
+        return self.servers > 0 or self.trainers > 1
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -112,6 +127,18 @@ class TrainConfig:
         need(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
         need(self.block_size > 0, f"block size must be > 0, got {self.block_size}")
         need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")
+        need(self.trainers >= 1, f"trainers must be >= 1, got {self.trainers}")
+        need(self.servers >= 0, f"servers must be >= 0, got {self.servers}")
+        need(self.cache_sync in CACHE_SYNCS, f"unknown cache sync {self.cache_sync!r} (choose from {', '.join(CACHE_SYNCS)})")
+        need(self.plans_in_flight >= 1, f"plans in flight must be >= 1, got {self.plans_in_flight}")
+        if self.distributed:
+            need(self.servers >= 1, f"{self.trainers} trainers need embedding servers to share the rows: add --servers S (S >= 1)")
+            need(self.mode == "lookahead", f"distributed runs (--trainers/--servers) use --mode lookahead, got --mode {self.mode}")
+            need(self.batch_size % self.trainers == 0,
+                 f"the global batch ({self.batch_size}) must split evenly over {self.trainers} trainers")
+            for name, flag in (("resume", "--resume"), ("checkpoint_every", "--checkpoint-every"),
+                               ("eval_every", "--eval-every"), ("cache_budget_mb", "--cache-budget-mb")):
+                need(not getattr(self, name), f"{flag} is not supported in distributed runs yet")
 
     def _check_types(self) -> None:
         """Values from a TOML file arrive untyped: check each against its annotation."""

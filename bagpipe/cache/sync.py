@@ -1,0 +1,72 @@
+"""End-of-iteration embedding synchronisation among data-parallel trainers.
+
+After backward, each trainer holds the gradients of *its* unique rows, computed on its
+1/N slice of the global batch (a mean over B/N samples). One process on the global
+batch would see, for every row, the mean over B samples = the sum over trainers of
+(trainer gradient / N). So: divide by N, sum the synchronised rows' gradients over the
+trainers (one all-reduce of a (K, D) buffer in a row order every trainer shares; a
+trainer that did not use a row adds zeros), and let every trainer apply the same
+row-wise optimizer update to them; local rows (one user, expiring) are updated by
+their only user with its own gradient, without any communication.
+
+With N = 1 nothing is communicated and every row gets exactly the update the
+reference trainer gives it (the row-wise optimizers act on each row alone), so the
+result is bitwise that of ``--mode full``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from bagpipe.cache.slots import SlotCache
+from bagpipe.optim.sparse import SparseOptimizer
+
+
+def _update(cache: SlotCache, opt: SparseOptimizer, slots: torch.Tensor, grad: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+    w = cache.weights.index_select(0, slots) if weights is None else weights
+    s = cache.state.index_select(0, slots)
+    new_w, new_s = opt.update(w, s, grad)
+    cache.weights.index_copy_(0, slots, new_w)
+    cache.state.index_copy_(0, slots, new_s)
+
+
+@torch.no_grad()
+def sync_and_update(
+    cache: SlotCache,
+    opt: SparseOptimizer,
+    rows_u: torch.Tensor,
+    grad_u: torch.Tensor,
+    slots_u: torch.Tensor,
+    sync_slots: torch.Tensor,
+    sync_pos: torch.Tensor,
+    num_trainers: int,
+    group=None,
+) -> int:
+    """Average the synchronised rows' gradients over the trainers and update every row.
+
+    Args:
+        rows_u, grad_u: (U_i, D) this trainer's unique rows (values used in the step) and
+            their gradients.
+        slots_u: (U_i,) their cache slots.
+        sync_slots: (K,) slots of the step's synchronised rows (same order on every trainer).
+        sync_pos: (U_i,) index of each of this trainer's rows in ``sync_slots``, -1 if local.
+    Returns:
+        bytes this trainer contributed to the all-reduce (K * D * 4; 0 when N = 1).
+    """
+    N = int(num_trainers)
+    grad = grad_u / N if N > 1 else grad_u
+    in_sync = sync_pos >= 0
+    K = int(sync_slots.numel())
+    sent = 0
+    if K:
+        buf = torch.zeros(K, grad.shape[1], dtype=grad.dtype, device=grad.device)
+        buf.index_copy_(0, sync_pos[in_sync], grad[in_sync])
+        if N > 1:
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+            sent = buf.numel() * buf.element_size()
+        _update(cache, opt, sync_slots, buf)
+    local = ~in_sync
+    if bool(local.any()):
+        _update(cache, opt, slots_u[local], grad[local], rows_u[local])
+    return sent

@@ -1,0 +1,56 @@
+"""``bagpipe serve``: start one embedding server of a distributed job."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Start one embedding server: it holds the rows g with g % S == its shard (and their
+optimizer state) on a memory or disk store, and serves the job's trainers until they
+all finish. The row space (table sizes, D, seed) comes from trainer 0 at start-up, so
+a server needs no dataset.
+
+The server is rank --rank of a job of N trainers + S servers + 1 oracle (servers are
+ranks N .. N+S-1) and meets the others at --master-addr:--master-port. It talks over
+the interface that holds --bind, 127.0.0.1 unless you give another address.
+
+Example (the other roles started with torchrun / bagpipe worker, see docs/distributed.md):
+  bagpipe serve --rank 2 --trainers 2 --servers 2 --master-addr 10.0.0.1 \\
+      --bind 10.0.0.7 --store disk --store-dir /nvme/bagpipe-shard
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    import os
+
+    p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", -1)), help="this process's rank (default $RANK)")
+    p.add_argument("--trainers", type=int, required=True, help="N trainers in the job")
+    p.add_argument("--servers", type=int, required=True, help="S servers in the job")
+    p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"), help="rendezvous host (default $MASTER_ADDR or 127.0.0.1)")
+    p.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", 29500)), help="rendezvous port (default $MASTER_PORT or 29500)")
+    p.add_argument("--bind", default="127.0.0.1", help="address of the interface to serve on (default 127.0.0.1)")
+    p.add_argument("--store", choices=("memory", "disk"), default="memory", help="where the shard's rows live (default memory)")
+    p.add_argument("--store-dir", help="directory of the disk store (a shard-K-of-S folder is made in it)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from bagpipe.dist.launch import interface_of
+    from bagpipe.dist.layout import Layout
+    from bagpipe.dist.roles import ServerConfig, serve
+    from bagpipe.errors import ConfigError
+
+    layout = Layout(args.trainers, args.servers)
+    if args.rank < 0:
+        raise ConfigError("--rank is required (or $RANK): servers are ranks N .. N+S-1")
+    iface = interface_of(args.bind)
+    if iface is None:
+        raise ConfigError(f"--bind {args.bind}: no network interface of this machine has that address")
+    if args.store == "disk" and not args.store_dir:
+        raise ConfigError("--store disk needs --store-dir")
+    os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
+                      RANK=str(args.rank), WORLD_SIZE=str(layout.world_size), GLOO_SOCKET_IFNAME=iface)
+    serve(ServerConfig(store=args.store, store_dir=args.store_dir, threads=args.threads), layout, args.rank)
+    return 0

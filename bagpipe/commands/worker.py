@@ -1,0 +1,51 @@
+"""``bagpipe worker``: one role of a distributed job (started by the launcher or torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Run one role of a distributed job: the rank in $RANK decides which (ranks 0..N-1
+trainers, N..N+S-1 embedding servers, N+S the oracle). The rendezvous comes from
+$MASTER_ADDR, $MASTER_PORT and $WORLD_SIZE, as torchrun sets them. Every process of
+the job gets the same options (those of `bagpipe train`, with --trainers/--servers).
+
+`bagpipe train --trainers N --servers S` starts all roles on this machine for you.
+Across machines, with torchrun on each (N + S + 1 processes in total):
+
+  torchrun --nnodes 2 --nproc-per-node 3 --node-rank 0 \\
+      --rdzv-backend static --master-addr HOST0 --master-port 29500 \\
+      -m bagpipe.cli worker --data /shared/data --out /shared/runs/a \\
+      --mode lookahead --trainers 2 --servers 3 --steps 1000
+
+(and --node-rank 1 on the second machine). Set GLOO_SOCKET_IFNAME to the interface
+the roles should talk over. See docs/distributed.md.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bagpipe.commands.train import add_arguments as train_arguments
+
+    p.add_argument("--job", help="JSON of the whole configuration (written by the launcher); replaces the options below")
+    train_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from bagpipe.dist.layout import Layout
+    from bagpipe.dist.roles import env_rank, run_role
+    from bagpipe.train.config import TrainConfig, load_config
+
+    if args.job:
+        cfg = TrainConfig(**json.loads(open(args.job).read()))
+    else:
+        cfg = load_config(args.config, {k: getattr(args, k, None) for k in TrainConfig.field_names()})
+    cfg.progress = False
+    layout = Layout(cfg.trainers, cfg.servers)
+    summary = run_role(cfg, layout, env_rank(layout))
+    if summary is not None:
+        from bagpipe.commands.train import summary_line
+
+        print(summary_line(summary), flush=True)
+    return 0

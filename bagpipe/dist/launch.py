@@ -1,0 +1,197 @@
+"""The local launcher: every role of a distributed job as a process on loopback.
+
+``bagpipe train --trainers N --servers S ...`` lands here. It picks a free port,
+starts N + S + 1 ``bagpipe worker`` processes (the same entry ``torchrun`` starts
+across machines), prefixes each line they print with the role (``[server 1]``) and
+keeps a log per role under RUN/logs/. The first role to fail stops the job: the
+launcher names it, stops every other role (SIGTERM, then SIGKILL after a grace
+period) and returns an error. Ctrl-C stops every role the same way. RUN/roles.json
+lists the roles' ranks and pids while the job runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from bagpipe.dist.layout import Layout
+from bagpipe.errors import BagpipeError, ConfigError
+from bagpipe.train.config import TrainConfig
+
+STOP_GRACE_S = 10.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def interface_of(address: str) -> str | None:
+    """Name of the network interface that holds ``address`` (gloo binds to an interface)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    return None
+
+
+def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, threads: int) -> dict:
+    """The environment of one role: torchrun's variables plus loopback-only gloo."""
+    env = dict(os.environ)
+    env.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(layout.world_size),
+        OMP_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+    )
+    iface = interface_of(master_addr)
+    if iface:
+        env["GLOO_SOCKET_IFNAME"] = iface
+    return env
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class Role:
+    rank: int
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    pump: threading.Thread | None = None
+    exited: list = field(default_factory=list)
+
+
+class Launcher:
+    """Starts, watches and stops the roles of one job (see the module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, echo: Callable[[str], None] = print, stop_grace_s: float = STOP_GRACE_S):
+        self.cfg = cfg
+        self.layout = Layout(cfg.trainers, cfg.servers)
+        self.echo = echo
+        self.grace = stop_grace_s
+        self.out = Path(cfg.out)
+        self.roles: list[Role] = []
+        self._events: queue.Queue = queue.Queue()
+        self._echo_lock = threading.Lock()
+
+    def _say(self, line: str) -> None:
+        with self._echo_lock:
+            self.echo(line)
+
+    def start(self) -> None:
+        if (self.out / "checkpoints" / "LATEST").exists():
+            raise ConfigError(f"{self.out} already holds a run with checkpoints; choose another --out")
+        (self.out / "summary.json").unlink(missing_ok=True)
+        logs = self.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        job = self.out / "job.json"
+        job.write_text(json.dumps(self.cfg.to_json(), indent=2))
+        port = free_port()
+        cores = os.cpu_count() or 1
+        threads = self.cfg.threads or max(1, cores // self.layout.world_size)
+        for rank in range(self.layout.world_size):
+            name = self.layout.name(rank)
+            log_path = logs / f"{name.replace(' ', '-')}.log"
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
+                env=role_env(self.layout, rank, "127.0.0.1", port, threads),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the roles itself
+            )
+            role = Role(rank, name, proc, log_path)
+            role.pump = threading.Thread(target=self._pump, args=(role,), daemon=True, name=f"log-{name}")
+            role.pump.start()
+            threading.Thread(target=self._wait, args=(role,), daemon=True, name=f"wait-{name}").start()
+            self.roles.append(role)
+        (self.out / "roles.json").write_text(json.dumps(
+            [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles], indent=2))
+
+    def _pump(self, role: Role) -> None:
+        with open(role.log_path, "w") as log:
+            for raw in role.proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                log.write(line + "\n")
+                log.flush()
+                self._say(f"[{role.name}] {line}")
+
+    def _wait(self, role: Role) -> None:
+        code = role.proc.wait()
+        self._events.put((time.monotonic(), role, code))
+
+    def run(self) -> None:
+        """Start the job and wait for it; raises BagpipeError naming the first role that failed."""
+        self.start()
+        try:
+            done = 0
+            while done < len(self.roles):
+                _, role, code = self._events.get()
+                done += 1
+                if code != 0:
+                    self._say(f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles")
+                    stopped = self.stop()
+                    raise BagpipeError(
+                        f"{role.name} (rank {role.rank}) failed ({describe_exit(code)}); stopped "
+                        f"{stopped} other role(s); its log: {role.log_path}"
+                    )
+        except KeyboardInterrupt:
+            self._say("[launcher] interrupted: stopping every role")
+            self.stop()
+            raise
+        finally:
+            for r in self.roles:
+                if r.pump is not None:
+                    r.pump.join(timeout=5)
+
+    def stop(self) -> int:
+        """SIGTERM every live role, SIGKILL what is left after the grace period; returns how many were live."""
+        live = [r for r in self.roles if r.proc.poll() is None]
+        for r in live:
+            _signal(r.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for r in live:
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(r.proc, signal.SIGKILL)
+                r.proc.wait()
+        return len(live)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the role's whole session: it and anything it started
+    except ProcessLookupError:
+        pass
+
+
+def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
+    """Run a distributed job on this machine; returns trainer 0's summary."""
+    Launcher(cfg, echo).run()
+    path = Path(cfg.out) / "summary.json"
+    if not path.exists():
+        raise BagpipeError(f"every role exited cleanly but trainer 0 wrote no {path}")
+    return json.loads(path.read_text())

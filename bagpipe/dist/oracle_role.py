@@ -1,0 +1,166 @@
+"""The oracle as its own role: reads the data, plans the global batch, feeds the trainers.
+
+One process reads the sample stream (global batches of B samples), runs the
+:class:`LookaheadOracle` over them, splits every plan into the N trainers' plans
+(:func:`bagpipe.dist.partition.partition`) and sends each trainer its own, ahead of
+time. Back-pressure: at most ``plans_in_flight`` plans per trainer are sent and not
+yet taken by that trainer's pipeline (a trainer returns one credit per plan it takes),
+so the oracle's memory stays bounded however long the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bagpipe.data.shards import Dataset
+from bagpipe.data.stream import BatchStream
+from bagpipe.dist.layout import Layout
+from bagpipe.dist.partition import partition
+from bagpipe.dist.transport import CREDIT, PLAN, Transport
+from bagpipe.oracle.lookahead import LookaheadOracle
+from bagpipe.train.backends import numbered
+from bagpipe.train.config import TrainConfig
+
+
+@dataclass
+class OracleReport:
+    """Counters of the whole run, sent to every trainer with the last message."""
+
+    plan: dict = field(default_factory=dict)
+    cache_rows: int = 0
+    lookahead: int = 0
+    sync_rows: int = 0  # synchronised rows, summed over steps
+    replicated_sync_rows: int = 0  # the same had every planned row been synchronised
+    fetched_rows: list = field(default_factory=list)  # per trainer
+    seconds_planning: float = 0.0
+    seconds_waiting_for_credit: float = 0.0
+    max_in_flight: int = 0
+
+
+def plan_cache_rows(cfg: TrainConfig, num_rows: int, lookups_per_batch: int) -> int:
+    """The cache size every role agrees on: --cache-rows, else 5% of all rows (>= one batch)."""
+    from bagpipe.train.loop import default_cache_rows
+
+    return cfg.cache_rows or default_cache_rows(cfg, num_rows, lookups_per_batch)
+
+
+def hello(cfg: TrainConfig, layout: Layout) -> dict:
+    """What the oracle tells each trainer before the first plan."""
+    dataset = Dataset(cfg.data)
+    meta = dataset.meta
+    lookups = cfg.batch_size * meta.num_features
+    if meta.multihot_features:
+        stream = BatchStream(dataset, "train", cfg.batch_size, seed=cfg.seed, block_size=cfg.block_size)
+        lookups = max(lookups, max(int(stream.batch(i).rows.shape[0]) for i in range(min(stream.batches_per_epoch, cfg.steps))))
+    return {"cache_rows": plan_cache_rows(cfg, sum(meta.table_sizes), lookups), "lookahead": cfg.lookahead, "trainers": layout.trainers}
+
+
+def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
+    dataset = Dataset(cfg.data)
+    stream = BatchStream(dataset, "train", cfg.batch_size, seed=cfg.seed, block_size=cfg.block_size)
+    info = hello(cfg, layout)
+    for r in layout.trainer_ranks:
+        transport.send(r, PLAN, info)
+    oracle = LookaheadOracle(sum(dataset.meta.table_sizes), info["cache_rows"], cfg.lookahead)
+    report = OracleReport(cache_rows=info["cache_rows"], lookahead=cfg.lookahead, fetched_rows=[0] * layout.trainers)
+    credits = _Credits(transport, layout.trainer_ranks, cfg.plans_in_flight)
+    replicated = cfg.cache_sync == "replicated"
+    plans = oracle.plans(numbered(stream, 0, cfg.steps))
+    while True:
+        t0 = time.perf_counter()
+        gplan = next(plans, None)
+        if gplan is None:
+            break
+        parts = partition(gplan, layout.trainers, replicated=replicated)
+        report.seconds_planning += time.perf_counter() - t0
+        report.sync_rows += len(parts[0].sync_slots)
+        report.replicated_sync_rows += parts[0].replicated_sync_rows
+        for r, p in zip(layout.trainer_ranks, parts):
+            t1 = time.perf_counter()
+            credits.take(r)
+            report.seconds_waiting_for_credit += time.perf_counter() - t1
+            transport.send(r, PLAN, p)
+            report.fetched_rows[r] += len(p.fetch_rows)
+    report.plan = oracle.stats.as_dict()
+    report.max_in_flight = credits.max_in_flight
+    for r in layout.trainer_ranks:
+        transport.send(r, PLAN, {"end": True, "report": report})
+    credits.wait_all_returned()  # nothing is left unread on the wire
+    return report
+
+
+class _Credits:
+    """Per trainer: how many more plans may be sent. One thread per trainer receives the
+    credits it returns, so a trainer returning a credit never waits for the oracle
+    (gloo's send completes only once the peer receives)."""
+
+    def __init__(self, transport: Transport, trainers: list[int], window: int):
+        self.t = transport
+        self.window = window
+        self.in_flight = dict.fromkeys(trainers, 0)
+        self.max_in_flight = 0
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._stop = False
+        self._threads = [threading.Thread(target=self._receive, args=(r,), daemon=True, name=f"credits-{r}") for r in trainers]
+        for th in self._threads:
+            th.start()
+
+    def _receive(self, rank: int) -> None:
+        try:
+            while True:
+                if self.t.recv(rank, CREDIT) is None:  # the trainer's last word
+                    return
+                with self._cond:
+                    self.in_flight[rank] -= 1
+                    self._cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - raised in the oracle's thread
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _wait(self, ready) -> None:
+        with self._cond:
+            while not ready():
+                if self._error is not None:
+                    raise self._error
+                self._cond.wait(timeout=0.5)
+
+    def take(self, rank: int) -> None:
+        """Block until ``rank`` has room for one more plan, and count it sent."""
+        self._wait(lambda: self.in_flight[rank] < self.window)
+        with self._cond:
+            self.in_flight[rank] += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight[rank])
+
+    def wait_all_returned(self) -> None:
+        for th in self._threads:
+            while th.is_alive():
+                th.join(timeout=0.5)
+                if self._error is not None:
+                    raise self._error
+
+
+class PlanReceiver:
+    """A trainer's side of the plan stream: iterate to get plans, one credit per plan taken."""
+
+    def __init__(self, transport: Transport, oracle_rank: int):
+        self.t = transport
+        self.oracle = oracle_rank
+        self.info = self.t.recv(self.oracle, PLAN)
+        self.report: OracleReport | None = None
+
+    def __iter__(self):
+        while True:
+            msg = self.t.recv(self.oracle, PLAN)
+            if isinstance(msg, dict) and msg.get("end"):
+                self.report = msg["report"]
+                return
+            yield msg
+            self.t.send(self.oracle, CREDIT, 1)  # the pipeline took the plan: room for one more
+
+    def close(self) -> None:
+        """Tell the oracle this trainer takes no more plans (after the end of the stream)."""
+        self.t.send(self.oracle, CREDIT, None)

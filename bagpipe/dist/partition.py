@@ -1,0 +1,142 @@
+"""A global plan split into N trainers' plans: the logically replicated, physically
+partitioned cache.
+
+The oracle plans one cache of C slots for the *global* batch. Every trainer keeps a
+(C, D) tensor with the same slot layout (logically replicated), but holds only the
+rows it needs (physically partitioned). Trainer i trains on samples
+``[i*B/N, (i+1)*B/N)`` of each global batch. For a step's unique rows:
+
+* **synchronised rows** -- used by more than one trainer this step, or staying cached
+  after it (any trainer may use them next): every trainer holds them, their gradients
+  are summed over the trainers (each already divided by N, so averaged like DDP), and
+  every trainer applies the same optimizer update, so the copies stay equal;
+* **local rows** -- used by one trainer only and expiring after this step: only that
+  trainer fetches them, updates them with its own gradient and writes them back;
+  nobody synchronises them.
+
+Write-backs: an expiring synchronised row is written back by its lowest-ranked user,
+a row forced out before a step (always a synchronised row) by trainer ``row % N``;
+the other trainers only free the slot (``drop_*_slots``).
+
+``replicated=True`` makes every row synchronised (every trainer holds every planned
+row): the baseline the partitioned cache is measured against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from bagpipe.data.batch import Batch
+from bagpipe.errors import ConfigError
+from bagpipe.oracle.plan import Plan
+from bagpipe.oracle.unique import unique_inverse
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class TrainerPlan(Plan):
+    """A trainer's part of a global plan (see the module docstring).
+
+    Extra attributes:
+        sync_slots: (K,) slots of the step's synchronised rows, ascending by row; the
+            same list, in the same order, on every trainer.
+        sync_pos: (U_i,) for each of this trainer's unique rows, its index in
+            ``sync_slots``, or -1 for a local row.
+        num_trainers: N.
+        global_unique: unique rows of the global batch.
+        replicated_sync_rows: K had every planned row been synchronised.
+    """
+
+    sync_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
+    sync_pos: np.ndarray = field(default_factory=lambda: _EMPTY)
+    num_trainers: int = 1
+    global_unique: int = 0
+    replicated_sync_rows: int = 0
+
+
+def slice_batch(batch: Batch, a: int, b: int) -> tuple[Batch, np.ndarray]:
+    """Samples [a, b) of ``batch`` -> (sub-batch, positions of its lookups in ``batch.rows``)."""
+    B, F = batch.batch_size, batch.num_features
+    offsets = batch.offsets.numpy()
+    bags = (np.arange(F, dtype=np.int64)[:, None] * B + np.arange(a, b, dtype=np.int64)[None, :]).ravel()
+    starts, ends = offsets[bags], offsets[bags + 1]
+    lengths = ends - starts
+    new_offsets = np.zeros(len(bags) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    # positions of every lookup of the selected bags, in order
+    pos = np.repeat(starts - new_offsets[:-1], lengths) + np.arange(new_offsets[-1], dtype=np.int64)
+    sub = Batch(
+        labels=batch.labels[a:b],
+        dense=batch.dense[a:b],
+        rows=batch.rows[torch.from_numpy(pos)],
+        offsets=torch.from_numpy(new_offsets),
+        num_features=F,
+    )
+    return sub, pos
+
+
+def _positions(sorted_rows: np.ndarray, subset: np.ndarray) -> np.ndarray:
+    return np.searchsorted(sorted_rows, subset)
+
+
+def partition(plan: Plan, num_trainers: int, *, replicated: bool = False) -> list[TrainerPlan]:
+    """Split a global ``plan`` into ``num_trainers`` trainers' plans."""
+    N = int(num_trainers)
+    B = plan.batch.batch_size
+    if B % N:
+        raise ConfigError(f"the global batch of {B} samples does not split evenly over {N} trainers")
+    b = B // N
+    U = len(plan.rows)
+    slices, users = [], np.zeros(U, dtype=np.int64)
+    first_user = np.full(U, N, dtype=np.int64)
+    for i in range(N):
+        sub, pos = slice_batch(plan.batch, i * b, (i + 1) * b)
+        upos, inverse = unique_inverse(plan.inverse[pos])  # ascending positions = ascending rows
+        users[upos] += 1
+        first_user[upos] = np.minimum(first_user[upos], i)
+        slices.append((sub, upos, inverse.astype(np.int64, copy=False)))
+    expiring = np.zeros(U, dtype=bool)
+    expiring[_positions(plan.rows, plan.evict_after_rows)] = True
+    missing = np.zeros(U, dtype=bool)
+    missing[_positions(plan.rows, plan.fetch_rows)] = True
+    sync = np.ones(U, dtype=bool) if replicated else (users > 1) | ~expiring
+    sync_index = np.cumsum(sync) - 1
+    sync_slots = plan.slots[sync]
+    forced_writer = plan.evict_before_rows % N
+    out = []
+    for i, (sub, upos, inverse) in enumerate(slices):
+        mine = sync | (first_user == i)  # rows this trainer holds during the step
+        fetch = missing & mine
+        ev_mine = expiring & (first_user == i)
+        # every expiring row leaves every trainer's cache; a hit that only another trainer
+        # used still sits in this one's copy of the slot and must not be written back from here
+        ev_drop = expiring & (first_user != i)
+        fb = forced_writer == i
+        out.append(
+            TrainerPlan(
+                step=plan.step,
+                batch=sub,
+                rows=plan.rows[upos],
+                slots=plan.slots[upos],
+                inverse=inverse,
+                fetch_rows=plan.rows[fetch],
+                fetch_slots=plan.slots[fetch],
+                evict_before_rows=plan.evict_before_rows[fb],
+                evict_before_slots=plan.evict_before_slots[fb],
+                evict_after_rows=plan.rows[ev_mine],
+                evict_after_slots=plan.slots[ev_mine],
+                fetch_after=plan.fetch_after,
+                drop_before_slots=plan.evict_before_slots[~fb],
+                drop_after_slots=plan.slots[ev_drop],
+                sync_slots=sync_slots,
+                sync_pos=np.where(sync[upos], sync_index[upos], -1),
+                num_trainers=N,
+                global_unique=U,
+                replicated_sync_rows=U,
+            )
+        )
+    return out

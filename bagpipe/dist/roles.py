@@ -1,0 +1,142 @@
+"""One process of a distributed job: join the process group, play the rank's role, leave.
+
+Every role reads the rendezvous from the environment, as ``torchrun`` and the local
+launcher both set it: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from bagpipe.dist.layout import Layout
+from bagpipe.errors import BagpipeError, ConfigError
+from bagpipe.train.config import STORES, TrainConfig
+
+# Generous: a server waits for the next request while trainer 0 evaluates or hashes
+# every row, which can take minutes on big tables. A dead peer is noticed at once
+# (gloo reports the closed connection); this bounds only a peer that hangs alive.
+OP_TIMEOUT = timedelta(minutes=30)
+
+
+def env_rank(layout: Layout) -> int:
+    """RANK from the environment, checked against the job's layout."""
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE") if k not in os.environ]
+    if missing:
+        raise ConfigError(
+            f"a distributed role needs {', '.join(missing)} in its environment "
+            "(set by torchrun or by `bagpipe train --trainers N --servers S`)"
+        )
+    world = int(os.environ["WORLD_SIZE"])
+    if world != layout.world_size:
+        raise ConfigError(
+            f"WORLD_SIZE is {world} but {layout.trainers} trainers + {layout.servers} servers + 1 oracle "
+            f"make {layout.world_size} processes"
+        )
+    rank = int(os.environ["RANK"])
+    layout.role(rank)  # range check
+    return rank
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What an embedding server needs to know of its own (the row space comes from trainer 0)."""
+
+    store: str = "memory"
+    store_dir: str | None = None
+    run_dir: str = "."
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.store not in STORES:
+            raise ConfigError(f"unknown store {self.store!r} (choose from {', '.join(STORES)})")
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> "ServerConfig":
+        return cls(store=cfg.store, store_dir=cfg.store_dir, run_dir=cfg.out, threads=cfg.threads or 1)
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+@contextmanager
+def joined(layout: Layout, rank: int, threads: int):
+    """Join the job's process group; yields (transport, trainer group); always leaves it."""
+    import torch
+    import torch.distributed as dist
+
+    from bagpipe.dist.transport import Transport
+
+    torch.set_num_threads(max(1, threads))  # N + S + 1 processes share the machine's cores
+    dist.init_process_group("gloo", rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
+    name = layout.name(rank)
+    try:
+        # every rank must create every group, in the same order
+        group = dist.new_group(layout.trainer_ranks) if layout.trainers > 1 else None
+        _log(f"{name} (rank {rank} of {layout.world_size}) joined")
+        yield Transport(), group
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BagpipeError(f"{name}: lost contact with another role ({first})") from e
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+        sys.stdout.flush()
+
+
+def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
+    """Play ``rank``'s role to the end; trainer 0 returns the run's summary."""
+    role, _ = layout.role(rank)
+    if role == "server":
+        serve(ServerConfig.of(cfg), layout, rank)
+        return None
+    with joined(layout, rank, cfg.threads or 1) as (transport, group):
+        if role == "trainer":
+            from bagpipe.dist.trainer import run_trainer
+
+            return run_trainer(cfg, layout, rank, transport, group, _log)
+        from bagpipe.dist.oracle_role import run_oracle
+
+        report = run_oracle(cfg, layout, transport)
+        _log(
+            f"oracle: planned {report.plan.get('steps', 0)} steps, hit rate {report.plan.get('hit_rate', 0):.1%}, "
+            f"{report.seconds_planning:.1f} s planning, at most {report.max_in_flight} plans in flight per trainer"
+        )
+        return None
+
+
+def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
+    """Run embedding server ``rank`` until every trainer has said goodbye."""
+    from bagpipe.dist.server import EmbeddingServer, ShardInit, receive_setup
+
+    role, shard = layout.role(rank)
+    if role != "server":
+        raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
+    with joined(layout, rank, scfg.threads) as (transport, _):
+        init, state_dim = receive_setup(transport, layout.trainer_ranks[0])
+        sinit = ShardInit(init, shard, layout.servers)
+        if scfg.store == "memory":
+            from bagpipe.store.memory import MemoryStore
+
+            store = MemoryStore(sinit, state_dim)
+        else:
+            from bagpipe.store.disk import DiskStore
+
+            path = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"
+            if not scfg.store_dir and path.exists():  # the run's own store starts fresh, as in one process
+                shutil.rmtree(path)
+            store = DiskStore(sinit, state_dim, path)
+        _log(f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store")
+        try:
+            report = EmbeddingServer(store, transport, layout.trainer_ranks, shard, layout.servers).serve()
+        finally:
+            store.close()
+        _log(f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' write-backs")

@@ -1,0 +1,301 @@
+"""Embedding servers: the store, partitioned over S processes, and its client.
+
+Rows are partitioned by global row index: row g lives on server ``g % S`` at local row
+``g // S`` (round-robin, so the hot low ids of every table spread over all servers).
+Each server keeps its shard's weights *and* optimizer state in an ordinary
+:class:`EmbeddingStore` (memory or disk) and serves batched requests.
+
+Ordering, which exactness rests on:
+
+* a server handles each client's requests in arrival order (one thread per client
+  reading one ordered stream), so a client's write-back is never overtaken by its own
+  later read;
+* across clients, every write-back carries no order of its own; instead each client
+  announces labels (``mark``: "all my write-backs of steps <= label are sent") and a
+  read says which label it needs (``after``, the plan's ``fetch_after``). The server
+  holds the read until *every* client has announced that label, so a row written back
+  by trainer 1 is never read stale by trainer 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bagpipe.dist.transport import CONTROL, REPLY, REQUEST, Transport
+from bagpipe.errors import BagpipeError
+from bagpipe.store.base import EmbeddingStore
+from bagpipe.store.init import RowInitializer
+
+FINAL = 1 << 62  # the label a client announces when it will write nothing more
+
+
+class ShardInit:
+    """The initial values of one server's rows, in local row order.
+
+    Local row l of shard k of S is global row l*S + k; values are those of the global
+    :class:`RowInitializer`, so every layout of servers starts from the same bits.
+    """
+
+    def __init__(self, init: RowInitializer, shard: int, num_shards: int):
+        self.base = init
+        self.shard, self.num_shards = int(shard), int(num_shards)
+        self.dim, self.seed, self.table_sizes = init.dim, init.seed, init.table_sizes
+        self.shard_label = f"{shard}/{num_shards}"
+
+    @property
+    def num_rows(self) -> int:
+        return shard_rows(self.base.num_rows, self.shard, self.num_shards)
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        return self.base.rows(np.asarray(rows, dtype=np.int64) * self.num_shards + self.shard)
+
+    def range(self, start: int, stop: int) -> np.ndarray:
+        return self.rows(np.arange(start, stop, dtype=np.int64))
+
+
+def shard_rows(num_rows: int, shard: int, num_shards: int) -> int:
+    """Rows of ``num_rows`` global rows that live on ``shard``."""
+    return max(0, (num_rows - shard + num_shards - 1) // num_shards)
+
+
+@dataclass
+class ServerReport:
+    """What a server did, sent back to trainer 0 for the summary."""
+
+    shard: int
+    rows: int
+    requests: dict = field(default_factory=dict)
+    store: dict = field(default_factory=dict)
+    waited_s: float = 0.0  # time reads were held for other clients' write-backs
+
+
+class EmbeddingServer:
+    """Serves one shard to the trainers ``clients`` until every one says goodbye.
+
+    Args:
+        store: the shard's store (local rows).
+        transport: the job's transport.
+        clients: ranks of the trainers.
+        shard, num_shards: which part of the row space this is.
+    """
+
+    def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int], shard: int, num_shards: int):
+        self.store = store
+        self.t = transport
+        self.clients = list(clients)
+        self.shard, self.num_shards = shard, num_shards
+        self._marks = {c: -1 << 62 for c in self.clients}
+        self._cond = threading.Condition()
+        self._store_lock = threading.Lock()  # the stores allow one reader + one writer; clients are many
+        self._failure: tuple[int, BaseException] | None = None
+        self.report = ServerReport(shard, store.num_rows)
+
+    def serve(self) -> ServerReport:
+        threads = [threading.Thread(target=self._client_loop, args=(c,), name=f"serve-{c}", daemon=True) for c in self.clients]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if self._failure is not None:
+            client, exc = self._failure
+            raise BagpipeError(f"lost the connection to trainer {client}: {str(exc).splitlines()[0]}") from exc
+        self.report.store = self.store.stats.as_dict()
+        return self.report
+
+    def _client_loop(self, client: int) -> None:
+        counts = self.report.requests
+        try:
+            while True:
+                msg = self.t.recv(client, REQUEST)
+                op = msg["op"]
+                counts[op] = counts.get(op, 0) + 1
+                if op == "bye":
+                    return
+                reply = self._handle(client, op, msg)
+                if reply is not None:
+                    self.t.send(client, REPLY, reply)
+        except BaseException as e:  # noqa: BLE001 - reported by serve()
+            with self._cond:
+                if self._failure is None:
+                    self._failure = (client, e)
+                self._cond.notify_all()
+
+    def _wait_for(self, label: int) -> None:
+        """Block until every client announced ``label`` (all their write-backs <= label sent)."""
+        if label < 0:
+            return
+        with self._cond:
+            t0 = time.perf_counter()
+            while min(self._marks.values()) < label:
+                if self._failure is not None:
+                    raise BagpipeError("another client failed")
+                self._cond.wait(timeout=0.5)
+            self.report.waited_s += time.perf_counter() - t0
+
+    def _handle(self, client: int, op: str, msg: dict):
+        if op == "read":
+            self._wait_for(msg["after"])
+            with self._store_lock:
+                if msg.get("count", True):
+                    w, s = self.store.read(msg["rows"])
+                else:
+                    w, s = self.store.peek(msg["rows"])
+            return {"w": w, "s": s}
+        if op == "range":
+            self._wait_for(msg["after"])
+            with self._store_lock:
+                w, s = self.store.read_range(msg["start"], msg["stop"])
+            return {"w": w, "s": s}
+        if op == "write":
+            with self._store_lock:
+                self.store.write(msg["rows"], msg["w"], msg["s"])
+            return None
+        if op == "mark":
+            with self._cond:
+                self._marks[client] = max(self._marks[client], int(msg["label"]))
+                self._cond.notify_all()
+            return None
+        if op == "flush":
+            with self._store_lock:
+                self.store.flush()
+            return {}
+        if op == "stats":
+            return {"store": self.store.stats.as_dict(), "requests": dict(self.report.requests), "waited_s": self.report.waited_s}
+        raise BagpipeError(f"unknown request {op!r} from rank {client}")
+
+
+class RemoteStore(EmbeddingStore):
+    """An :class:`EmbeddingStore` whose rows live on embedding servers.
+
+    Args:
+        init: the global row initializer (sizes, D).
+        state_dim: S.
+        transport: the job's transport.
+        servers: ranks of the S servers, in shard order.
+
+    ``read`` may run in one thread while ``write``/``mark_written`` run in another (the
+    prefetch pipeline's fetch and write-back threads); requests that expect a reply
+    are serialised, so replies cannot be mixed up.
+    """
+
+    def __init__(self, init: RowInitializer, state_dim: int, transport: Transport, servers: list[int]):
+        super().__init__(init, state_dim)
+        self.t = transport
+        self.servers = list(servers)
+        self.S = len(self.servers)
+        self.read_floor = -1  # label every untracked read (peek, read_range) waits for
+        self._reply_lock = threading.Lock()
+        self._closed = False
+
+    # routing -------------------------------------------------------------------------
+    def _split(self, rows: np.ndarray):
+        """(server index, positions in ``rows``, local rows) per server with rows."""
+        if self.S == 1:
+            return [(0, None, rows)] if len(rows) else []
+        owner = rows % self.S
+        out = []
+        for k in range(self.S):
+            pos = np.flatnonzero(owner == k)
+            if len(pos):
+                out.append((k, pos, rows[pos] // self.S))
+        return out
+
+    def _gather(self, rows: np.ndarray, after: int, count: bool) -> tuple[np.ndarray, np.ndarray]:
+        n = len(rows)
+        w = np.empty((n, self.dim), np.float32)
+        s = np.empty((n, self.state_dim), np.float32)
+        parts = self._split(rows)
+        with self._reply_lock:
+            for k, _, local in parts:  # every request first, so the servers work in parallel
+                self.t.send(self.servers[k], REQUEST, {"op": "read", "rows": local, "after": after, "count": count})
+            for k, pos, _ in parts:
+                r = self.t.recv(self.servers[k], REPLY)
+                if pos is None:
+                    w, s = r["w"], r["s"]
+                else:
+                    w[pos], s[pos] = r["w"], r["s"]
+        return w, s
+
+    # EmbeddingStore -------------------------------------------------------------------
+    def read(self, rows: np.ndarray, after: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.asarray(rows, dtype=np.int64)
+        w, s = self._gather(rows, after, count=True)
+        with self._stats_lock:
+            self.stats.reads += 1
+            self.stats.rows_read += len(rows)
+        return w, s
+
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._gather(rows, self.read_floor, count=False)
+
+    def _write(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
+        for k, pos, local in self._split(rows):
+            if pos is None:
+                msg = {"op": "write", "rows": local, "w": weights, "s": state}
+            else:
+                msg = {"op": "write", "rows": local, "w": weights[pos], "s": state[pos]}
+            self.t.send(self.servers[k], REQUEST, msg)
+
+    def mark_written(self, label: int) -> None:
+        for r in self.servers:
+            self.t.send(r, REQUEST, {"op": "mark", "label": int(label)})
+
+    def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        n = stop - start
+        w = np.empty((n, self.dim), np.float32)
+        s = np.empty((n, self.state_dim), np.float32)
+        with self._reply_lock:
+            spans = []
+            for k, r in enumerate(self.servers):
+                a = -(-(start - k) // self.S)  # first local row l with l*S + k >= start
+                b = -(-(stop - k) // self.S)
+                a, b = max(a, 0), max(b, 0)
+                spans.append((k, a, b))
+                if b > a:
+                    self.t.send(r, REQUEST, {"op": "range", "start": a, "stop": b, "after": self.read_floor})
+            for k, a, b in spans:
+                if b > a:
+                    rep = self.t.recv(self.servers[k], REPLY)
+                    pos = np.arange(a, b, dtype=np.int64) * self.S + k - start
+                    w[pos], s[pos] = rep["w"], rep["s"]
+        return w, s
+
+    def finish_writes(self) -> None:
+        """This client will write nothing more; later untracked reads wait for every client's end."""
+        self.mark_written(FINAL)
+        self.read_floor = FINAL
+
+    def flush(self) -> None:
+        with self._reply_lock:
+            for r in self.servers:
+                self.t.send(r, REQUEST, {"op": "flush"})
+            for r in self.servers:
+                self.t.recv(r, REPLY)
+
+    def server_stats(self) -> list[dict]:
+        with self._reply_lock:
+            for r in self.servers:
+                self.t.send(r, REQUEST, {"op": "stats"})
+            return [self.t.recv(r, REPLY) for r in self.servers]
+
+    def close(self) -> None:
+        """Say goodbye to every server (idempotent); a server stops when all its clients have."""
+        if self._closed:
+            return
+        self._closed = True
+        for r in self.servers:
+            self.t.send(r, REQUEST, {"op": "bye"})
+
+
+def setup_message(init: RowInitializer, state_dim: int) -> dict:
+    """What trainer 0 tells every server at start-up: the row space and its optimizer state."""
+    return {"table_sizes": init.table_sizes, "dim": init.dim, "seed": init.seed, "state_dim": state_dim}
+
+
+def receive_setup(transport: Transport, trainer0: int) -> tuple[RowInitializer, int]:
+    msg = transport.recv(trainer0, CONTROL)
+    return RowInitializer(msg["table_sizes"], msg["dim"], msg["seed"]), int(msg["state_dim"])
