@@ -105,7 +105,7 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
     rss = RssSampler()
     every = max(1, cfg.steps // 20)
     t_start = time.perf_counter()
-    t_measure = t_start
+    t_measure = t_log = t_start
     step = 0
     try:
         for plan in executor:
@@ -116,7 +116,8 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
             step = plan.step + 1
             if step == cfg.warmup_steps:
                 t_measure = time.perf_counter()
-            if rank == 0 and (step % every == 0 or step == cfg.steps):
+            if rank == 0 and (step % every == 0 or step in (1, cfg.steps) or time.perf_counter() - t_log > 10):
+                t_log = time.perf_counter()
                 sps = step * cfg.batch_size / max(time.perf_counter() - t_start, 1e-9)
                 log(f"step {step}/{cfg.steps}  loss {np.mean(losses[-every:]):.4f}  {sps:,.0f} samples/s")
         t_end = time.perf_counter()

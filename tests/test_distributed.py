@@ -1,0 +1,241 @@
+"""Distributed training with real processes on loopback (gloo), in bounded time.
+
+* N in {1, 2} trainers x S in {1, 2} embedding servers, SGD and Adagrad: the final
+  parameters (dense + every embedding row + optimizer state) are within 1e-5 relative
+  of ``--mode full`` on one process with the same global batch; with one trainer they
+  are bitwise equal (nothing is averaged, the same float operations run).
+* Two identical distributed runs end with the same params_sha256.
+* Killing one server mid-run stops every other role within 30 s with an error naming
+  it; Ctrl-C (SIGINT to the launcher) stops them all; no process is left behind.
+
+Every job is started through the command line, as a user would, and every process
+it started is checked to be gone afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bagpipe.train.checkpoint import load_latest
+from bagpipe.train.config import TrainConfig
+from bagpipe.train.loop import train
+
+STEPS = 24
+BATCH = 256
+JOB_TIMEOUT = 180
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def bagpipe(*args, timeout=JOB_TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bagpipe.cli", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def role_pids(run: Path) -> dict[str, int]:
+    return {r["role"]: r["pid"] for r in json.loads((run / "roles.json").read_text())}
+
+
+def assert_all_stopped(run: Path, within: float = 15.0) -> None:
+    pids = role_pids(run)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(alive(p) for p in pids.values()):
+        time.sleep(0.2)
+    left = {name: pid for name, pid in pids.items() if alive(pid)}
+    for pid in left.values():
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left running: {left}"
+
+
+def common(data: str, optimizer: str) -> list:
+    return ["--data", data, "--steps", STEPS, "--batch-size", BATCH, "--optimizer", optimizer,
+            "--lr", 0.05, "--threads", 1, "--no-progress", "--cache-rows", 1500, "--lookahead", 4]
+
+
+@pytest.fixture(scope="module")
+def full_runs(tiny_data, tmp_path_factory):
+    """--mode full on one process (one thread, as each distributed role uses)."""
+    cache = {}
+
+    def get(optimizer: str) -> Path:
+        if optimizer not in cache:
+            out = tmp_path_factory.mktemp(f"full-{optimizer}")
+            train(TrainConfig(data=tiny_data, out=str(out), steps=STEPS, batch_size=BATCH, optimizer=optimizer,
+                              lr=0.05, threads=1, progress=False))
+            cache[optimizer] = out
+        return cache[optimizer]
+
+    return get
+
+
+def params(run: Path) -> dict[str, np.ndarray]:
+    ck = load_latest(run)
+    out = {f"dense/{k}": v.numpy() for k, v in ck.dense["model"].items()}
+    out["emb/weights"] = np.asarray(ck.weights())
+    out["emb/state"] = np.load(ck.path / "emb_state.npy")
+    return out
+
+
+def assert_close(a: dict, b: dict, rel: float = 1e-5) -> None:
+    """Every tensor within ``rel`` of the reference, relative to the tensor's scale.
+
+    Scale-relative (max |a-b| <= rel * max |b|, and the same for the L2 norm) rather
+    than element-relative: Adagrad divides by the root of the accumulated squared
+    gradient, so an element whose gradients are all ~0 moves by lr * sign(g), and the
+    last-bit difference of an averaged ~0 gradient shows as a large *element* ratio.
+    """
+    assert a.keys() == b.keys()
+    for k in b:
+        assert a[k].shape == b[k].shape, k
+        if b[k].size == 0:  # SGD keeps no row state
+            continue
+        d = np.abs(a[k].astype(np.float64) - b[k])
+        scale = max(float(np.abs(b[k]).max()), 1e-12)
+        assert d.max() <= rel * scale, f"{k}: max |diff| {d.max():.3g} > {rel} x {scale:.3g}"
+        assert np.linalg.norm(d) <= rel * max(float(np.linalg.norm(b[k])), 1e-12), k
+
+
+def run_distributed(data, out, optimizer, trainers, servers, *extra) -> dict:
+    r = bagpipe("train", *common(data, optimizer), "--out", out, "--mode", "lookahead",
+                "--trainers", trainers, "--servers", servers, *extra)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_all_stopped(Path(out))
+    return json.loads((Path(out) / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("trainers,servers", [(1, 1), (1, 2), (2, 1), (2, 2)])
+def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, trainers, servers):
+    ref = full_runs(optimizer)
+    out = tmp_path / "dist"
+    s = run_distributed(tiny_data, out, optimizer, trainers, servers)
+    assert s["steps"] == STEPS and s["distributed"]["trainers"] == trainers and s["distributed"]["servers"] == servers
+    assert_close(params(out), params(ref))
+    full = json.loads((ref / "summary.json").read_text())
+    if trainers == 1:  # nothing averaged: the same float operations as the reference
+        assert s["params_sha256"] == full["params_sha256"]
+        assert s["distributed"]["sync_bytes_per_step"] == 0
+    else:
+        d = s["distributed"]
+        assert 0 < d["sync_bytes_per_step"] < d["replicated_sync_bytes_per_step"]
+    assert abs(s["eval_logloss"] - full["eval_logloss"]) < 1e-5
+    # every role wrote its log, prefixed lines reached the launcher's output
+    assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(
+        [f"trainer-{i}.log" for i in range(trainers)] + [f"server-{k}.log" for k in range(servers)] + ["oracle.log"])
+
+
+def test_two_identical_runs_have_equal_digests_and_replicated_syncs_more(tiny_data, tmp_path):
+    a = run_distributed(tiny_data, tmp_path / "a", "adagrad", 2, 2)
+    b = run_distributed(tiny_data, tmp_path / "b", "adagrad", 2, 2)
+    assert a["params_sha256"] == b["params_sha256"] is not None
+    rep = run_distributed(tiny_data, tmp_path / "rep", "adagrad", 2, 2, "--cache-sync", "replicated")
+    # the same maths, more traffic: every planned row is synchronised
+    assert_close(params(tmp_path / "rep"), params(tmp_path / "a"))
+    assert rep["distributed"]["sync_bytes_per_step"] == pytest.approx(rep["distributed"]["replicated_sync_bytes_per_step"])
+    assert rep["distributed"]["sync_bytes_per_step"] > a["distributed"]["sync_bytes_per_step"]
+    assert sum(rep["distributed"]["fetched_rows_per_trainer"]) > sum(a["distributed"]["fetched_rows_per_trainer"])
+
+
+def start_long_job(data: str, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bagpipe.cli", "train", "--data", data, "--out", str(out), "--steps", "1000000",
+         "--batch-size", "64", "--threads", "1", "--mode", "lookahead", "--trainers", "2", "--servers", "2",
+         "--cache-rows", "2000", "--lookahead", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def wait_for_training(out: Path, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    log = out / "logs" / "trainer-0.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended early: {proc.communicate()}")
+        if log.exists() and "step " in log.read_text():
+            return
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("training did not start in time")
+
+
+def test_killing_a_server_stops_every_role_naming_it(tiny_data, tmp_path):
+    out = tmp_path / "job"
+    proc = start_long_job(tiny_data, out)
+    try:
+        wait_for_training(out, proc)
+        os.kill(role_pids(out)["server 1"], signal.SIGKILL)
+        t0 = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    assert "server 1 (rank 3) failed (killed by SIGKILL)" in stderr
+    assert "[launcher] server 1" in stdout
+    assert_all_stopped(out, within=1.0)
+
+
+def test_ctrl_c_stops_every_role(tiny_data, tmp_path):
+    out = tmp_path / "job"
+    proc = start_long_job(tiny_data, out)
+    try:
+        wait_for_training(out, proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert_all_stopped(out, within=1.0)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--trainers", "2"], "need embedding servers"),
+        (["--servers", "1", "--mode", "full"], "use --mode lookahead"),
+        (["--servers", "1", "--mode", "lookahead", "--trainers", "3", "--batch-size", "256"], "split evenly over 3 trainers"),
+        (["--servers", "1", "--mode", "lookahead", "--checkpoint-every", "5"], "--checkpoint-every is not supported"),
+    ],
+)
+def test_bad_distributed_options(tiny_data, tmp_path, run_cli, args, message):
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", tmp_path / "x", *args)
+    assert rc == 2 and message in err
+
+
+def test_worker_without_rendezvous_environment(tiny_data, tmp_path, monkeypatch, run_cli):
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    rc, _, err = run_cli("worker", "--data", tiny_data, "--out", tmp_path / "x", "--mode", "lookahead", "--servers", "1")
+    assert rc == 2 and "needs MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE" in err
+
+
+def test_serve_rejects_a_non_server_rank_and_unknown_address(run_cli):
+    rc, _, err = run_cli("serve", "--rank", "0", "--trainers", "1", "--servers", "1", "--bind", "203.0.113.9")
+    assert rc == 2 and "no network interface" in err
+    rc, _, err = run_cli("serve", "--rank", "0", "--trainers", "1", "--servers", "1")
+    assert rc == 2 and "not a server" in err
