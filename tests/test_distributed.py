@@ -147,6 +147,17 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
         [f"trainer-{i}.log" for i in range(trainers)] + [f"server-{k}.log" for k in range(servers)] + ["oracle.log"])
 
 
+def test_tiny_cache_evicts_rows_whose_sync_is_still_in_flight(tiny_data, full_runs, tmp_path):
+    """A cache so small that the oracle forces rows out, often rows whose (deferred)
+    synchronisation from the step before is still in flight: the trainer must finish
+    it before writing them back."""
+    out = tmp_path / "tiny-cache"
+    s = run_distributed(tiny_data, out, "adagrad", 2, 2, "--cache-rows", 1000)
+    assert s["cache"]["forced_evictions"] > 0
+    assert 0 < s["distributed"]["sync_overlapped_share"] < 1
+    assert_close(params(out), params(full_runs("adagrad")))
+
+
 def test_two_identical_runs_have_equal_digests_and_replicated_syncs_more(tiny_data, tmp_path):
     a = run_distributed(tiny_data, tmp_path / "a", "adagrad", 2, 2)
     b = run_distributed(tiny_data, tmp_path / "b", "adagrad", 2, 2)

@@ -130,6 +130,16 @@ def replay(seq, N, cache_rows, lookahead, replicated=False):
         stays = ~np.isin(g.rows, g.evict_after_rows)
         want = np.ones(len(g.rows), bool) if replicated else (users > 1) | stays
         assert sorted(parts[0].sync_slots.tolist()) == sorted(g.slots[want].tolist())
+        # deferred rows (after the urgent ones) stay cached and are not used by the next step
+        K1 = parts[0].sync_urgent
+        deferred = parts[0].sync_slots[K1:]
+        pos = {int(sl): j for j, sl in enumerate(g.slots)}
+        for sl in deferred.tolist():
+            j = pos[sl]
+            assert stays[j] and g.next_use[j] > g.step + 1
+        for sl in parts[0].sync_slots[:K1].tolist():
+            j = pos[sl]
+            assert not stays[j] or g.next_use[j] == g.step + 1
         for i, t in enumerate(parts):
             for r in t.evict_after_rows.tolist():
                 written[r] = written.get(r, 0) + 1

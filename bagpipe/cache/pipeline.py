@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -73,11 +73,13 @@ class PlanExecutor:
         pipelined: bool,
         depth: int = 2,
         start_step: int = 0,
+        before_evict: Callable[[Plan], None] | None = None,
     ):
         self.store = store
         self.cache = cache
         self.plans = plans
         self.pipelined = pipelined
+        self.before_evict = before_evict  # called with each plan before its slots are freed or refilled
         self.times = PipelineTimes()
         self._pending_after: Plan | None = None
         # label of the last step whose write-backs reached the store; before the first
@@ -188,6 +190,8 @@ class PlanExecutor:
                 if plan is None:
                     return
             self.times.wait_embeddings += time.perf_counter() - t0
+            if self.before_evict is not None:
+                self.before_evict(plan)
             # write-backs labelled step-1: the previous step's expired rows, then this step's forced-out rows
             self._write_back(plan.evict_before_slots, plan.evict_before_rows, closes=plan.step - 1)
             self.cache.drop(plan.drop_before_slots)

@@ -31,6 +31,32 @@ def _update(cache: SlotCache, opt: SparseOptimizer, slots: torch.Tensor, grad: t
     cache.state.index_copy_(0, slots, new_s)
 
 
+class PendingSync:
+    """The second half of a step's synchronisation, in flight while the next step computes.
+
+    Holds the all-reduce of the deferred rows' gradients; :meth:`finish` waits for it
+    and applies their update. It must run before those rows are read, written back or
+    their slots reused -- the trainer finishes it after the next step's backward, or
+    earlier if the next plan evicts one of :attr:`slots`.
+    """
+
+    def __init__(self, work, buf: torch.Tensor, slots: torch.Tensor, cache: SlotCache, opt: SparseOptimizer):
+        self.work, self.buf, self.slots, self.cache, self.opt = work, buf, slots, cache, opt
+        self.slot_set = slots.cpu().numpy()
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+        _update(self.cache, self.opt, self.slots, self.buf)
+
+    def touches(self, slots) -> bool:
+        """Whether any of ``slots`` (numpy) is one of the pending rows' slots."""
+        import numpy as np
+
+        return len(slots) > 0 and bool(np.isin(slots, self.slot_set).any())
+
+
 @torch.no_grad()
 def sync_and_update(
     cache: SlotCache,
@@ -42,7 +68,8 @@ def sync_and_update(
     sync_pos: torch.Tensor,
     num_trainers: int,
     group=None,
-) -> int:
+    urgent: int | None = None,
+) -> tuple[int, PendingSync | None]:
     """Average the synchronised rows' gradients over the trainers and update every row.
 
     Args:
@@ -51,22 +78,32 @@ def sync_and_update(
         slots_u: (U_i,) their cache slots.
         sync_slots: (K,) slots of the step's synchronised rows (same order on every trainer).
         sync_pos: (U_i,) index of each of this trainer's rows in ``sync_slots``, -1 if local.
+        urgent: the first ``urgent`` of ``sync_slots`` are reduced and updated now; the
+            rest in a :class:`PendingSync` returned to the caller (None: all now).
     Returns:
-        bytes this trainer contributed to the all-reduce (K * D * 4; 0 when N = 1).
+        (bytes this trainer contributed to the all-reduces (K * D * 4; 0 when N = 1),
+        the pending second half or None).
     """
     N = int(num_trainers)
     grad = grad_u / N if N > 1 else grad_u
     in_sync = sync_pos >= 0
     K = int(sync_slots.numel())
-    sent = 0
+    K1 = K if urgent is None or N == 1 else int(urgent)
+    sent, pending = 0, None
     if K:
         buf = torch.zeros(K, grad.shape[1], dtype=grad.dtype, device=grad.device)
         buf.index_copy_(0, sync_pos[in_sync], grad[in_sync])
         if N > 1:
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
             sent = buf.numel() * buf.element_size()
-        _update(cache, opt, sync_slots, buf)
+            if K1:  # what the next step needs goes first, and is waited for
+                dist.all_reduce(buf[:K1], op=dist.ReduceOp.SUM, group=group)
+            if K1 < K:
+                rest = buf[K1:]
+                work = dist.all_reduce(rest, op=dist.ReduceOp.SUM, group=group, async_op=True)
+                pending = PendingSync(work, rest, sync_slots[K1:], cache, opt)
+        if K1:
+            _update(cache, opt, sync_slots[:K1], buf[:K1])
     local = ~in_sync
     if bool(local.any()):
         _update(cache, opt, slots_u[local], grad[local], rows_u[local])
-    return sent
+    return sent, pending

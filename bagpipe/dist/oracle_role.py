@@ -32,6 +32,7 @@ class OracleReport:
     cache_rows: int = 0
     lookahead: int = 0
     sync_rows: int = 0  # synchronised rows, summed over steps
+    sync_urgent_rows: int = 0  # of which the next step needed (the rest overlapped its compute)
     replicated_sync_rows: int = 0  # the same had every planned row been synchronised
     fetched_rows: list = field(default_factory=list)  # per trainer
     seconds_planning: float = 0.0
@@ -76,6 +77,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
         parts = partition(gplan, layout.trainers, replicated=replicated)
         report.seconds_planning += time.perf_counter() - t0
         report.sync_rows += len(parts[0].sync_slots)
+        report.sync_urgent_rows += parts[0].sync_urgent
         report.replicated_sync_rows += parts[0].replicated_sync_rows
         for r, p in zip(layout.trainer_ranks, parts):
             t1 = time.perf_counter()

@@ -18,6 +18,11 @@ Write-backs: an expiring synchronised row is written back by its lowest-ranked u
 a row forced out before a step (always a synchronised row) by trainer ``row % N``;
 the other trainers only free the slot (``drop_*_slots``).
 
+Synchronised rows the next step uses, or that leave the cache now, are *urgent*: they
+are consistent before the iteration ends. The others (staying cached, next used two
+or more steps later) may be synchronised while the next step computes, as long as it
+completes before they are used, written back or their slot reused.
+
 ``replicated=True`` makes every row synchronised (every trainer holds every planned
 row): the baseline the partitioned cache is measured against.
 """
@@ -42,8 +47,10 @@ class TrainerPlan(Plan):
     """A trainer's part of a global plan (see the module docstring).
 
     Extra attributes:
-        sync_slots: (K,) slots of the step's synchronised rows, ascending by row; the
-            same list, in the same order, on every trainer.
+        sync_slots: (K,) slots of the step's synchronised rows; the same list, in the same
+            order, on every trainer: first the ``sync_urgent`` rows the next step uses or
+            that leave the cache after this one, then the rest (ascending row in each part),
+            whose synchronisation may overlap the next step's compute.
         sync_pos: (U_i,) for each of this trainer's unique rows, its index in
             ``sync_slots``, or -1 for a local row.
         num_trainers: N.
@@ -52,6 +59,7 @@ class TrainerPlan(Plan):
     """
 
     sync_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
+    sync_urgent: int = 0
     sync_pos: np.ndarray = field(default_factory=lambda: _EMPTY)
     num_trainers: int = 1
     global_unique: int = 0
@@ -104,8 +112,16 @@ def partition(plan: Plan, num_trainers: int, *, replicated: bool = False) -> lis
     missing = np.zeros(U, dtype=bool)
     missing[_positions(plan.rows, plan.fetch_rows)] = True
     sync = np.ones(U, dtype=bool) if replicated else (users > 1) | ~expiring
-    sync_index = np.cumsum(sync) - 1
-    sync_slots = plan.slots[sync]
+    # urgent: needed by the next step or leaving now; the rest may finish during the next step
+    if len(plan.next_use) == U:
+        urgent = sync & ((plan.next_use == plan.step + 1) | expiring)
+    else:
+        urgent = sync
+    deferred = sync & ~urgent
+    order = np.concatenate([np.flatnonzero(urgent), np.flatnonzero(deferred)])
+    sync_index = np.full(U, -1, dtype=np.int64)
+    sync_index[order] = np.arange(len(order), dtype=np.int64)
+    sync_slots = plan.slots[order]
     forced_writer = plan.evict_before_rows % N
     out = []
     for i, (sub, upos, inverse) in enumerate(slices):
@@ -133,7 +149,8 @@ def partition(plan: Plan, num_trainers: int, *, replicated: bool = False) -> lis
                 drop_before_slots=plan.evict_before_slots[~fb],
                 drop_after_slots=plan.slots[ev_drop],
                 sync_slots=sync_slots,
-                sync_pos=np.where(sync[upos], sync_index[upos], -1),
+                sync_pos=sync_index[upos],
+                sync_urgent=int(urgent.sum()),
                 num_trainers=N,
                 global_unique=U,
                 replicated_sync_rows=U,

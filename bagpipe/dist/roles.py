@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -62,7 +63,8 @@ class ServerConfig:
 
 
 def _log(line: str) -> None:
-    print(line, flush=True)
+    """A role's log line, with the wall-clock time so the roles' logs can be read side by side."""
+    print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
 
 
 @contextmanager

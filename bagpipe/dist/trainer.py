@@ -48,11 +48,14 @@ def data_parallel_step(
     plan: TrainerPlan,
     group,
     times: dict,
+    pending: list,
 ) -> tuple[float, int]:
     """One step on this trainer's slice; returns (loss, bytes all-reduced for embeddings).
 
     The same float operations as :func:`bagpipe.train.step.train_step` on the slice,
-    plus the gradient averaging of :mod:`bagpipe.cache.sync`.
+    plus the gradient averaging of :mod:`bagpipe.cache.sync`. ``pending`` holds the
+    previous step's deferred synchronisation (at most one), which has overlapped this
+    step's forward and backward; it is finished here, and this step's takes its place.
     """
     t0 = time.perf_counter()
     slots = torch.from_numpy(plan.slots).to(cache.device)
@@ -65,16 +68,27 @@ def data_parallel_step(
     loss.backward()  # DDP all-reduces (averages) the dense gradients here
     t2 = time.perf_counter()
     dense_opt.step()
-    sent = sync_and_update(
+    finish_pending(pending, times)
+    sent, rest = sync_and_update(
         cache, sparse_opt, rows_u.detach(), rows_u.grad, slots,
         torch.from_numpy(plan.sync_slots).to(cache.device), torch.from_numpy(plan.sync_pos).to(cache.device),
-        plan.num_trainers, group,
+        plan.num_trainers, group, urgent=plan.sync_urgent,
     )
+    if rest is not None:
+        pending.append(rest)
     t3 = time.perf_counter()
     times["forward"] += t1 - t0
     times["backward"] += t2 - t1
     times["optimizer"] += t3 - t2
     return float(loss.detach()), sent
+
+
+def finish_pending(pending: list, times: dict) -> None:
+    """Complete the deferred synchronisation, if any (all-reduce wait + row update)."""
+    t0 = time.perf_counter()
+    while pending:
+        pending.pop().finish()
+    times["sync_wait"] = times.get("sync_wait", 0.0) + time.perf_counter() - t0
 
 
 def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transport, group, log) -> dict | None:
@@ -99,8 +113,15 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
     store = RemoteStore(init, sparse_opt.state_dim, transport, layout.server_ranks)
     plans = PlanReceiver(transport, layout.oracle_rank)
     cache = SlotCache(plans.info["cache_rows"], init.dim, sparse_opt.state_dim)
-    executor = PlanExecutor(store, cache, iter(plans), pipelined=True, depth=cfg.lookahead + 1)
-    times = dict.fromkeys(("forward", "backward", "optimizer"), 0.0)
+    times = dict.fromkeys(("forward", "backward", "optimizer", "sync_wait"), 0.0)
+    pending: list = []  # the previous step's deferred synchronisation
+
+    def settle(plan) -> None:
+        """Before a plan frees or refills slots: rows still being synchronised must be final."""
+        if pending and (pending[0].touches(plan.evict_before_slots) or pending[0].touches(plan.drop_before_slots)):
+            finish_pending(pending, times)
+
+    executor = PlanExecutor(store, cache, iter(plans), pipelined=True, depth=cfg.lookahead + 1, before_evict=settle)
     losses, synced = [], []
     rss = RssSampler()
     every = max(1, cfg.steps // 20)
@@ -109,7 +130,7 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
     step = 0
     try:
         for plan in executor:
-            loss, sent = data_parallel_step(net, dense_opt, sparse_opt, cache, plan, group, times)
+            loss, sent = data_parallel_step(net, dense_opt, sparse_opt, cache, plan, group, times, pending)
             executor.after_step(plan)
             losses.append(loss)
             synced.append(sent)
@@ -120,6 +141,7 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
                 t_log = time.perf_counter()
                 sps = step * cfg.batch_size / max(time.perf_counter() - t_start, 1e-9)
                 log(f"step {step}/{cfg.steps}  loss {np.mean(losses[-every:]):.4f}  {sps:,.0f} samples/s")
+        finish_pending(pending, times)
         t_end = time.perf_counter()
         plans.close()
         pipe = executor.times.as_dict()
@@ -169,6 +191,7 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
                 "cache_sync": cfg.cache_sync,
                 "sync_bytes_per_step": float(np.mean(synced)) if synced else 0.0,
                 "sync_rows_per_step": report.sync_rows / max(step, 1),
+                "sync_overlapped_share": 1 - report.sync_urgent_rows / max(report.sync_rows, 1),
                 "replicated_sync_rows_per_step": report.replicated_sync_rows / max(step, 1),
                 "replicated_sync_bytes_per_step": (report.replicated_sync_rows / max(step, 1)) * init.dim * 4 if N > 1 else 0.0,
                 "fetched_rows_per_trainer": report.fetched_rows,

@@ -169,6 +169,7 @@ class LookaheadOracle:
             evict_after_rows=rows[ev],
             evict_after_slots=ev_a_slots,
             fetch_after=fetch_after,
+            next_use=self.ent_next[idx].astype(np.int64),
         )
         self.stats.add(plan, self.C - self.n_free + len(ev_a_slots))
         # occurrences of steps <= step - L + 0 can no longer be a hit's previous use

@@ -32,6 +32,8 @@ class Plan:
         fetch_rows / fetch_slots: (M,) misses to read from the store before the step.
         evict_before_rows / _slots: rows forced out before this step (capacity).
         evict_after_rows / _slots: rows written back and freed after this step.
+        next_use: (U,) the step of each row's next use within the window, -1 for none
+            (lookahead oracle only; empty from planners that do not look ahead).
         drop_before_slots / drop_after_slots: slots freed at the same moments *without*
             a write-back, because another trainer writes that row back (data-parallel
             plans only; see :mod:`bagpipe.dist.partition`).
@@ -51,6 +53,7 @@ class Plan:
     fetch_after: int = -1
     drop_before_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
     drop_after_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
+    next_use: np.ndarray = field(default_factory=lambda: _EMPTY)
 
     @property
     def hits(self) -> int:
