@@ -32,11 +32,11 @@ test: setup
 
 # Every scenario at its default size (about 35 minutes on 2 cores), then docs/benchmarks.md.
 bench: peers
-	$(BIN)/python benchmarks/make_docs.py --scenarios modes,oracle,sweep,convergence,peers --out bench-out
+	$(BIN)/python benchmarks/make_docs.py --scenarios modes,oracle,sweep,convergence,distributed,peers --out bench-out
 
 # Every scenario at --quick size, into bench-out/quick (docs untouched).
 bench-quick: setup
-	for s in modes oracle sweep convergence; do $(BIN)/bagpipe bench $$s --quick --out bench-out/quick/$$s || exit 1; done
+	for s in modes oracle sweep convergence distributed; do $(BIN)/bagpipe bench $$s --quick --out bench-out/quick/$$s || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs bench-out

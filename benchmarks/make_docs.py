@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SCENARIOS = ("modes", "oracle", "sweep", "convergence")
+DEFAULT_SCENARIOS = ("modes", "oracle", "sweep", "convergence", "distributed")
 
 ABOUT = {
     "modes": "Every mode (full, nocache, lru, lookahead) trained side by side on generated Criteo-Kaggle-shaped "
@@ -36,6 +36,10 @@ ABOUT = {
              "evictions; and the `--cache-budget-mb` auto-tuner compared with the best measured point.",
     "convergence": "Eval AUC and log loss per step of `full` and `lookahead` on generated data and on the real "
                    "Criteo Kaggle sample: the curves and the final params_sha256 must be identical.",
+    "distributed": "One trainer with its rows on two embedding-server processes (and the oracle in its own) against "
+                   "the in-process store: the cost of disaggregation on one machine; and two data-parallel trainers "
+                   "with the partitioned cache against a fully replicated one: bytes all-reduced per iteration. "
+                   "Every role shares the same 2 cores, so these are overheads, not scaling (docs/distributed.md).",
     "peers": "bagpipe beside TorchRec's DLRM on the same data, model, batch and optimizer.",
 }
 

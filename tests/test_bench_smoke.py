@@ -22,8 +22,9 @@ SCENARIOS = {
     "sweep": [],
     "convergence": [],
     "oracle": [],
+    "distributed": ["--modes", "in-process,2x2-partitioned"],
 }
-PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png"}
+PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png", "distributed": "distributed.png"}
 
 
 @pytest.mark.timeout(150)
@@ -43,6 +44,11 @@ def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
     if scenario == "modes":
         assert set(res) == {"full/memory", "nocache/memory", "lru/memory", "lookahead/memory"}
         assert all(v["samples_per_s"] > 0 and v["peak_anon_rss_mb"] > 0 for v in res.values())
+    elif scenario == "distributed":
+        assert set(res) == {"in-process", "2x2-partitioned"}
+        assert all(v["samples_per_s"] > 0 for v in res.values())
+        part = res["2x2-partitioned"]
+        assert 0 < part["sync_bytes_per_step"] < part["replicated_sync_bytes_per_step_counterfactual"]
     elif scenario == "oracle":
         assert res and all(v["lookups_per_s"] > 0 for v in res.values())
     elif scenario == "sweep":

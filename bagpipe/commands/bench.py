@@ -20,6 +20,11 @@ Scenarios:
   sweep   lookahead mode over cache size (1-20% of rows) x L (1, 10, 50, 200):
           samples/s, hit rate, forced evictions; plus the --cache-budget-mb auto-tuner
           against the best measured point (criteo-kaggle x 0.01, batch 512)
+  distributed
+          1 trainer + 2 embedding-server processes vs the in-process store (the cost of
+          disaggregation), and 2 trainers with the partitioned vs a fully replicated cache
+          (bytes synchronised per iteration); --modes picks from in-process,1x2,
+          2x2-partitioned,2x2-replicated
   convergence
           eval AUC / log loss per step, full vs lookahead (must be identical; exit 1
           otherwise), on generated data and the real Criteo sample in ../shared/data
@@ -40,7 +45,7 @@ def _csv(kind):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", choices=("modes", "oracle", "peers", "sweep", "convergence"), help="what to benchmark")
+    p.add_argument("scenario", choices=("modes", "oracle", "peers", "sweep", "convergence", "distributed"), help="what to benchmark")
     p.add_argument("--out", help="output folder (default bench-out/SCENARIO)")
     p.add_argument("--quick", action="store_true", help="a small size that runs in under a minute")
     p.add_argument("--scale", type=float, help="table cardinality factor (1.0: full Criteo Kaggle, 33.8M rows)")
@@ -87,6 +92,16 @@ def run(args: argparse.Namespace) -> int:
         kw["out"] = args.out or "bench-out/peers"
         b = PeersBench.quick(**kw) if args.quick else PeersBench(**kw)
         payload = run_peers(b)
+    elif args.scenario == "distributed":
+        from bagpipe.bench.distributed import DistributedBench, run as run_distributed
+
+        keys = ("scale", "reps", "steps", "warmup", "batch_size", "cache_fraction", "lookahead")
+        kw = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+        if args.modes:
+            kw["configs"] = args.modes
+        kw["out"] = args.out or "bench-out/distributed"
+        b = DistributedBench.quick(**kw) if args.quick else DistributedBench(**kw)
+        payload = run_distributed(b)
     elif args.scenario == "sweep":
         from bagpipe.bench.sweep import SweepBench, run as run_sweep
 

@@ -1,0 +1,167 @@
+"""``bagpipe bench distributed``: the cost of disaggregation and of cache synchronisation.
+
+Side by side, on the same generated Criteo-Kaggle-profile data, model, global batch
+and optimizer, each configuration a separate ``bagpipe train`` (the distributed ones
+through the local launcher, every role a process on loopback):
+
+* ``in-process``: one process, lookahead mode, the store in the trainer's memory;
+* ``1 trainer + 2 servers``: the same rows on two embedding-server processes, the
+  oracle in its own process (the cost of disaggregation);
+* ``2 trainers + 2 servers, partitioned`` and ``..., replicated``: data-parallel
+  training with the partitioned cache (rows one trainer uses and then drops are not
+  synchronised) and with a fully replicated one (every planned row synchronised);
+  the bytes each trainer all-reduces per iteration are the point.
+
+All roles share this machine's cores, so the distributed throughputs measure overheads
+on one box, not scaling.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
+from bagpipe.bench.runner import ensure_synth, run_train
+from bagpipe.errors import ConfigError
+
+# key -> (label, trainers, servers, cache sync); trainers 0 = one process, in-process store
+CONFIGS = {
+    "in-process": ("in-process store (1 process)", 0, 0, "partitioned"),
+    "1x2": ("1 trainer + 2 servers", 1, 2, "partitioned"),
+    "2x2-partitioned": ("2 trainers + 2 servers, partitioned cache", 2, 2, "partitioned"),
+    "2x2-replicated": ("2 trainers + 2 servers, replicated cache", 2, 2, "replicated"),
+}
+
+
+@dataclass(kw_only=True)
+class DistributedBench:
+    """Settings of the distributed scenario."""
+
+    out: str = "bench-out/distributed"
+    profile: str = "criteo-kaggle"
+    scale: float = 1.0
+    """Table cardinality factor (1.0: 33.8M rows)."""
+    model: str = "dlrm"
+    recipe: str = "kaggle"
+    batch_size: int = 2048
+    """The global batch (each of N trainers trains on batch_size / N samples)."""
+    optimizer: str = "adagrad"
+    lr: float = 0.05
+    steps: int = 60
+    warmup: int = 10
+    reps: int = 2
+    cache_fraction: float = 0.05
+    lookahead: int = 20
+    configs: tuple[str, ...] = tuple(CONFIGS)
+
+    def __post_init__(self):
+        bad = [c for c in self.configs if c not in CONFIGS]
+        if bad:
+            raise ConfigError(f"unknown configuration(s) {bad}; choose from {list(CONFIGS)}")
+        if self.steps <= self.warmup:
+            raise ConfigError("steps must exceed warmup")
+
+    @classmethod
+    def quick(cls, **kw) -> "DistributedBench":
+        base = dict(scale=0.01, batch_size=256, recipe="debug", steps=12, warmup=2, reps=1, lookahead=4)
+        base.update(kw)
+        return cls(**base)
+
+
+def _args(b: DistributedBench, data: Path, run_dir: Path, config: str, cache_rows: int) -> list[str]:
+    _, trainers, servers, sync = CONFIGS[config]
+    args = [
+        "--data", str(data), "--out", str(run_dir), "--model", b.model, "--recipe", b.recipe,
+        "--batch-size", str(b.batch_size), "--optimizer", b.optimizer, "--lr", str(b.lr),
+        "--steps", str(b.steps), "--warmup-steps", str(b.warmup), "--mode", "lookahead",
+        "--cache-rows", str(cache_rows), "--lookahead", str(b.lookahead),
+        "--no-progress", "--no-final-checkpoint", "--no-digest", "--eval-samples", "20000",
+    ]
+    if trainers:
+        args += ["--trainers", str(trainers), "--servers", str(servers), "--cache-sync", sync]
+    return args
+
+
+def run(b: DistributedBench) -> dict:
+    from bagpipe.data.schema import DatasetMeta
+
+    out = Path(b.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "data"
+    ensure_synth(data, b.profile, int(b.batch_size * (b.steps + 2) / 0.9) + 1, b.scale, seed=1)
+    meta = DatasetMeta.load(data)
+    total = meta.total_rows
+    cache_rows = max(int(b.cache_fraction * total), b.batch_size * meta.num_features)
+    results: dict[str, list[dict]] = {c: [] for c in b.configs}
+    for rep in range(b.reps):
+        for config in b.configs:
+            print(f"[rep {rep + 1}/{b.reps}] {CONFIGS[config][0]} ...", flush=True)
+            run_dir = out / "runs" / f"{config}-{rep}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            s = run_train(_args(b, data, run_dir, config, cache_rows), run_dir / "summary.json", config)
+            results[config].append(s)
+            d = s.get("distributed", {})
+            print(f"    {s['samples_per_s']:,.0f} samples/s, embedding sync {d.get('sync_bytes_per_step', 0) / 2**20:.2f} MiB/step", flush=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+    payload = summarise(b, results, total, cache_rows)
+    _plot(out, payload)
+    write_results(out, "distributed", payload, payload["table"])
+    return payload
+
+
+def summarise(b: DistributedBench, results: dict[str, list[dict]], total_rows: int, cache_rows: int) -> dict:
+    base = results.get("in-process", [])
+    base_sps = median_spread([r["samples_per_s"] for r in base])[0] if base else float("nan")
+    rows, out = [], {}
+    for config, runs in results.items():
+        sps, spread = median_spread([r["samples_per_s"] for r in runs])
+        d = runs[0].get("distributed", {})
+        steps = runs[0]["steps"]
+        sync = median_spread([r.get("distributed", {}).get("sync_bytes_per_step", 0.0) for r in runs])[0]
+        rep_sync = d.get("replicated_sync_bytes_per_step", 0.0)
+        fetched = d.get("fetched_rows_per_trainer", [runs[0].get("cache", {}).get("rows_fetched", 0)])
+        out[config] = {
+            "samples_per_s": sps, "spread": spread, "ratio_to_in_process": sps / base_sps,
+            "sync_bytes_per_step": sync, "replicated_sync_bytes_per_step_counterfactual": rep_sync,
+            "sync_rows_per_step": d.get("sync_rows_per_step", 0.0),
+            "fetched_rows_per_trainer_per_step": [f / steps for f in fetched],
+            "hit_rate": runs[0].get("cache", {}).get("hit_rate"),
+            "time_per_step_ms": runs[0]["time_per_step_ms"], "peak_anon_rss_mb_trainer0": runs[0]["peak_anon_rss_mb"],
+            "runs": [r["samples_per_s"] for r in runs],
+        }
+        rows.append([
+            CONFIGS[config][0], sps, f"{spread:.0%}", f"{sps / base_sps:.2f}x",
+            "-" if not d else f"{sync / 2**20:.2f}",
+            "-" if d.get("trainers", 1) < 2 else f"{rep_sync / 2**20:.2f}",
+            "-" if d.get("trainers", 1) < 2 or not rep_sync else f"{sync / rep_sync:.0%}",
+            ", ".join(f"{f / steps:,.0f}" for f in fetched),
+        ])
+    headers = ["configuration", "samples/s", "spread", "vs in-process", "embedding sync MiB/step/trainer",
+               "if fully replicated", "partitioned / replicated", "rows fetched/step (per trainer)"]
+    return {
+        "scenario": "distributed", "config": asdict(b), "machine": machine(), "total_rows": total_rows,
+        "cache_rows": cache_rows, "results": out, "table": markdown_table(headers, rows),
+    }
+
+
+def _plot(out: Path, payload: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(payload["results"])
+    res = payload["results"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.bar([CONFIGS[k][0].replace(", ", "\n").replace(" + ", "\n+ ") for k in keys], [res[k]["samples_per_s"] for k in keys], color="tab:green")
+    ax1.set_ylabel("samples/s (global batch)")
+    ax1.set_title("throughput, every role on this machine")
+    dp = [k for k in keys if res[k]["replicated_sync_bytes_per_step_counterfactual"]]
+    ax2.bar([CONFIGS[k][0].split(", ")[-1] for k in dp], [res[k]["sync_bytes_per_step"] / 2**20 for k in dp], color="tab:blue")
+    ax2.set_ylabel("MiB all-reduced per iteration per trainer")
+    ax2.set_title("embedding synchronisation, N = 2")
+    fig.tight_layout()
+    fig.savefig(out / "distributed.png", dpi=110)
+    plt.close(fig)
