@@ -3,7 +3,8 @@
 Two processes on loopback; the client asks for ROWS rows of D floats and waits for
 them, REPEAT times, through (a) bagpipe's Transport (pickled message over gloo
 send/recv, what the embedding servers use) and (b) ``rpc_sync`` of a function that
-returns the rows (TensorPipe). Prints the median round trip of each and their ratio;
+returns the rows (TensorPipe). Also (c) the same exchange as bare gloo tensors, the floor of (a). Prints the
+median round trip of each and the ratio of (b) to (a);
 ``--json`` writes them too. This is the measurement behind the choice documented in
 bagpipe/dist/transport.py and docs/distributed.md.
 
@@ -52,6 +53,32 @@ def _gloo(rank: int, port: int, n: int, d: int, repeat: int, q) -> None:
             if i >= 3:
                 times.append(time.perf_counter() - t0)
         assert w.shape == (n, d)
+        q.put(times)
+    dist.destroy_process_group()
+
+
+def _raw(rank: int, port: int, n: int, d: int, repeat: int, q) -> None:
+    """The floor: the same request and reply as bare tensors, no framing at all."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    table = torch.ones(n, d)
+    times = []
+    for i in range(repeat + 3):
+        t0 = time.perf_counter()
+        if rank == 1:
+            req = torch.empty(n, dtype=torch.int64)
+            dist.recv(req, 0, tag=1)
+            dist.send(table, 0, tag=2)
+        else:
+            dist.send(torch.arange(n), 1, tag=1)
+            out = torch.empty(n, d)
+            dist.recv(out, 1, tag=2)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    if rank == 0:
         q.put(times)
     dist.destroy_process_group()
 
@@ -106,12 +133,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the result here")
     a = ap.parse_args(argv)
     res = {}
-    for name, fn in (("gloo send/recv (bagpipe Transport)", _gloo), ("rpc_sync (TensorPipe)", _rpc)):
+    runs = (("gloo send/recv (bagpipe Transport)", _gloo), ("rpc_sync (TensorPipe)", _rpc),
+            ("gloo send/recv, bare tensors (floor)", _raw))
+    for name, fn in runs:
         t = measure(fn, a.rows, a.dim, a.repeat)
         res[name] = {"median_ms": 1000 * statistics.median(t), "min_ms": 1000 * min(t), "max_ms": 1000 * max(t)}
     mb = a.rows * a.dim * 4 / 2**20
     print(f"round trip of {a.rows:,} rows x {a.dim} floats ({mb:.1f} MiB), median of {a.repeat}:")
-    g, r = res.values()
+    g, r, _ = res.values()
     for name, v in res.items():
         print(f"  {name:36s} {v['median_ms']:7.2f} ms  (min {v['min_ms']:.2f}, max {v['max_ms']:.2f})")
     print(f"  rpc_sync / gloo: {r['median_ms'] / g['median_ms']:.2f}x")
