@@ -135,6 +135,10 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
     assert s["steps"] == STEPS and s["distributed"]["trainers"] == trainers and s["distributed"]["servers"] == servers
     assert_close(params(out), params(ref))
     full = json.loads((ref / "summary.json").read_text())
+    if (trainers, servers) == (2, 2):  # the run directory is a normal one: bagpipe eval reads it
+        r = bagpipe("eval", "--run", out, "--data", tiny_data, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["eval_logloss"] == pytest.approx(s["eval_logloss"], abs=1e-6)
     if trainers == 1:  # nothing averaged: the same float operations as the reference
         assert s["params_sha256"] == full["params_sha256"]
         assert s["distributed"]["sync_bytes_per_step"] == 0

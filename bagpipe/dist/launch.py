@@ -64,6 +64,16 @@ def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, thre
     return env
 
 
+def role_threads(cfg: TrainConfig, layout: Layout, rank: int) -> int:
+    """torch threads of a role: --threads if given; else the cores split among the
+    trainers (they compute), one for servers and the oracle (they mostly wait on I/O)."""
+    if cfg.threads:
+        return cfg.threads
+    if layout.role(rank)[0] == "trainer":
+        return max(1, (os.cpu_count() or 1) // layout.trainers)
+    return 1
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -109,10 +119,9 @@ class Launcher:
         job = self.out / "job.json"
         job.write_text(json.dumps(self.cfg.to_json(), indent=2))
         port = free_port()
-        cores = os.cpu_count() or 1
-        threads = self.cfg.threads or max(1, cores // self.layout.world_size)
         for rank in range(self.layout.world_size):
             name = self.layout.name(rank)
+            threads = role_threads(self.cfg, self.layout, rank)
             log_path = logs / f"{name.replace(' ', '-')}.log"
             proc = subprocess.Popen(
                 [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],

@@ -44,6 +44,11 @@ def env_rank(layout: Layout) -> int:
     return rank
 
 
+def role_threads(cfg: TrainConfig) -> int:
+    """--threads, else what the launcher (or torchrun) put in OMP_NUM_THREADS, else 1."""
+    return cfg.threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """What an embedding server needs to know of its own (the row space comes from trainer 0)."""
@@ -59,7 +64,7 @@ class ServerConfig:
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> "ServerConfig":
-        return cls(store=cfg.store, store_dir=cfg.store_dir, run_dir=cfg.out, threads=cfg.threads or 1)
+        return cls(store=cfg.store, store_dir=cfg.store_dir, run_dir=cfg.out, threads=role_threads(cfg))
 
 
 def _log(line: str) -> None:
@@ -100,7 +105,7 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     if role == "server":
         serve(ServerConfig.of(cfg), layout, rank)
         return None
-    with joined(layout, rank, cfg.threads or 1) as (transport, group):
+    with joined(layout, rank, role_threads(cfg)) as (transport, group):
         if role == "trainer":
             from bagpipe.dist.trainer import run_trainer
 

@@ -10,6 +10,7 @@ the servers' rows, writes the final checkpoint and the summary.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -107,7 +108,9 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
     dense_opt = build_dense_optimizer(cfg.optimizer, cfg.lr, model.parameters())
     sparse_opt = build_sparse_optimizer(cfg.optimizer, cfg.lr)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, cfg.seed)
-    if rank == 0:
+    if rank == 0:  # what `bagpipe eval` reads to rebuild the model, as a one-process run writes it
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.out) / "config.json").write_text(json.dumps({"train": cfg.to_json(), "model": dataclasses.asdict(mcfg)}, indent=2))
         for s in layout.server_ranks:
             transport.send(s, CONTROL, setup_message(init, sparse_opt.state_dim))
     store = RemoteStore(init, sparse_opt.state_dim, transport, layout.server_ranks)

@@ -5,10 +5,12 @@ ranks, on a *stream* (a tag): messages on one stream between two ranks arrive in
 order they were sent. Nothing else in bagpipe touches the wire.
 
 Why gloo point-to-point and not ``torch.distributed.rpc``: both ship with torch 2.13,
-but rpc (TensorPipe) is no longer developed upstream, and moving 20k rows x 64 floats
-took 2.3-2.7 ms with gloo send/recv against 4.8-5.1 ms with ``rpc_sync`` on this
-machine (``benchmarks/transport.py`` measures both). gloo is also the backend DDP
-already uses on CPU, so one library carries every byte.
+but rpc (TensorPipe) is no longer developed upstream, and for the messages bagpipe
+sends -- one step's fetch split over the servers, a few hundred KiB -- a round trip
+through this transport took 0.67-0.82 ms against 1.17-1.38 ms for ``rpc_sync`` on
+this machine (``benchmarks/transport.py``; latency dominates at that size; at 4.9 MiB
+TensorPipe moved the bytes faster, see docs/distributed.md). gloo is also the backend
+DDP already uses on CPU, so one library carries every byte.
 
 A message is one fixed-size header send -- stream, sizes, and the pickle (protocol 5)
 of the object when it is small, as most requests are -- then the pickle if it did not
