@@ -126,6 +126,7 @@ def summarise(b: DistributedBench, results: dict[str, list[dict]], total_rows: i
             "samples_per_s": sps, "spread": spread, "ratio_to_in_process": sps / base_sps,
             "sync_bytes_per_step": sync, "replicated_sync_bytes_per_step_counterfactual": rep_sync,
             "sync_rows_per_step": d.get("sync_rows_per_step", 0.0),
+            "sync_overlapped_share": d.get("sync_overlapped_share"),
             "fetched_rows_per_trainer_per_step": [f / steps for f in fetched],
             "hit_rate": runs[0].get("cache", {}).get("hit_rate"),
             "time_per_step_ms": runs[0]["time_per_step_ms"], "peak_anon_rss_mb_trainer0": runs[0]["peak_anon_rss_mb"],
@@ -137,9 +138,10 @@ def summarise(b: DistributedBench, results: dict[str, list[dict]], total_rows: i
             "-" if d.get("trainers", 1) < 2 else f"{rep_sync / 2**20:.2f}",
             "-" if d.get("trainers", 1) < 2 or not rep_sync else f"{sync / rep_sync:.0%}",
             ", ".join(f"{f / steps:,.0f}" for f in fetched),
+            median_spread([r["peak_anon_rss_mb"] for r in runs])[0],
         ])
     headers = ["configuration", "samples/s", "spread", "vs in-process", "embedding sync MiB/step/trainer",
-               "if fully replicated", "partitioned / replicated", "rows fetched/step (per trainer)"]
+               "if fully replicated", "partitioned / replicated", "rows fetched/step (per trainer)", "trainer 0 peak anon RSS MiB"]
     return {
         "scenario": "distributed", "config": asdict(b), "machine": machine(), "total_rows": total_rows,
         "cache_rows": cache_rows, "results": out, "table": markdown_table(headers, rows),
@@ -155,7 +157,7 @@ def _plot(out: Path, payload: dict) -> None:
     keys = list(payload["results"])
     res = payload["results"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax1.bar([CONFIGS[k][0].replace(", ", "\n").replace(" + ", "\n+ ") for k in keys], [res[k]["samples_per_s"] for k in keys], color="tab:green")
+    ax1.bar([CONFIGS[k][0].replace(", ", "\n").replace(" + ", "\n+ ").replace(" (", "\n(") for k in keys], [res[k]["samples_per_s"] for k in keys], color="tab:green")
     ax1.set_ylabel("samples/s (global batch)")
     ax1.set_title("throughput, every role on this machine")
     dp = [k for k in keys if res[k]["replicated_sync_bytes_per_step_counterfactual"]]

@@ -34,7 +34,7 @@ from bagpipe.optim.sparse import SparseOptimizer, build_dense_optimizer, build_s
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.checkpoint import save_checkpoint
 from bagpipe.train.config import TrainConfig
-from bagpipe.train.loop import dense_digest, evaluate, hashed
+from bagpipe.train.loop import digest_and_save, evaluate, write_summary
 from bagpipe.train.metrics import RssSampler, current_rss_mb, peak_rss_mb
 from bagpipe.train.step import forward_logits
 
@@ -146,6 +146,11 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
                 log(f"step {step}/{cfg.steps}  loss {np.mean(losses[-every:]):.4f}  {sps:,.0f} samples/s")
         finish_pending(pending, times)
         t_end = time.perf_counter()
+        # the mean of the slices' mean losses is the global batch's mean loss
+        recent = torch.tensor(losses[-50:], dtype=torch.float64)
+        if N > 1:
+            torch.distributed.all_reduce(recent, group=group)
+            recent /= N
         plans.close()
         pipe = executor.times.as_dict()
         if rank == 0:
@@ -156,15 +161,11 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
         if rank != 0:
             return None
         ev = evaluate(model, lambda rows: torch.from_numpy(np.ascontiguousarray(store.peek(rows.numpy())[0])), dataset, cfg.batch_size, cfg.eval_samples)
-        h = dense_digest(model) if cfg.digest else None
-        rows = _export(store)
-        rows = rows if h is None else hashed(rows, h)
-        if cfg.save_final:
-            dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state()}
-            save_checkpoint(Path(cfg.out), step, dense, rows, init.num_rows, init.dim, sparse_opt.state_dim)
-        elif h is not None:
-            for _ in rows:
-                pass
+        dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state()}
+        digest = digest_and_save(
+            cfg, model, _export(store),
+            lambda rows: save_checkpoint(Path(cfg.out), step, dense, rows, init.num_rows, init.dim, sparse_opt.state_dim),
+        )
         measured = step - (cfg.warmup_steps if step > cfg.warmup_steps else 0)
         report = plans.report
         servers = store.server_stats()
@@ -178,9 +179,9 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
             "seconds": t_end - t_start,
             "measured_steps": measured,
             "samples_per_s": measured * cfg.batch_size / max(t_end - t_measure, 1e-9),
-            "train_logloss": float(np.mean(losses[-50:])) if losses else None,
+            "train_logloss": float(recent.mean()) if losses else None,
             **ev,
-            "params_sha256": h.hexdigest() if h is not None else None,
+            "params_sha256": digest,
             "peak_rss_mb": peak_rss_mb(),
             "peak_anon_rss_mb": peak_anon,
             "rss_mb": current_rss_mb(),
@@ -206,12 +207,7 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
                 "bytes_received_by_trainer0": transport.bytes_received,
             },
         }
-        text = json.dumps(summary, indent=2)
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.out) / "summary.json").write_text(text)
-        if cfg.summary_json:
-            Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
-            Path(cfg.summary_json).write_text(text)
+        write_summary(cfg, summary)
         return summary
     finally:
         rss.stop()

@@ -122,6 +122,30 @@ def evaluate(model: torch.nn.Module, lookup, dataset: Dataset, batch_size: int, 
     return {"eval_logloss": log_loss(y, p), "eval_auc": roc_auc(y, p), "eval_samples": int(len(y))}
 
 
+def digest_and_save(cfg: TrainConfig, model: torch.nn.Module, rows, save: Callable) -> str | None:
+    """One pass over every (start, weights, state) chunk of ``rows`` feeds both
+    params_sha256 (if ``cfg.digest``) and the final checkpoint (``save(rows)``, if
+    ``cfg.save_final``); returns the digest or None."""
+    h = dense_digest(model) if cfg.digest else None
+    rows = rows if h is None else hashed(rows, h)
+    if cfg.save_final:
+        save(rows)
+    elif h is not None:
+        for _ in rows:
+            pass
+    return h.hexdigest() if h is not None else None
+
+
+def write_summary(cfg: TrainConfig, summary: dict) -> None:
+    """RUN/summary.json, and --summary-json if given."""
+    text = json.dumps(summary, indent=2)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.out) / "summary.json").write_text(text)
+    if cfg.summary_json:
+        Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.summary_json).write_text(text)
+
+
 class MetricsLog:
     """Appends one JSON object per line to RUN/metrics.jsonl."""
 
@@ -240,15 +264,7 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> di
         backend.flush()
         ev = evaluate(model, backend.lookup, dataset, cfg.batch_size, cfg.eval_samples)
         log.write(step=step, **ev)
-        # one pass over every row serves both the digest and the final checkpoint
-        h = dense_digest(model) if cfg.digest else None
-        rows = backend.export() if h is None else hashed(backend.export(), h)
-        if cfg.save_final:
-            checkpoint(step, rows)
-        elif h is not None:
-            for _ in rows:
-                pass
-        digest = h.hexdigest() if h is not None else None
+        digest = digest_and_save(cfg, model, backend.export(), lambda rows: checkpoint(step, rows))
         summary = {
             "mode": cfg.mode,
             "model": cfg.model,
@@ -275,11 +291,7 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> di
             summary["cache"]["lookahead"] = backend.lookahead if cfg.mode == "lookahead" else None
         if tuned is not None:
             summary["cache"]["autotune"] = tuned.as_dict()
-        text = json.dumps(summary, indent=2)
-        (out / "summary.json").write_text(text)
-        if cfg.summary_json:
-            Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
-            Path(cfg.summary_json).write_text(text)
+        write_summary(cfg, summary)
         return summary
     finally:
         rss.stop()
