@@ -215,6 +215,42 @@ def test_killing_a_server_stops_every_role_naming_it(tiny_data, tmp_path):
     assert_all_stopped(out, within=1.0)
 
 
+def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp_path):
+    """The torchrun path: roles started by hand (the environment torchrun sets), no
+    launcher to stop them; each must notice the dead server (or the roles that left
+    because of it) and exit with an error on its own, none hanging."""
+    from bagpipe.dist.launch import free_port
+
+    port, procs = free_port(), []
+    try:
+        for rank in range(5):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE="5", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "bagpipe.cli", "worker", "--data", tiny_data, "--out", str(tmp_path / "job"),
+                 "--steps", "1000000", "--batch-size", "64", "--mode", "lookahead", "--trainers", "2",
+                 "--servers", "2", "--cache-rows", "2000", "--lookahead", "4"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not list(tmp_path.glob("job/config.json")):
+            time.sleep(0.2)
+        time.sleep(3)  # a few steps
+        assert all(p.poll() is None for p in procs), "a role ended before the kill"
+        procs[3].kill()  # server 1
+        t0 = time.monotonic()
+        results = [p.communicate(timeout=max(0.1, 30 - (time.monotonic() - t0))) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    assert codes[3] == -signal.SIGKILL
+    assert [c for i, c in enumerate(codes) if i != 3] == [2, 2, 2, 2], codes
+    errors = "".join(err for _, err in results)
+    assert "lost contact with server 1" in errors, errors
+
+
 def test_ctrl_c_stops_every_role(tiny_data, tmp_path):
     out = tmp_path / "job"
     proc = start_long_job(tiny_data, out)

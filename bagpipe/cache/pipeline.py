@@ -221,9 +221,14 @@ class PlanExecutor:
         self.cache.drop(plan.drop_after_slots)
 
     def drain(self) -> None:
-        """Wait until every queued write-back has reached the store."""
+        """Wait until every queued write-back has reached the store; raises the write-back
+        thread's error if it failed (then the rest of the queue will never be written)."""
         if self.pipelined and not self._closed:
-            self._wb_q.join()
+            q = self._wb_q
+            with q.all_tasks_done:
+                while q.unfinished_tasks:
+                    self._check_wb()
+                    q.all_tasks_done.wait(timeout=0.1)
             self._check_wb()
 
     def flush_cached(self) -> None:
@@ -236,11 +241,17 @@ class PlanExecutor:
             self.store.write(rows, idx_w, idx_s)
         self.store.flush()
 
-    def close(self) -> None:
-        """Stop the background threads (after draining write-backs)."""
+    def close(self, abandon: bool = False) -> None:
+        """Stop the background threads, after draining the write-backs.
+
+        ``abandon=True`` when closing because of another error: pending write-backs are
+        dropped and the threads are not waited for long -- with a remote store they may
+        be blocked on a peer that is gone, and the caller's error is what to report
+        (the run has failed; its last checkpoint is what survives)."""
         if self.pipelined and not self._closed:
             try:
-                self.drain()
+                if not abandon:
+                    self.drain()
             finally:
                 self._closed = True
                 self._stop.set()
@@ -248,4 +259,4 @@ class PlanExecutor:
                 with self._cond:
                     self._cond.notify_all()
                 for t in self._threads:
-                    t.join(timeout=10)
+                    t.join(timeout=0.5 if abandon else 10)

@@ -32,9 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import os
+    import sys
 
     from bagpipe.dist.layout import Layout
     from bagpipe.dist.roles import env_rank, run_role
+    from bagpipe.errors import BagpipeError
     from bagpipe.train.config import TrainConfig, load_config
 
     if args.job:
@@ -43,7 +46,16 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, {k: getattr(args, k, None) for k in TrainConfig.field_names()})
     cfg.progress = False
     layout = Layout(cfg.trainers, cfg.servers)
-    summary = run_role(cfg, layout, env_rank(layout))
+    rank = env_rank(layout)
+    try:
+        summary = run_role(cfg, layout, rank)
+    except BagpipeError as e:
+        # A role that lost a peer may still have threads blocked inside gloo on that
+        # peer; the interpreter's normal teardown would then abort in C++. Report and
+        # leave at once: this process has nothing left to save.
+        print(f"bagpipe worker: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
     if summary is not None:
         from bagpipe.commands.train import summary_line
 

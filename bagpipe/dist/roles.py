@@ -78,7 +78,7 @@ def joined(layout: Layout, rank: int, threads: int):
     import torch
     import torch.distributed as dist
 
-    from bagpipe.dist.transport import Transport
+    from bagpipe.dist.transport import Transport, gloo_reason
 
     torch.set_num_threads(max(1, threads))  # N + S + 1 processes share the machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
@@ -87,10 +87,9 @@ def joined(layout: Layout, rank: int, threads: int):
         # every rank must create every group, in the same order
         group = dist.new_group(layout.trainer_ranks) if layout.trainers > 1 else None
         _log(f"{name} (rank {rank} of {layout.world_size}) joined")
-        yield Transport(), group
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BagpipeError(f"{name}: lost contact with another role ({first})") from e
+        yield Transport(layout.name), group
+    except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
+        raise BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})") from e
     finally:
         try:
             dist.destroy_process_group()

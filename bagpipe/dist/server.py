@@ -102,7 +102,9 @@ class EmbeddingServer:
             th.join()
         if self._failure is not None:
             client, exc = self._failure
-            raise BagpipeError(f"lost the connection to trainer {client}: {str(exc).splitlines()[0]}") from exc
+            if isinstance(exc, BagpipeError):  # PeerLost names the trainer already
+                raise exc
+            raise BagpipeError(f"serving trainer rank {client} failed: {str(exc).splitlines()[0]}") from exc
         self.report.store = self.store.stats.as_dict()
         return self.report
 

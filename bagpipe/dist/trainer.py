@@ -159,6 +159,7 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
         store.finish_writes()
         peak_anon = rss.stop()
         if rank != 0:
+            store.close()  # goodbye to the servers; after a failure there is none, so they fail too
             return None
         ev = evaluate(model, lambda rows: torch.from_numpy(np.ascontiguousarray(store.peek(rows.numpy())[0])), dataset, cfg.batch_size, cfg.eval_samples)
         dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state()}
@@ -169,6 +170,7 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
         measured = step - (cfg.warmup_steps if step > cfg.warmup_steps else 0)
         report = plans.report
         servers = store.server_stats()
+        store.close()
         summary = {
             "mode": cfg.mode,
             "model": cfg.model,
@@ -211,11 +213,7 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
         return summary
     finally:
         rss.stop()
-        executor.close()
-        try:
-            store.close()
-        except RuntimeError:  # the servers are gone already; the error that brought us here matters more
-            pass
+        executor.close(abandon=True)  # after success it is closed already
 
 
 def _export(store: RemoteStore):

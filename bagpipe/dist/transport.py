@@ -24,12 +24,16 @@ when several threads of one process talk to the same peer.
 from __future__ import annotations
 
 import pickle
+import re
 import threading
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from bagpipe.errors import BagpipeError
 
 # streams (gloo tags); one per direction of each conversation
 REQUEST = 1  # client -> embedding server
@@ -44,24 +48,48 @@ _INLINE_AT = 8 * (4 + _MAX_BUFFERS)  # where a small pickle starts inside the he
 _INLINE_BYTES = HEADER_BYTES - _INLINE_AT
 
 
+class PeerLost(BagpipeError):
+    """A peer's connection broke (it died, or its machine did): names the peer's role."""
+
+
 class Transport:
     """Pickled objects over gloo send/recv on the default process group.
+
+    Args:
+        name: the role name of a rank (for error messages), e.g. ``Layout.name``.
 
     Thread safety: any number of threads may send (one message at a time per peer and
     stream); at most one thread may receive from a given (peer, stream).
     """
 
-    def __init__(self):
+    def __init__(self, name: Callable[[int], str] | None = None):
+        self.name = name or (lambda rank: f"rank {rank}")
         self._locks: dict[tuple[int, int], threading.Lock] = {}
-        self._guard = threading.Lock()
+        self._locks_guard = threading.Lock()
         self.bytes_sent = 0
         self.bytes_received = 0
 
     def _lock(self, peer: int, stream: int) -> threading.Lock:
-        with self._guard:
+        with self._locks_guard:
             return self._locks.setdefault((peer, stream), threading.Lock())
 
     def send(self, peer: int, stream: int, obj: Any) -> None:
+        with self._guard(peer, "sending to"):
+            self._send(peer, stream, obj)
+
+    def recv(self, peer: int, stream: int) -> Any:
+        with self._guard(peer, "receiving from"):
+            return self._recv(peer, stream)
+
+    @contextmanager
+    def _guard(self, peer: int, doing: str):
+        try:
+            yield
+        except RuntimeError as e:  # gloo: "Connection closed by peer", "Connection reset", timeouts
+            me = self.name(dist.get_rank()) if dist.is_initialized() else "this process"
+            raise PeerLost(f"{me} lost contact with {self.name(peer)} while {doing} it ({gloo_reason(e)})") from e
+
+    def _send(self, peer: int, stream: int, obj: Any) -> None:
         buffers: list[pickle.PickleBuffer] = []
         data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
         if len(buffers) > _MAX_BUFFERS:  # many small arrays (a plan): in band
@@ -82,7 +110,7 @@ class Transport:
                     dist.send(r, dst=peer, tag=stream)
         self.bytes_sent += HEADER_BYTES + (0 if inline else len(data)) + sum(r.numel() for r in raws)
 
-    def recv(self, peer: int, stream: int) -> Any:
+    def _recv(self, peer: int, stream: int) -> Any:
         header = torch.empty(HEADER_BYTES // 8, dtype=torch.int64)
         dist.recv(header, src=peer, tag=stream)
         h = header.numpy()
@@ -103,6 +131,14 @@ class Transport:
             buffers.append(buf.numpy())
         self.bytes_received += HEADER_BYTES + (0 if inline else nbytes) + sum(len(b) for b in buffers)
         return pickle.loads(payload, buffers=buffers)
+
+
+def gloo_reason(e: BaseException) -> str:
+    """The informative part of a gloo error: "Connection reset by peer [127.0.0.1]:53987"."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    first = re.sub(r"^\[[^\]]*\.cc:\d+\]\s*", "", first)  # gloo's source location
+    return first.split(". This is typically")[0]
 
 
 def _as_tensor(raw: memoryview) -> torch.Tensor:
