@@ -145,6 +145,7 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
     else:
         d = s["distributed"]
         assert 0 < d["sync_bytes_per_step"] < d["replicated_sync_bytes_per_step"]
+    assert 1 <= s["distributed"]["max_plans_in_flight"] <= 4  # the default --plans-in-flight
     assert abs(s["eval_logloss"] - full["eval_logloss"]) < 1e-5
     assert abs(s["train_logloss"] - full["train_logloss"]) < 1e-5  # averaged over the trainers' slices
     # every role wrote its log, prefixed lines reached the launcher's output
@@ -167,7 +168,9 @@ def test_two_identical_runs_have_equal_digests_and_replicated_syncs_more(tiny_da
     a = run_distributed(tiny_data, tmp_path / "a", "adagrad", 2, 2)
     b = run_distributed(tiny_data, tmp_path / "b", "adagrad", 2, 2)
     assert a["params_sha256"] == b["params_sha256"] is not None
-    rep = run_distributed(tiny_data, tmp_path / "rep", "adagrad", 2, 2, "--cache-sync", "replicated")
+    rep = run_distributed(tiny_data, tmp_path / "rep", "adagrad", 2, 2, "--cache-sync", "replicated",
+                          "--plans-in-flight", 1)
+    assert rep["distributed"]["max_plans_in_flight"] == 1  # back-pressure: the oracle never ran ahead
     # the same maths, more traffic: every planned row is synchronised
     assert_close(params(tmp_path / "rep"), params(tmp_path / "a"))
     assert rep["distributed"]["sync_bytes_per_step"] == pytest.approx(rep["distributed"]["replicated_sync_bytes_per_step"])
@@ -216,9 +219,10 @@ def test_killing_a_server_stops_every_role_naming_it(tiny_data, tmp_path):
 
 
 def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp_path):
-    """The torchrun path: roles started by hand (the environment torchrun sets), no
-    launcher to stop them; each must notice the dead server (or the roles that left
-    because of it) and exit with an error on its own, none hanging."""
+    """The torchrun path: roles started by hand (the environment torchrun sets; the
+    servers with `bagpipe serve`), no launcher to stop them; each must notice the dead
+    server (or the roles that left because of it) and exit with an error on its own,
+    none hanging."""
     from bagpipe.dist.launch import free_port
 
     port, procs = free_port(), []
@@ -226,11 +230,15 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
         for rank in range(5):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                        WORLD_SIZE="5", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "bagpipe.cli", "worker", "--data", tiny_data, "--out", str(tmp_path / "job"),
-                 "--steps", "1000000", "--batch-size", "64", "--mode", "lookahead", "--trainers", "2",
-                 "--servers", "2", "--cache-rows", "2000", "--lookahead", "4"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            if rank in (2, 3):  # the servers as a user starts them on storage machines
+                cmd = ["serve", "--rank", str(rank), "--trainers", "2", "--servers", "2",
+                       "--master-addr", "127.0.0.1", "--master-port", str(port)]
+            else:
+                cmd = ["worker", "--data", tiny_data, "--out", str(tmp_path / "job"), "--steps", "1000000",
+                       "--batch-size", "64", "--mode", "lookahead", "--trainers", "2", "--servers", "2",
+                       "--cache-rows", "2000", "--lookahead", "4"]
+            procs.append(subprocess.Popen([sys.executable, "-m", "bagpipe.cli", *cmd],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not list(tmp_path.glob("job/config.json")):
             time.sleep(0.2)
@@ -249,6 +257,7 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     assert [c for i, c in enumerate(codes) if i != 3] == [2, 2, 2, 2], codes
     errors = "".join(err for _, err in results)
     assert "lost contact with server 1" in errors, errors
+    assert "step 1/" in results[0][0]  # trainer 0 trained against the `bagpipe serve` servers
 
 
 def test_ctrl_c_stops_every_role(tiny_data, tmp_path):
