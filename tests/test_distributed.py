@@ -164,6 +164,15 @@ def test_tiny_cache_evicts_rows_whose_sync_is_still_in_flight(tiny_data, full_ru
     assert_close(params(out), params(full_runs("adagrad")))
 
 
+def test_servers_on_disk_stores(tiny_data, full_runs, tmp_path):
+    out = tmp_path / "disk"
+    run_distributed(tiny_data, out, "sgd", 2, 2, "--store", "disk")
+    assert_close(params(out), params(full_runs("sgd")))
+    for k in range(2):  # each server keeps its own shard file, labelled with its part of the row space
+        header = json.loads((out / "store" / f"shard-{k}-of-2" / "header.json").read_text())
+        assert header["shard"] == f"{k}/2"
+
+
 def test_two_identical_runs_have_equal_digests_and_replicated_syncs_more(tiny_data, tmp_path):
     a = run_distributed(tiny_data, tmp_path / "a", "adagrad", 2, 2)
     b = run_distributed(tiny_data, tmp_path / "b", "adagrad", 2, 2)
