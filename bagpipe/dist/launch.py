@@ -145,7 +145,7 @@ class Launcher:
                 line = raw.decode(errors="replace").rstrip("\n")
                 log.write(line + "\n")
                 log.flush()
-                self._say(f"[{role.name}] {line}")
+                self._say(f"[{role.name}, rank {role.rank}] {line}")
 
     def _wait(self, role: Role) -> None:
         code = role.proc.wait()
