@@ -16,6 +16,7 @@ result is bitwise that of ``--mode full``.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -46,14 +47,11 @@ class PendingSync:
 
     @torch.no_grad()
     def finish(self) -> None:
-        if self.work is not None:
-            self.work.wait()
+        self.work.wait()
         _update(self.cache, self.opt, self.slots, self.buf)
 
-    def touches(self, slots) -> bool:
-        """Whether any of ``slots`` (numpy) is one of the pending rows' slots."""
-        import numpy as np
-
+    def touches(self, slots: np.ndarray) -> bool:
+        """Whether any of ``slots`` is one of the pending rows' slots."""
         return len(slots) > 0 and bool(np.isin(slots, self.slot_set).any())
 
 

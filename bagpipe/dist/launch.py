@@ -90,7 +90,6 @@ class Role:
     proc: subprocess.Popen
     log_path: Path
     pump: threading.Thread | None = None
-    exited: list = field(default_factory=list)
 
 
 class Launcher:

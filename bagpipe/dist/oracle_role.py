@@ -22,6 +22,7 @@ from bagpipe.dist.transport import CREDIT, PLAN, Transport
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.train.backends import numbered
 from bagpipe.train.config import TrainConfig
+from bagpipe.train.loop import cache_rows_for, lookups_per_batch
 
 
 @dataclass
@@ -40,31 +41,16 @@ class OracleReport:
     max_in_flight: int = 0
 
 
-def plan_cache_rows(cfg: TrainConfig, num_rows: int, lookups_per_batch: int) -> int:
-    """The cache size every role agrees on: --cache-rows, else 5% of all rows (>= one batch)."""
-    from bagpipe.train.loop import default_cache_rows
-
-    return cfg.cache_rows or default_cache_rows(cfg, num_rows, lookups_per_batch)
-
-
-def hello(cfg: TrainConfig, layout: Layout) -> dict:
-    """What the oracle tells each trainer before the first plan."""
-    dataset = Dataset(cfg.data)
-    meta = dataset.meta
-    lookups = cfg.batch_size * meta.num_features
-    if meta.multihot_features:
-        stream = BatchStream(dataset, "train", cfg.batch_size, seed=cfg.seed, block_size=cfg.block_size)
-        lookups = max(lookups, max(int(stream.batch(i).rows.shape[0]) for i in range(min(stream.batches_per_epoch, cfg.steps))))
-    return {"cache_rows": plan_cache_rows(cfg, sum(meta.table_sizes), lookups), "lookahead": cfg.lookahead, "trainers": layout.trainers}
-
-
 def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
     dataset = Dataset(cfg.data)
     stream = BatchStream(dataset, "train", cfg.batch_size, seed=cfg.seed, block_size=cfg.block_size)
-    info = hello(cfg, layout)
+    total_rows = dataset.meta.total_rows
+    # the cache size every trainer allocates: chosen once, here, as one process would
+    cache_rows = cache_rows_for(cfg, total_rows, lookups_per_batch(cfg, dataset.meta, stream))
+    info = {"cache_rows": cache_rows, "lookahead": cfg.lookahead, "trainers": layout.trainers}
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
-    oracle = LookaheadOracle(sum(dataset.meta.table_sizes), info["cache_rows"], cfg.lookahead)
+    oracle = LookaheadOracle(total_rows, info["cache_rows"], cfg.lookahead)
     report = OracleReport(cache_rows=info["cache_rows"], lookahead=cfg.lookahead, fetched_rows=[0] * layout.trainers)
     credits = _Credits(transport, layout.trainer_ranks, cfg.plans_in_flight)
     replicated = cfg.cache_sync == "replicated"

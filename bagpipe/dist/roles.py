@@ -142,7 +142,7 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
             store = DiskStore(sinit, state_dim, path)
         _log(f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store")
         try:
-            report = EmbeddingServer(store, transport, layout.trainer_ranks, shard, layout.servers).serve()
+            report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()
         finally:
             store.close()
         _log(f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' write-backs")

@@ -64,12 +64,9 @@ def shard_rows(num_rows: int, shard: int, num_shards: int) -> int:
 
 @dataclass
 class ServerReport:
-    """What a server did, sent back to trainer 0 for the summary."""
+    """What a server did (its log line; trainer 0 asks for the same with a "stats" request)."""
 
-    shard: int
-    rows: int
-    requests: dict = field(default_factory=dict)
-    store: dict = field(default_factory=dict)
+    requests: dict = field(default_factory=dict)  # requests served, by kind
     waited_s: float = 0.0  # time reads were held for other clients' write-backs
 
 
@@ -80,19 +77,17 @@ class EmbeddingServer:
         store: the shard's store (local rows).
         transport: the job's transport.
         clients: ranks of the trainers.
-        shard, num_shards: which part of the row space this is.
     """
 
-    def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int], shard: int, num_shards: int):
+    def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int]):
         self.store = store
         self.t = transport
         self.clients = list(clients)
-        self.shard, self.num_shards = shard, num_shards
         self._marks = {c: -1 << 62 for c in self.clients}
         self._cond = threading.Condition()
         self._store_lock = threading.Lock()  # the stores allow one reader + one writer; clients are many
         self._failure: tuple[int, BaseException] | None = None
-        self.report = ServerReport(shard, store.num_rows)
+        self.report = ServerReport()
 
     def serve(self) -> ServerReport:
         threads = [threading.Thread(target=self._client_loop, args=(c,), name=f"serve-{c}", daemon=True) for c in self.clients]
@@ -105,7 +100,6 @@ class EmbeddingServer:
             if isinstance(exc, BagpipeError):  # PeerLost names the trainer already
                 raise exc
             raise BagpipeError(f"serving trainer rank {client} failed: {str(exc).splitlines()[0]}") from exc
-        self.report.store = self.store.stats.as_dict()
         return self.report
 
     def _client_loop(self, client: int) -> None:
@@ -223,13 +217,8 @@ class RemoteStore(EmbeddingStore):
         return w, s
 
     # EmbeddingStore -------------------------------------------------------------------
-    def read(self, rows: np.ndarray, after: int = -1) -> tuple[np.ndarray, np.ndarray]:
-        rows = np.asarray(rows, dtype=np.int64)
-        w, s = self._gather(rows, after, count=True)
-        with self._stats_lock:
-            self.stats.reads += 1
-            self.stats.rows_read += len(rows)
-        return w, s
+    def _read_after(self, rows: np.ndarray, after: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._gather(rows, after, count=True)
 
     def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self._gather(rows, self.read_floor, count=False)

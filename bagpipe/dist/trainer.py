@@ -32,13 +32,12 @@ from bagpipe.models import build_model
 from bagpipe.models.embedding import gather_rows
 from bagpipe.optim.sparse import SparseOptimizer, build_dense_optimizer, build_sparse_optimizer
 from bagpipe.store.init import RowInitializer
+from bagpipe.train.backends import store_lookup
 from bagpipe.train.checkpoint import save_checkpoint
 from bagpipe.train.config import TrainConfig
-from bagpipe.train.loop import digest_and_save, evaluate, write_summary
+from bagpipe.train.loop import digest_and_save, evaluate, write_run_config, write_summary
 from bagpipe.train.metrics import RssSampler, current_rss_mb, peak_rss_mb
 from bagpipe.train.step import forward_logits
-
-EXPORT_CHUNK_ROWS = 1 << 20
 
 
 def data_parallel_step(
@@ -108,9 +107,8 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
     dense_opt = build_dense_optimizer(cfg.optimizer, cfg.lr, model.parameters())
     sparse_opt = build_sparse_optimizer(cfg.optimizer, cfg.lr)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, cfg.seed)
-    if rank == 0:  # what `bagpipe eval` reads to rebuild the model, as a one-process run writes it
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.out) / "config.json").write_text(json.dumps({"train": cfg.to_json(), "model": dataclasses.asdict(mcfg)}, indent=2))
+    if rank == 0:
+        write_run_config(cfg, mcfg)
         for s in layout.server_ranks:
             transport.send(s, CONTROL, setup_message(init, sparse_opt.state_dim))
     store = RemoteStore(init, sparse_opt.state_dim, transport, layout.server_ranks)
@@ -161,10 +159,10 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
         if rank != 0:
             store.close()  # goodbye to the servers; after a failure there is none, so they fail too
             return None
-        ev = evaluate(model, lambda rows: torch.from_numpy(np.ascontiguousarray(store.peek(rows.numpy())[0])), dataset, cfg.batch_size, cfg.eval_samples)
+        ev = evaluate(model, lambda rows: store_lookup(store, rows), dataset, cfg.batch_size, cfg.eval_samples)
         dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state()}
         digest = digest_and_save(
-            cfg, model, _export(store),
+            cfg, model, store.chunks(),
             lambda rows: save_checkpoint(Path(cfg.out), step, dense, rows, init.num_rows, init.dim, sparse_opt.state_dim),
         )
         measured = step - (cfg.warmup_steps if step > cfg.warmup_steps else 0)
@@ -215,9 +213,3 @@ def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transpor
         rss.stop()
         executor.close(abandon=True)  # after success it is closed already
 
-
-def _export(store: RemoteStore):
-    for a in range(0, store.num_rows, EXPORT_CHUNK_ROWS):
-        b = min(a + EXPORT_CHUNK_ROWS, store.num_rows)
-        w, s = store.read_range(a, b)
-        yield a, w, s

@@ -73,6 +73,10 @@ class Transport:
         with self._locks_guard:
             return self._locks.setdefault((peer, stream), threading.Lock())
 
+    def _count(self, counter: str, n: int) -> None:
+        with self._locks_guard:  # several threads send and receive at once
+            setattr(self, counter, getattr(self, counter) + n)
+
     def send(self, peer: int, stream: int, obj: Any) -> None:
         with self._guard(peer, "sending to"):
             self._send(peer, stream, obj)
@@ -108,7 +112,7 @@ class Transport:
             for r in raws:
                 if r.numel():
                     dist.send(r, dst=peer, tag=stream)
-        self.bytes_sent += HEADER_BYTES + (0 if inline else len(data)) + sum(r.numel() for r in raws)
+        self._count("bytes_sent", HEADER_BYTES + (0 if inline else len(data)) + sum(r.numel() for r in raws))
 
     def _recv(self, peer: int, stream: int) -> Any:
         header = torch.empty(HEADER_BYTES // 8, dtype=torch.int64)
@@ -129,7 +133,7 @@ class Transport:
             if n:
                 dist.recv(buf, src=peer, tag=stream)
             buffers.append(buf.numpy())
-        self.bytes_received += HEADER_BYTES + (0 if inline else nbytes) + sum(len(b) for b in buffers)
+        self._count("bytes_received", HEADER_BYTES + (0 if inline else nbytes) + sum(len(b) for b in buffers))
         return pickle.loads(payload, buffers=buffers)
 
 

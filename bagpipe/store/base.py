@@ -10,10 +10,13 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from bagpipe.store.init import RowInitializer
+
+EXPORT_CHUNK_ROWS = 1 << 20
 
 
 @dataclass
@@ -61,7 +64,7 @@ class EmbeddingStore(ABC):
         caller's own pipeline, which waits for those write-backs before reading.
         """
         rows = np.asarray(rows, dtype=np.int64)
-        w, s = self._read(rows)
+        w, s = self._read_after(rows, after)
         with self._stats_lock:
             self.stats.reads += 1
             self.stats.rows_read += len(rows)
@@ -88,8 +91,19 @@ class EmbeddingStore(ABC):
         """Rows [start, stop) for digests and export; does not count as training reads."""
         return self._read(np.arange(start, stop, dtype=np.int64))
 
+    def chunks(self, chunk_rows: int = EXPORT_CHUNK_ROWS) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Every row in order, as (start, weights, state) chunks (export, digests, checkpoints)."""
+        for a in range(0, self.num_rows, chunk_rows):
+            b = min(a + chunk_rows, self.num_rows)
+            w, s = self.read_range(a, b)
+            yield a, w, s
+
     @abstractmethod
     def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def _read_after(self, rows: np.ndarray, after: int) -> tuple[np.ndarray, np.ndarray]:
+        """A training read that must see write-backs labelled <= ``after``; see :meth:`read`."""
+        return self._read(rows)
 
     @abstractmethod
     def _write(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None: ...

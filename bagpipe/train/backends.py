@@ -28,10 +28,9 @@ from bagpipe.data.stream import BatchStream
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.policies import LRUPlanner, NoCachePlanner
-from bagpipe.store.base import EmbeddingStore
+from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
 from bagpipe.store.init import RowInitializer
 
-EXPORT_CHUNK_ROWS = 1 << 20
 
 
 @dataclass
@@ -87,6 +86,12 @@ class Prefetched:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def store_lookup(store: EmbeddingStore, rows: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(U, D) current weights of ``rows`` from a store, for evaluation (not counted as training reads)."""
+    w, _ = store.peek(rows.cpu().numpy())
+    return torch.from_numpy(np.ascontiguousarray(w)).to(device)
 
 
 def numbered(stream: BatchStream, start: int, stop: int) -> Iterator[tuple[int, Batch]]:
@@ -217,14 +222,10 @@ class CachedBackend:
             self.store.flush()
 
     def export(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        for a in range(0, self.store.num_rows, EXPORT_CHUNK_ROWS):
-            b = min(a + EXPORT_CHUNK_ROWS, self.store.num_rows)
-            w, s = self.store.read_range(a, b)
-            yield a, w, s
+        return self.store.chunks()
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
-        w, _ = self.store.peek(rows.numpy())
-        return torch.from_numpy(np.ascontiguousarray(w)).to(self.device)
+        return store_lookup(self.store, rows, self.device)
 
     def stats(self) -> dict:
         out = dict(self.planner.stats.as_dict()) if self.planner else {}

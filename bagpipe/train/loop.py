@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -44,9 +45,9 @@ def make_store(cfg: TrainConfig, init: RowInitializer, state_dim: int):
     return DiskStore(init, state_dim, path)
 
 
-def default_cache_rows(cfg: TrainConfig, total_rows: int, lookups_per_batch: int) -> int:
-    """5% of all rows, but never less than what one batch can touch."""
-    return int(min(total_rows, max(math.ceil(0.05 * total_rows), lookups_per_batch)))
+def cache_rows_for(cfg: TrainConfig, total_rows: int, lookups: int) -> int:
+    """--cache-rows, else 5% of all rows, but never less than what one batch can touch."""
+    return cfg.cache_rows or int(min(total_rows, max(math.ceil(0.05 * total_rows), lookups)))
 
 
 def autotune(cfg: TrainConfig, init: RowInitializer, state_dim: int, stream: BatchStream):
@@ -73,7 +74,7 @@ def make_backend(cfg: TrainConfig, init: RowInitializer, state_dim: int, lookups
         cache_rows = tuned.cache_rows
         lookahead = tuned.lookahead or cfg.lookahead
     else:
-        cache_rows = cfg.cache_rows or default_cache_rows(cfg, init.num_rows, lookups_per_batch)
+        cache_rows = cache_rows_for(cfg, init.num_rows, lookups_per_batch)
     return CachedBackend(cfg.mode, store, cache_rows, lookahead=lookahead)
 
 
@@ -136,6 +137,12 @@ def digest_and_save(cfg: TrainConfig, model: torch.nn.Module, rows, save: Callab
     return h.hexdigest() if h is not None else None
 
 
+def write_run_config(cfg: TrainConfig, mcfg) -> None:
+    """RUN/config.json: the run's settings and model, what ``bagpipe eval`` rebuilds the model from."""
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.out) / "config.json").write_text(json.dumps({"train": cfg.to_json(), "model": dataclasses.asdict(mcfg)}, indent=2))
+
+
 def write_summary(cfg: TrainConfig, summary: dict) -> None:
     """RUN/summary.json, and --summary-json if given."""
     text = json.dumps(summary, indent=2)
@@ -181,9 +188,7 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> di
     dense_opt = build_dense_optimizer(cfg.optimizer, cfg.lr, model.parameters())
     sparse_opt = build_sparse_optimizer(cfg.optimizer, cfg.lr)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, cfg.seed)
-    lookups = cfg.batch_size * meta.num_features if not meta.multihot_features else max(
-        cfg.batch_size * meta.num_features, _max_lookups(stream, cfg)
-    )
+    lookups = lookups_per_batch(cfg, meta, stream)
     tuned = autotune(cfg, init, sparse_opt.state_dim, stream)
     if tuned is not None and announce is not None:
         announce(tuned.line())
@@ -209,7 +214,7 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> di
         for a, w, s in ckpt.rows():
             backend.load_rows(a, w, s)
         start = ckpt.step
-    (out / "config.json").write_text(json.dumps({"train": cfg.to_json(), "model": _asdict(mcfg)}, indent=2))
+    write_run_config(cfg, mcfg)
     log = MetricsLog(out / "metrics.jsonl")
 
     def checkpoint(step: int, rows=None) -> None:
@@ -306,15 +311,12 @@ def _pipeline_times(backend) -> dict:
     return {}
 
 
-def _max_lookups(stream: BatchStream, cfg: TrainConfig) -> int:
-    """Upper bound of lookups per batch for multi-hot data (scans the first epoch's batches)."""
-    best = 0
-    for i in range(min(stream.batches_per_epoch, cfg.steps)):
-        best = max(best, int(stream.batch(i).rows.shape[0]))
-    return best
+def lookups_per_batch(cfg: TrainConfig, meta, stream: BatchStream) -> int:
+    """Upper bound of lookups per batch: B*F for one-hot data; multi-hot data scans the
+    first epoch's batches."""
+    lookups = cfg.batch_size * meta.num_features
+    if meta.multihot_features:
+        for i in range(min(stream.batches_per_epoch, cfg.steps)):
+            lookups = max(lookups, int(stream.batch(i).rows.shape[0]))
+    return lookups
 
-
-def _asdict(x):
-    import dataclasses
-
-    return dataclasses.asdict(x)
