@@ -13,6 +13,7 @@ lower it for themselves (and restore it afterwards).
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bagpipe.data.synthetic import SynthConfig, generate
 
@@ -44,3 +45,13 @@ def run_cli(capsys):
 
     return run
 
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one intra-op thread for a module whose models are tiny (threads only add
+    overhead there, and stall on a busy host); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -25,13 +25,7 @@ B, DD, NF = 64, 4, 5
 CASES = list(itertools.product(MODEL_NAMES, RECIPE_SIZES))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: intra-op threads only add overhead (and stall on a busy host)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _inputs(cfg: ModelConfig, seed: int = 0, num_dense: int = DD) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 import bagpipe.train.loop as loop
 
@@ -42,12 +41,7 @@ SUMMARY_KEYS = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def read_json(path) -> dict:

@@ -142,8 +142,9 @@ class _Scratch:
         return self.a[:k], self.b[:k], self.c[:k]
 
 
-def _all_ascii_digits(x: np.ndarray, A: np.ndarray, B: np.ndarray) -> bool:
-    """Every byte of every word of x is '0'..'9'."""
+def _digit_bits(x: np.ndarray, A: np.ndarray, B: np.ndarray) -> bool:
+    """False if a byte of x is not ASCII; else A holds, per byte, its high bit set iff
+    the byte is '0'..'9' (B is scratch)."""
     np.bitwise_and(x, _H, out=A)
     if A.any():
         return False
@@ -151,19 +152,21 @@ def _all_ascii_digits(x: np.ndarray, A: np.ndarray, B: np.ndarray) -> bool:
     np.add(x, _GE_COLON, out=B)
     np.invert(B, out=B)
     np.bitwise_and(A, B, out=A)
+    return True
+
+
+def _all_ascii_digits(x: np.ndarray, A: np.ndarray, B: np.ndarray) -> bool:
+    """Every byte of every word of x is '0'..'9'."""
+    if not _digit_bits(x, A, B):
+        return False
     np.bitwise_and(A, _H, out=A)
     return bool((A == _H).all())
 
 
 def _all_ascii_hex(x: np.ndarray, A: np.ndarray, B: np.ndarray, C: np.ndarray) -> bool:
     """Every byte of every word of x is '0'..'9', 'a'..'f' or 'A'..'F'."""
-    np.bitwise_and(x, _H, out=A)
-    if A.any():
+    if not _digit_bits(x, A, B):  # digits
         return False
-    np.add(x, _GE_0, out=A)
-    np.add(x, _GE_COLON, out=B)
-    np.invert(B, out=B)
-    np.bitwise_and(A, B, out=A)  # digits
     np.bitwise_or(x, _CASE_BIT, out=C)
     np.add(C, _GE_a, out=B)
     np.add(C, _GE_g, out=C)
