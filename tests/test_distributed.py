@@ -232,7 +232,7 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     servers with `bagpipe serve`), no launcher to stop them; each must notice the dead
     server (or the roles that left because of it) and exit with an error on its own,
     none hanging."""
-    from bagpipe.dist.launch import free_port
+    from bagpipe.distributed.launch import free_port
 
     port, procs = free_port(), []
     try:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bagpipe.data.batch import Batch
-from bagpipe.dist.partition import partition, slice_batch
+from bagpipe.distributed.partition import partition, slice_batch
 from bagpipe.errors import ConfigError
 from bagpipe.oracle import LookaheadOracle
 

@@ -2,7 +2,7 @@
 
 One process reads the sample stream (global batches of B samples), runs the
 :class:`LookaheadOracle` over them, splits every plan into the N trainers' plans
-(:func:`bagpipe.dist.partition.partition`) and sends each trainer its own, ahead of
+(:func:`bagpipe.distributed.partition.partition`) and sends each trainer its own, ahead of
 time. Back-pressure: at most ``plans_in_flight`` plans per trainer are sent and not
 yet taken by that trainer's pipeline (a trainer returns one credit per plan it takes),
 so the oracle's memory stays bounded however long the run.
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
-from bagpipe.dist.layout import Layout
-from bagpipe.dist.partition import partition
-from bagpipe.dist.transport import CREDIT, PLAN, Transport
+from bagpipe.distributed.layout import Layout
+from bagpipe.distributed.partition import partition
+from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.train.backends import numbered
 from bagpipe.train.config import TrainConfig

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bagpipe.dist.layout import Layout
+from bagpipe.distributed.layout import Layout
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.train.config import TrainConfig
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from bagpipe.dist.layout import Layout
+from bagpipe.distributed.layout import Layout
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.train.config import STORES, TrainConfig
 
@@ -78,7 +78,7 @@ def joined(layout: Layout, rank: int, threads: int):
     import torch
     import torch.distributed as dist
 
-    from bagpipe.dist.transport import Transport, gloo_reason
+    from bagpipe.distributed.transport import Transport, gloo_reason
 
     torch.set_num_threads(max(1, threads))  # N + S + 1 processes share the machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
@@ -106,10 +106,10 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
         return None
     with joined(layout, rank, role_threads(cfg)) as (transport, group):
         if role == "trainer":
-            from bagpipe.dist.trainer import run_trainer
+            from bagpipe.distributed.trainer import run_trainer
 
             return run_trainer(cfg, layout, rank, transport, group, _log)
-        from bagpipe.dist.oracle_role import run_oracle
+        from bagpipe.distributed.oracle_role import run_oracle
 
         report = run_oracle(cfg, layout, transport)
         _log(
@@ -121,7 +121,7 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
 
 def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     """Run embedding server ``rank`` until every trainer has said goodbye."""
-    from bagpipe.dist.server import EmbeddingServer, ShardInit, receive_setup
+    from bagpipe.distributed.server import EmbeddingServer, ShardInit, receive_setup
 
     role, shard = layout.role(rank)
     if role != "server":

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bagpipe.dist.transport import CONTROL, REPLY, REQUEST, Transport
+from bagpipe.distributed.transport import CONTROL, REPLY, REQUEST, Transport
 from bagpipe.errors import BagpipeError
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowInitializer

@@ -23,11 +23,11 @@ from bagpipe.cache.pipeline import PlanExecutor
 from bagpipe.cache.slots import SlotCache
 from bagpipe.cache.sync import sync_and_update
 from bagpipe.data.shards import Dataset
-from bagpipe.dist.layout import Layout
-from bagpipe.dist.oracle_role import PlanReceiver
-from bagpipe.dist.partition import TrainerPlan
-from bagpipe.dist.server import RemoteStore, setup_message
-from bagpipe.dist.transport import CONTROL, Transport
+from bagpipe.distributed.layout import Layout
+from bagpipe.distributed.oracle_role import PlanReceiver
+from bagpipe.distributed.partition import TrainerPlan
+from bagpipe.distributed.server import RemoteStore, setup_message
+from bagpipe.distributed.transport import CONTROL, Transport
 from bagpipe.models import build_model
 from bagpipe.models.embedding import gather_rows
 from bagpipe.optim.sparse import SparseOptimizer, build_dense_optimizer, build_sparse_optimizer

@@ -1,0 +1,11 @@
+"""Distributed training: roles (trainers, embedding servers, the oracle) over torch.distributed.
+
+* :mod:`bagpipe.distributed.transport`  one small message interface over gloo point-to-point
+* :mod:`bagpipe.distributed.layout`     which rank plays which role
+* :mod:`bagpipe.distributed.server`     the embedding server and its client, :class:`RemoteStore`
+* :mod:`bagpipe.distributed.partition`  a global plan split into per-trainer plans (the partitioned cache)
+* :mod:`bagpipe.distributed.oracle_role` the oracle as its own process, with back-pressure
+* :mod:`bagpipe.distributed.trainer`    a data-parallel trainer (DDP + embedding-gradient sync)
+* :mod:`bagpipe.distributed.roles`      one process: join the job, play the rank's role, leave
+* :mod:`bagpipe.distributed.launch`     one machine: every role as a process on loopback
+"""
