@@ -37,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from bagpipe.dist.launch import interface_of
-    from bagpipe.dist.layout import Layout
-    from bagpipe.dist.roles import ServerConfig, serve
+    from bagpipe.distributed.launch import interface_of
+    from bagpipe.distributed.layout import Layout
+    from bagpipe.distributed.roles import ServerConfig, serve
     from bagpipe.errors import ConfigError
 
     layout = Layout(args.trainers, args.servers)

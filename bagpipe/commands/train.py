@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k, None) for k in TrainConfig.field_names()}
     cfg = load_config(args.config, overrides)
     if cfg.distributed:
-        from bagpipe.dist.launch import launch
+        from bagpipe.distributed.launch import launch
 
         s = launch(cfg, echo=lambda line: print(line, flush=True))
     else:

@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from bagpipe.dist.layout import Layout
-    from bagpipe.dist.roles import env_rank, run_role
+    from bagpipe.distributed.layout import Layout
+    from bagpipe.distributed.roles import env_rank, run_role
     from bagpipe.errors import BagpipeError
     from bagpipe.train.config import TrainConfig, load_config
 
