@@ -6,7 +6,7 @@ send/recv, what the embedding servers use) and (b) ``rpc_sync`` of a function th
 returns the rows (TensorPipe). Also (c) the same exchange as bare gloo tensors, the floor of (a). Prints the
 median round trip of each and the ratio of (b) to (a);
 ``--json`` writes them too. This is the measurement behind the choice documented in
-bagpipe/dist/transport.py and docs/distributed.md.
+bagpipe/distributed/transport.py and docs/distributed.md.
 
     python benchmarks/transport.py --rows 20000 --dim 64 --repeat 50
 """
@@ -33,7 +33,7 @@ def _rows(n: int, d: int):
 def _gloo(rank: int, port: int, n: int, d: int, repeat: int, q) -> None:
     import torch.distributed as dist
 
-    from bagpipe.dist.transport import REPLY, REQUEST, Transport
+    from bagpipe.distributed.transport import REPLY, REQUEST, Transport
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -109,7 +109,7 @@ def _rpc(rank: int, port: int, n: int, d: int, repeat: int, q) -> None:
 
 
 def measure(fn, n: int, d: int, repeat: int) -> list[float]:
-    from bagpipe.dist.launch import free_port
+    from bagpipe.distributed.launch import free_port
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -36,7 +36,7 @@ class Plan:
             (lookahead oracle only; empty from planners that do not look ahead).
         drop_before_slots / drop_after_slots: slots freed at the same moments *without*
             a write-back, because another trainer writes that row back (data-parallel
-            plans only; see :mod:`bagpipe.dist.partition`).
+            plans only; see :mod:`bagpipe.distributed.partition`).
     """
 
     step: int
