@@ -1,0 +1,196 @@
+"""Command-line options and TOML files generated from typed config dataclasses.
+
+A *root* config is either one :class:`Section` (flat) or a dataclass whose fields are
+sections (``TrainConfig``: ``dataset``, ``arch``, ``optim``, ...). Field names are
+unique across a root's sections, so every setting has one name, used everywhere:
+
+* on the command line as ``--field-name`` (a bool as ``--name`` / ``--no-name``), with
+  the choices of a ``Literal`` type, the field's docstring as help and its default;
+* in a TOML file as ``field_name = value``, either at the top level or inside a table
+  named after its section (``[cache]``), as the ``--help`` of the command says.
+
+:func:`build` merges the sources (defaults < file < command line) and constructs the
+root; a wrong type or an unknown key is a one-line :class:`ConfigError` naming the
+file and the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from bagpipe.config.typed import Section, choices, coerce, describe, field_docs, field_types, get_args, get_origin, strip_optional
+from bagpipe.errors import ConfigError
+
+
+def sections(root: type) -> dict[str, type[Section]]:
+    """Attribute name -> section class of a root config (``{"": root}`` for a flat one)."""
+    if issubclass(root, Section):
+        return {"": root}
+    return {f.name: field_types(root)[f.name] for f in dataclasses.fields(root)}
+
+
+def settings(root: type) -> dict[str, tuple[str, type[Section]]]:
+    """Every setting's name -> (its section's attribute, the section class)."""
+    out: dict[str, tuple[str, type[Section]]] = {}
+    for attr, cls in sections(root).items():
+        for f in dataclasses.fields(cls):
+            if f.name in out:  # pragma: no cover - a programming error caught by the tests
+                raise TypeError(f"setting {f.name!r} is declared in two sections of {root.__name__}")
+            out[f.name] = (attr, cls)
+    return out
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return dataclasses.MISSING
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _parse_tuple(item: type):
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(item(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {item.__name__}s, got {text!r}") from None
+
+    return parse
+
+
+def add_options(parser: argparse.ArgumentParser, root: type, titles: dict[str, str] | None = None,
+                skip: tuple[str, ...] = ()) -> None:
+    """One option per setting of ``root``, grouped by section (``titles``: attr -> group title).
+
+    Every option defaults to None, meaning "not given": :func:`build` then keeps the
+    value of the config file or the field's default.
+    """
+    for attr, cls in sections(root).items():
+        title = (titles or {}).get(attr) or (cls.__doc__ or attr).strip().splitlines()[0]
+        group = parser.add_argument_group(title)
+        docs, types_ = field_docs(cls), field_types(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in skip:
+                continue
+            tp = types_[f.name]
+            base = strip_optional(tp)
+            default = _default(f)
+            help_ = docs.get(f.name, "").replace("%", "%%")
+            if default is dataclasses.MISSING:
+                help_ += " (required)"
+            elif default is not None and base is not bool:
+                help_ += f" (default: {_show(default)})"
+            kw: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
+            if base is bool:
+                kw["action"] = argparse.BooleanOptionalAction
+                if default is not dataclasses.MISSING:
+                    kw["help"] += f" (default: {'on' if default else 'off'})"
+            elif choices(tp) is not None:
+                kw["choices"] = choices(tp)
+                kw["type"] = type(choices(tp)[0])
+            elif get_origin(base) is tuple:
+                kw["type"] = _parse_tuple(get_args(base)[0])
+                kw["metavar"] = "A,B,..."
+            else:
+                kw["type"] = base
+                kw["metavar"] = {int: "N", float: "X", str: "TEXT"}.get(base, "VALUE")
+            group.add_argument(flag(f.name), **kw)
+
+
+def read_toml(path: str | Path) -> dict:
+    """A TOML file as a dict; a missing file or a syntax error is a one-line ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def flatten(root: type, values: dict, source: str) -> dict:
+    """Settings from a nested or flat mapping (a TOML file, a config.json) as one flat dict.
+
+    A table named after a section holds that section's settings; any other key must be
+    a setting's name. ``source`` (a file name) starts every error message.
+    """
+    known = settings(root)
+    secs = sections(root)
+    out: dict[str, Any] = {}
+
+    def put(key: str, value: Any, where: str) -> None:
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ConfigError(f"{source}: unknown key {where}{key!r}{hint}")
+        if key in out:
+            raise ConfigError(f"{source}: key {key!r} is given twice")
+        out[key] = value
+
+    for key, value in values.items():
+        if key in secs and key not in known and isinstance(value, dict):
+            for k, v in value.items():
+                if k in known and known[k][0] != key:
+                    raise ConfigError(f"{source}: key {k!r} belongs in [{known[k][0]}], not [{key}]")
+                put(k, v, f"[{key}] ")
+        else:
+            put(key, value, "")
+    return out
+
+
+def build(root: type, values: dict, source: str = "configuration"):
+    """Construct ``root`` from flat ``values`` (missing ones keep their defaults).
+
+    Each value is checked against its field's type first, so the error names
+    ``source`` and the key; the sections' own validation runs after.
+    """
+    known = settings(root)
+    parts: dict[str, dict] = {attr: {} for attr in sections(root)}
+    for key, value in values.items():
+        attr, cls = known[key]
+        tp = field_types(cls)[key]
+        try:
+            coerce(tp, value)
+        except ValueError:
+            raise ConfigError(f"{source}: {key} must be {describe(tp)}, got {value!r}") from None
+        parts[attr][key] = value
+    for attr, cls in sections(root).items():
+        missing = [f.name for f in dataclasses.fields(cls) if _default(f) is dataclasses.MISSING and f.name not in parts[attr]]
+        if missing:
+            raise ConfigError(f"{flag(missing[0])} is required (on the command line or in the config file)")
+    try:
+        if issubclass(root, Section):
+            return root(**parts[""])
+        return root(**{attr: cls(**parts[attr]) for attr, cls in sections(root).items()})
+    except TypeError as e:  # pragma: no cover - a programming error
+        raise ConfigError(str(e)) from None
+
+
+def given(args: argparse.Namespace, root: type) -> dict:
+    """The settings given on the command line (options left at None are not)."""
+    return {k: getattr(args, k) for k in settings(root) if getattr(args, k, None) is not None}
+
+
+def to_flat(cfg) -> dict:
+    """A root config as one flat dict of settings (the inverse of :func:`build`)."""
+    if isinstance(cfg, Section):
+        return dataclasses.asdict(cfg)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        out.update(dataclasses.asdict(getattr(cfg, f.name)))
+    return out

@@ -1,0 +1,161 @@
+"""Typed, documented, validated dataclass configs: the machinery every config shares.
+
+A config is a keyword-only dataclass whose fields carry a type annotation (``int``,
+``float``, ``bool``, ``str``, ``X | None``, ``Literal[...]``, ``tuple[int, ...]``) and a
+docstring right below the field, torchtitan-style::
+
+    @dataclass(kw_only=True)
+    class CacheConfig(Section):
+        mode: Literal["full", "lookahead"] = "full"
+        \"\"\"full (every table in memory) or lookahead (the oracle).\"\"\"
+
+:class:`Section` checks every value against its annotation before the class's own
+``validate()`` runs, so a value from a TOML file that has the wrong type is a one-line
+:class:`ConfigError` naming the key. :func:`field_docs` reads the docstrings back from
+the source (what ``--help`` prints), so each field is documented once, where it is
+declared.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import math
+import textwrap
+import types
+import typing
+from functools import lru_cache
+from typing import Any, Literal, Union, get_args, get_origin
+
+from bagpipe.errors import ConfigError
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: docstring}`` of a dataclass, from the string literal below each field.
+
+    Inherited fields are included; a class whose source is unavailable gives ``{}``.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:]):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
+    return docs
+
+
+@lru_cache(maxsize=None)
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass's fields (postponed annotations evaluated)."""
+    module = inspect.getmodule(cls)
+    hints = typing.get_type_hints(cls, globalns=vars(module) if module else None)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def is_optional(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
+
+
+def strip_optional(tp: Any) -> Any:
+    """``X | None`` -> ``X``; anything else unchanged."""
+    if is_optional(tp):
+        rest = [a for a in get_args(tp) if a is not type(None)]
+        return rest[0] if len(rest) == 1 else Union[tuple(rest)]
+    return tp
+
+
+def choices(tp: Any) -> tuple | None:
+    """The allowed values of a ``Literal[...]`` type (optional or not), else None."""
+    tp = strip_optional(tp)
+    return get_args(tp) if get_origin(tp) is Literal else None
+
+
+def describe(tp: Any) -> str:
+    """A type as a message names it: "an int", "one of 'sgd', 'adagrad'", ..."""
+    opt = is_optional(tp)
+    tp = strip_optional(tp)
+    if get_origin(tp) is Literal:
+        text = "one of " + ", ".join(repr(c) for c in get_args(tp))
+    elif get_origin(tp) is tuple:
+        text = f"a list of {describe(get_args(tp)[0]).split(' ', 1)[1]}s"
+    else:
+        text = {int: "an int", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    return text + (" (or nothing)" if opt else "")
+
+
+def coerce(tp: Any, value: Any) -> Any:
+    """``value`` checked against ``tp`` and normalised (an int for a float field becomes a
+    float, a list for a tuple field a tuple); raises ValueError when it does not fit."""
+    if value is None:
+        if is_optional(tp):
+            return None
+        raise ValueError
+    tp = strip_optional(tp)
+    origin = get_origin(tp)
+    if origin is Literal:
+        if value in get_args(tp) and type(value) in {type(c) for c in get_args(tp)}:
+            return value
+        raise ValueError
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError
+        item = get_args(tp)[0]
+        return tuple(coerce(item, v) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError
+    raise TypeError(f"unsupported config type {tp!r}")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Section:
+    """Base of every config dataclass: type-checks fields, then runs :meth:`validate`."""
+
+    def __post_init__(self) -> None:
+        for name, tp in field_types(type(self)).items():
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, coerce(tp, value))
+            except ValueError:
+                raise ConfigError(f"{name} must be {describe(tp)}, got {value!r}") from None
+        self.validate()
+
+    def validate(self) -> None:
+        """Cross-field checks of the subclass; raise ConfigError with one line."""
+
+
+def need(cond: bool, message: str) -> None:
+    """Raise ConfigError(message) unless ``cond``: the one-liner validations are made of."""
+    if not cond:
+        raise ConfigError(message)
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)
