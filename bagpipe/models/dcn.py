@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from bagpipe.models.layers import mlp
-from bagpipe.models.registry import ModelConfig
+from bagpipe.models.config import ModelConfig
 
 
 class CrossNetwork(nn.Module):

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from bagpipe.models.layers import LinearTerm, mlp_head
-from bagpipe.models.registry import ModelConfig
+from bagpipe.models.config import ModelConfig
 
 
 def fm_second_order(pooled: Tensor) -> Tensor:

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from bagpipe.errors import ConfigError
 from bagpipe.models.layers import DotInteraction, mlp, mlp_head
-from bagpipe.models.registry import ModelConfig
+from bagpipe.models.config import ModelConfig
 
 
 class DLRM(nn.Module):
