@@ -97,9 +97,9 @@ def test_budget_below_one_batch_is_a_capacity_error(stream):
 
 def test_budget_and_cache_rows_are_exclusive(tmp_path):
     with pytest.raises(ConfigError, match="mutually exclusive"):
-        TrainConfig(data="d", out=str(tmp_path), cache_budget_mb=1.0, cache_rows=100)
+        TrainConfig.of(data="d", out=str(tmp_path), cache_budget_mb=1.0, cache_rows=100)
     with pytest.raises(ConfigError, match="cache budget"):
-        TrainConfig(data="d", out=str(tmp_path), cache_budget_mb=-1.0)
+        TrainConfig.of(data="d", out=str(tmp_path), cache_budget_mb=-1.0)
 
 
 def test_cli_prints_choice_and_stays_exact(tiny_data, tmp_path, run_cli):

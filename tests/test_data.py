@@ -18,7 +18,6 @@ What this proves:
   with ``offsets = arange(F*B + 1)`` for one-hot data and the right bags (empty ones
   included) for multi-hot data; an eval stream reads in file order with a final partial
   batch; a batch larger than the split (or <= 0) raises ConfigError.
-* ``Batch.to("cpu")`` returns equal tensors.
 
 Every sample of the hand-made datasets here carries its own index in dense column 0 and
 ids computed from it, so each batch can be checked sample by sample.
@@ -448,13 +447,3 @@ def test_synthetic_stream_rows_stay_in_their_tables(tiny_data):
         rows = b.rows.view(b.num_features, b.batch_size).numpy()
         assert (rows >= starts[:-1, None]).all() and (rows < starts[1:, None]).all()
         assert set(np.unique(b.labels.numpy())) <= {0.0, 1.0}
-
-
-def test_batch_to_cpu_returns_equal_tensors(multihot_dir):
-    b = BatchStream(Dataset(multihot_dir), "train", B, seed=0, block_size=BLOCK).batch(2)
-    c = b.to("cpu")
-    assert isinstance(c, Batch)
-    assert_batches_equal(b, c)
-    assert c.batch_size == b.batch_size == B
-    for name in ("labels", "dense", "rows", "offsets"):
-        assert getattr(c, name).device.type == "cpu"

@@ -83,7 +83,7 @@ def full_runs(tiny_data, tmp_path_factory):
     def get(optimizer: str) -> Path:
         if optimizer not in cache:
             out = tmp_path_factory.mktemp(f"full-{optimizer}")
-            train(TrainConfig(data=tiny_data, out=str(out), steps=STEPS, batch_size=BATCH, optimizer=optimizer,
+            train(TrainConfig.of(data=tiny_data, out=str(out), steps=STEPS, batch_size=BATCH, optimizer=optimizer,
                               lr=0.05, threads=1, progress=False))
             cache[optimizer] = out
         return cache[optimizer]

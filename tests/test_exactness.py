@@ -45,7 +45,7 @@ def reference(data, tmp_path_factory):
 def cfg(data: str, out: str, **kw) -> TrainConfig:
     base = dict(data=data, out=out, steps=STEPS, batch_size=BATCH, lr=0.05, seed=7, progress=False, eval_samples=512)
     base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig.of(**base)
 
 
 MATRIX = [

@@ -93,12 +93,12 @@ def test_train_writes_summary_metrics_and_config(dlrm_run, tiny_data):
     lines = (out / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert all(isinstance(r, dict) and isinstance(r["step"], int) for r in records)
-    assert [r["step"] for r in records if "loss" in r] == [10, 20, 30, 40, 50, 60]
+    assert [r["step"] for r in records if "loss" in r] == [1, 10, 20, 30, 40, 50, 60]  # the first step, then every 10
     evals = [r for r in records if "eval_auc" in r]
     assert [r["step"] for r in evals] == [20, 40, 60]
     assert evals[-1]["eval_auc"] == s["eval_auc"] and evals[-1]["eval_logloss"] == s["eval_logloss"]
     conf = read_json(out / "config.json")
-    assert conf["train"]["steps"] == 60 and conf["train"]["data"] == tiny_data
+    assert conf["train"]["run"]["steps"] == 60 and conf["train"]["data"]["data"] == tiny_data
     assert conf["model"]["embedding_dim"] > 0
     assert (out / "checkpoints" / "LATEST").read_text().strip() == "step-00000060"
 
@@ -287,7 +287,7 @@ def test_bad_config_files(run_cli, tiny_data, tmp_path):
     unknown = tmp_path / "unknown.toml"
     unknown.write_text(f'data = "{tiny_data}"\nsteps = 5\nbatch_sise = 64\n')
     rc, _, err = run_cli("train", "--config", unknown, "--out", tmp_path / "r")
-    assert_one_line_error(rc, err, "unknown setting", "batch_sise")
+    assert_one_line_error(rc, err, str(unknown), "unknown key", "batch_sise", "did you mean 'batch_size'")
     broken = tmp_path / "broken.toml"
     broken.write_text("steps = = 5\n")
     rc, _, err = run_cli("train", "--config", broken, "--data", tiny_data, "--out", tmp_path / "r")
@@ -296,22 +296,48 @@ def test_bad_config_files(run_cli, tiny_data, tmp_path):
     assert_one_line_error(rc, err, "not found")
 
 
-@pytest.mark.parametrize("table", [True, False], ids=["train-table", "top-level"])
-def test_config_file_with_command_line_overrides(run_cli, tiny_data, tmp_path, table):
+SECTIONED = """
+[data]
+data = "{data}"
+batch_size = 64
+[arch]
+model = "wide_deep"
+[optim]
+lr = 0.1
+optimizer = "sgd"
+[run]
+out = "{out}"
+steps = 40
+seed = 4
+progress = false
+"""
+
+
+@pytest.mark.parametrize("layout", ["train-table", "top-level", "sections"])
+def test_config_file_with_command_line_overrides(run_cli, tiny_data, tmp_path, layout):
     out = tmp_path / "run"
     conf = tmp_path / "run.toml"
     body = (
         f'data = "{tiny_data}"\nout = "{out}"\nmodel = "wide_deep"\nsteps = 40\nbatch_size = 64\n'
         "lr = 0.1\nseed = 4\nprogress = false\noptimizer = \"sgd\"\n"
     )
-    conf.write_text(("[train]\n" if table else "") + body)
+    text = {"train-table": "[train]\n" + body, "top-level": body, "sections": SECTIONED.format(data=tiny_data, out=out)}[layout]
+    conf.write_text(text)
     rc, _, err = run_cli("train", "--config", conf, "--steps", 12, "--seed", 9)
     assert rc == 0, err
     s = read_json(out / "summary.json")
     assert s["steps"] == 12 and s["samples"] == 12 * 64  # the command line won
     assert s["model"] == "wide_deep" and s["batch_size"] == 64 and s["optimizer"] == "sgd"  # the file's
     t = read_json(out / "config.json")["train"]
-    assert (t["seed"], t["steps"], t["lr"], t["batch_size"], t["model"]) == (9, 12, 0.1, 64, "wide_deep")
+    got = (t["run"]["seed"], t["run"]["steps"], t["optim"]["lr"], t["data"]["batch_size"], t["arch"]["model"])
+    assert got == (9, 12, 0.1, 64, "wide_deep")
+
+
+def test_config_file_key_in_the_wrong_table(run_cli, tiny_data, tmp_path):
+    conf = tmp_path / "run.toml"
+    conf.write_text(f'[run]\nsteps = 3\nbatch_size = 16\n[data]\ndata = "{tiny_data}"\n')
+    rc, _, err = run_cli("train", "--config", conf, "--out", tmp_path / "r")
+    assert_one_line_error(rc, err, str(conf), "'batch_size' belongs in [data], not [run]")
 
 
 @pytest.mark.parametrize("setting", ["steps = 2.5", "batch_size = 64.0", "steps = true", 'seed = "1"'])

@@ -231,14 +231,18 @@ class PlanExecutor:
                     q.all_tasks_done.wait(timeout=0.1)
             self._check_wb()
 
-    def flush_cached(self) -> None:
-        """Write every cached row to the store (rows stay cached). For checkpoints and the end."""
-        self.drain()
+    def write_cached(self) -> None:
+        """Write every cached row to the store (rows stay cached); call :meth:`drain` first."""
         slots, rows = self.cache.occupied()
         if len(slots):
-            idx_w = self.cache.weights[slots].cpu().numpy()
-            idx_s = self.cache.state[slots].cpu().numpy()
+            idx_w = self.cache.weights[slots].numpy()
+            idx_s = self.cache.state[slots].numpy()
             self.store.write(rows, idx_w, idx_s)
+
+    def flush_cached(self) -> None:
+        """Drain, write every cached row, make the store durable. For checkpoints and the end."""
+        self.drain()
+        self.write_cached()
         self.store.flush()
 
     def close(self, abandon: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""The trainer's cache: C slots of D weights (+ S optimizer-state values) on a device."""
+"""The trainer's cache: C slots of D weights (+ S optimizer-state values)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,10 @@ class SlotCache:
     backward cost what a table of C rows costs, whatever the size of the store.
     """
 
-    def __init__(self, cache_rows: int, dim: int, state_dim: int, device: torch.device | str = "cpu"):
-        self.device = torch.device(device)
-        self.weights = torch.zeros(cache_rows, dim, device=self.device)
-        self.state = torch.zeros(cache_rows, state_dim, device=self.device)
+    def __init__(self, cache_rows: int, dim: int, state_dim: int):
+        self.weights = torch.zeros(cache_rows, dim)
+        self.state = torch.zeros(cache_rows, state_dim)
         self.slot_rows = np.full(cache_rows, -1, dtype=np.int64)
-        self._pin = self.device.type == "cuda"
 
     @property
     def capacity(self) -> int:
@@ -28,20 +26,16 @@ class SlotCache:
         """Put fetched rows into their slots."""
         if len(slots) == 0:
             return
-        idx = torch.from_numpy(slots).to(self.device)
-        w = torch.from_numpy(weights)
-        s = torch.from_numpy(state)
-        if self._pin:  # pragma: no cover - CUDA only
-            w, s = w.pin_memory(), s.pin_memory()
-        self.weights.index_copy_(0, idx, w.to(self.device, non_blocking=self._pin))
-        self.state.index_copy_(0, idx, s.to(self.device, non_blocking=self._pin))
+        idx = torch.from_numpy(slots)
+        self.weights.index_copy_(0, idx, torch.from_numpy(weights))
+        self.state.index_copy_(0, idx, torch.from_numpy(state))
         self.slot_rows[slots] = rows
 
     def take(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Copy the values of ``slots`` out (for write-back) and mark the slots free."""
-        idx = torch.from_numpy(slots).to(self.device)
-        w = self.weights.index_select(0, idx).cpu().numpy()
-        s = self.state.index_select(0, idx).cpu().numpy()
+        idx = torch.from_numpy(slots)
+        w = self.weights.index_select(0, idx).numpy()
+        s = self.state.index_select(0, idx).numpy()
         self.slot_rows[slots] = -1
         return w, s
 

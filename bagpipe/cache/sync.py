@@ -16,6 +16,8 @@ result is bitwise that of ``--mode full``.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -43,7 +45,7 @@ class PendingSync:
 
     def __init__(self, work, buf: torch.Tensor, slots: torch.Tensor, cache: SlotCache, opt: SparseOptimizer):
         self.work, self.buf, self.slots, self.cache, self.opt = work, buf, slots, cache, opt
-        self.slot_set = slots.cpu().numpy()
+        self.slot_set = slots.numpy()
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -105,3 +107,49 @@ def sync_and_update(
     if bool(local.any()):
         _update(cache, opt, slots_u[local], grad[local], rows_u[local])
     return sent, pending
+
+
+class SyncedRowUpdate:
+    """The row strategy of a data-parallel trainer (see :class:`bagpipe.train.step.RowUpdate`).
+
+    Each step averages the synchronised rows' gradients over the trainers and updates
+    every row (:func:`sync_and_update`); the rows the next step does not need are
+    synchronised while it computes, and that deferred half is finished after the next
+    step's backward, or earlier when a plan is about to evict one of its rows
+    (:meth:`before_evict`) or the run needs every row final (:meth:`finish`).
+    """
+
+    def __init__(self, opt: SparseOptimizer, cache: SlotCache, group=None):
+        self.opt, self.cache, self.group = opt, cache, group
+        self.pending: PendingSync | None = None
+        self.sync_wait_s = 0.0  # time spent completing deferred synchronisations
+        self.bytes_synced: list[int] = []  # per step, this trainer's all-reduce contribution
+
+    def apply(self, inp, rows_u: torch.Tensor, grad_u: torch.Tensor) -> None:
+        plan = inp.plan
+        self.finish()  # the previous step's deferred half has overlapped this step's compute
+        sent, self.pending = sync_and_update(
+            self.cache, self.opt, rows_u, grad_u, inp.index,
+            torch.from_numpy(plan.sync_slots), torch.from_numpy(plan.sync_pos),
+            plan.num_trainers, self.group, urgent=plan.sync_urgent,
+        )
+        self.bytes_synced.append(sent)
+
+    def before_evict(self, plan) -> None:
+        if self.pending is not None and (
+            self.pending.touches(plan.evict_before_slots) or self.pending.touches(plan.drop_before_slots)
+        ):
+            self.finish()
+
+    def finish(self) -> None:
+        if self.pending is not None:
+            t0 = time.perf_counter()
+            self.pending.finish()
+            self.pending = None
+            self.sync_wait_s += time.perf_counter() - t0
+
+    def phase_seconds(self) -> dict:
+        return {"sync_wait": self.sync_wait_s}
+
+    def stats(self) -> dict:
+        return {"sync_bytes_per_step": float(np.mean(self.bytes_synced)) if self.bytes_synced else 0.0}

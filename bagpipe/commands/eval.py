@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.errors import CheckpointError, ConfigError
     from bagpipe.models import ModelConfig, build_model
     from bagpipe.train.checkpoint import load_latest
-    from bagpipe.train.loop import evaluate
+    from bagpipe.train.evaluate import evaluate
 
     run_dir = Path(args.run)
     cfg_path = run_dir / "config.json"

@@ -35,17 +35,17 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
+    from bagpipe.config import given
     from bagpipe.distributed.layout import Layout
     from bagpipe.distributed.roles import env_rank, run_role
     from bagpipe.errors import BagpipeError
     from bagpipe.train.config import TrainConfig, load_config
 
     if args.job:
-        cfg = TrainConfig(**json.loads(open(args.job).read()))
+        cfg = TrainConfig.from_json(json.loads(open(args.job).read()), source=args.job)
     else:
-        cfg = load_config(args.config, {k: getattr(args, k, None) for k in TrainConfig.field_names()})
-    cfg.progress = False
-    layout = Layout(cfg.trainers, cfg.servers)
+        cfg = load_config(args.config, given(args, TrainConfig))
+    layout = Layout(cfg.dist.trainers, cfg.dist.servers)
     rank = env_rank(layout)
     try:
         summary = run_role(cfg, layout, rank)

@@ -82,6 +82,8 @@ def add_options(parser: argparse.ArgumentParser, root: type, titles: dict[str, s
     """
     for attr, cls in sections(root).items():
         title = (titles or {}).get(attr) or (cls.__doc__ or attr).strip().splitlines()[0]
+        if attr:
+            title += f" (TOML table [{attr}])"
         group = parser.add_argument_group(title)
         docs, types_ = field_docs(cls), field_types(cls)
         for f in dataclasses.fields(cls):
@@ -143,7 +145,7 @@ def flatten(root: type, values: dict, source: str) -> dict:
         out[key] = value
 
     for key, value in values.items():
-        if key in secs and key not in known and isinstance(value, dict):
+        if key in secs and isinstance(value, dict):  # a section (no setting takes a table)
             for k, v in value.items():
                 if k in known and known[k][0] != key:
                     raise ConfigError(f"{source}: key {k!r} belongs in [{known[k][0]}], not [{key}]")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -33,25 +33,3 @@ class Batch:
     @property
     def batch_size(self) -> int:
         return int(self.labels.shape[0])
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return replace(
-            self,
-            labels=self.labels.to(device, non_blocking=non_blocking),
-            dense=self.dense.to(device, non_blocking=non_blocking),
-            rows=self.rows.to(device, non_blocking=non_blocking),
-            offsets=self.offsets.to(device, non_blocking=non_blocking),
-        )
-
-    def pin_memory(self) -> "Batch":
-        return replace(
-            self,
-            labels=self.labels.pin_memory(),
-            dense=self.dense.pin_memory(),
-            rows=self.rows.pin_memory(),
-            offsets=self.offsets.pin_memory(),
-        )
-
-    def record_stream(self, stream) -> None:  # pragma: no cover - CUDA only
-        for t in (self.labels, self.dense, self.rows, self.offsets):
-            t.record_stream(stream)

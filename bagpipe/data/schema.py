@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bagpipe.errors import DataError
+from bagpipe.files import atomic_write_text
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -134,30 +135,3 @@ def read_json(path: str | os.PathLike):
         return json.loads(Path(path).read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a text file so that readers see either the old or the new content."""
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: str | os.PathLike) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

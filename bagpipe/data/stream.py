@@ -121,6 +121,11 @@ class BatchStream:
         for i in range(start, stop):
             yield self.batch(i)
 
+    def numbered(self, start: int, stop: int) -> Iterator[tuple[int, Batch]]:
+        """``(k, batch k)`` for k in [start, stop): what planners and trainers consume."""
+        for k in range(start, stop):
+            yield k, self.batch(k)
+
     def _read(self, lay: _EpochLayout, lo: int, hi: int) -> Batch:
         b0 = int(np.searchsorted(lay.cum, lo, side="right")) - 1
         b1 = int(np.searchsorted(lay.cum, hi, side="left"))

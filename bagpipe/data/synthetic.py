@@ -36,11 +36,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+
 import numpy as np
 
 from bagpipe.data.schema import DatasetMeta, FeatureSpec
 from bagpipe.data.shards import DEFAULT_ROWS_PER_SHARD, ShardWriter
 from bagpipe.errors import ConfigError
+from bagpipe.hashing import splitmix64_
 
 #: Tables with at least this many rows get the Zipf-like skew; smaller ones are near uniform.
 SKEW_MIN_ROWS = 10_000
@@ -271,22 +273,6 @@ def top_share(ids: np.ndarray, num_rows: int, fraction: float = HOT_FRACTION) ->
 
 # --------------------------------------------------------------------------- hashing
 
-_M64 = (1 << 64) - 1
-
-
-def _splitmix64_(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 on a uint64 array, in place (wrapping arithmetic); returns x."""
-    tmp = np.empty_like(x)
-    with np.errstate(over="ignore"):
-        x += np.uint64(0x9E3779B97F4A7C15)
-        for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
-            np.right_shift(x, np.uint64(shift), out=tmp)
-            x ^= tmp
-            x *= np.uint64(mult)
-        np.right_shift(x, np.uint64(31), out=tmp)
-        x ^= tmp
-    return x
-
 
 def _hash_uniform(rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Deterministic uniform [0, 1) per (key, row); rows (B, F) int64, keys (F,) uint64."""
@@ -294,7 +280,7 @@ def _hash_uniform(rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         h *= np.uint64(0xD1B54A32D192ED03)
         h += keys
-    h = _splitmix64_(h)
+    h = splitmix64_(h)
     h >>= np.uint64(11)
     return h.astype(np.float64) * (1.0 / (1 << 53))
 

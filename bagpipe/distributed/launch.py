@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bagpipe.distributed.layout import Layout
+from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.train.config import TrainConfig
 
@@ -64,16 +64,6 @@ def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, thre
     return env
 
 
-def role_threads(cfg: TrainConfig, layout: Layout, rank: int) -> int:
-    """torch threads of a role: --threads if given; else the cores split among the
-    trainers (they compute), one for servers and the oracle (they mostly wait on I/O)."""
-    if cfg.threads:
-        return cfg.threads
-    if layout.role(rank)[0] == "trainer":
-        return max(1, (os.cpu_count() or 1) // layout.trainers)
-    return 1
-
-
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -97,10 +87,10 @@ class Launcher:
 
     def __init__(self, cfg: TrainConfig, echo: Callable[[str], None] = print, stop_grace_s: float = STOP_GRACE_S):
         self.cfg = cfg
-        self.layout = Layout(cfg.trainers, cfg.servers)
+        self.layout = Layout(cfg.dist.trainers, cfg.dist.servers)
         self.echo = echo
         self.grace = stop_grace_s
-        self.out = Path(cfg.out)
+        self.out = Path(cfg.run.out)
         self.roles: list[Role] = []
         self._events: queue.Queue = queue.Queue()
         self._echo_lock = threading.Lock()
@@ -120,7 +110,7 @@ class Launcher:
         port = free_port()
         for rank in range(self.layout.world_size):
             name = self.layout.name(rank)
-            threads = role_threads(self.cfg, self.layout, rank)
+            threads = role_threads(self.cfg.run.threads, self.layout, rank, environ={})
             log_path = logs / f"{name.replace(' ', '-')}.log"
             proc = subprocess.Popen(
                 [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
@@ -199,7 +189,7 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
 def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
     """Run a distributed job on this machine; returns trainer 0's summary."""
     Launcher(cfg, echo).run()
-    path = Path(cfg.out) / "summary.json"
+    path = Path(cfg.run.out) / "summary.json"
     if not path.exists():
         raise BagpipeError(f"every role exited cleanly but trainer 0 wrote no {path}")
     return json.loads(path.read_text())

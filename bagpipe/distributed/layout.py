@@ -7,6 +7,7 @@ same layout holds under the local launcher and under ``torchrun``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from bagpipe.errors import ConfigError
@@ -56,3 +57,18 @@ class Layout:
         """Human name of a rank's role, as the logs and error messages print it."""
         role, index = self.role(rank)
         return "oracle" if role == "oracle" else f"{role} {index}"
+
+
+def role_threads(threads: int, layout: Layout, rank: int, environ: dict | None = None) -> int:
+    """torch threads of a role: ``threads`` if given (--threads), else OMP_NUM_THREADS
+    (torchrun sets it; the local launcher sets it from this function), else the
+    machine's cores split among the trainers (they compute) and one for each server
+    and the oracle (they mostly wait on I/O)."""
+    env = os.environ if environ is None else environ
+    if threads:
+        return threads
+    if env.get("OMP_NUM_THREADS"):
+        return max(1, int(env["OMP_NUM_THREADS"]))
+    if layout.role(rank)[0] == "trainer":
+        return max(1, (os.cpu_count() or 1) // layout.trainers)
+    return 1

@@ -19,10 +19,10 @@ from bagpipe.data.stream import BatchStream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
+from bagpipe.optim.sparse import build_sparse_optimizer
 from bagpipe.oracle.lookahead import LookaheadOracle
-from bagpipe.train.backends import numbered
+from bagpipe.oracle.sizing import lookups_per_batch, size_cache
 from bagpipe.train.config import TrainConfig
-from bagpipe.train.loop import cache_rows_for, lookups_per_batch
 
 
 @dataclass
@@ -32,6 +32,8 @@ class OracleReport:
     plan: dict = field(default_factory=dict)
     cache_rows: int = 0
     lookahead: int = 0
+    cache_sync: str = "partitioned"
+    plans_in_flight: int = 0
     sync_rows: int = 0  # synchronised rows, summed over steps
     sync_urgent_rows: int = 0  # of which the next step needed (the rest overlapped its compute)
     replicated_sync_rows: int = 0  # the same had every planned row been synchronised
@@ -41,20 +43,30 @@ class OracleReport:
     max_in_flight: int = 0
 
 
-def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
-    dataset = Dataset(cfg.data)
-    stream = BatchStream(dataset, "train", cfg.batch_size, seed=cfg.seed, block_size=cfg.block_size)
+def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print) -> OracleReport:
+    dataset = Dataset(cfg.data.data)
+    stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=cfg.run.seed, block_size=cfg.data.block_size)
     total_rows = dataset.meta.total_rows
-    # the cache size every trainer allocates: chosen once, here, as one process would
-    cache_rows = cache_rows_for(cfg, total_rows, lookups_per_batch(cfg, dataset.meta, stream))
-    info = {"cache_rows": cache_rows, "lookahead": cfg.lookahead, "trainers": layout.trainers}
+    c = cfg.cache
+    # the cache every trainer allocates: sized once, here, exactly as one process sizes it
+    state_dim = build_sparse_optimizer(cfg.optim.optimizer, cfg.optim.lr).state_dim
+    size = size_cache(
+        c.mode, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb, total_rows=total_rows,
+        dim=cfg.arch.model_config().embedding_dim, state_dim=state_dim, stream=stream, steps=cfg.run.steps,
+        lookups=lookups_per_batch(dataset.meta, stream, cfg.run.steps),
+    )
+    if size.tuned is not None:
+        log(f"oracle: {size.tuned.line()}")
+    info = {"cache_rows": size.rows, "lookahead": size.lookahead, "trainers": layout.trainers,
+            "autotune": size.tuned.as_dict() if size.tuned is not None else None}
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
-    oracle = LookaheadOracle(total_rows, info["cache_rows"], cfg.lookahead)
-    report = OracleReport(cache_rows=info["cache_rows"], lookahead=cfg.lookahead, fetched_rows=[0] * layout.trainers)
-    credits = _Credits(transport, layout.trainer_ranks, cfg.plans_in_flight)
-    replicated = cfg.cache_sync == "replicated"
-    plans = oracle.plans(numbered(stream, 0, cfg.steps))
+    oracle = LookaheadOracle(total_rows, size.rows, size.lookahead)
+    report = OracleReport(cache_rows=size.rows, lookahead=size.lookahead, cache_sync=cfg.dist.cache_sync,
+                          plans_in_flight=cfg.dist.plans_in_flight, fetched_rows=[0] * layout.trainers)
+    credits = _Credits(transport, layout.trainer_ranks, cfg.dist.plans_in_flight)
+    replicated = cfg.dist.cache_sync == "replicated"
+    plans = oracle.plans(stream.numbered(0, cfg.run.steps))
     while True:
         t0 = time.perf_counter()
         gplan = next(plans, None)

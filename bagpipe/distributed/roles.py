@@ -7,7 +7,6 @@ launcher both set it: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -15,9 +14,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from bagpipe.distributed.layout import Layout
+from bagpipe.config import Section
+from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
-from bagpipe.train.config import STORES, TrainConfig
+from bagpipe.train.config import Store, TrainConfig
 
 # Generous: a server waits for the next request while trainer 0 evaluates or hashes
 # every row, which can take minutes on big tables. A dead peer is noticed at once
@@ -44,27 +44,23 @@ def env_rank(layout: Layout) -> int:
     return rank
 
 
-def role_threads(cfg: TrainConfig) -> int:
-    """--threads, else what the launcher (or torchrun) put in OMP_NUM_THREADS, else 1."""
-    return cfg.threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
-
-
-@dataclass(frozen=True)
-class ServerConfig:
+@dataclass(kw_only=True)
+class ServerConfig(Section):
     """What an embedding server needs to know of its own (the row space comes from trainer 0)."""
 
-    store: str = "memory"
+    store: Store = "memory"
+    """Where the shard's rows live."""
     store_dir: str | None = None
+    """Directory of the disk store (a shard-K-of-S folder is made in it); default RUN/store."""
     run_dir: str = "."
+    """The run directory."""
     threads: int = 1
-
-    def __post_init__(self) -> None:
-        if self.store not in STORES:
-            raise ConfigError(f"unknown store {self.store!r} (choose from {', '.join(STORES)})")
+    """torch threads."""
 
     @classmethod
-    def of(cls, cfg: TrainConfig) -> "ServerConfig":
-        return cls(store=cfg.store, store_dir=cfg.store_dir, run_dir=cfg.out, threads=role_threads(cfg))
+    def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> "ServerConfig":
+        return cls(store=cfg.cache.store, store_dir=cfg.cache.store_dir, run_dir=cfg.run.out,
+                   threads=role_threads(cfg.run.threads, layout, rank))
 
 
 def _log(line: str) -> None:
@@ -102,16 +98,16 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     """Play ``rank``'s role to the end; trainer 0 returns the run's summary."""
     role, _ = layout.role(rank)
     if role == "server":
-        serve(ServerConfig.of(cfg), layout, rank)
+        serve(ServerConfig.of(cfg, layout, rank), layout, rank)
         return None
-    with joined(layout, rank, role_threads(cfg)) as (transport, group):
+    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank)) as (transport, group):
         if role == "trainer":
             from bagpipe.distributed.trainer import run_trainer
 
             return run_trainer(cfg, layout, rank, transport, group, _log)
         from bagpipe.distributed.oracle_role import run_oracle
 
-        report = run_oracle(cfg, layout, transport)
+        report = run_oracle(cfg, layout, transport, _log)
         _log(
             f"oracle: planned {report.plan.get('steps', 0)} steps, hit rate {report.plan.get('hit_rate', 0):.1%}, "
             f"{report.seconds_planning:.1f} s planning, at most {report.max_in_flight} plans in flight per trainer"
@@ -122,6 +118,7 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
 def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     """Run embedding server ``rank`` until every trainer has said goodbye."""
     from bagpipe.distributed.server import EmbeddingServer, ShardInit, receive_setup
+    from bagpipe.store import open_store
 
     role, shard = layout.role(rank)
     if role != "server":
@@ -129,17 +126,9 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     with joined(layout, rank, scfg.threads) as (transport, _):
         init, state_dim = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
-        if scfg.store == "memory":
-            from bagpipe.store.memory import MemoryStore
-
-            store = MemoryStore(sinit, state_dim)
-        else:
-            from bagpipe.store.disk import DiskStore
-
-            path = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"
-            if not scfg.store_dir and path.exists():  # the run's own store starts fresh, as in one process
-                shutil.rmtree(path)
-            store = DiskStore(sinit, state_dim, path)
+        directory = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"
+        # the run's own store starts fresh, as in one process
+        store = open_store(scfg.store, sinit, state_dim, directory, fresh=not scfg.store_dir)
         _log(f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store")
         try:
             report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()

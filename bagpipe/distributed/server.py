@@ -255,6 +255,10 @@ class RemoteStore(EmbeddingStore):
                     w[pos], s[pos] = rep["w"], rep["s"]
         return w, s
 
+    def settle(self, label: int) -> None:
+        self.mark_written(label)
+        self.read_floor = max(self.read_floor, int(label))
+
     def finish_writes(self) -> None:
         """This client will write nothing more; later untracked reads wait for every client's end."""
         self.mark_written(FINAL)
@@ -272,6 +276,9 @@ class RemoteStore(EmbeddingStore):
             for r in self.servers:
                 self.t.send(r, REQUEST, {"op": "stats"})
             return [self.t.recv(r, REPLY) for r in self.servers]
+
+    def abandon(self) -> None:
+        self._closed = True  # no goodbye: after a failure the servers fail too (they lose this client)
 
     def close(self) -> None:
         """Say goodbye to every server (idempotent); a server stops when all its clients have."""

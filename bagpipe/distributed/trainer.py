@@ -1,215 +1,125 @@
-"""A data-parallel trainer: dense model under DDP, embedding rows in a partitioned cache.
+"""A data-parallel trainer: the training loop with the :class:`DataParallel` topology.
 
 Each step: take the next plan (its rows already fetched from the embedding servers by
 the prefetch pipeline), run forward/backward on this trainer's 1/N slice of the global
-batch (DDP averages the dense gradients), then :func:`sync_and_update` averages the
-synchronised embedding rows' gradients and updates every row; expired rows go back to
-the servers in the background. Trainer 0 also evaluates, computes params_sha256 over
-the servers' rows, writes the final checkpoint and the summary.
+batch (DDP averages the dense gradients), then the row strategy
+(:class:`bagpipe.cache.sync.SyncedRowUpdate`) averages the synchronised embedding
+rows' gradients and updates every row; expired rows go back to the servers in the
+background. Trainer 0 also evaluates, computes params_sha256 over the servers' rows,
+writes the final checkpoint, metrics.jsonl and summary.json -- through the same loop
+code as a one-process run (:func:`bagpipe.train.loop.train`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import time
-from pathlib import Path
+from typing import Callable, Iterator
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from bagpipe.cache.pipeline import PlanExecutor
-from bagpipe.cache.slots import SlotCache
-from bagpipe.cache.sync import sync_and_update
+from bagpipe.cache.sync import SyncedRowUpdate
 from bagpipe.data.shards import Dataset
+from bagpipe.data.stream import BatchStream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_role import PlanReceiver
-from bagpipe.distributed.partition import TrainerPlan
 from bagpipe.distributed.server import RemoteStore, setup_message
 from bagpipe.distributed.transport import CONTROL, Transport
-from bagpipe.models import build_model
-from bagpipe.models.embedding import gather_rows
-from bagpipe.optim.sparse import SparseOptimizer, build_dense_optimizer, build_sparse_optimizer
+from bagpipe.optim.sparse import SparseOptimizer
+from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.backends import store_lookup
-from bagpipe.train.checkpoint import save_checkpoint
+from bagpipe.train.backends import CachedBackend
 from bagpipe.train.config import TrainConfig
-from bagpipe.train.loop import digest_and_save, evaluate, write_run_config, write_summary
-from bagpipe.train.metrics import RssSampler, current_rss_mb, peak_rss_mb
-from bagpipe.train.step import forward_logits
+from bagpipe.train.loop import train
+from bagpipe.train.progress import ProgressKind
 
 
-def data_parallel_step(
-    net: torch.nn.Module,
-    dense_opt: torch.optim.Optimizer,
-    sparse_opt: SparseOptimizer,
-    cache: SlotCache,
-    plan: TrainerPlan,
-    group,
-    times: dict,
-    pending: list,
-) -> tuple[float, int]:
-    """One step on this trainer's slice; returns (loss, bytes all-reduced for embeddings).
+class RemotePlans:
+    """The plan source of a trainer: its part of every global plan, from the oracle role."""
 
-    The same float operations as :func:`bagpipe.train.step.train_step` on the slice,
-    plus the gradient averaging of :mod:`bagpipe.cache.sync`. ``pending`` holds the
-    previous step's deferred synchronisation (at most one), which has overlapped this
-    step's forward and backward; it is finished here, and this step's takes its place.
-    """
-    t0 = time.perf_counter()
-    slots = torch.from_numpy(plan.slots).to(cache.device)
-    batch = plan.batch.to(cache.device)
-    rows_u = gather_rows(cache.weights, slots)
-    logits = forward_logits(net, rows_u, torch.from_numpy(plan.inverse).to(cache.device), batch)
-    loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-    t1 = time.perf_counter()
-    dense_opt.zero_grad(set_to_none=True)
-    loss.backward()  # DDP all-reduces (averages) the dense gradients here
-    t2 = time.perf_counter()
-    dense_opt.step()
-    finish_pending(pending, times)
-    sent, rest = sync_and_update(
-        cache, sparse_opt, rows_u.detach(), rows_u.grad, slots,
-        torch.from_numpy(plan.sync_slots).to(cache.device), torch.from_numpy(plan.sync_pos).to(cache.device),
-        plan.num_trainers, group, urgent=plan.sync_urgent,
-    )
-    if rest is not None:
-        pending.append(rest)
-    t3 = time.perf_counter()
-    times["forward"] += t1 - t0
-    times["backward"] += t2 - t1
-    times["optimizer"] += t3 - t2
-    return float(loss.detach()), sent
+    pipelined = True
+
+    def __init__(self, receiver: PlanReceiver):
+        self.receiver = receiver
+        self.lookahead = int(receiver.info["lookahead"])
+
+    def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]:
+        yield from self.receiver
+        self.receiver.close()  # the end of the stream: the oracle may stop waiting for credits
+
+    def stats(self) -> dict:
+        report = self.receiver.report
+        return dict(report.plan) if report is not None else {}
 
 
-def finish_pending(pending: list, times: dict) -> None:
-    """Complete the deferred synchronisation, if any (all-reduce wait + row update)."""
-    t0 = time.perf_counter()
-    while pending:
-        pending.pop().finish()
-    times["sync_wait"] = times.get("sync_wait", 0.0) + time.perf_counter() - t0
+class DataParallel:
+    """Trainer ``rank`` of a job laid out as ``layout`` (see :class:`bagpipe.train.topology.Topology`)."""
+
+    def __init__(self, layout: Layout, rank: int, transport: Transport, group, log: Callable[[str], None]):
+        self.layout, self.rank, self.t, self.group, self.log = layout, rank, transport, group, log
+        self.reports = rank == 0
+        self.store: RemoteStore | None = None
+        self.plans: RemotePlans | None = None
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.layout.trainers == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, process_group=self.group)
+
+    def backend(self, cfg: TrainConfig, init: RowInitializer, state_dim: int, dataset: Dataset,
+                stream: BatchStream, announce) -> CachedBackend:
+        if self.rank == 0:  # the servers learn the row space from trainer 0: they need no dataset
+            for s in self.layout.server_ranks:
+                self.t.send(s, CONTROL, setup_message(init, state_dim))
+        self.store = RemoteStore(init, state_dim, self.t, self.layout.server_ranks)
+        self.plans = RemotePlans(PlanReceiver(self.t, self.layout.oracle_rank))
+        info = self.plans.receiver.info
+        backend = CachedBackend(self.store, int(info["cache_rows"]), self.plans, writes_cached=self.rank == 0)
+        if info.get("autotune") is not None:
+            backend.extra_stats["autotune"] = info["autotune"]
+        return backend
+
+    def row_update(self, opt: SparseOptimizer, backend: CachedBackend) -> SyncedRowUpdate:
+        return SyncedRowUpdate(opt, backend.cache, self.group)
+
+    def mean(self, values: list[float]) -> float:
+        """The mean of the slices' mean losses is the global batch's mean loss."""
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.layout.trainers > 1:
+            torch.distributed.all_reduce(t, group=self.group)
+            t /= self.layout.trainers
+        return float(t.mean())
+
+    def progress_kind(self, progress: bool) -> ProgressKind:
+        return "lines" if self.rank == 0 else "off"
+
+    def say(self, line: str) -> None:
+        self.log(line)
+
+    def section(self, backend: CachedBackend, rows: SyncedRowUpdate) -> dict:
+        N, dim = self.layout.trainers, backend.store.dim
+        report = self.plans.receiver.report
+        steps = max(report.plan.get("steps", 0), 1)
+        return {
+            "trainers": N,
+            "servers": self.layout.servers,
+            "cache_sync": report.cache_sync,
+            "sync_bytes_per_step": rows.stats()["sync_bytes_per_step"],
+            "sync_rows_per_step": report.sync_rows / steps,
+            "sync_overlapped_share": 1 - report.sync_urgent_rows / max(report.sync_rows, 1),
+            "replicated_sync_rows_per_step": report.replicated_sync_rows / steps,
+            "replicated_sync_bytes_per_step": (report.replicated_sync_rows / steps) * dim * 4 if N > 1 else 0.0,
+            "fetched_rows_per_trainer": report.fetched_rows,
+            "plans_in_flight": report.plans_in_flight,
+            "max_plans_in_flight": report.max_in_flight,
+            "oracle_planning_s": report.seconds_planning,
+            "servers_report": self.store.server_stats(),
+            "bytes_sent_by_trainer0": self.t.bytes_sent,
+            "bytes_received_by_trainer0": self.t.bytes_received,
+        }
 
 
 def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transport, group, log) -> dict | None:
     """Train as trainer ``rank``; trainer 0 returns the summary (others None)."""
-    N = layout.trainers
-    dataset = Dataset(cfg.data)
-    meta = dataset.meta
-    mcfg = cfg.model_config()
-    torch.manual_seed(cfg.seed)
-    model = build_model(mcfg, meta.num_dense, meta.num_features)
-    net = model
-    if N > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(model, process_group=group)
-    dense_opt = build_dense_optimizer(cfg.optimizer, cfg.lr, model.parameters())
-    sparse_opt = build_sparse_optimizer(cfg.optimizer, cfg.lr)
-    init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, cfg.seed)
-    if rank == 0:
-        write_run_config(cfg, mcfg)
-        for s in layout.server_ranks:
-            transport.send(s, CONTROL, setup_message(init, sparse_opt.state_dim))
-    store = RemoteStore(init, sparse_opt.state_dim, transport, layout.server_ranks)
-    plans = PlanReceiver(transport, layout.oracle_rank)
-    cache = SlotCache(plans.info["cache_rows"], init.dim, sparse_opt.state_dim)
-    times = dict.fromkeys(("forward", "backward", "optimizer", "sync_wait"), 0.0)
-    pending: list = []  # the previous step's deferred synchronisation
-
-    def settle(plan) -> None:
-        """Before a plan frees or refills slots: rows still being synchronised must be final."""
-        if pending and (pending[0].touches(plan.evict_before_slots) or pending[0].touches(plan.drop_before_slots)):
-            finish_pending(pending, times)
-
-    executor = PlanExecutor(store, cache, iter(plans), pipelined=True, depth=cfg.lookahead + 1, before_evict=settle)
-    losses, synced = [], []
-    rss = RssSampler()
-    every = max(1, cfg.steps // 20)
-    t_start = time.perf_counter()
-    t_measure = t_log = t_start
-    step = 0
-    try:
-        for plan in executor:
-            loss, sent = data_parallel_step(net, dense_opt, sparse_opt, cache, plan, group, times, pending)
-            executor.after_step(plan)
-            losses.append(loss)
-            synced.append(sent)
-            step = plan.step + 1
-            if step == cfg.warmup_steps:
-                t_measure = time.perf_counter()
-            if rank == 0 and (step % every == 0 or step in (1, cfg.steps) or time.perf_counter() - t_log > 10):
-                t_log = time.perf_counter()
-                sps = step * cfg.batch_size / max(time.perf_counter() - t_start, 1e-9)
-                log(f"step {step}/{cfg.steps}  loss {np.mean(losses[-every:]):.4f}  {sps:,.0f} samples/s")
-        finish_pending(pending, times)
-        t_end = time.perf_counter()
-        # the mean of the slices' mean losses is the global batch's mean loss
-        recent = torch.tensor(losses[-50:], dtype=torch.float64)
-        if N > 1:
-            torch.distributed.all_reduce(recent, group=group)
-            recent /= N
-        plans.close()
-        pipe = executor.times.as_dict()
-        if rank == 0:
-            executor.flush_cached()  # synchronised rows are equal on every trainer: one writes them
-        executor.close()
-        store.finish_writes()
-        peak_anon = rss.stop()
-        if rank != 0:
-            store.close()  # goodbye to the servers; after a failure there is none, so they fail too
-            return None
-        ev = evaluate(model, lambda rows: store_lookup(store, rows), dataset, cfg.batch_size, cfg.eval_samples)
-        dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state()}
-        digest = digest_and_save(
-            cfg, model, store.chunks(),
-            lambda rows: save_checkpoint(Path(cfg.out), step, dense, rows, init.num_rows, init.dim, sparse_opt.state_dim),
-        )
-        measured = step - (cfg.warmup_steps if step > cfg.warmup_steps else 0)
-        report = plans.report
-        servers = store.server_stats()
-        store.close()
-        summary = {
-            "mode": cfg.mode,
-            "model": cfg.model,
-            "optimizer": cfg.optimizer,
-            "steps": step,
-            "samples": step * cfg.batch_size,
-            "batch_size": cfg.batch_size,
-            "seconds": t_end - t_start,
-            "measured_steps": measured,
-            "samples_per_s": measured * cfg.batch_size / max(t_end - t_measure, 1e-9),
-            "train_logloss": float(recent.mean()) if losses else None,
-            **ev,
-            "params_sha256": digest,
-            "peak_rss_mb": peak_rss_mb(),
-            "peak_anon_rss_mb": peak_anon,
-            "rss_mb": current_rss_mb(),
-            "total_rows": init.num_rows,
-            "embedding_dim": init.dim,
-            "time_per_step_ms": {k: 1000 * v / max(step, 1) for k, v in (times | pipe).items()},
-            "cache": dict(report.plan) | {"cache_rows": report.cache_rows, "lookahead": report.lookahead},
-            "distributed": {
-                "trainers": N,
-                "servers": layout.servers,
-                "cache_sync": cfg.cache_sync,
-                "sync_bytes_per_step": float(np.mean(synced)) if synced else 0.0,
-                "sync_rows_per_step": report.sync_rows / max(step, 1),
-                "sync_overlapped_share": 1 - report.sync_urgent_rows / max(report.sync_rows, 1),
-                "replicated_sync_rows_per_step": report.replicated_sync_rows / max(step, 1),
-                "replicated_sync_bytes_per_step": (report.replicated_sync_rows / max(step, 1)) * init.dim * 4 if N > 1 else 0.0,
-                "fetched_rows_per_trainer": report.fetched_rows,
-                "plans_in_flight": cfg.plans_in_flight,
-                "max_plans_in_flight": report.max_in_flight,
-                "oracle_planning_s": report.seconds_planning,
-                "servers_report": servers,
-                "bytes_sent_by_trainer0": transport.bytes_sent,
-                "bytes_received_by_trainer0": transport.bytes_received,
-            },
-        }
-        write_summary(cfg, summary)
-        return summary
-    finally:
-        rss.stop()
-        executor.close(abandon=True)  # after success it is closed already
+    return train(cfg, topology=DataParallel(layout, rank, transport, group, log))
 

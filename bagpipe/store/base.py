@@ -83,6 +83,14 @@ class EmbeddingStore(ABC):
     def mark_written(self, label: int) -> None:
         """Every write-back labelled <= ``label`` by this client has been issued (remote stores)."""
 
+    def settle(self, label: int) -> None:
+        """This client wrote back everything of steps <= ``label``; untracked reads
+        (:meth:`peek`, :meth:`read_range`) from now on must see every client's such
+        write-backs. An in-process store has one client and sees its writes at once."""
+
+    def finish_writes(self) -> None:
+        """This client will write nothing more (remote stores tell their servers)."""
+
     def peek(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Like :meth:`read` but not counted as training traffic (evaluation, digests)."""
         return self._read(np.asarray(rows, dtype=np.int64))
@@ -113,6 +121,11 @@ class EmbeddingStore(ABC):
 
     def close(self) -> None:
         """Release resources; the store is unusable afterwards."""
+
+    def abandon(self) -> None:
+        """Release resources after a failure elsewhere (a remote store leaves its servers
+        without a goodbye: they may be gone, and waiting for them would hang)."""
+        self.close()
 
     def __enter__(self):
         return self

@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from bagpipe.errors import DataError
+from bagpipe.files import atomic_write_text
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowInitializer
 
@@ -159,21 +160,7 @@ class DiskStore(EmbeddingStore):
         }
 
     def _write_header(self, header: dict) -> None:
-        tmp = self.path / (HEADER + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(header, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / HEADER)
-        self._fsync_dir()
-
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write_text(self.path / HEADER, json.dumps(header, indent=1) + "\n")
 
     def _check_header(self, want: dict) -> None:
         hp = self.path / HEADER

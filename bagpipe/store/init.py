@@ -11,23 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, in place on a copy of ``x`` (uint64), to spare temporaries."""
-    z = x + _GOLDEN
-    t = np.empty_like(z)
-    for shift, mult in ((30, _M1), (27, _M2)):
-        np.right_shift(z, np.uint64(shift), out=t)
-        z ^= t
-        z *= mult
-    np.right_shift(z, np.uint64(31), out=t)
-    z ^= t
-    return z
-
+from bagpipe.hashing import splitmix64_
 
 class RowInitializer:
     """Initial values for any set of global rows.
@@ -45,7 +29,7 @@ class RowInitializer:
         self.offsets = np.concatenate([[0], np.cumsum(self.table_sizes)]).astype(np.int64)
         self.bounds = (1.0 / np.sqrt(np.array(self.table_sizes, dtype=np.float64))).astype(np.float32)
         with np.errstate(over="ignore"):
-            self._key = _splitmix64(np.array([self.seed], dtype=np.uint64))[0]
+            self._key = splitmix64_(np.array([self.seed], dtype=np.uint64))[0]
 
     @property
     def num_rows(self) -> int:
@@ -59,7 +43,7 @@ class RowInitializer:
         with np.errstate(over="ignore"):
             counter = rows.astype(np.uint64)[:, None] * np.uint64(self.dim) + cols[None, :]
             counter ^= self._key
-            bits = _splitmix64(counter)
+            bits = splitmix64_(counter)
         bits >>= np.uint64(40)
         u = bits.astype(np.float32)
         u *= np.float32(2.0**-23)  # = 2 * ([0, 1) uniform, exact in float32)

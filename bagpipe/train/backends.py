@@ -2,9 +2,11 @@
 
 * :class:`FullBackend` (``--mode full``, the reference): every table in one (R, D)
   tensor in process memory.
-* :class:`CachedBackend` (``nocache``, ``lru``, ``lookahead``): the rows live in an
-  :class:`EmbeddingStore`; a planner decides which slot of a small (C, D) cache each
-  row occupies, and a :class:`PlanExecutor` moves rows between store and cache.
+* :class:`CachedBackend` (``nocache``, ``lru``, ``lookahead``, and every distributed
+  trainer): the rows live in an :class:`EmbeddingStore` (in this process, or on
+  embedding servers behind a ``RemoteStore``); a plan source decides which slot of a
+  small (C, D) cache each row occupies, and a :class:`PlanExecutor` moves rows between
+  store and cache.
 
 Both hand the training step the same thing: a table tensor plus the indices (global
 rows or slots) of the batch's unique rows in ascending global-row order, and the
@@ -13,90 +15,29 @@ inverse map of every lookup. That is why their results agree bit for bit.
 
 from __future__ import annotations
 
-import queue
-import threading
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 import torch
 
 from bagpipe.cache.pipeline import PlanExecutor
 from bagpipe.cache.slots import SlotCache
-from bagpipe.data.batch import Batch
+from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.policies import LRUPlanner, NoCachePlanner
 from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
 from bagpipe.store.init import RowInitializer
+from bagpipe.train.step import StepInput
+
+Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
 
 
-
-@dataclass
-class StepInput:
-    """What one training step needs from the embedding side.
-
-    weights/state: (R or C, D) / (R or C, S) the tensors the rows live in.
-    index: (U,) int64 positions in ``weights`` of the batch's unique rows (ascending row).
-    inverse: (N,) int64 position in ``index`` of every lookup.
-    """
-
-    step: int
-    batch: Batch
-    weights: torch.Tensor
-    state: torch.Tensor
-    index: torch.Tensor
-    inverse: torch.Tensor
-    plan: Plan | None = None
-
-
-class Prefetched:
-    """Runs a generator in a background thread, ``depth`` items ahead."""
-
-    def __init__(self, gen: Iterator, depth: int = 4):
-        self._q: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, args=(gen,), daemon=True, name="bagpipe-loader")
-        self._t.start()
-
-    def _run(self, gen) -> None:
-        try:
-            for item in gen:
-                while not self._stop.is_set():
-                    try:
-                        self._q.put(("item", item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-                if self._stop.is_set():
-                    return
-            self._q.put(("done", None))
-        except BaseException as e:  # noqa: BLE001
-            self._q.put(("error", e))
-
-    def __iter__(self):
-        while True:
-            kind, item = self._q.get()
-            if kind == "done":
-                return
-            if kind == "error":
-                raise item
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-
-
-def store_lookup(store: EmbeddingStore, rows: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+def store_lookup(store: EmbeddingStore, rows: torch.Tensor) -> torch.Tensor:
     """(U, D) current weights of ``rows`` from a store, for evaluation (not counted as training reads)."""
     w, _ = store.peek(rows.cpu().numpy())
-    return torch.from_numpy(np.ascontiguousarray(w)).to(device)
-
-
-def numbered(stream: BatchStream, start: int, stop: int) -> Iterator[tuple[int, Batch]]:
-    for step in range(start, stop):
-        yield step, stream.batch(step)
+    return torch.from_numpy(np.ascontiguousarray(w))
 
 
 class FullBackend:
@@ -104,137 +45,181 @@ class FullBackend:
 
     mode = "full"
 
-    def __init__(self, init: RowInitializer, state_dim: int, device: torch.device | str = "cpu"):
+    def __init__(self, init: RowInitializer, state_dim: int):
         self.init = init
-        self.device = torch.device(device)
         self.weights = torch.empty(init.num_rows, init.dim)
         for a in range(0, init.num_rows, EXPORT_CHUNK_ROWS):
             b = min(a + EXPORT_CHUNK_ROWS, init.num_rows)
             self.weights[a:b] = torch.from_numpy(init.range(a, b))
-        self.weights = self.weights.to(self.device)
-        self.state = torch.zeros(init.num_rows, state_dim, device=self.device)
-        self.times: dict = {}
+        self.state = torch.zeros(init.num_rows, state_dim)
 
     def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
         n = len(weights)
         self.weights[start : start + n] = torch.from_numpy(np.asarray(weights))
         self.state[start : start + n] = torch.from_numpy(np.asarray(state))
 
-    def steps(self, stream: BatchStream, start: int, stop: int) -> Iterator[StepInput]:
+    def steps(self, stream: BatchStream, start: int, stop: int, before_evict=None) -> Iterator[StepInput]:
         def prepare():
-            for step, batch in numbered(stream, start, stop):
+            for step, batch in stream.numbered(start, stop):
                 uniq, inverse = torch.unique(batch.rows, sorted=True, return_inverse=True)
                 yield step, batch, uniq, inverse
 
         loader = Prefetched(prepare())
         try:
             for step, batch, uniq, inverse in loader:
-                yield StepInput(step, batch.to(self.device), self.weights, self.state, uniq.to(self.device), inverse.to(self.device))
+                yield StepInput(step, batch, self.weights, self.state, uniq, inverse)
         finally:
             loader.close()
 
     def after_step(self, inp: StepInput) -> None:
         pass
 
-    def flush(self) -> None:
+    def flush(self, step: int) -> None:
         pass
 
-    def export(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    def finish(self) -> None:
+        pass
+
+    def export(self) -> Rows:
         for a in range(0, self.init.num_rows, EXPORT_CHUNK_ROWS):
             b = min(a + EXPORT_CHUNK_ROWS, self.init.num_rows)
-            yield a, self.weights[a:b].cpu().numpy(), self.state[a:b].cpu().numpy()
+            yield a, self.weights[a:b].numpy(), self.state[a:b].numpy()
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.weights.index_select(0, rows.to(self.device))
+        return self.weights.index_select(0, rows)
+
+    def phase_seconds(self) -> dict:
+        return {}
 
     def stats(self) -> dict:
         return {}
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         pass
 
 
-class CachedBackend:
-    """Rows in a store, a C-slot cache in the trainer, plans from a planner."""
+class PlanSource(Protocol):
+    """Where a :class:`CachedBackend`'s plans come from."""
 
-    def __init__(
-        self,
-        mode: str,
-        store: EmbeddingStore,
-        cache_rows: int,
-        *,
-        lookahead: int = 8,
-        device: torch.device | str = "cpu",
-    ):
+    lookahead: int | None
+    pipelined: bool
+
+    def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]: ...
+
+    def stats(self) -> dict: ...
+
+
+class LocalPlanner:
+    """A planner in this process: the lookahead oracle, or the lru / nocache baselines."""
+
+    def __init__(self, mode: str, num_rows: int, cache_rows: int, lookahead: int):
         self.mode = mode
-        self.store = store
-        self.cache = SlotCache(cache_rows, store.dim, store.state_dim, device)
-        self.lookahead = lookahead
-        self.device = torch.device(device)
+        self.num_rows, self.cache_rows = num_rows, cache_rows
+        self.lookahead = lookahead if mode == "lookahead" else None
+        # the baselines' plans depend on the previous step: nothing could run ahead anyway
+        self.pipelined = mode == "lookahead"
         self.planner = None
-        self.executor: PlanExecutor | None = None
-        self._times: dict = {}
 
-    def _make_planner(self):
-        n, C = self.store.num_rows, self.cache.capacity
+    def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]:
         if self.mode == "nocache":
-            return NoCachePlanner(C)
-        if self.mode == "lru":
-            return LRUPlanner(n, C)
-        if self.mode == "lookahead":
-            return LookaheadOracle(n, C, self.lookahead)
-        raise ValueError(self.mode)
+            self.planner = NoCachePlanner(self.cache_rows)
+        elif self.mode == "lru":
+            self.planner = LRUPlanner(self.num_rows, self.cache_rows)
+        elif self.mode == "lookahead":
+            self.planner = LookaheadOracle(self.num_rows, self.cache_rows, self.lookahead)
+        else:
+            raise ValueError(self.mode)
+        return self.planner.plans(stream.numbered(start, stop))
+
+    def stats(self) -> dict:
+        return self.planner.stats.as_dict() if self.planner else {}
+
+
+class CachedBackend:
+    """Rows in a store, a C-slot cache in the trainer, plans from a :class:`PlanSource`.
+
+    Args:
+        store: where the rows live.
+        cache_rows: C.
+        source: the plans.
+        writes_cached: whether :meth:`flush` writes the cached rows to the store (in a
+            data-parallel job the cached rows are equal on every trainer: one writes them).
+    """
+
+    def __init__(self, store: EmbeddingStore, cache_rows: int, source: PlanSource, *, writes_cached: bool = True):
+        self.store = store
+        self.source = source
+        self.cache = SlotCache(cache_rows, store.dim, store.state_dim)
+        self.writes_cached = writes_cached
+        self.executor: PlanExecutor | None = None
+        self.extra_stats: dict = {}
+
+    @property
+    def lookahead(self) -> int | None:
+        return self.source.lookahead
 
     def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
         rows = np.arange(start, start + len(weights), dtype=np.int64)
         self.store.write(rows, weights, state)
 
-    def steps(self, stream: BatchStream, start: int, stop: int) -> Iterator[StepInput]:
-        self.planner = self._make_planner()
-        pipelined = self.mode == "lookahead"
+    def steps(self, stream: BatchStream, start: int, stop: int, before_evict: Callable[[Plan], None] | None = None) -> Iterator[StepInput]:
         self.executor = PlanExecutor(
-            self.store, self.cache, self.planner.plans(numbered(stream, start, stop)),
-            pipelined=pipelined, depth=self.lookahead + 1, start_step=start,
+            self.store, self.cache, self.source.plans(stream, start, stop),
+            pipelined=self.source.pipelined, depth=(self.lookahead or 1) + 1, start_step=start,
+            before_evict=before_evict,
         )
-        try:
-            for plan in self.executor:
-                yield StepInput(
-                    plan.step,
-                    plan.batch.to(self.device),
-                    self.cache.weights,
-                    self.cache.state,
-                    torch.from_numpy(plan.slots).to(self.device),
-                    torch.from_numpy(plan.inverse).to(self.device),
-                    plan,
-                )
-        finally:
-            self._times = self.executor.times.as_dict()
-            self.executor.close()
+        for plan in self.executor:
+            yield StepInput(
+                plan.step, plan.batch, self.cache.weights, self.cache.state,
+                torch.from_numpy(plan.slots), torch.from_numpy(plan.inverse), plan,
+            )
 
     def after_step(self, inp: StepInput) -> None:
         self.executor.after_step(inp.plan)
 
-    def flush(self) -> None:
-        """Write every cached row back; the store then holds the whole model."""
+    def flush(self, step: int) -> None:
+        """After step ``step``: the store holds every row's latest value, durably, and
+        reads without a label of their own (evaluation, export) see it."""
         if self.executor is not None:
-            self.executor.flush_cached()
-        else:
-            self.store.flush()
+            self.executor.drain()
+            if self.writes_cached:
+                self.executor.write_cached()
+        self.store.settle(step)
+        self.store.flush()
 
-    def export(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    def finish(self) -> None:
+        """After the last step: every row in the store, the pipeline stopped."""
+        if self.executor is not None:
+            self.executor.drain()
+            if self.writes_cached:
+                self.executor.write_cached()
+            self.executor.close()
+        self.store.finish_writes()
+        self.store.flush()
+
+    def export(self) -> Rows:
         return self.store.chunks()
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
-        return store_lookup(self.store, rows, self.device)
+        return store_lookup(self.store, rows)
+
+    def phase_seconds(self) -> dict:
+        return self.executor.times.as_dict() if self.executor is not None else {}
 
     def stats(self) -> dict:
-        out = dict(self.planner.stats.as_dict()) if self.planner else {}
+        out = dict(self.source.stats())
         out["cache_rows"] = self.cache.capacity
+        out["lookahead"] = self.lookahead
         out["store"] = self.store.stats.as_dict()
-        out["pipeline_s"] = dict(self.executor.times.as_dict()) if self.executor else {}
-        return out
+        out["pipeline_s"] = self.phase_seconds()
+        return out | self.extra_stats
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Stop the pipeline and close the store; ``abandon`` after a failure (see
+        :meth:`PlanExecutor.close` and :meth:`EmbeddingStore.abandon`)."""
         if self.executor is not None:
-            self.executor.close()
-        self.store.close()
+            self.executor.close(abandon=abandon)
+        if abandon:
+            self.store.abandon()
+        else:
+            self.store.close()

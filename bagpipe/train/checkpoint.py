@@ -24,7 +24,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from bagpipe.data.schema import atomic_write_text, fsync_dir
+from bagpipe.files import atomic_write_text, fsync_dir
 from bagpipe.errors import CheckpointError
 
 KEEP = 2
@@ -100,3 +100,26 @@ def load_latest(run_dir: str | os.PathLike) -> Checkpoint | None:
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
         raise CheckpointError(f"{path / 'dense.pt'}: unreadable ({e})") from None
     return Checkpoint(path=path, step=int(dense["step"]), dense=dense)
+
+
+def restore(run_dir: str | os.PathLike, model: torch.nn.Module, dense_opt: torch.optim.Optimizer, backend, init) -> int:
+    """Load a run's latest checkpoint into ``model``, ``dense_opt``, the torch RNG and
+    ``backend`` (every embedding row and its state); returns the step to continue from."""
+    ckpt = load_latest(run_dir)
+    if ckpt is None:
+        raise CheckpointError(f"{run_dir}: --resume given but the run has no checkpoint")
+    if ckpt.weights().shape != (init.num_rows, init.dim):
+        raise CheckpointError(
+            f"{ckpt.path}: holds {ckpt.weights().shape[0]} rows of dim {ckpt.weights().shape[1]}, "
+            f"this run has {init.num_rows} rows of dim {init.dim}"
+        )
+    try:
+        model.load_state_dict(ckpt.dense["model"])
+        dense_opt.load_state_dict(ckpt.dense["dense_optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{ckpt.path}: does not match this run's model/optimizer ({first})") from None
+    torch.set_rng_state(ckpt.dense["torch_rng"])
+    for a, w, s in ckpt.rows():
+        backend.load_rows(a, w, s)
+    return ckpt.step

@@ -1,60 +1,152 @@
-"""The typed, validated configuration of a training run.
+"""The typed, validated configuration of a training run, in six sections.
 
 Sources, later ones winning: the dataclass defaults, a TOML file (``--config``), the
-command line. Every field is documented; every bad value raises ConfigError with a
-one-line message at start-up.
+command line. Every setting is declared once, below, with its type and a docstring;
+``bagpipe train --help`` and the TOML keys are generated from these declarations
+(:mod:`bagpipe.config`), so the option ``--batch-size`` is the key ``batch_size``,
+at the top level of the file or in its section's table (``[data]``). Every bad value
+raises ConfigError with one line at start-up.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Literal
 
-from bagpipe.errors import ConfigError
+from bagpipe.config import Section, build, flatten, need, read_toml, to_flat
+from bagpipe.config.typed import finite
+from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
 
-MODES = ("full", "nocache", "lru", "lookahead")
-STORES = ("memory", "disk")
-CACHE_SYNCS = ("partitioned", "replicated")
+Mode = Literal["full", "nocache", "lru", "lookahead"]
+Store = Literal["memory", "disk"]
+CacheSync = Literal["partitioned", "replicated"]
+OptimizerName = Literal["sgd", "adagrad"]
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
+class DataConfig(Section):
+    """data and batches"""
+
     data: str
-    """Dataset directory (made by ``bagpipe synth`` or ``bagpipe preprocess``)."""
-    out: str
-    """Run directory: config, metrics.jsonl, checkpoints, summary."""
-    model: str = "dlrm"
-    """Model: dlrm, deepfm, wide_deep or dcn."""
-    recipe: str = "debug"
-    """Model size recipe: debug (seconds on a laptop) or kaggle (DLRM's Criteo Kaggle sizes)."""
-    embedding_dim: int | None = None
-    """D; None keeps the recipe's value."""
-    steps: int = 1000
-    """Training steps (batches)."""
+    """Dataset directory (made by `bagpipe synth` or `bagpipe preprocess`)."""
     batch_size: int = 2048
-    """B, samples per step."""
-    optimizer: str = "adagrad"
-    """sgd or adagrad (row-wise for embeddings, torch's for dense parameters)."""
+    """B, samples per step (the global batch: N trainers take B/N each)."""
+    block_size: int = 4096
+    """Samples per shuffled block of the data stream (the shuffle's granularity)."""
+
+    def validate(self) -> None:
+        need(self.batch_size > 0, f"batch size must be > 0, got {self.batch_size}")
+        need(self.block_size > 0, f"block size must be > 0, got {self.block_size}")
+
+
+@dataclass(kw_only=True)
+class ArchConfig(Section):
+    """model"""
+
+    model: ModelName = "dlrm"
+    """The CTR model."""
+    recipe: RecipeName = "debug"
+    """Model size: debug (trains in seconds on a laptop) or kaggle (DLRM's Criteo Kaggle sizes)."""
+    embedding_dim: int | None = None
+    """D, overrides the recipe's embedding dimension."""
+
+    def validate(self) -> None:
+        need(self.embedding_dim is None or self.embedding_dim > 0, f"embedding dim must be > 0, got {self.embedding_dim}")
+
+    def model_config(self) -> ModelConfig:
+        """The recipe's architecture, with ``embedding_dim`` applied."""
+        cfg = recipe(self.model, self.recipe)
+        if self.embedding_dim is not None and self.embedding_dim != cfg.embedding_dim:
+            changes: dict = {"embedding_dim": self.embedding_dim}
+            if self.model == "dlrm":  # the bottom MLP must end in D
+                changes["bottom_mlp"] = tuple(cfg.bottom_mlp[:-1]) + (self.embedding_dim,)
+            cfg = dataclasses.replace(cfg, **changes)
+        return cfg
+
+
+@dataclass(kw_only=True)
+class OptimConfig(Section):
+    """optimisation"""
+
+    optimizer: OptimizerName = "adagrad"
+    """Row-wise for embedding rows, torch's for dense parameters."""
     lr: float = 0.05
     """Learning rate of both the dense and the sparse optimizer."""
-    seed: int = 0
-    """Seeds the model init, embedding init and data order."""
-    mode: str = "full"
-    """full (tables in memory, the reference), nocache, lru, or lookahead (the oracle)."""
-    store: str = "memory"
-    """Where the non-full modes keep the tables: memory or disk."""
+
+    def validate(self) -> None:
+        need(finite(self.lr) and self.lr > 0, f"learning rate must be > 0, got {self.lr}")
+
+
+@dataclass(kw_only=True)
+class CacheConfig(Section):
+    """embedding placement"""
+
+    mode: Mode = "full"
+    """full: every table in memory (the reference); nocache, lru: a store and a cache
+    (backward-looking baselines); lookahead: the oracle plans every fetch and eviction."""
+    store: Store = "memory"
+    """Where the non-full modes keep the tables."""
     store_dir: str | None = None
-    """Directory of the disk store; default RUN/store."""
+    """Directory of the disk store (default RUN/store)."""
     cache_rows: int = 0
-    """C, rows of the trainer's cache (lru, lookahead); 0 picks 5% of all rows, at least one batch's worth."""
+    """C, slots of the trainer's cache (lru, lookahead); 0 picks 5% of all rows, at least
+    one batch's worth."""
     lookahead: int = 8
     """L, batches the oracle looks ahead."""
     cache_budget_mb: float = 0.0
-    """Memory budget of the cache in MiB (lru, lookahead); > 0 lets the auto-tuner pick the
-    cache rows and L (bagpipe.oracle.autotune). 0: off. Excludes an explicit cache_rows."""
+    """Memory budget of the cache in MiB (lru, lookahead): the auto-tuner picks the cache
+    rows and, for lookahead, the largest L whose window fits; 0 is off. Excludes cache_rows."""
+
+    def validate(self) -> None:
+        need(self.cache_rows >= 0, f"cache rows must be >= 0, got {self.cache_rows}")
+        need(self.lookahead >= 1, f"lookahead must be >= 1, got {self.lookahead}")
+        need(
+            finite(self.cache_budget_mb) and self.cache_budget_mb >= 0,
+            f"cache budget must be a finite number of MiB >= 0, got {self.cache_budget_mb}",
+        )
+        need(
+            not (self.cache_budget_mb > 0 and self.cache_rows > 0),
+            "--cache-budget-mb and --cache-rows are mutually exclusive: give the cache's memory budget "
+            "(the tuner picks rows and lookahead) or its rows, not both",
+        )
+
+
+@dataclass(kw_only=True)
+class DistConfig(Section):
+    """distributed (one machine: every role a process on loopback)"""
+
+    trainers: int = 1
+    """N, data-parallel trainer processes; each trains on 1/N of every global batch."""
+    servers: int = 0
+    """S, embedding server processes holding the rows (row g on server g % S); 0 keeps the
+    store in the trainer. With S >= 1 the run is distributed: N trainers + S servers + 1 oracle."""
+    cache_sync: CacheSync = "partitioned"
+    """partitioned: rows one trainer uses and then drops are neither replicated nor
+    synchronised; replicated: every trainer holds and synchronises every planned row."""
+    plans_in_flight: int = 4
+    """Plans the oracle may send a trainer ahead of what it has taken (back-pressure)."""
+
+    def validate(self) -> None:
+        need(self.trainers >= 1, f"trainers must be >= 1, got {self.trainers}")
+        need(self.servers >= 0, f"servers must be >= 0, got {self.servers}")
+        need(self.plans_in_flight >= 1, f"plans in flight must be >= 1, got {self.plans_in_flight}")
+
+    @property
+    def distributed(self) -> bool:
+        return self.servers > 0 or self.trainers > 1
+
+
+@dataclass(kw_only=True)
+class RunConfig(Section):
+    """run, evaluation, checkpoints"""
+
+    out: str
+    """Run directory: config.json, metrics.jsonl, checkpoints, summary.json."""
+    steps: int = 1000
+    """Training steps (batches); past the end of the train split a new epoch begins."""
+    seed: int = 0
+    """Seeds the model init, the embedding init and the data order."""
     eval_every: int = 0
     """Evaluate every N steps (0: only at the end)."""
     eval_samples: int = 0
@@ -64,137 +156,83 @@ class TrainConfig:
     resume: bool = False
     """Continue from the run directory's latest checkpoint."""
     summary_json: str | None = None
-    """Also write the summary here."""
+    """Also write the summary JSON here."""
     threads: int = 0
-    """torch intra-op threads (0: torch's default)."""
+    """torch intra-op threads (0: torch's choice; distributed roles split the cores)."""
     progress: bool = True
     """Show a progress bar."""
-    block_size: int = 4096
-    """Samples per shuffled block of the data stream."""
     warmup_steps: int = 0
-    """Steps excluded from the throughput figure (samples_per_s), for benchmarks."""
-    save_final: bool = True
-    """Write a checkpoint at the end (bagpipe eval reads it); benchmarks turn it off."""
+    """Steps left out of samples_per_s and time_per_step_ms (benchmarks)."""
+    final_checkpoint: bool = True
+    """Write a checkpoint at the end (what `bagpipe eval` reads); benchmarks turn it off."""
     digest: bool = True
-    """Compute params_sha256 at the end (reads every row once)."""
-    trainers: int = 1
-    """N, data-parallel trainer processes; each trains on 1/N of every global batch."""
-    servers: int = 0
-    """S, embedding server processes holding the rows (row g on server g % S); 0: in-process store.
-    With S >= 1 the run is distributed: N trainers + S servers + 1 oracle process."""
-    cache_sync: str = "partitioned"
-    """Distributed cache: partitioned (rows used by one trainer and then expired are neither
-    replicated nor synchronised) or replicated (every trainer holds and syncs every planned row)."""
-    plans_in_flight: int = 4
-    """Distributed: plans the oracle may send a trainer ahead of what it has taken (back-pressure)."""
+    """Compute params_sha256 at the end (reads every embedding row once)."""
 
-    @property
-    def distributed(self) -> bool:
-        return self.servers > 0 or self.trainers > 1
-
-    def __post_init__(self) -> None:
-        self._check_types()
-        from bagpipe.models import MODEL_NAMES, RECIPE_SIZES
-        from bagpipe.optim import OPTIMIZER_NAMES
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ConfigError(msg)
-
-        need(self.model in MODEL_NAMES, f"unknown model {self.model!r} (choose from {', '.join(MODEL_NAMES)})")
-        need(self.recipe in RECIPE_SIZES, f"unknown recipe {self.recipe!r} (choose from {', '.join(RECIPE_SIZES)})")
-        need(self.optimizer in OPTIMIZER_NAMES, f"unknown optimizer {self.optimizer!r} (choose from {', '.join(OPTIMIZER_NAMES)})")
-        need(self.mode in MODES, f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
-        need(self.store in STORES, f"unknown store {self.store!r} (choose from {', '.join(STORES)})")
+    def validate(self) -> None:
         need(self.steps > 0, f"steps must be > 0, got {self.steps}")
-        need(self.batch_size > 0, f"batch size must be > 0, got {self.batch_size}")
-        need(self.lr > 0, f"learning rate must be > 0, got {self.lr}")
-        need(self.embedding_dim is None or self.embedding_dim > 0, f"embedding dim must be > 0, got {self.embedding_dim}")
-        need(self.cache_rows >= 0, f"cache rows must be >= 0, got {self.cache_rows}")
-        need(self.lookahead >= 1, f"lookahead must be >= 1, got {self.lookahead}")
-        need(
-            math.isfinite(self.cache_budget_mb) and self.cache_budget_mb >= 0,
-            f"cache budget must be a finite number of MiB >= 0, got {self.cache_budget_mb}",
-        )
-        need(
-            not (self.cache_budget_mb > 0 and self.cache_rows > 0),
-            "--cache-budget-mb and --cache-rows are mutually exclusive: give the cache's memory budget "
-            "(the tuner picks rows and lookahead) or its rows, not both",
-        )
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}")
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         need(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
-        need(self.block_size > 0, f"block size must be > 0, got {self.block_size}")
         need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")
-        need(self.trainers >= 1, f"trainers must be >= 1, got {self.trainers}")
-        need(self.servers >= 0, f"servers must be >= 0, got {self.servers}")
-        need(self.cache_sync in CACHE_SYNCS, f"unknown cache sync {self.cache_sync!r} (choose from {', '.join(CACHE_SYNCS)})")
-        need(self.plans_in_flight >= 1, f"plans in flight must be >= 1, got {self.plans_in_flight}")
-        if self.distributed:
-            need(self.servers >= 1, f"{self.trainers} trainers need embedding servers to share the rows: add --servers S (S >= 1)")
-            need(self.mode == "lookahead", f"distributed runs (--trainers/--servers) use --mode lookahead, got --mode {self.mode}")
-            need(self.batch_size % self.trainers == 0,
-                 f"the global batch ({self.batch_size}) must split evenly over {self.trainers} trainers")
-            for name, flag in (("resume", "--resume"), ("checkpoint_every", "--checkpoint-every"),
-                               ("eval_every", "--eval-every"), ("cache_budget_mb", "--cache-budget-mb")):
-                need(not getattr(self, name), f"{flag} is not supported in distributed runs yet")
 
-    def _check_types(self) -> None:
-        """Values from a TOML file arrive untyped: check each against its annotation."""
-        kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            ann = str(f.type).replace(" ", "")
-            optional = ann.endswith("|None")
-            base = ann.removesuffix("|None")
-            if value is None and optional:
-                continue
-            ok = isinstance(value, kinds[base]) and not (base in ("int", "float") and isinstance(value, bool))
-            if not ok:
-                raise ConfigError(f"{f.name} must be {'an' if base == 'int' else 'a'} {base}, got {value!r}")
-            if base == "float":
-                setattr(self, f.name, float(value))
 
-    def model_config(self):
-        from bagpipe.models import recipe
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Every setting of ``bagpipe train``, by section."""
 
-        cfg = recipe(self.model, self.recipe)
-        if self.embedding_dim is not None and self.embedding_dim != cfg.embedding_dim:
-            changes = {"embedding_dim": self.embedding_dim}
-            if self.model == "dlrm":  # the bottom MLP must end in D
-                changes["bottom_mlp"] = tuple(cfg.bottom_mlp[:-1]) + (self.embedding_dim,)
-            cfg = dataclasses.replace(cfg, **changes)
-        return cfg
+    data: DataConfig
+    arch: ArchConfig
+    optim: OptimConfig
+    cache: CacheConfig
+    dist: DistConfig
+    run: RunConfig
+
+    def __post_init__(self) -> None:
+        d = self.dist
+        if d.distributed:
+            need(d.servers >= 1, f"{d.trainers} trainers need embedding servers to share the rows: add --servers S (S >= 1)")
+            need(self.cache.mode == "lookahead", f"distributed runs (--trainers/--servers) use --mode lookahead, got --mode {self.cache.mode}")
+            need(self.data.batch_size % d.trainers == 0,
+                 f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers")
+            for name, flag in (("resume", "--resume"), ("checkpoint_every", "--checkpoint-every")):
+                need(not getattr(self.run, name), f"{flag} is not supported in distributed runs yet")
+
+    @property
+    def distributed(self) -> bool:
+        return self.dist.distributed
+
+    @classmethod
+    def of(cls, **settings) -> "TrainConfig":
+        """A config from settings by name (``TrainConfig.of(data=..., out=..., steps=10)``)."""
+        return build(cls, settings)
+
+    def replace(self, **settings) -> "TrainConfig":
+        """A copy with some settings changed (by name, whatever their section)."""
+        return build(type(self), to_flat(self) | settings)
 
     def to_json(self) -> dict:
+        """Nested by section: what RUN/config.json holds and :meth:`from_json` reads."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+    def from_json(cls, values: dict, source: str = "config.json") -> "TrainConfig":
+        return build(cls, flatten(cls, values, source), source)
 
 
 def load_config(file: str | None, overrides: dict) -> TrainConfig:
-    """Merge a TOML file (may be None) and command-line overrides (None values ignored)."""
+    """Merge a TOML file (may be None) and command-line overrides (None values ignored).
+
+    The file's keys are setting names, at the top level, in their section's table, or
+    (as older files have them) inside a ``[train]`` table.
+    """
     values: dict = {}
+    source = "command line"
     if file:
-        path = Path(file)
-        if not path.exists():
-            raise ConfigError(f"{file}: config file not found")
-        try:
-            values = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{file}: {e}") from None
-        values = values.get("train", values)
-        unknown = sorted(set(values) - set(TrainConfig.field_names()))
-        if unknown:
-            raise ConfigError(f"{file}: unknown setting(s) {', '.join(unknown)}")
+        raw = read_toml(file)
+        if set(raw) == {"train"} and isinstance(raw["train"], dict):
+            raw = raw["train"]
+        values = flatten(TrainConfig, raw, str(file))
+        source = str(file)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    for key in ("data", "out"):
-        if not values.get(key):
-            raise ConfigError(f"--{key} is required (on the command line or in the config file)")
-    try:
-        return TrainConfig(**values)
-    except TypeError as e:
-        raise ConfigError(str(e)) from None
+    return build(TrainConfig, values, source)

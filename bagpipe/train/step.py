@@ -1,25 +1,96 @@
-"""One training step, shared by every mode.
+"""One training step, shared by every mode and every topology.
 
 The step gathers the batch's unique rows from whatever tensor holds them (the full
 tables or the cache) into a (U, D) leaf, pools, runs the model, backpropagates, steps
-the dense optimizer, then applies the row-wise sparse optimizer to the U rows and
-scatters them back. Given the same (U, D) values in the same order, every mode
+the dense optimizer, then hands the rows and their gradients to a :class:`RowUpdate`,
+the step's *strategy* for embedding rows: :class:`LocalRowUpdate` applies the row-wise
+sparse optimizer on one process; a data-parallel trainer's strategy
+(:class:`bagpipe.cache.sync.SyncedRowUpdate`) first averages the gradients of the rows
+the trainers share. Given the same (U, D) values in the same order, every mode
 performs exactly the same float operations.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
+from bagpipe.data.batch import Batch
 from bagpipe.models.embedding import gather_rows, pool
 from bagpipe.optim.sparse import SparseOptimizer
-from bagpipe.train.backends import StepInput
+from bagpipe.oracle.plan import Plan
 
 
-def forward_logits(model: torch.nn.Module, rows_u: torch.Tensor, inverse: torch.Tensor, batch) -> torch.Tensor:
+@dataclass
+class StepInput:
+    """What one training step needs from the embedding side.
+
+    weights/state: (R or C, D) / (R or C, S) the tensors the rows live in.
+    index: (U,) int64 positions in ``weights`` of the batch's unique rows (ascending row).
+    inverse: (N,) int64 position in ``index`` of every lookup.
+    plan: the cache plan of the step (None for the full tables).
+    """
+
+    step: int
+    batch: Batch
+    weights: torch.Tensor
+    state: torch.Tensor
+    index: torch.Tensor
+    inverse: torch.Tensor
+    plan: Plan | None = None
+
+
+class RowUpdate(Protocol):
+    """How a step updates its embedding rows (the step strategy)."""
+
+    def apply(self, inp: StepInput, rows_u: torch.Tensor, grad_u: torch.Tensor) -> None:
+        """Update the step's U rows: ``rows_u`` (U, D) the values the step used, ``grad_u`` their gradients."""
+
+    def before_evict(self, plan: Plan) -> None:
+        """Called before ``plan`` frees or refills cache slots (rows must be final by then)."""
+
+    def finish(self) -> None:
+        """Complete any deferred work: after it every row holds its latest value."""
+
+    def phase_seconds(self) -> dict:
+        """Cumulative seconds of its own phases (``sync_wait``) for the step meter."""
+
+    def stats(self) -> dict:
+        """Counters for the summary."""
+
+
+class LocalRowUpdate:
+    """One process: the row-wise optimizer applied to the U rows in place."""
+
+    def __init__(self, opt: SparseOptimizer):
+        self.opt = opt
+
+    @torch.no_grad()
+    def apply(self, inp: StepInput, rows_u: torch.Tensor, grad_u: torch.Tensor) -> None:
+        state_u = inp.state.index_select(0, inp.index)
+        new_w, new_s = self.opt.update(rows_u, state_u, grad_u)
+        inp.weights.index_copy_(0, inp.index, new_w)
+        inp.state.index_copy_(0, inp.index, new_s)
+
+    def before_evict(self, plan: Plan) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def phase_seconds(self) -> dict:
+        return {}
+
+    def stats(self) -> dict:
+        return {}
+
+
+def forward_logits(model: torch.nn.Module, rows_u: torch.Tensor, inverse: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """(B,) logits of ``batch`` given the values (U, D) of its unique rows."""
     pooled = pool(rows_u, inverse, batch.offsets, batch.batch_size, batch.num_features)
     return model(batch.dense, pooled)
 
@@ -27,11 +98,14 @@ def forward_logits(model: torch.nn.Module, rows_u: torch.Tensor, inverse: torch.
 def train_step(
     model: torch.nn.Module,
     dense_opt: torch.optim.Optimizer,
-    sparse_opt: SparseOptimizer,
+    rows: RowUpdate,
     inp: StepInput,
     times: dict,
 ) -> float:
-    """Run one step; adds seconds to times["forward"|"backward"|"optimizer"]; returns the loss."""
+    """Run one step; adds seconds to times["forward"|"backward"|"optimizer"]; returns the loss.
+
+    ``model`` may be wrapped (DDP averages the dense gradients during ``backward``).
+    """
     t0 = time.perf_counter()
     rows_u = gather_rows(inp.weights, inp.index)
     logits = forward_logits(model, rows_u, inp.inverse, inp.batch)
@@ -41,11 +115,7 @@ def train_step(
     loss.backward()
     t2 = time.perf_counter()
     dense_opt.step()
-    with torch.no_grad():
-        state_u = inp.state.index_select(0, inp.index)
-        new_w, new_s = sparse_opt.update(rows_u.detach(), state_u, rows_u.grad)
-        inp.weights.index_copy_(0, inp.index, new_w)
-        inp.state.index_copy_(0, inp.index, new_s)
+    rows.apply(inp, rows_u.detach(), rows_u.grad)
     t3 = time.perf_counter()
     times["forward"] += t1 - t0
     times["backward"] += t2 - t1

@@ -1,0 +1,65 @@
+"""How large a run's cache is and how far its oracle looks ahead.
+
+One function for every topology: the one-process trainer and the distributed oracle
+role both call :func:`size_cache`, so a run sizes its cache the same way wherever
+the planner runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bagpipe.data.schema import DatasetMeta
+from bagpipe.data.stream import BatchStream
+from bagpipe.oracle.autotune import AutotuneChoice, choose
+
+
+def lookups_per_batch(meta: DatasetMeta, stream: BatchStream, steps: int) -> int:
+    """Upper bound of lookups per batch: B*F for one-hot data; multi-hot data scans the
+    first epoch's batches (at most ``steps`` of them)."""
+    lookups = stream.batch_size * meta.num_features
+    if meta.multihot_features:
+        for i in range(min(stream.batches_per_epoch, steps)):
+            lookups = max(lookups, int(stream.batch(i).rows.shape[0]))
+    return lookups
+
+
+def default_cache_rows(total_rows: int, lookups: int) -> int:
+    """5% of all rows, but never less than what one batch can touch (nor more than all)."""
+    return int(min(total_rows, max(math.ceil(0.05 * total_rows), lookups)))
+
+
+@dataclass(frozen=True)
+class CacheSize:
+    """C and L of a run, and the auto-tuner's choice when it made them."""
+
+    rows: int
+    lookahead: int
+    tuned: AutotuneChoice | None = None
+
+
+def size_cache(
+    mode: str,
+    *,
+    cache_rows: int,
+    lookahead: int,
+    budget_mb: float,
+    total_rows: int,
+    dim: int,
+    state_dim: int,
+    stream: BatchStream,
+    steps: int,
+    lookups: int,
+) -> CacheSize:
+    """The cache of ``mode`` (nocache, lru, lookahead).
+
+    nocache stages one batch; otherwise ``cache_rows`` if given, the auto-tuner's choice
+    for ``budget_mb`` if > 0, else :func:`default_cache_rows`.
+    """
+    if mode == "nocache":
+        return CacheSize(lookups, lookahead)
+    if budget_mb > 0:
+        tuned = choose(budget_mb, total_rows, dim, state_dim, stream.batch, steps, tune_lookahead=mode == "lookahead")
+        return CacheSize(tuned.cache_rows, tuned.lookahead or lookahead, tuned)
+    return CacheSize(cache_rows or default_cache_rows(total_rows, lookups), lookahead)

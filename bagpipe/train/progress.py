@@ -1,0 +1,54 @@
+"""The progress of a run as the user sees it: a bar, or a line every few seconds."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Literal
+
+from tqdm import tqdm
+
+ProgressKind = Literal["bar", "lines", "off"]
+
+
+class Progress:
+    """Shows ``step N/M  loss L  S samples/s``.
+
+    ``bar``: a tqdm bar (one process on a terminal); ``lines``: a plain line through
+    ``say`` at most every ``every_s`` seconds and at the first and last step (a
+    distributed trainer, whose output the launcher prefixes and logs); ``off``: nothing.
+    """
+
+    def __init__(self, kind: ProgressKind, *, total: int, initial: int, desc: str,
+                 say: Callable[[str], None] = print, every_s: float = 10.0):
+        self.kind = kind
+        self.total = total
+        self.say = say
+        self.every_s = every_s
+        self._last = 0.0
+        self._every_steps = max(1, (total - initial) // 20)
+        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True) if kind == "bar" else None
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def show(self, step: int, loss: float, samples_per_s: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{samples_per_s:,.0f}")
+        elif self.kind == "lines":
+            now = time.monotonic()
+            if now - self._last >= self.every_s or step % self._every_steps == 0 or step == self.total or self._last == 0.0:
+                self._last = now
+                self.say(f"step {step}/{self.total}  loss {loss:.4f}  {samples_per_s:,.0f} samples/s")
+
+    def note(self, line: str) -> None:
+        """A line between updates (an evaluation's result)."""
+        if self.bar is not None:
+            self.bar.write(line)
+        elif self.kind == "lines":
+            self.say(line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
