@@ -141,6 +141,9 @@ class PlanExecutor:
             if item is _DONE:
                 self._wb_q.task_done()
                 return
+            if self._stop.is_set():  # closed with abandon=True (a plain close drains first): drop it
+                self._wb_q.task_done()
+                continue
             try:
                 t0 = time.perf_counter()
                 self.store.write(item.rows, item.weights, item.state)
