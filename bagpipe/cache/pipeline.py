@@ -120,7 +120,10 @@ class PlanExecutor:
     def _fetch_loop(self) -> None:
         try:
             while not self._stop.is_set():
-                plan = self._plan_q.get()
+                try:  # with a timeout: a planner stopped by close() hands over nothing more
+                    plan = self._plan_q.get(timeout=0.1)
+                except queue.Empty:
+                    continue
                 if plan is _DONE or isinstance(plan, _Failure):
                     self._put(self._ready_q, plan)
                     return
