@@ -120,7 +120,10 @@ class PlanExecutor:
     def _fetch_loop(self) -> None:
         try:
             while not self._stop.is_set():
-                plan = self._plan_q.get()
+                try:  # with a timeout: a planner stopped by close() hands over nothing more
+                    plan = self._plan_q.get(timeout=0.1)
+                except queue.Empty:
+                    continue
                 if plan is _DONE or isinstance(plan, _Failure):
                     self._put(self._ready_q, plan)
                     return
@@ -141,6 +144,9 @@ class PlanExecutor:
             if item is _DONE:
                 self._wb_q.task_done()
                 return
+            if self._stop.is_set():  # closed with abandon=True (a plain close drains first): drop it
+                self._wb_q.task_done()
+                continue
             try:
                 t0 = time.perf_counter()
                 self.store.write(item.rows, item.weights, item.state)

@@ -19,6 +19,10 @@ memory into the receiver's (pickle's buffer_callback / buffers), so rows are nev
 copied through the pickle stream. Each gloo message costs ~0.15 ms on loopback, so
 the header carries what it can. A per-peer lock keeps the sends of a message together
 when several threads of one process talk to the same peer.
+
+The point-to-point calls themselves go through a *wire* (:class:`GlooWire` unless
+another is given): the framing above can then be tested without a process group,
+over an in-memory wire (``tests/test_concurrency.py``).
 """
 
 from __future__ import annotations
@@ -52,18 +56,38 @@ class PeerLost(BagpipeError):
     """A peer's connection broke (it died, or its machine did): names the peer's role."""
 
 
+class GlooWire:
+    """The wire a :class:`Transport` uses by default: gloo point-to-point on the default
+    process group. A wire moves one tensor at a time; a test may pass another object
+    with the same three methods."""
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        dist.send(tensor, dst=peer, tag=tag)
+
+    def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        """Fill ``tensor`` (its size is the message's) with the next message from ``peer`` on ``tag``."""
+        dist.recv(tensor, src=peer, tag=tag)
+
+    def rank(self) -> int | None:
+        """This process's rank, None outside a process group (for error messages)."""
+        return dist.get_rank() if dist.is_initialized() else None
+
+
 class Transport:
     """Pickled objects over gloo send/recv on the default process group.
 
     Args:
         name: the role name of a rank (for error messages), e.g. ``Layout.name``.
+        wire: what moves the tensors; :class:`GlooWire` when None (tests pass an
+            in-memory one).
 
     Thread safety: any number of threads may send (one message at a time per peer and
     stream); at most one thread may receive from a given (peer, stream).
     """
 
-    def __init__(self, name: Callable[[int], str] | None = None):
+    def __init__(self, name: Callable[[int], str] | None = None, wire: GlooWire | None = None):
         self.name = name or (lambda rank: f"rank {rank}")
+        self.wire = wire or GlooWire()
         self._locks: dict[tuple[int, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.bytes_sent = 0
@@ -90,7 +114,8 @@ class Transport:
         try:
             yield
         except RuntimeError as e:  # gloo: "Connection closed by peer", "Connection reset", timeouts
-            me = self.name(dist.get_rank()) if dist.is_initialized() else "this process"
+            rank = self.wire.rank()
+            me = self.name(rank) if rank is not None else "this process"
             raise PeerLost(f"{me} lost contact with {self.name(peer)} while {doing} it ({gloo_reason(e)})") from e
 
     def _send(self, peer: int, stream: int, obj: Any) -> None:
@@ -105,18 +130,20 @@ class Transport:
         header[4 : 4 + len(raws)] = [r.numel() for r in raws]
         if inline:
             header.view(np.uint8)[_INLINE_AT : _INLINE_AT + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        send = self.wire.send
         with self._lock(peer, stream):
-            dist.send(torch.from_numpy(header), dst=peer, tag=stream)
+            send(torch.from_numpy(header), peer, stream)
             if not inline:
-                dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst=peer, tag=stream)
+                send(torch.frombuffer(bytearray(data), dtype=torch.uint8), peer, stream)
             for r in raws:
                 if r.numel():
-                    dist.send(r, dst=peer, tag=stream)
+                    send(r, peer, stream)
         self._count("bytes_sent", HEADER_BYTES + (0 if inline else len(data)) + sum(r.numel() for r in raws))
 
     def _recv(self, peer: int, stream: int) -> Any:
+        recv = self.wire.recv
         header = torch.empty(HEADER_BYTES // 8, dtype=torch.int64)
-        dist.recv(header, src=peer, tag=stream)
+        recv(header, peer, stream)
         h = header.numpy()
         kind, nbytes, nbuf, inline = (int(x) for x in h[:4])
         if kind != stream:  # pragma: no cover - a protocol bug, not a user error
@@ -125,13 +152,13 @@ class Transport:
             payload = h.view(np.uint8)[_INLINE_AT : _INLINE_AT + nbytes]
         else:
             t = torch.empty(nbytes, dtype=torch.uint8)
-            dist.recv(t, src=peer, tag=stream)
+            recv(t, peer, stream)
             payload = t.numpy()
         buffers = []
         for n in h[4 : 4 + nbuf].tolist():
             buf = torch.empty(n, dtype=torch.uint8)
             if n:
-                dist.recv(buf, src=peer, tag=stream)
+                recv(buf, peer, stream)
             buffers.append(buf.numpy())
         self._count("bytes_received", HEADER_BYTES + (0 if inline else nbytes) + sum(len(b) for b in buffers))
         return pickle.loads(payload, buffers=buffers)

@@ -1,0 +1,908 @@
+"""The concurrency core, tested directly: threads and an in-memory network, no processes.
+
+Three pieces that are otherwise reached only through multi-process jobs:
+
+* :class:`PlanExecutor` (``bagpipe/cache/pipeline.py``), over a store that logs every
+  read, write and ``mark_written`` in the order they reach it (and can hold writes at
+  a gate, or fail on the n-th call). Pipelined, it never issues a plan's fetch before
+  every write-back labelled <= ``fetch_after`` has reached the store (a fetch waits
+  while such a write-back is held, then sees its value), and runs ahead
+  ``depth`` + 1 fetches when nothing gates it; a failure in the planner, in a store
+  read (fetch thread), a store write or a mark (write-back thread) reaches the
+  trainer's thread as that very exception within seconds; ``close(abandon=True)``
+  returns within seconds while a write-back hangs on a store that never answers, and
+  drops the write-backs queued behind it; ``close()`` first drains every queued
+  write-back; ``close()`` while the planner is still working ends every thread at
+  once. Synchronous mode does the same reads and writes in the caller's thread, in
+  plan order, only when asked for the next plan. Over lookahead-oracle plans with
+  forced evictions (and no-cache plans synchronously), the store ends bit-identical
+  to applying every step's update to a plain array, with the store in process or
+  behind two embedding servers.
+* :class:`EmbeddingServer` and :class:`RemoteStore` (``bagpipe/distributed/server.py``)
+  over :class:`Transport` on a fake wire: a read with ``after=k`` is held until
+  *every* client has marked k, then sees the newest values (client 1's write-back is
+  visible to client 0's read); a client's requests are served in order; ``bye`` from
+  every client ends ``serve()``; a client that disappears or sends a bad request makes
+  ``serve()`` raise a :class:`BagpipeError` naming it, and a read waiting on its marks
+  fails instead of hanging; rows route to server g % S at local row g // S (S = 1, 2,
+  3), reads and ``read_range`` reassemble in the caller's order, and after
+  ``finish_writes`` untracked reads wait for every client's last write-back.
+* :class:`Transport` (``bagpipe/distributed/transport.py``) over an in-memory wire:
+  the exact parts of each message (a small pickle inside the 4 KiB header, a larger
+  one sent after it, numpy arrays out of band unless there are more than
+  ``_MAX_BUFFERS``, zero-length arrays not sent at all), read-only and non-contiguous
+  arrays, the byte counters, streams kept apart, several sending threads never
+  interleaving the parts of their messages, and a wire error becoming
+  :class:`PeerLost` naming the peer's role; the default wire makes exactly the
+  ``dist.send(t, dst=, tag=)`` / ``dist.recv(t, src=, tag=)`` calls.
+
+Every thread a test starts must have ended when it finishes (``every_thread_ends``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from functools import partial
+from itertools import chain, islice
+from typing import Callable, Iterator, NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+import bagpipe.distributed.transport as transport_mod
+from bagpipe.cache.pipeline import PlanExecutor
+from bagpipe.cache.slots import SlotCache
+from bagpipe.data.batch import Batch
+from bagpipe.distributed.server import FINAL, EmbeddingServer, RemoteStore, ShardInit
+from bagpipe.distributed.transport import (
+    _MAX_BUFFERS, HEADER_BYTES, REPLY, REQUEST, PeerLost, Transport,
+)
+from bagpipe.errors import BagpipeError
+from bagpipe.oracle.lookahead import LookaheadOracle
+from bagpipe.oracle.plan import Plan
+from bagpipe.oracle.policies import NoCachePlanner
+from bagpipe.store.init import RowInitializer
+from bagpipe.store.memory import MemoryStore
+
+pytestmark = pytest.mark.timeout(60)
+
+D = 4  # embedding dimension
+S_DIM = 1  # optimizer state per row
+SOON = 5.0  # "promptly": generous for two busy cores
+HELD = 0.3  # how long a test watches something that must *not* happen
+GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:{port}"
+
+
+# threads ---------------------------------------------------------------------------
+def wait_until(cond: Callable[[], bool], within: float = SOON) -> bool:
+    deadline = time.monotonic() + within
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+class Background:
+    """``fn()`` in a thread of its own (another trainer, a server process, a blocking call)."""
+
+    def __init__(self, fn: Callable, name: str = "test-background"):
+        self.value = self.error = None
+        self._done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self.value = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self.error = e
+        finally:
+            self._done.set()
+
+    def finished(self, within: float = 0.0) -> bool:
+        return self._done.wait(within)
+
+    def result(self, within: float = SOON):
+        """fn's value, or its exception raised here; fails if fn is still running after ``within`` s."""
+        assert self._done.wait(within), f"{self.thread.name} still running after {within} s"
+        self.thread.join(within)
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@pytest.fixture(autouse=True)
+def every_thread_ends():
+    """Fails a test that leaves a thread running (after its fixtures have cleaned up)."""
+    before = set(threading.enumerate())
+    yield
+
+    def left():
+        return [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+
+    assert wait_until(lambda: not left()), f"threads still running: {left()}"
+
+
+# a fake wire -----------------------------------------------------------------------
+class FakeNet:
+    """gloo point-to-point in memory, for :class:`Transport` instances in threads of one process.
+
+    One FIFO per (src, dst, tag); a send copies its tensor (the sender may reuse it) and
+    returns at once; a recv must be given a tensor of exactly the sent dtype and size
+    (a framing bug is a test failure here, not a PeerLost). ``kill(rank)`` is a process
+    dying: what it sent before still arrives, then every send or recv to or from it
+    raises gloo's RuntimeError. A recv that waits longer than ``timeout`` fails the test.
+    """
+
+    def __init__(self, timeout: float = 20.0):
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._fifos: dict[tuple[int, int, int], deque] = defaultdict(deque)
+        self._dead: set[int] = set()
+
+    def wire(self, rank: int) -> "FakeWire":
+        return FakeWire(self, rank)
+
+    def kill(self, *ranks: int) -> None:
+        with self._cond:
+            self._dead.update(ranks)
+            self._cond.notify_all()
+
+    def _check(self, a: int, b: int) -> None:
+        for r in (a, b):
+            if r in self._dead:
+                raise RuntimeError(GLOO_CLOSED.format(port=29500 + r))
+
+
+class FakeWire:
+    """One rank's end of a :class:`FakeNet`; ``sent`` lists (peer, tag, bytes) of every send."""
+
+    def __init__(self, net: FakeNet, rank: int):
+        self.net, self._rank = net, rank
+        self.sent: list[tuple[int, int, int]] = []
+
+    def rank(self) -> int:
+        return self._rank
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        net = self.net
+        with net._cond:
+            net._check(self._rank, peer)
+            net._fifos[(self._rank, peer, tag)].append(tensor.clone())
+            self.sent.append((peer, tag, tensor.numel() * tensor.element_size()))
+            net._cond.notify_all()
+        time.sleep(0)  # let another thread run between the parts of a message
+
+    def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        net = self.net
+        fifo = net._fifos[(peer, self._rank, tag)]
+        deadline = time.monotonic() + net.timeout
+        with net._cond:
+            while not fifo:
+                net._check(self._rank, peer)
+                left = deadline - time.monotonic()
+                assert left > 0, f"fake wire: rank {self._rank} got nothing from rank {peer} on tag {tag}"
+                net._cond.wait(left)
+            got = fifo.popleft()
+        assert (got.dtype, got.shape) == (tensor.dtype, tensor.shape), f"framing: sent {got.dtype}{tuple(got.shape)}, received into {tensor.dtype}{tuple(tensor.shape)}"
+        tensor.copy_(got)
+
+
+def role_name(trainers: int) -> Callable[[int], str]:
+    return lambda r: f"trainer {r}" if r < trainers else f"server {r - trainers}"
+
+
+# a store that logs what reaches it -------------------------------------------------
+class Op(NamedTuple):
+    kind: str  # "read" (when issued), "write" (when done), "mark"
+    rows: tuple
+    label: int | None  # a read's ``after``; a mark's label
+    thread: str
+
+
+class RecordingStore(MemoryStore):
+    """A :class:`MemoryStore` that logs every training read, write and mark in order.
+
+    ``gate``: cleared, every write waits at it (``held`` is set meanwhile) -- a slow or
+    dead peer. ``fail(kind, n, exc)``: the n-th call of that kind raises ``exc``.
+    """
+
+    def __init__(self, init: RowInitializer, state_dim: int):
+        super().__init__(init, state_dim)
+        self.log: list[Op] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.held = threading.Event()
+        self._faults: dict[str, tuple[int, BaseException]] = {}
+        self._calls: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def fail(self, kind: str, nth: int, exc: BaseException) -> None:
+        self._faults[kind] = (nth, exc)
+
+    def ops(self, kind: str | None = None) -> list[Op]:
+        with self._lock:
+            return [op for op in self.log if kind in (None, op.kind)]
+
+    def _enter(self, kind: str, rows=(), label=None) -> None:
+        with self._lock:
+            self._calls[kind] += 1
+            nth, exc = self._faults.get(kind, (0, None))
+            if self._calls[kind] == nth:
+                raise exc
+            if kind != "write":
+                self.log.append(Op(kind, tuple(int(r) for r in rows), label, threading.current_thread().name))
+
+    def _read_after(self, rows, after):
+        self._enter("read", rows, after)
+        return super()._read_after(rows, after)
+
+    def _write(self, rows, weights, state) -> None:
+        self._enter("write")
+        if not self.gate.is_set():
+            self.held.set()
+            self.gate.wait()
+        super()._write(rows, weights, state)
+        with self._lock:
+            self.log.append(Op("write", tuple(int(r) for r in rows), None, threading.current_thread().name))
+
+    def mark_written(self, label: int) -> None:
+        self._enter("mark", label=int(label))
+
+
+def assert_fetches_gated(log: list[Op], start: int = -1) -> None:
+    """Every read that needs write-backs labelled <= a comes after a mark >= a (the write-back
+    thread marks only after those writes returned)."""
+    marked = start
+    for i, op in enumerate(log):
+        if op.kind == "mark":
+            marked = max(marked, op.label)
+        elif op.kind == "read":
+            assert op.label <= marked, f"op {i}: read of rows {op.rows} needing label {op.label} issued when only {marked} was written: {log[: i + 1]}"
+
+
+# plans, steps and their expected result --------------------------------------------
+def batch_of(rows) -> Batch:
+    rows = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+    n = len(rows)
+    return Batch(labels=torch.zeros(n), dense=torch.zeros(n, 1), rows=rows, offsets=torch.arange(n + 1), num_features=1)
+
+
+def hand_plan(step: int, holds: dict[int, int], fetch=(), after=(), fetch_after: int = -1) -> Plan:
+    """Step ``step`` uses the rows of ``holds`` (row -> slot); ``fetch`` and ``after`` are some of them."""
+    rows = np.array(sorted(holds), np.int64)
+
+    def slots(rs):
+        return np.array([holds[r] for r in rs], np.int64)
+
+    return Plan(
+        step=step, batch=batch_of(rows), rows=rows, slots=slots(rows), inverse=np.arange(len(rows)),
+        fetch_rows=np.array(fetch, np.int64), fetch_slots=slots(fetch),
+        evict_after_rows=np.array(after, np.int64), evict_after_slots=slots(after), fetch_after=fetch_after,
+    )
+
+
+def hand_plans() -> list[Plan]:
+    """Four steps on two slots; steps 2 and 3 refetch rows written back after steps 0 and 1."""
+    return [
+        hand_plan(0, {0: 0, 1: 1}, fetch=[0, 1], after=[0]),
+        hand_plan(1, {1: 1, 2: 0}, fetch=[2], after=[1, 2]),
+        hand_plan(2, {0: 0}, fetch=[0], after=[0], fetch_after=0),
+        hand_plan(3, {1: 1}, fetch=[1], after=[1], fetch_after=1),
+    ]
+
+
+class Reference:
+    """What the store must hold: every step's update applied to plain arrays."""
+
+    def __init__(self, init: RowInitializer):
+        self.w = init.range(0, init.num_rows)
+        self.s = np.zeros((init.num_rows, S_DIM), np.float32)
+
+    def update(self, plan: Plan) -> None:
+        self.w[plan.rows] += np.float32(plan.step + 1)
+        self.s[plan.rows] += np.float32(1)
+
+
+def train_step(cache: SlotCache, plan: Plan) -> None:
+    """The step's update, on the cache (as the optimizer would)."""
+    idx = torch.from_numpy(plan.slots)
+    cache.weights[idx] += float(plan.step + 1)
+    cache.state[idx] += 1.0
+
+
+def run_steps(ex: PlanExecutor, ref: Reference | None = None, done: list | None = None, steps: int | None = None, plans=None) -> None:
+    """The trainer's loop over ``steps`` plans (all by default) of ``plans`` (default ``iter(ex)``)."""
+    for plan in islice(iter(ex) if plans is None else plans, steps):
+        train_step(ex.cache, plan)
+        if ref is not None:
+            ref.update(plan)
+        ex.after_step(plan)
+        if done is not None:
+            done.append(plan.step)
+
+
+def assert_store_holds(store, ref: Reference, stop: int) -> None:
+    """Rows [0, stop) of the store are the reference's, bit for bit."""
+    w, s = store.read_range(0, stop)
+    np.testing.assert_array_equal(w, ref.w[:stop])
+    np.testing.assert_array_equal(s, ref.s[:stop])
+
+
+@pytest.fixture
+def init() -> RowInitializer:
+    return RowInitializer([5, 3], D, seed=7)
+
+
+@pytest.fixture
+def store(init) -> Iterator[RecordingStore]:
+    s = RecordingStore(init, S_DIM)
+    yield s
+    s.gate.set()  # a test that failed with writes held must not leave its write-back thread blocked
+
+
+@pytest.fixture
+def executors(store) -> Iterator[Callable[..., PlanExecutor]]:
+    """``executors(plans, pipelined=True, depth=2, cache_rows=4, on=store)``; all abandoned and joined afterwards."""
+    made: list[PlanExecutor] = []
+
+    def make(plans, *, pipelined: bool = True, depth: int = 2, cache_rows: int = 4, on=None) -> PlanExecutor:
+        ex = PlanExecutor(store if on is None else on, SlotCache(cache_rows, D, S_DIM), iter(plans), pipelined=pipelined, depth=depth)
+        made.append(ex)
+        return ex
+
+    yield make
+    store.gate.set()
+    for ex in made:
+        ex.close(abandon=True)
+        for t in ex._threads:
+            t.join(SOON)
+
+
+# PlanExecutor ----------------------------------------------------------------------
+def test_a_fetch_waits_for_the_write_backs_it_depends_on(store, executors, init):
+    ex = executors(hand_plans())
+    store.gate.clear()  # write-backs are held
+    it = iter(ex)
+    p0 = next(it)
+    train_step(ex.cache, p0)
+    ex.after_step(p0)  # row 0 (updated) goes back: label 0, held at the gate
+    p1 = next(it)  # fetches nothing written back: not held
+    assert p1.step == 1 and store.held.wait(SOON)
+    # step 2 refetches row 0 (fetch_after=0): its read must not be issued while row 0 is held
+    assert not wait_until(lambda: any(op.label == 0 for op in store.ops("read")), HELD), store.ops()
+    train_step(ex.cache, p1)
+    ex.after_step(p1)
+    store.gate.set()
+    p2 = next(it)
+    # the read saw the written-back value (init + step 0's update), not the initial one
+    np.testing.assert_array_equal(ex.cache.weights[0].numpy(), init.rows(np.array([0]))[0] + np.float32(1))
+    assert p2.step == 2
+    log = store.ops()
+    assert_fetches_gated(log)
+    first_read_after_0 = next(i for i, op in enumerate(log) if op.kind == "read" and op.label == 0)
+    assert log.index(Op("write", (0,), None, "bagpipe-writeback")) < log.index(Op("mark", (), 0, "bagpipe-writeback")) < first_read_after_0
+
+
+def test_the_fetch_thread_runs_ahead_depth_plus_one_plans(store, executors):
+    n, depth = 8, 2
+    ex = executors([hand_plan(k, {k: k}, fetch=[k]) for k in range(n)], depth=depth, cache_rows=n)
+    it = iter(ex)
+    for consumed in range(n - depth):
+        # ``depth`` fetched plans wait in the queue, one more in the fetch thread's hand
+        expect = min(n, consumed + depth + 1)
+        assert wait_until(lambda: len(store.ops("read")) >= expect), store.ops()
+        assert not wait_until(lambda: len(store.ops("read")) > expect, 0.1 if consumed else HELD)
+        assert next(it).step == consumed
+    assert [op.rows for op in store.ops("read")] == [(k,) for k in range(n)]
+    assert {op.thread for op in store.ops("read")} == {"bagpipe-fetch"}
+
+
+def broken_planner(plans: list[Plan], good: int, exc: BaseException) -> Iterator[Plan]:
+    yield from plans[:good]
+    raise exc
+
+
+FAULTS = {  # where -> (the store operation that fails and on which call, or None: the planner; steps done before)
+    "planner": (None, 2),
+    "read": (("read", 2), 1),
+    "write": (("write", 1), None),  # asynchronous: how many steps pass first is timing
+    "mark": (("mark", 2), None),
+}
+
+
+@pytest.mark.parametrize(
+    "where,pipelined",
+    [(w, True) for w in FAULTS] + [(w, False) for w in FAULTS if w != "mark"],  # synchronous execution marks nothing
+    ids=lambda v: {True: "pipelined", False: "sync"}.get(v, v) if isinstance(v, bool) else v,
+)
+def test_a_failure_in_any_thread_reaches_the_trainer_as_itself(where, pipelined, store, executors):
+    fault, steps_before = FAULTS[where]
+    exc = (ValueError if where == "planner" else OSError)(f"{where} failed")
+    plans = hand_plans()
+    if fault is None:
+        plans = broken_planner(plans, steps_before, exc)
+    else:
+        store.fail(*fault, exc)
+    ex = executors(plans, pipelined=pipelined)
+    done: list[int] = []
+    t0 = time.monotonic()
+    with pytest.raises(type(exc)) as caught:
+        run_steps(ex, done=done)
+    assert caught.value is exc
+    assert time.monotonic() - t0 < SOON
+    if steps_before is not None:
+        assert done == list(range(steps_before))
+    t0 = time.monotonic()
+    ex.close(abandon=True)
+    assert time.monotonic() - t0 < SOON
+
+
+def test_a_write_back_failure_reaches_drain_and_close(store, executors):
+    exc = OSError("write failed")
+    store.fail("write", 1, exc)
+    ex = executors(hand_plans())
+    p0 = next(iter(ex))
+    ex.after_step(p0)
+    with pytest.raises(OSError) as drained:
+        ex.drain()
+    with pytest.raises(OSError) as closed:
+        ex.close()
+    assert drained.value is exc and closed.value is exc
+    assert not any(t.is_alive() for t in ex._threads)
+
+
+def test_abandon_returns_while_a_write_back_hangs_and_drops_the_rest(store, executors):
+    ex = executors(hand_plans())
+    store.gate.clear()  # the store never answers a write: a dead peer
+    run_steps(ex, steps=2)  # row 0's write-back hangs; step 1's (rows 1, 2) waits behind it
+    assert store.held.wait(SOON)
+    t0 = time.monotonic()
+    ex.close(abandon=True)
+    assert time.monotonic() - t0 < 2.5  # three threads joined for 0.5 s at most each
+    store.gate.set()  # the peer answers after all: the hanging write completes
+    wb = ex._threads[2]
+    wb.join(SOON)
+    assert not wb.is_alive()
+    assert [op.rows for op in store.ops("write")] == [(0,)], "write-backs queued behind an abandoned one must be dropped"
+    assert store.ops("mark") == [Op("mark", (), -1, "bagpipe-writeback")]
+
+
+def test_close_drains_every_queued_write_back(store, executors, init):
+    ex = executors(hand_plans())
+    ref = Reference(init)
+    store.gate.clear()
+    run_steps(ex, ref, steps=2)
+    assert store.held.wait(SOON)
+    closing = Background(ex.close, "close")
+    assert not closing.finished(HELD), "close() returned with write-backs still queued"
+    store.gate.set()
+    closing.result()
+    assert [op.rows for op in store.ops("write")] == [(0,), (1, 2)]
+    assert_store_holds(store, ref, 3)
+    assert not any(t.is_alive() for t in ex._threads)
+
+
+def test_close_while_the_planner_is_working_ends_every_thread(store, executors):
+    release = threading.Event()
+
+    def slow_planner():
+        yield hand_plans()[0]
+        release.wait(SOON)  # reading the next batches
+        yield hand_plans()[1]
+
+    ex = executors(slow_planner())
+    plan = next(iter(ex))
+    ex.after_step(plan)
+    closing = Background(ex.close, "close")
+    assert wait_until(ex._stop.is_set)  # close() has stopped the pipeline; now the planner hands over its plan
+    release.set()
+    closing.result(within=3.0)
+    assert wait_until(lambda: not any(t.is_alive() for t in ex._threads), 1.0), [t.name for t in ex._threads if t.is_alive()]
+
+
+def test_synchronous_mode_works_in_the_callers_thread_in_plan_order(store, executors, init):
+    threads_before = threading.active_count()
+    ex = executors(hand_plans(), pipelined=False)
+    assert ex._threads == [] and threading.active_count() == threads_before
+    ref = Reference(init)
+    it = iter(ex)
+    assert store.ops() == []  # nothing is read before the trainer asks for a plan
+    first = next(it)
+    assert store.ops() == [Op("read", (0, 1), -1, "MainThread")]
+    run_steps(ex, ref, plans=chain([first], it))
+    ex.close()
+    assert [(op.kind, op.rows) for op in store.ops()] == [
+        ("read", (0, 1)), ("write", (0,)), ("read", (2,)), ("write", (1, 2)),
+        ("read", (0,)), ("write", (0,)), ("read", (1,)), ("write", (1,)),
+    ]
+    assert {op.thread for op in store.ops()} == {"MainThread"}
+    assert_store_holds(store, ref, 3)
+
+
+def skewed_batches(num_rows: int, steps: int, lookups: int, seed: int = 0) -> list[tuple[int, Batch]]:
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, num_rows + 1)
+    return [(k, batch_of(rng.choice(num_rows, size=lookups, p=p / p.sum()))) for k in range(steps)]
+
+
+class SlowWrites(RecordingStore):
+    """Write-backs that take a little while, so that a fetch issued too early reads stale rows."""
+
+    def _write(self, rows, weights, state) -> None:
+        time.sleep(0.002)
+        super()._write(rows, weights, state)
+
+
+@pytest.mark.parametrize(
+    "planner,pipelined,where",
+    [("lookahead", True, "memory"), ("lookahead", True, "servers"), ("lookahead", False, "memory"), ("nocache", False, "memory")],
+)
+def test_the_store_ends_as_if_every_update_went_straight_to_it(planner, pipelined, where, executors, clusters):
+    init = RowInitializer([40, 30], D, seed=3)
+    batches = skewed_batches(init.num_rows, steps=30, lookups=12)
+    cache_rows, L = 12, 3
+    oracle = LookaheadOracle(init.num_rows, cache_rows, L) if planner == "lookahead" else NoCachePlanner(cache_rows)
+    plans = list(oracle.plans(batches))
+    if planner == "lookahead":  # forced evictions: fetches that wait for later labels than step - L - 1
+        assert oracle.stats.forced_evictions > 0 and any(p.fetch_after > p.step - L - 1 for p in plans)
+    if where == "memory":
+        store = SlowWrites(init, S_DIM)
+    else:
+        store = clusters(init, trainers=1, servers=2).clients[0]
+    ex = executors(plans, pipelined=pipelined, depth=L + 1, cache_rows=cache_rows, on=store)
+    ref = Reference(init)
+    run_steps(ex, ref)
+    ex.flush_cached()
+    ex.close()
+    if where == "memory":
+        assert_fetches_gated(store.ops())
+    else:
+        store.finish_writes()
+    assert_store_holds(store, ref, init.num_rows)
+
+
+# EmbeddingServer and RemoteStore ---------------------------------------------------
+class Cluster:
+    """S embedding servers serving N RemoteStore clients over a :class:`FakeNet`.
+
+    Trainers are ranks 0..N-1, servers N..N+S-1. Each server's ``serve()`` runs in a
+    thread; when it ends, its "process" exits (its rank's connections close).
+    """
+
+    def __init__(self, init: RowInitializer, trainers: int, servers: int):
+        self.net = FakeNet()
+        name = role_name(trainers)
+        self.trainer_ranks = list(range(trainers))
+        self.server_ranks = list(range(trainers, trainers + servers))
+        self.servers = [
+            EmbeddingServer(MemoryStore(ShardInit(init, k, servers), S_DIM), Transport(name, self.net.wire(r)), self.trainer_ranks)
+            for k, r in enumerate(self.server_ranks)
+        ]
+        self.serving = [Background(partial(self._serve, srv, r), f"server {k}") for k, (srv, r) in enumerate(zip(self.servers, self.server_ranks))]
+        self.clients = [RemoteStore(init, S_DIM, Transport(name, self.net.wire(r)), self.server_ranks) for r in self.trainer_ranks]
+
+    def _serve(self, server: EmbeddingServer, rank: int):
+        try:
+            return server.serve()
+        finally:
+            self.net.kill(rank)
+
+    def requests(self, op: str) -> list[int]:
+        return [srv.report.requests.get(op, 0) for srv in self.servers]
+
+    def shutdown(self) -> None:
+        self.net.kill(*self.trainer_ranks, *self.server_ranks)
+        for b in self.serving:
+            b.finished(SOON)
+
+
+@pytest.fixture
+def clusters() -> Iterator[Callable[..., Cluster]]:
+    """``clusters(init, trainers=2, servers=2)``; every one shut down afterwards."""
+    made: list[Cluster] = []
+
+    def make(init: RowInitializer, trainers: int = 2, servers: int = 2) -> Cluster:
+        made.append(Cluster(init, trainers, servers))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.shutdown()
+
+
+def row_values(n: int, tag: float) -> tuple[np.ndarray, np.ndarray]:
+    """Recognisable values for n rows: weights tag + 0.01 * i, state -tag."""
+    w = (tag + 0.01 * np.arange(n * D, dtype=np.float32)).reshape(n, D).astype(np.float32)
+    return w, np.full((n, S_DIM), -tag, np.float32)
+
+
+def test_a_read_waits_until_every_client_marked_its_label(clusters, init):
+    cl = clusters(init)
+    c0, c1 = cl.clients
+    rows = np.array([3, 0, 2, 1], np.int64)  # both servers
+    c0.mark_written(3)
+    reading = Background(lambda: c0.read(rows, after=3), "trainer 0 read")
+    assert wait_until(lambda: cl.requests("read") == [1, 1])
+    assert not reading.finished(HELD), "served before trainer 1 marked anything"
+    c1.mark_written(2)
+    c1.flush()  # a round trip behind the mark: both servers have taken it
+    assert not reading.finished(HELD), "served after trainer 1 marked 2 < 3"
+    new_w, new_s = row_values(2, 5.0)
+    c1.write(rows[:2], new_w, new_s)  # rows 3 and 0: one on each server
+    c1.mark_written(3)
+    w, s = reading.result()
+    np.testing.assert_array_equal(w[:2], new_w)
+    np.testing.assert_array_equal(s[:2], new_s)
+    np.testing.assert_array_equal(w[2:], init.rows(rows[2:]))
+    np.testing.assert_array_equal(s[2:], 0)
+    assert all(srv.report.waited_s > 0 for srv in cl.servers)
+
+
+def test_a_clients_requests_are_served_in_order(clusters, init):
+    cl = clusters(init, trainers=1)
+    c = cl.clients[0]
+    rows = np.array([4, 1, 6, 3], np.int64)
+    for k in range(10):
+        w, s = row_values(len(rows), float(k))
+        c.write(rows, w, s)
+        got_w, got_s = c.read(rows)  # no mark needed: the same client's write comes first
+        np.testing.assert_array_equal(got_w, w)
+        np.testing.assert_array_equal(got_s, s)
+    assert cl.requests("write") == [10, 10] and cl.requests("read") == [10, 10]
+
+
+def test_bye_from_every_client_ends_serve(clusters, init):
+    cl = clusters(init)
+    c0, c1 = cl.clients
+    c0.read(np.arange(init.num_rows))
+    c0.close()
+    c0.close()  # idempotent: says goodbye once
+    assert not any(b.finished(HELD) for b in cl.serving), "a server stopped while trainer 1 still talks to it"
+    c1.close()
+    reports = [b.result() for b in cl.serving]
+    assert [r.requests["bye"] for r in reports] == [2, 2]
+    assert [r.requests["read"] for r in reports] == [1, 1]
+
+
+def test_a_client_that_disappears_stops_serve_and_the_reads_waiting_for_it(clusters, init):
+    cl = clusters(init)
+    c0, _ = cl.clients
+    c0.mark_written(0)
+    reading = Background(lambda: c0.read(np.array([0, 1]), after=0), "trainer 0 read")
+    assert wait_until(lambda: cl.requests("read") == [1, 1])
+    cl.net.kill(1)  # trainer 1's process dies before marking 0
+    for b in cl.serving:
+        with pytest.raises(PeerLost, match=r"^server [01] lost contact with trainer 1 while receiving from it \(Connection closed by peer \[127\.0\.0\.1\]:29501\)$"):
+            b.result()
+    # the held read was refused and its server exited: trainer 0 learns it instead of waiting forever
+    with pytest.raises(PeerLost, match=r"^trainer 0 lost contact with server 0 while receiving from it"):
+        reading.result()
+
+
+@pytest.mark.parametrize(
+    "bad,says",
+    [
+        ({"op": "frobnicate"}, r"^unknown request 'frobnicate' from rank 1$"),
+        ({"op": "write", "rows": np.array([99]), "w": np.zeros((1, D), np.float32), "s": np.zeros((1, S_DIM), np.float32)},
+         r"^serving trainer rank 1 failed: index 99 is out of bounds"),
+    ],
+    ids=["unknown-op", "store-error"],
+)
+def test_a_bad_request_fails_serve_naming_the_client(bad, says, clusters, init):
+    cl = clusters(init, servers=1)
+    c0, c1 = cl.clients
+    c1.t.send(cl.server_ranks[0], REQUEST, bad)
+    c0.close()  # the other client ends cleanly: the failure is still what serve() reports
+    with pytest.raises(BagpipeError, match=says):
+        cl.serving[0].result()
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3])
+def test_rows_route_to_server_g_mod_s_and_reassemble_in_order(servers, clusters):
+    init = RowInitializer([6, 5], D, seed=11)  # 11 rows: shards of unequal size
+    cl = clusters(init, trainers=1, servers=servers)
+    c = cl.clients[0]
+    ref = MemoryStore(init, S_DIM)
+    rows = np.array([7, 0, 10, 3, 4, 5], np.int64)
+    w, s = row_values(len(rows), 1.0)
+    c.write(rows, w, s)
+    ref.write(rows, w, s)
+    c.flush()  # a round trip to every server, behind the writes
+    for k, srv in enumerate(cl.servers):
+        mine = rows[rows % servers == k]
+        assert set(np.flatnonzero(srv.store.present)) == set(mine // servers)
+        np.testing.assert_array_equal(srv.store.weights[mine // servers], w[rows % servers == k])
+    query = np.array([10, 1, 7, 2, 0, 9], np.int64)  # written and untouched rows, unsorted
+    for got, want in zip(c.read(query), ref.read(query)):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(c.peek(query), ref.peek(query)):
+        np.testing.assert_array_equal(got, want)
+    for a, b in [(0, 11), (3, 8), (4, 5), (5, 5), (10, 11), (1, 3)]:
+        for got, want in zip(c.read_range(a, b), ref.read_range(a, b)):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_after_finish_writes_untracked_reads_wait_for_every_clients_end(clusters, init):
+    cl = clusters(init)
+    c0, c1 = cl.clients
+    c0.finish_writes()
+    assert c0.read_floor == FINAL
+    ranging = Background(lambda: c0.read_range(0, init.num_rows), "trainer 0 read_range")
+    assert wait_until(lambda: cl.requests("range") == [1, 1])
+    assert not ranging.finished(HELD), "served before trainer 1 finished writing"
+    rows = np.array([6, 1], np.int64)
+    w, s = row_values(2, 3.0)
+    c1.write(rows, w, s)
+    c1.finish_writes()
+    got_w, got_s = ranging.result()
+    np.testing.assert_array_equal(got_w[rows], w)
+    np.testing.assert_array_equal(got_s[rows], s)
+
+
+# Transport framing -----------------------------------------------------------------
+@pytest.fixture
+def pair():
+    """Two transports, trainer 0 and server 0 (rank 1), joined by a fake wire."""
+    net = FakeNet(timeout=5.0)
+    name = role_name(1)
+    return Transport(name, net.wire(0)), Transport(name, net.wire(1)), net
+
+
+def roundtrip(pair, obj, stream: int = REQUEST):
+    """obj sent 0 -> 1 and received; (received object, bytes of each part sent)."""
+    a, b, _ = pair
+    n = len(a.wire.sent)
+    a.send(1, stream, obj)
+    got = b.recv(0, stream)
+    return got, [nbytes for _, _, nbytes in a.wire.sent[n:]]
+
+
+def assert_same(got, want) -> None:
+    assert type(got) is type(want)
+    if isinstance(want, np.ndarray):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        np.testing.assert_array_equal(got, want)
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, list):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    else:
+        assert got == want
+
+
+def test_a_small_object_travels_inside_the_header(pair):
+    obj = {"op": "mark", "label": 12345, "rows": list(range(50))}
+    got, parts = roundtrip(pair, obj)
+    assert_same(got, obj)
+    assert parts == [HEADER_BYTES]
+    assert pair[0].bytes_sent == pair[1].bytes_received == HEADER_BYTES
+
+
+def test_a_pickle_too_large_for_the_header_follows_it(pair):
+    obj = {"op": "setup", "names": [f"feature-{i}" for i in range(500)]}
+    size = len(pickle.dumps(obj, protocol=5))
+    assert size > HEADER_BYTES
+    got, parts = roundtrip(pair, obj)
+    assert_same(got, obj)
+    assert parts == [HEADER_BYTES, size]
+    assert pair[0].bytes_sent == pair[1].bytes_received == HEADER_BYTES + size
+
+
+def test_arrays_travel_out_of_band_and_zero_length_ones_not_at_all(pair):
+    rng = np.random.default_rng(0)
+    obj = {
+        "w": rng.standard_normal((100, 8)).astype(np.float32),
+        "rows": np.arange(37, dtype=np.int64),
+        "fortran": np.asfortranarray(rng.standard_normal((5, 3))),
+        "empty": np.zeros((0, 8), np.float32),
+        "strided": np.arange(24.0).reshape(4, 6)[:, ::2],  # not contiguous: pickled in band
+        "after": 3,
+    }
+    got, parts = roundtrip(pair, obj)
+    assert_same(got, obj)
+    arrays = [obj["w"].nbytes, obj["rows"].nbytes, obj["fortran"].nbytes]
+    assert parts == [HEADER_BYTES] + arrays
+    assert pair[0].bytes_sent == pair[1].bytes_received == HEADER_BYTES + sum(arrays)
+    got["w"][0, 0] = 1.0  # the receiver owns its arrays
+
+
+@pytest.mark.filterwarnings("error")  # torch warns when it wraps a non-writable array
+def test_a_read_only_array_is_sent_unchanged(pair):
+    a = np.arange(64, dtype=np.float32)
+    a.flags.writeable = False
+    got, parts = roundtrip(pair, {"w": a})
+    assert_same(got["w"], a)
+    assert parts == [HEADER_BYTES, a.nbytes]
+    np.testing.assert_array_equal(a, np.arange(64, dtype=np.float32))
+
+
+@pytest.mark.parametrize("count", [_MAX_BUFFERS, _MAX_BUFFERS + 1])
+def test_more_arrays_than_the_header_can_size_go_in_band(pair, count):
+    arrays = [np.full(200, i, np.float32) for i in range(count)]
+    got, parts = roundtrip(pair, arrays)
+    assert_same(got, arrays)
+    if count <= _MAX_BUFFERS:
+        assert parts == [HEADER_BYTES] + [800] * count
+    else:
+        assert parts == [HEADER_BYTES, len(pickle.dumps(arrays, protocol=5))]
+    assert pair[0].bytes_sent == pair[1].bytes_received == sum(parts)
+
+
+def test_streams_are_kept_apart(pair):
+    a, b, _ = pair
+    a.send(1, REQUEST, {"n": 1, "w": np.ones(3)})
+    a.send(1, REPLY, {"n": 2, "w": np.zeros(5)})
+    assert b.recv(0, REPLY)["n"] == 2  # the later message, on its own stream
+    assert b.recv(0, REQUEST)["n"] == 1
+
+
+def test_threads_sending_to_one_peer_never_interleave_their_messages(pair):
+    a, b, _ = pair
+    senders, messages = 4, 25
+
+    def send_all(k: int):
+        for i in range(messages):
+            a.send(1, REQUEST, {"from": k, "i": i, "w": np.full((i + 1, 3), k, np.float32), "rows": np.arange(k + i)})
+
+    threads = [Background(partial(send_all, k), f"sender {k}") for k in range(senders)]
+    seen: dict[int, list[int]] = defaultdict(list)
+    for _ in range(senders * messages):
+        msg = b.recv(0, REQUEST)
+        k, i = msg["from"], msg["i"]
+        np.testing.assert_array_equal(msg["w"], np.full((i + 1, 3), k, np.float32))
+        np.testing.assert_array_equal(msg["rows"], np.arange(k + i))
+        seen[k].append(i)
+    for t in threads:
+        t.result()
+    assert seen == {k: list(range(messages)) for k in range(senders)}
+
+
+@pytest.mark.parametrize("doing", ["sending to", "receiving from"])
+def test_a_broken_wire_is_peer_lost_naming_the_peers_role(pair, doing):
+    a, _, net = pair
+    net.kill(1)
+    with pytest.raises(PeerLost, match=rf"^trainer 0 lost contact with server 0 while {doing} it \(Connection closed by peer \[127\.0\.0\.1\]:29501\)$") as caught:
+        if doing == "sending to":
+            a.send(1, REQUEST, {"op": "read"})
+        else:
+            a.recv(1, REPLY)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def test_the_default_wire_makes_the_gloo_calls_of_the_default_group(monkeypatch):
+    calls, fifo = [], deque()
+
+    def send(tensor, *, dst, tag):  # keyword-only: the exact call Transport always made
+        calls.append(("send", dst, tag, tensor.numel() * tensor.element_size()))
+        fifo.append(tensor.clone())
+
+    def recv(tensor, *, src, tag):
+        calls.append(("recv", src, tag, tensor.numel() * tensor.element_size()))
+        tensor.copy_(fifo.popleft())
+
+    monkeypatch.setattr(transport_mod.dist, "send", send)
+    monkeypatch.setattr(transport_mod.dist, "recv", recv)
+    t = Transport(role_name(1))
+    obj = {"w": np.ones((3, 4), np.float32), "names": [f"feature-{i}" for i in range(500)]}
+    size = len(pickle.dumps(obj, protocol=5, buffer_callback=lambda b: None))
+    t.send(1, REPLY, obj)
+    assert_same(t.recv(1, REPLY), obj)
+    parts = [HEADER_BYTES, size, 48]
+    assert calls == [("send", 1, REPLY, n) for n in parts] + [("recv", 1, REPLY, n) for n in parts]
+
+    def refused(tensor, *, dst, tag):
+        raise RuntimeError(GLOO_CLOSED.format(port=4242))
+
+    monkeypatch.setattr(transport_mod.dist, "send", refused)
+    with pytest.raises(PeerLost, match=r"^this process lost contact with server 0 while sending to it \(Connection closed by peer \[127\.0\.0\.1\]:4242\)$"):
+        t.send(1, REQUEST, {})  # outside a process group the sender has no role name
