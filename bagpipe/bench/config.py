@@ -72,7 +72,8 @@ class BenchConfig(Section):
     def check_subset(self, name: str, allowed: tuple[str, ...]) -> None:
         """A comma-separated list setting must name at least one of ``allowed`` and nothing else."""
         values = getattr(self, name)
-        self.check(name, bool(values) and all(v in allowed for v in values), f"must be a comma-separated subset of {','.join(allowed)}")
+        ok = bool(values) and all(v in allowed for v in values)
+        self.check(name, ok, f"must be a comma-separated subset of {','.join(allowed)}")
 
     def validate(self) -> None:
         super().validate()
@@ -102,7 +103,8 @@ class Repeated(Section):
     """Scenarios that measure each configuration several times (a mixin of BenchConfig subclasses)."""
 
     reps: int = 2
-    """Repetitions of every configuration, interleaved so machine noise hits them alike; the median and the spread are reported."""
+    """Repetitions of every measurement; their median and spread are reported (training
+    scenarios interleave the configurations, so machine noise hits them alike)."""
 
     def validate(self) -> None:
         super().validate()
