@@ -5,18 +5,18 @@ steps, each run in its own process (so peak memory is per run), interleaved over
 repetitions (the order rotates from one repetition to the next):
 
 * ``full`` / ``lookahead`` (memory store) / ``lookahead-disk``: ``python -m bagpipe
-  train ... --summary-json`` exactly as ``bagpipe bench modes`` launches it (its helpers
-  are reused, including the cold copy of the disk table file).
+  train ... --summary-json`` exactly as ``bagpipe bench modes`` launches it
+  (:func:`bagpipe.bench.modes.run_mode`, including the cold copy of the disk table file).
 * ``torchrec``: :func:`~bagpipe.bench.torchrec_worker.train_torchrec` in a subprocess
-  (``python -m bagpipe.bench.torchrec_worker ...``): TorchRec's ``torchrec.models.dlrm.DLRM`` around an
-  ``EmbeddingBagCollection`` (one ``EmbeddingBagConfig`` per table, pooling SUM),
-  sharded by ``DistributedModelParallel`` on a one-process gloo group, every table
-  ``TABLE_WISE`` on the ``FUSED`` compute kernel (FBGEMM's CPU table-batched embedding
-  bags with exact row-wise Adagrad fused into the backward pass); dense parameters step
-  with ``torch.optim.Adagrad``. On CPU TorchRec 1.8.0 offers only this kernel for
-  sharded tables; ``DENSE`` exists only for ``DATA_PARALLEL`` tables (a full dense
-  gradient of every table each step) and is available as ``torchrec-dense`` for
-  small sizes. Its caches (``FUSED_UVM_CACHING``) and SSD/key-value tables need CUDA.
+  (``python -m bagpipe.bench.torchrec_worker ...``): TorchRec's
+  ``torchrec.models.dlrm.DLRM`` around an ``EmbeddingBagCollection`` (one
+  ``EmbeddingBagConfig`` per table, pooling SUM), sharded by ``DistributedModelParallel``
+  on a one-process gloo group, every table ``TABLE_WISE`` on the ``FUSED`` compute
+  kernel (FBGEMM's CPU table-batched embedding bags with exact row-wise Adagrad fused
+  into the backward pass); dense parameters step with ``torch.optim.Adagrad``. On CPU
+  TorchRec 1.8.0 offers only this kernel for sharded tables; ``DENSE`` exists only for
+  ``DATA_PARALLEL`` tables (a full dense gradient of every table each step) and is
+  available as ``torchrec-dense`` for small sizes. Its caches (``FUSED_UVM_CACHING``) and SSD/key-value tables need CUDA.
   The worker runs with the OpenMP wait policy bagpipe's runs get (``PASSIVE``, which
   ``bagpipe.cli`` sets unless OMP_WAIT_POLICY is given; see :func:`_run_torchrec`);
   ``torchrec-omp-default`` runs it with libgomp's default (spinning) policy.
@@ -43,12 +43,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
+from bagpipe.bench.config import CachePoint, Throughput
+from bagpipe.bench.report import (header, markdown_table, median, pyplot, save_png, stacked_step_times, step_times,
+                                  throughput, write_results)
+from bagpipe.bench.runner import prepare
 from bagpipe.errors import ConfigError
 
 BAGPIPE_CONFIGS = {
@@ -70,7 +73,6 @@ GOALS = {"full": 1.0, "lookahead": 0.9, "lookahead-disk": 0.9}
 """Minimum samples/s ratio to TorchRec each bagpipe configuration should reach."""
 MAX_GOAL_CACHE_FRACTION = 0.10
 DENSE_MAX_ROWS = 4_000_000
-EVAL_SAMPLES = 20000  # what bench modes' ``bagpipe train`` runs evaluate on
 SEED = 0  # ``bagpipe train``'s default seed, which bench modes' runs use
 INSTALL_HINT = "bagpipe bench peers needs TorchRec: run `make peers` (installs fbgemm-gpu-cpu 1.8.0 and torchrec 1.8.0 into .venv)"
 LABELS = {
@@ -84,45 +86,27 @@ LABELS = {
 
 
 @dataclass(kw_only=True)
-class PeersBench:
-    """Settings of the peers scenario (defaults: Criteo Kaggle at full cardinality)."""
+class PeersBench(CachePoint, Throughput):
+    """TorchRec's DLRM (FUSED kernel; needs `make peers`) beside bagpipe full and lookahead
+    (memory and disk stores) on the same data, model, batch and optimizer (DLRM, Adagrad);
+    defaults: Criteo Kaggle at full cardinality. docs/peers.md explains the configuration."""
 
-    out: str = "bench-out/peers"
-    profile: str = "criteo-kaggle"
-    scale: float = 1.0
-    """Table cardinality factor (1.0: 33.8M rows)."""
-    recipe: str = "kaggle"
-    """DLRM sizes: kaggle (D 16, dense arch 512-256-64-16, over arch 512-256-1) or debug."""
-    batch_size: int = 2048
-    lr: float = 0.05
+    name = "peers"
+    QUICK = dict(scale=0.01, batch_size=512, recipe="debug", steps=16, warmup=4, reps=1, lookahead=8)
+
     steps: int = 110
-    warmup: int = 10
-    reps: int = 2
-    configs: tuple[str, ...] = ("full", "lookahead", "lookahead-disk", "torchrec")
     cache_fraction: float = 0.10
     """lookahead's cache as a fraction of all rows (the goal is stated at <= 10%)."""
-    lookahead: int = 20
-    threads: int = 0
+    modes: tuple[str, ...] = ("full", "lookahead", "lookahead-disk", "torchrec")
+    """Configurations to run: a comma-separated subset of full,lookahead,lookahead-disk,torchrec,
+    torchrec-omp-default,torchrec-dense."""
 
-    def __post_init__(self):
-        self.configs = tuple(dict.fromkeys(self.configs))
-        bad = [c for c in self.configs if c not in ALL_CONFIGS]
-        if bad:
-            raise ConfigError(f"unknown peers configuration(s) {bad}; choose from {', '.join(ALL_CONFIGS)}")
-        if not self.configs:
-            raise ConfigError("no configuration to run")
-        if self.steps <= self.warmup:
-            raise ConfigError("steps must exceed warmup")
-        if not 0 < self.cache_fraction <= 1:
-            raise ConfigError("cache_fraction must be in (0, 1]")
-        if self.reps < 1:
-            raise ConfigError("reps must be >= 1")
-
-    @classmethod
-    def quick(cls, **kw) -> "PeersBench":
-        base = dict(scale=0.01, batch_size=512, recipe="debug", steps=16, warmup=4, reps=1, lookahead=8)
-        base.update(kw)
-        return cls(**base)
+    def validate(self) -> None:
+        super().validate()
+        self.modes = tuple(dict.fromkeys(self.modes))
+        self.check_subset("modes", ALL_CONFIGS)
+        self.check("model", self.model == "dlrm", "must be dlrm (TorchRec's DLRM is the peer)")
+        self.check("optimizer", self.optimizer == "adagrad", "must be adagrad (TorchRec's FUSED row-wise Adagrad is the peer)")
 
 
 def torchrec_available() -> str | None:
@@ -175,11 +159,11 @@ def _run_torchrec(b: PeersBench, data: Path, run_dir: Path, kernel: str, omp_wai
     cmd = [
         sys.executable, "-m", "bagpipe.bench.torchrec_worker", "--data", str(data), "--kernel", kernel,
         "--recipe", b.recipe, "--batch-size", str(b.batch_size), "--lr", str(b.lr), "--steps", str(b.steps),
-        "--warmup", str(b.warmup), "--seed", str(SEED), "--eval-samples", str(EVAL_SAMPLES),
+        "--warmup", str(b.warmup), "--seed", str(SEED), "--eval-samples", str(b.eval_samples),
         "--threads", str(b.threads), "--summary-json", str(summary),
     ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=b.run_timeout_s or None)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrec/{kernel} failed:\n{proc.stderr[-3000:]}")
     s = json.loads(summary.read_text())
@@ -187,74 +171,35 @@ def _run_torchrec(b: PeersBench, data: Path, run_dir: Path, kernel: str, omp_wai
     return s
 
 
-def _modes_settings(b: PeersBench, cache_rows_configs: tuple[str, ...]):
-    """The ModesBench whose ``_run_train`` launches bagpipe exactly as ``bench modes`` does."""
-    from bagpipe.bench.modes import ModesBench
-
-    return ModesBench(
-        out=b.out, profile=b.profile, scale=b.scale, model="dlrm", recipe=b.recipe, batch_size=b.batch_size,
-        optimizer="adagrad", lr=b.lr, steps=b.steps, warmup=b.warmup, reps=b.reps, stores=("memory",),
-        modes=cache_rows_configs or ("full",), cache_fraction=b.cache_fraction, lookahead=b.lookahead, threads=b.threads,
-    )
-
-
-def _make_data(b: PeersBench, data: Path) -> bool:
-    """The data set bench modes generates for the same settings (same rule, same seed);
-    True when it had to be (re)generated."""
-    from bagpipe.data.synthetic import SynthConfig, generate
-
-    samples = int(b.batch_size * (b.steps + 2) / 0.9) + 1
-    meta_file = data / "meta.json"
-    if meta_file.exists():
-        src = json.loads(meta_file.read_text()).get("source", {})
-        if src.get("samples") == samples and src.get("scale") == b.scale and src.get("profile", b.profile) == b.profile:
-            return False
-    generate(SynthConfig(profile=b.profile, samples=samples, scale=b.scale, seed=1), str(data), overwrite=True)
-    return True
-
-
 def run(b: PeersBench) -> dict:
-    missing = torchrec_available() if any(c in TORCHREC_CONFIGS for c in b.configs) else None
+    missing = torchrec_available() if any(c in TORCHREC_CONFIGS for c in b.modes) else None
     if missing:
         raise ConfigError(missing)
-    from bagpipe.bench.modes import _fresh_cold_copy, _materialise_disk_store, _run_train
-    from bagpipe.data.schema import DatasetMeta
+    from bagpipe.bench.modes import materialise_disk_store, run_mode
     from bagpipe.models import recipe
 
-    out = Path(b.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = out / "data"
-    if _make_data(b, data):
-        shutil.rmtree(out / "store-template", ignore_errors=True)  # rows of another data set
-    meta = DatasetMeta.load(data)
+    out, data, meta = prepare(b)
     total = meta.total_rows
-    if "torchrec-dense" in b.configs and total > DENSE_MAX_ROWS:
+    if "torchrec-dense" in b.modes and total > DENSE_MAX_ROWS:
         raise ConfigError(f"torchrec-dense makes a dense gradient of every row each step; it is for tables of at most "
                           f"{DENSE_MAX_ROWS:,} rows (these have {total:,}: pass e.g. --scale 0.1)")
-    cache_rows = max(int(b.cache_fraction * total), b.batch_size * meta.num_features)
-    mb = _modes_settings(b, tuple(sorted({BAGPIPE_CONFIGS[c][0] for c in b.configs if c in BAGPIPE_CONFIGS})))
-    template = out / "store-template"
-    if "lookahead-disk" in b.configs:  # the table file as it would exist on disk, written once
+    cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
+    if "lookahead-disk" in b.modes:  # the table file as it would exist on disk, written once
         dim = recipe("dlrm", b.recipe).embedding_dim
-        _materialise_disk_store(template, meta, dim, state_dim=1, seed=SEED)
+        materialise_disk_store(out / "store-template", meta, dim, state_dim=1, seed=SEED)
     os.sync()  # flush the data set / table file now, not in the background of the first measured runs
 
-    results: dict[str, list[dict]] = {c: [] for c in b.configs}
-    n = len(b.configs)
+    results: dict[str, list[dict]] = {c: [] for c in b.modes}
+    n = len(b.modes)
     for rep in range(b.reps):
-        order = b.configs[rep % n:] + b.configs[: rep % n]  # rotate so no configuration always runs first
+        order = b.modes[rep % n:] + b.modes[: rep % n]  # rotate so no configuration always runs first
         for cfg in order:
             print(f"[rep {rep + 1}/{b.reps}] {LABELS[cfg]} ...", flush=True)
             run_dir = out / "runs" / f"{cfg}-{rep}"
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            if cfg in BAGPIPE_CONFIGS:
-                mode, store = BAGPIPE_CONFIGS[cfg]
-                store_dir = None
-                if store == "disk":  # a fresh copy whose pages are dropped: rows come from the device
-                    store_dir = out / "store-run"
-                    _fresh_cold_copy(template, store_dir)
-                s = _run_train(mb, data, run_dir, mode, store, store_dir, cache_rows)
+            if cfg in BAGPIPE_CONFIGS:  # a disk store starts from a cold copy: rows come from the device
+                s = run_mode(b, data, out, run_dir, *BAGPIPE_CONFIGS[cfg], cache_rows)
             else:
                 s = _run_torchrec(b, data, run_dir, *TORCHREC_CONFIGS[cfg])
             results[cfg].append(s)
@@ -270,15 +215,11 @@ def run(b: PeersBench) -> dict:
 
 def summarise(b: PeersBench, results: dict[str, list[dict]], total_rows: int, cache_rows: int) -> dict:
     ref = results.get(REFERENCE, [])
-    ref_sps = median_spread([r["samples_per_s"] for r in ref])[0] if ref else float("nan")
-    ref_loss = median_spread([r["eval_logloss"] for r in ref])[0] if ref else float("nan")
-    ref_rss = median_spread([r["peak_anon_rss_mb"] for r in ref])[0] if ref else float("nan")
+    ref_sps, ref_loss, ref_rss = (median(ref, k) for k in ("samples_per_s", "eval_logloss", "peak_anon_rss_mb"))
     rows, out = [], {}
     for key, runs in results.items():
-        sps, spread = median_spread([r["samples_per_s"] for r in runs])
-        loss = median_spread([r["eval_logloss"] for r in runs])[0]
-        anon = median_spread([r["peak_anon_rss_mb"] for r in runs])[0]
-        peak = median_spread([r["peak_rss_mb"] for r in runs])[0]
+        sps, spread = throughput(runs)
+        loss, anon, peak = (median(runs, k) for k in ("eval_logloss", "peak_anon_rss_mb", "peak_rss_mb"))
         held = cache_rows if key.startswith("lookahead") else total_rows
         ratio = sps / ref_sps
         goal = GOALS.get(key)
@@ -293,10 +234,10 @@ def summarise(b: PeersBench, results: dict[str, list[dict]], total_rows: int, ca
             "label": LABELS[key], "samples_per_s": sps, "spread": spread, "ratio_to_torchrec": ratio,
             "goal_ratio": goal, "goal_met": None if goal is None or ratio != ratio else verdict.startswith("met"),
             "eval_logloss": loss, "eval_logloss_minus_torchrec": loss - ref_loss,
-            "eval_auc": median_spread([r["eval_auc"] for r in runs])[0],
+            "eval_auc": median(runs, "eval_auc"),
             "rows_in_trainer": held, "rows_in_trainer_fraction": held / total_rows,
             "peak_anon_rss_mb": anon, "peak_rss_mb": peak, "anon_rss_ratio_to_torchrec": anon / ref_rss,
-            "time_per_step_ms": {k: median_spread([r["time_per_step_ms"][k] for r in runs])[0] for k in runs[0]["time_per_step_ms"]},
+            "time_per_step_ms": step_times(runs),
             "runs": [r["samples_per_s"] for r in runs],
             "eval_logloss_runs": [r["eval_logloss"] for r in runs],
             "cache": runs[0].get("cache", {}),
@@ -319,7 +260,7 @@ def summarise(b: PeersBench, results: dict[str, list[dict]], total_rows: int, ca
         f"OMP_WAIT_POLICY={ref_run.get('omp_wait_policy') or 'unset'}; same initial values as bagpipe."
     )
     return {
-        "scenario": "peers", "config": asdict(b), "machine": machine(), "total_rows": total_rows,
+        **header(b), "total_rows": total_rows,
         "cache_rows": cache_rows, "cache_fraction_of_rows": cache_rows / total_rows, "results": out,
         "table": table, "notes": notes,
     }
@@ -330,11 +271,7 @@ def _fmt(x: float, spec: str) -> str:
 
 
 def _plot(out: Path, payload: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     keys = list(payload["results"])
     res = payload["results"]
     labels = [textwrap.fill(res[k]["label"], 16) for k in keys]
@@ -348,14 +285,7 @@ def _plot(out: Path, payload: dict) -> None:
         ax1.text(i, hi[i], _fmt(res[k]["ratio_to_torchrec"], "{:.2f}x"), ha="center", va="bottom", fontsize=8)
     ax1.set_ylabel("samples/s (median, min-max)")
     ax1.set_title("throughput (ratio to TorchRec FUSED)")
-    parts = ["wait_embeddings", "forward", "backward", "optimizer", "writeback"]
-    bottom = np.zeros(len(keys))
-    for p in parts:
-        vals = np.array([res[k]["time_per_step_ms"].get(p, 0.0) for k in keys])
-        if vals.any():
-            ax2.bar(labels, vals, bottom=bottom, label=p)
-            bottom += vals
-    ax2.set_ylabel("ms per step (trainer thread)")
+    bottom = stacked_step_times(ax2, labels, [res[k]["time_per_step_ms"] for k in keys], skip_empty=True)
     ax2.set_title("time per step (TorchRec: row updates inside backward)")
     ax2.set_ylim(0, max(bottom.max(), 1e-9) * 1.35)
     ax2.legend(fontsize=7, ncol=3, loc="upper center")
@@ -368,6 +298,4 @@ def _plot(out: Path, payload: dict) -> None:
     ax1.set_ylim(0, max(hi.max(), 1e-9) * 1.12)
     for ax in (ax1, ax2, ax3):
         ax.tick_params(axis="x", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "peers.png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out / "peers.png")
