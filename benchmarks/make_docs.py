@@ -54,12 +54,28 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def options_for(scen: str, extra: list[str]) -> list[str]:
+    """The options of ``extra`` (each with the values that follow it) that scenario ``scen``
+    has: ``bagpipe bench`` refuses an option of other scenarios."""
+    sys.path.insert(0, str(ROOT))
+    from bagpipe.bench.registry import SCENARIOS
+
+    mine = SCENARIOS[scen].config.option_strings() if scen in SCENARIOS else {}
+    out, keep = [], True
+    for arg in extra:
+        if arg.startswith("--"):
+            keep = arg.split("=", 1)[0] in mine
+        if keep:
+            out.append(arg)
+    return out
+
+
 def run_scenarios(scenarios: list[str], out: Path, quick: bool, extra: list[str]) -> dict:
     """Run each scenario in its own process; returns {scenario: {command, seconds, returncode}}."""
     out.mkdir(parents=True, exist_ok=True)
     log = {}
     for scen in scenarios:
-        opts = (["--quick"] if quick else []) + extra
+        opts = (["--quick"] if quick else []) + options_for(scen, extra)
         args = ["bench", scen, "--out", str(out / scen)] + opts
         shown = " ".join(["bagpipe", "bench", scen, "--out", _show(out / scen)] + opts)
         print(f"$ {shown}", flush=True)
@@ -157,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS), help="comma-separated scenarios")
     ap.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"), help="the page to write")
     ap.add_argument("--img", default=str(ROOT / "docs" / "img"), help="folder the PNGs are copied into")
-    ap.add_argument("extra", nargs="*", help="options passed on to every bagpipe bench run (after --)")
+    ap.add_argument("extra", nargs="*", help="options passed on to every bagpipe bench run that has them (after --)")
     a = ap.parse_args(argv)
     scenarios = [s for s in a.scenarios.split(",") if s]
     if a.src:

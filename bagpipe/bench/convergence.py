@@ -25,14 +25,12 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from bagpipe.bench.report import machine, markdown_table, write_results
-from bagpipe.bench.runner import ensure_synth, run_train
-from bagpipe.errors import ConfigError
+from bagpipe.bench.config import CachePoint, TrainBench
+from bagpipe.bench.report import header, markdown_table, pyplot, save_png, write_results
+from bagpipe.bench.runner import data_samples, make_data, run_train, train_args, widest_batch
 
 #: ``../shared/data`` next to the repository (real data samples, not part of the repo).
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -41,56 +39,43 @@ MODES = ("full", "lookahead")
 
 
 @dataclass(kw_only=True)
-class ConvergenceBench:
-    """Settings of the convergence scenario."""
+class ConvergenceBench(CachePoint, TrainBench):
+    """Eval AUC / log loss per step, full vs lookahead (must be identical; exit 1 otherwise),
+    on generated data and the real Criteo sample in ../shared/data. The lookahead cache
+    (--cache-fraction of the rows, at least the largest batch's unique rows) is small and
+    its window long, so the oracle must force rows out early."""
 
-    out: str = "bench-out/convergence"
-    model: str = "dlrm"
-    recipe: str = "kaggle"
-    optimizer: str = "adagrad"
-    lr: float = 0.05
+    name = "convergence"
+    #: Under a minute: the tiny profile and the debug recipe, a few eval points each.
+    QUICK = dict(recipe="debug", profile="tiny", scale=1.0, steps=60, batch_size=128, eval_every=10, eval_samples=2048,
+                 criteo_steps=40, criteo_eval_every=10, lookahead=16, cache_fraction=0.05, threads=1)
+
     lookahead: int = 50
     cache_fraction: float = 0.02
-    """Lookahead cache as a fraction of all rows (at least one batch's unique rows)."""
-    threads: int = 0
-    # (a) generated data
-    profile: str = "criteo-kaggle"
+    # (a) generated data: --profile, --scale, --steps, --batch-size, --eval-samples
     scale: float = 0.01
     steps: int = 400
     batch_size: int = 512
-    eval_every: int = 25
     eval_samples: int = 8192
-    # (b) the Criteo Kaggle sample (9,000 train lines: 70 batches of 128 per epoch)
+    run_timeout_s: float = 1800.0
+    eval_every: int = 25
+    """Evaluate every N steps on the generated data."""
+    # (b) the Criteo Kaggle sample (9,000 train lines: 70 batches of 128 per epoch; the whole eval split)
     criteo: bool = True
+    """Also run on the real Criteo Kaggle sample when ../shared/data has it."""
     criteo_steps: int = 280
+    """Steps on the Criteo sample."""
     criteo_batch_size: int = 128
+    """Batch size on the Criteo sample."""
     criteo_eval_every: int = 20
+    """Evaluate every N steps on the Criteo sample."""
     shared_data: str | None = None
     """Folder of the real data samples (default: ../shared/data next to the repository)."""
-    run_timeout_s: float = 1800.0
 
-    def __post_init__(self):
-        for name in ("steps", "batch_size", "eval_every", "criteo_steps", "criteo_batch_size", "criteo_eval_every", "lookahead"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 < self.cache_fraction <= 1:
-            raise ConfigError("cache_fraction must be in (0, 1]")
-
-    @classmethod
-    def quick(cls, **kw) -> "ConvergenceBench":
-        """Under a minute: the tiny profile and the debug recipe, a few eval points each."""
-        base = dict(recipe="debug", profile="tiny", scale=1.0, steps=60, batch_size=128, eval_every=10, eval_samples=2048,
-                    criteo_steps=40, criteo_eval_every=10, lookahead=16, cache_fraction=0.05, threads=1)
-        base.update(kw)
-        return cls(**base)
-
-
-def _widest_batch(data: Path, batch_size: int, steps: int) -> int:
-    from bagpipe.data.shards import Dataset
-    from bagpipe.data.stream import BatchStream
-
-    stream = BatchStream(Dataset(data), "train", batch_size, seed=0)
-    return max(len(np.unique(stream.batch(i).rows.numpy())) for i in range(steps))
+    def validate(self) -> None:
+        super().validate()
+        for name in ("eval_every", "criteo_steps", "criteo_batch_size", "criteo_eval_every"):
+            self.check(name, getattr(self, name) >= 1, "must be >= 1")
 
 
 def _curve(run_dir: Path) -> list[dict]:
@@ -106,26 +91,19 @@ def _compare(b: ConvergenceBench, name: str, data: Path, steps: int, batch: int,
     from bagpipe.data.schema import DatasetMeta
 
     total = DatasetMeta.load(data).total_rows
-    widest = _widest_batch(data, batch, steps)
-    cache_rows = min(total, max(int(b.cache_fraction * total), widest))
-    common = ["--data", str(data), "--model", b.model, "--recipe", b.recipe, "--optimizer", b.optimizer, "--lr", str(b.lr),
-              "--steps", str(steps), "--batch-size", str(batch), "--eval-every", str(eval_every), "--no-progress",
-              "--no-final-checkpoint"]
-    if name == "generated":
-        common += ["--eval-samples", str(b.eval_samples)]
-    if b.threads:
-        common += ["--threads", str(b.threads)]
+    cache_rows = min(total, b.cache_rows(total, widest_batch(data, batch, steps)))
+    # the generated data's eval samples are capped; the Criteo sample's whole eval split is used
+    common = dict(steps=steps, batch_size=batch, eval_every=eval_every, eval_samples=b.eval_samples if name == "generated" else None)
     res = {"dataset": name, "data": str(data), "total_rows": total, "steps": steps, "batch_size": batch,
            "eval_every": eval_every, "cache_rows": cache_rows, "lookahead": b.lookahead, "modes": {}}
     for mode in MODES:
         run_dir = out / "runs" / f"{name}-{mode}"
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        args = common + ["--out", str(run_dir), "--mode", mode]
-        if mode == "lookahead":
-            args += ["--cache-rows", str(cache_rows), "--lookahead", str(b.lookahead)]
+        cache = dict(cache_rows=cache_rows, lookahead=b.lookahead) if mode == "lookahead" else {}
+        args = train_args(b, data, run_dir, digest=True, mode=mode, **common, **cache)
         print(f"{name}: {mode} ...", flush=True)
-        s = run_train(args, run_dir / "summary.json", f"convergence {name}/{mode}", timeout=b.run_timeout_s)
+        s = run_train(args, run_dir / "summary.json", f"convergence {name}/{mode}", timeout=b.run_timeout_s or None)
         curve = _curve(run_dir)
         res["modes"][mode] = {
             "curve": curve, "params_sha256": s["params_sha256"], "eval_auc": s["eval_auc"],
@@ -161,8 +139,8 @@ def run(b: ConvergenceBench) -> dict:
     commands: list[str] = []
 
     data = out / "data-generated"
-    samples = int(b.batch_size * (b.steps + 2) / 0.9) + 1
-    ensure_synth(data, b.profile, samples, b.scale, seed=1, progress=False)
+    samples = data_samples(b.batch_size, b.steps)
+    make_data(b, data, progress=False)
     commands.append(f"bagpipe synth --profile {b.profile} --scale {b.scale:g} --samples {samples} --seed 1 --out data-generated")
     datasets["generated"] = _compare(b, "generated", data, b.steps, b.batch_size, b.eval_every, out)
 
@@ -201,7 +179,7 @@ def run(b: ConvergenceBench) -> dict:
                        if identical else "**full and lookahead differ** (see results.json).")
     if skipped:
         table += f"\n\nCriteo sample skipped: {skipped}."
-    payload = {"scenario": "convergence", "config": asdict(b), "machine": machine(), "datasets": datasets,
+    payload = {**header(b), "datasets": datasets,
                "identical": identical, "criteo_skipped": skipped, "commands": commands, "table": table}
     _plot(out, datasets)
     write_results(out, "convergence", payload, table)
@@ -209,11 +187,7 @@ def run(b: ConvergenceBench) -> dict:
 
 
 def _plot(out: Path, datasets: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     n = len(datasets)
     fig, axes = plt.subplots(n, 2, figsize=(11, 3.8 * n), squeeze=False)
     styles = {"full": dict(linestyle="-", linewidth=3, alpha=0.5, color="tab:blue", marker="o", markersize=7),
@@ -233,6 +207,4 @@ def _plot(out: Path, datasets: dict) -> None:
             ax.legend(fontsize=8)
         row[0].set_ylabel("AUC")
         row[1].set_ylabel("log loss")
-    fig.tight_layout()
-    fig.savefig(out / "convergence.png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out / "convergence.png")

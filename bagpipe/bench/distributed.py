@@ -19,12 +19,12 @@ on one box, not scaling.
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
-from bagpipe.bench.runner import ensure_synth, run_train
-from bagpipe.errors import ConfigError
+from bagpipe.bench.config import CachePoint, Throughput
+from bagpipe.bench.report import header, markdown_table, median, median_spread, pyplot, save_png, throughput, write_results
+from bagpipe.bench.runner import launch, prepare
 
 # key -> (label, trainers, servers, cache sync); trainers 0 = one process, in-process store
 CONFIGS = {
@@ -36,71 +36,40 @@ CONFIGS = {
 
 
 @dataclass(kw_only=True)
-class DistributedBench:
-    """Settings of the distributed scenario."""
+class DistributedBench(CachePoint, Throughput):
+    """1 trainer + 2 embedding-server processes vs the in-process store (the cost of
+    disaggregation), and 2 trainers with the partitioned vs a fully replicated cache (bytes
+    synchronised per iteration), every role a process on this machine. --batch-size is the
+    global batch (each of N trainers trains on batch_size / N samples)."""
 
-    out: str = "bench-out/distributed"
-    profile: str = "criteo-kaggle"
-    scale: float = 1.0
-    """Table cardinality factor (1.0: 33.8M rows)."""
-    model: str = "dlrm"
-    recipe: str = "kaggle"
-    batch_size: int = 2048
-    """The global batch (each of N trainers trains on batch_size / N samples)."""
-    optimizer: str = "adagrad"
-    lr: float = 0.05
-    steps: int = 60
-    warmup: int = 10
-    reps: int = 2
-    cache_fraction: float = 0.05
-    lookahead: int = 20
-    configs: tuple[str, ...] = tuple(CONFIGS)
+    name = "distributed"
+    QUICK = dict(scale=0.01, batch_size=256, recipe="debug", steps=12, warmup=2, reps=1, lookahead=4)
 
-    def __post_init__(self):
-        bad = [c for c in self.configs if c not in CONFIGS]
-        if bad:
-            raise ConfigError(f"unknown configuration(s) {bad}; choose from {list(CONFIGS)}")
-        if self.steps <= self.warmup:
-            raise ConfigError("steps must exceed warmup")
+    modes: tuple[str, ...] = tuple(CONFIGS)
+    """Configurations to run: a comma-separated subset of in-process,1x2,2x2-partitioned,2x2-replicated."""
 
-    @classmethod
-    def quick(cls, **kw) -> "DistributedBench":
-        base = dict(scale=0.01, batch_size=256, recipe="debug", steps=12, warmup=2, reps=1, lookahead=4)
-        base.update(kw)
-        return cls(**base)
+    def validate(self) -> None:
+        super().validate()
+        self.check_subset("modes", tuple(CONFIGS))
 
 
-def _args(b: DistributedBench, data: Path, run_dir: Path, config: str, cache_rows: int) -> list[str]:
+def _run(b: DistributedBench, data: Path, run_dir: Path, config: str, cache_rows: int) -> dict:
     _, trainers, servers, sync = CONFIGS[config]
-    args = [
-        "--data", str(data), "--out", str(run_dir), "--model", b.model, "--recipe", b.recipe,
-        "--batch-size", str(b.batch_size), "--optimizer", b.optimizer, "--lr", str(b.lr),
-        "--steps", str(b.steps), "--warmup-steps", str(b.warmup), "--mode", "lookahead",
-        "--cache-rows", str(cache_rows), "--lookahead", str(b.lookahead),
-        "--no-progress", "--no-final-checkpoint", "--no-digest", "--eval-samples", "20000",
-    ]
-    if trainers:
-        args += ["--trainers", str(trainers), "--servers", str(servers), "--cache-sync", sync]
-    return args
+    topology = dict(trainers=trainers, servers=servers, cache_sync=sync) if trainers else {}
+    return launch(b, data, run_dir, config, mode="lookahead", cache_rows=cache_rows, lookahead=b.lookahead, **topology)
 
 
 def run(b: DistributedBench) -> dict:
-    from bagpipe.data.schema import DatasetMeta
-
-    out = Path(b.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = out / "data"
-    ensure_synth(data, b.profile, int(b.batch_size * (b.steps + 2) / 0.9) + 1, b.scale, seed=1)
-    meta = DatasetMeta.load(data)
+    out, data, meta = prepare(b)
     total = meta.total_rows
-    cache_rows = max(int(b.cache_fraction * total), b.batch_size * meta.num_features)
-    results: dict[str, list[dict]] = {c: [] for c in b.configs}
+    cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
+    results: dict[str, list[dict]] = {c: [] for c in b.modes}
     for rep in range(b.reps):
-        for config in b.configs:
+        for config in b.modes:
             print(f"[rep {rep + 1}/{b.reps}] {CONFIGS[config][0]} ...", flush=True)
             run_dir = out / "runs" / f"{config}-{rep}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            s = run_train(_args(b, data, run_dir, config, cache_rows), run_dir / "summary.json", config)
+            s = _run(b, data, run_dir, config, cache_rows)
             results[config].append(s)
             d = s.get("distributed", {})
             print(f"    {s['samples_per_s']:,.0f} samples/s, embedding sync {d.get('sync_bytes_per_step', 0) / 2**20:.2f} MiB/step", flush=True)
@@ -112,11 +81,10 @@ def run(b: DistributedBench) -> dict:
 
 
 def summarise(b: DistributedBench, results: dict[str, list[dict]], total_rows: int, cache_rows: int) -> dict:
-    base = results.get("in-process", [])
-    base_sps = median_spread([r["samples_per_s"] for r in base])[0] if base else float("nan")
+    base_sps = median(results.get("in-process", []), "samples_per_s")
     rows, out = [], {}
     for config, runs in results.items():
-        sps, spread = median_spread([r["samples_per_s"] for r in runs])
+        sps, spread = throughput(runs)
         d = runs[0].get("distributed", {})
         steps = runs[0]["steps"]
         sync = median_spread([r.get("distributed", {}).get("sync_bytes_per_step", 0.0) for r in runs])[0]
@@ -138,22 +106,15 @@ def summarise(b: DistributedBench, results: dict[str, list[dict]], total_rows: i
             "-" if d.get("trainers", 1) < 2 else f"{rep_sync / 2**20:.2f}",
             "-" if d.get("trainers", 1) < 2 or not rep_sync else f"{sync / rep_sync:.0%}",
             ", ".join(f"{f / steps:,.0f}" for f in fetched),
-            median_spread([r["peak_anon_rss_mb"] for r in runs])[0],
+            median(runs, "peak_anon_rss_mb"),
         ])
     headers = ["configuration", "samples/s", "spread", "vs in-process", "embedding sync MiB/step/trainer",
                "if fully replicated", "partitioned / replicated", "rows fetched/step (per trainer)", "trainer 0 peak anon RSS MiB"]
-    return {
-        "scenario": "distributed", "config": asdict(b), "machine": machine(), "total_rows": total_rows,
-        "cache_rows": cache_rows, "results": out, "table": markdown_table(headers, rows),
-    }
+    return {**header(b), "total_rows": total_rows, "cache_rows": cache_rows, "results": out, "table": markdown_table(headers, rows)}
 
 
 def _plot(out: Path, payload: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     keys = list(payload["results"])
     res = payload["results"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -164,6 +125,4 @@ def _plot(out: Path, payload: dict) -> None:
     ax2.bar([CONFIGS[k][0].split(", ")[-1] for k in dp], [res[k]["sync_bytes_per_step"] / 2**20 for k in dp], color="tab:blue")
     ax2.set_ylabel("MiB all-reduced per iteration per trainer")
     ax2.set_title("embedding synchronisation, N = 2")
-    fig.tight_layout()
-    fig.savefig(out / "distributed.png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out / "distributed.png")

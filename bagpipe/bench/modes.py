@@ -10,76 +10,52 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
-from bagpipe.bench.runner import ensure_synth, run_train
-from bagpipe.errors import ConfigError
+from bagpipe.bench.config import CachePoint, Throughput
+from bagpipe.bench.report import (header, markdown_table, median, pyplot, save_png, stacked_step_times, step_times,
+                                  throughput, write_results)
+from bagpipe.bench.runner import launch, prepare
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
+STORES = ("memory", "disk")
 
 
 @dataclass(kw_only=True)
-class ModesBench:
-    """Settings of the modes scenario (defaults: the issue's Criteo Kaggle configuration)."""
+class ModesBench(CachePoint, Throughput):
+    """Every mode (full, nocache, lru, lookahead) side by side on generated Criteo-Kaggle-sized
+    data (33.8M rows at the default --scale 1; DLRM Kaggle recipe, batch 2048, Adagrad), with
+    the memory and the disk store; full always runs in memory, the reference of the ratios."""
 
-    out: str = "bench-out/modes"
-    profile: str = "criteo-kaggle"
-    scale: float = 1.0
-    """Table cardinality factor (1.0: 33.8M rows)."""
-    model: str = "dlrm"
-    recipe: str = "kaggle"
-    batch_size: int = 2048
-    optimizer: str = "adagrad"
-    lr: float = 0.05
-    steps: int = 60
-    warmup: int = 10
-    reps: int = 2
-    stores: tuple[str, ...] = ("memory", "disk")
+    name = "modes"
+    QUICK = dict(scale=0.01, batch_size=256, recipe="debug", steps=8, warmup=2, reps=1, lookahead=8, stores=("memory",))
+
     modes: tuple[str, ...] = ALL_MODES
-    cache_fraction: float = 0.05
-    """Cache slots as a fraction of all rows (lru, lookahead)."""
-    lookahead: int = 20
-    threads: int = 0
-    keep_data: bool = True
+    """Modes to run: a comma-separated subset of full,nocache,lru,lookahead."""
+    stores: tuple[str, ...] = STORES
+    """Stores the non-full modes run with: a comma-separated subset of memory,disk."""
 
-    def __post_init__(self):
-        bad = [m for m in self.modes if m not in ALL_MODES]
-        if bad:
-            raise ConfigError(f"unknown mode(s) {bad}; choose from {ALL_MODES}")
-        if any(s not in ("memory", "disk") for s in self.stores):
-            raise ConfigError(f"stores must be memory and/or disk, got {self.stores}")
-        if self.steps <= self.warmup:
-            raise ConfigError("steps must exceed warmup")
-        if not 0 < self.cache_fraction <= 1:
-            raise ConfigError("cache_fraction must be in (0, 1]")
-
-    @classmethod
-    def quick(cls, **kw) -> "ModesBench":
-        base = dict(scale=0.01, batch_size=256, recipe="debug", steps=8, warmup=2, reps=1, lookahead=8, stores=("memory",))
-        base.update(kw)
-        return cls(**base)
+    def validate(self) -> None:
+        super().validate()
+        self.check_subset("modes", ALL_MODES)
+        self.check_subset("stores", STORES)
 
 
-def _run_train(b: ModesBench, data: Path, run_dir: Path, mode: str, store: str, store_dir: Path | None, cache_rows: int) -> dict:
-    args = [
-        "--data", str(data), "--out", str(run_dir),
-        "--model", b.model, "--recipe", b.recipe, "--batch-size", str(b.batch_size),
-        "--optimizer", b.optimizer, "--lr", str(b.lr), "--steps", str(b.steps), "--warmup-steps", str(b.warmup),
-        "--mode", mode, "--store", store, "--cache-rows", str(cache_rows), "--lookahead", str(b.lookahead),
-        "--no-progress", "--no-final-checkpoint", "--no-digest", "--eval-samples", "20000",
-    ]
-    if b.threads:
-        args += ["--threads", str(b.threads)]
-    if store_dir is not None:
-        args += ["--store-dir", str(store_dir)]
-    return run_train(args, run_dir / "summary.json", f"{mode}/{store}")
+def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, store: str, cache_rows: int) -> dict:
+    """One ``bagpipe train --mode MODE --store STORE`` run (modes, peers); a disk store
+    starts from a cold copy of OUT/store-template (:func:`fresh_cold_copy`)."""
+    store_dir = None
+    if store == "disk" and mode != "full":
+        store_dir = out / "store-run"
+        fresh_cold_copy(out / "store-template", store_dir)
+    return launch(b, data, run_dir, f"{mode}/{store}", mode=mode, store=store, cache_rows=cache_rows,
+                  lookahead=b.lookahead, store_dir=store_dir)
 
 
-def _materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int) -> None:
+def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int) -> None:
     """Write every row's initial value to a disk store once (the table as it would exist on disk)."""
     from tqdm import tqdm
 
@@ -98,7 +74,7 @@ def _materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int,
     store.close()
 
 
-def _fresh_cold_copy(template: Path, dest: Path) -> None:
+def fresh_cold_copy(template: Path, dest: Path) -> None:
     """Copy the table files and drop both copies from the page cache (fsync first, so
     the dirty pages of the new copy can be dropped)."""
     if dest.exists():
@@ -114,23 +90,15 @@ def _fresh_cold_copy(template: Path, dest: Path) -> None:
 
 
 def run(b: ModesBench) -> dict:
-    from bagpipe.data.schema import DatasetMeta
     from bagpipe.models import recipe
 
-    out = Path(b.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = out / "data"
-    samples = b.batch_size * (b.steps + 2)
-    samples = int(samples / 0.9) + 1
-    ensure_synth(data, b.profile, samples, b.scale, seed=1)
-    meta = DatasetMeta.load(data)
+    out, data, meta = prepare(b)
     total = meta.total_rows
-    cache_rows = max(int(b.cache_fraction * total), b.batch_size * meta.num_features)
+    cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
     dim = recipe(b.model, b.recipe).embedding_dim
     state_dim = 1 if b.optimizer == "adagrad" else 0
-    template = out / "store-template"
     if "disk" in b.stores and any(m != "full" for m in b.modes):
-        _materialise_disk_store(template, meta, dim, state_dim, seed=0)
+        materialise_disk_store(out / "store-template", meta, dim, state_dim, seed=0)
 
     configs = []
     for store in b.stores:
@@ -148,11 +116,7 @@ def run(b: ModesBench) -> dict:
             run_dir = out / "runs" / f"{mode}-{store}-{rep}"
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            store_dir = None
-            if store == "disk" and mode != "full":
-                store_dir = out / "store-run"
-                _fresh_cold_copy(template, store_dir)
-            s = _run_train(b, data, run_dir, mode, store, store_dir, cache_rows)
+            s = run_mode(b, data, out, run_dir, mode, store, cache_rows)
             results[key].append(s)
             print(f"    {s['samples_per_s']:,.0f} samples/s, peak anon RSS {s['peak_anon_rss_mb']:.0f} MiB", flush=True)
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -165,21 +129,18 @@ def run(b: ModesBench) -> dict:
 
 def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, cache_rows: int) -> dict:
     full = results.get("full/memory", [])
-    full_sps = median_spread([r["samples_per_s"] for r in full])[0] if full else float("nan")
-    full_rss = median_spread([r["peak_anon_rss_mb"] for r in full])[0] if full else float("nan")
+    full_sps, full_rss = median(full, "samples_per_s"), median(full, "peak_anon_rss_mb")
     rows, out = [], {}
     for key, runs in results.items():
-        sps, spread = median_spread([r["samples_per_s"] for r in runs])
-        anon = median_spread([r["peak_anon_rss_mb"] for r in runs])[0]
-        peak = median_spread([r["peak_rss_mb"] for r in runs])[0]
-        bd = {k: median_spread([r["time_per_step_ms"][k] for r in runs])[0] for k in runs[0]["time_per_step_ms"]}
+        sps, spread = throughput(runs)
+        anon, peak = median(runs, "peak_anon_rss_mb"), median(runs, "peak_rss_mb")
         cache = runs[0].get("cache", {})
         hit = cache.get("hit_rate", float("nan"))
         digests = sorted({r.get("params_sha256") for r in runs})
         out[key] = {
             "samples_per_s": sps, "spread": spread, "ratio_to_full": sps / full_sps,
             "peak_anon_rss_mb": anon, "peak_rss_mb": peak, "anon_rss_ratio_to_full": anon / full_rss,
-            "time_per_step_ms": bd, "hit_rate": hit, "cache": cache, "params_sha256": digests,
+            "time_per_step_ms": step_times(runs), "hit_rate": hit, "cache": cache, "params_sha256": digests,
             "runs": [r["samples_per_s"] for r in runs],
         }
         rows.append([key, sps, f"{spread:.0%}", f"{sps / full_sps:.2f}x", anon, f"{anon / full_rss:.0%}", peak,
@@ -187,26 +148,16 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
     headers = ["mode/store", "samples/s", "spread", "vs full", "peak anon RSS MiB", "vs full", "peak RSS MiB (incl. mapped file)", "hit rate", "forced evictions"]
     table = markdown_table(headers, rows)
     return {
-        "scenario": "modes", "config": asdict(b), "machine": machine(), "total_rows": total_rows,
+        **header(b), "total_rows": total_rows,
         "cache_rows": cache_rows, "cache_fraction_of_rows": cache_rows / total_rows, "results": out, "table": table,
     }
 
 
 def _plot(out: Path, payload: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     keys = list(payload["results"])
-    parts = ["wait_embeddings", "forward", "backward", "optimizer", "writeback"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    bottom = np.zeros(len(keys))
-    for p in parts:
-        vals = np.array([payload["results"][k]["time_per_step_ms"].get(p, 0.0) for k in keys])
-        ax1.bar(keys, vals, bottom=bottom, label=p)
-        bottom += vals
-    ax1.set_ylabel("ms per step (trainer thread)")
+    stacked_step_times(ax1, keys, [payload["results"][k]["time_per_step_ms"] for k in keys])
     ax1.set_title("time breakdown per iteration")
     ax1.legend(fontsize=8)
     ax1.tick_params(axis="x", rotation=30)
@@ -215,6 +166,4 @@ def _plot(out: Path, payload: dict) -> None:
     ax2.set_ylabel("samples/s")
     ax2.set_title("throughput")
     ax2.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    fig.savefig(out / "modes.png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out / "modes.png")

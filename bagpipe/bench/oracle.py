@@ -8,29 +8,36 @@ second, per-batch planning time, the oracle's own state in MiB and the hit rate.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-
-from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
+from bagpipe.bench.config import BenchConfig, Repeated
+from bagpipe.bench.report import header, markdown_table, median_spread, pyplot, save_png, write_results
 
 
 @dataclass(kw_only=True)
-class OracleBench:
-    out: str = "bench-out/oracle"
-    profile: str = "criteo-kaggle"
-    scale: float = 1.0
-    batch_sizes: tuple[int, ...] = (1024, 2048, 4096)
-    lookaheads: tuple[int, ...] = (1, 10, 50, 200)
-    batches: int = 120
-    cache_fraction: float = 0.05
-    reps: int = 3
+class OracleBench(Repeated, BenchConfig):
+    """The oracle's planning throughput alone (one thread) vs batch size and lookahead L."""
 
-    @classmethod
-    def quick(cls, **kw) -> "OracleBench":
-        base = dict(scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1)
-        base.update(kw)
-        return cls(**base)
+    name = "oracle"
+    QUICK = dict(scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1)
+
+    reps: int = 3
+    batch_sizes: tuple[int, ...] = (1024, 2048, 4096)
+    """Batch sizes to plan."""
+    lookaheads: tuple[int, ...] = (1, 10, 50, 200)
+    """Lookahead windows L to plan with."""
+    batches: int = 120
+    """Batches planned per measurement."""
+    cache_fraction: float = 0.05
+    """The oracle's cache as a fraction of all rows (at least one batch's lookups)."""
+
+    def validate(self) -> None:
+        super().validate()
+        self.check("batch_sizes", bool(self.batch_sizes) and all(B >= 1 for B in self.batch_sizes), "must be >= 1")
+        self.check("lookaheads", bool(self.lookaheads) and all(L >= 1 for L in self.lookaheads), "must be >= 1")
+        self.check("batches", self.batches >= 1, "must be >= 1")
+        self.check("cache_fraction", 0 < self.cache_fraction <= 1, "must be in (0, 1]")
 
 
 def oracle_state_mb(o) -> float:
@@ -77,18 +84,14 @@ def run(b: OracleBench) -> dict:
             rows.append([B, L, med / 1e6, f"{spread:.0%}", res[key]["ms_per_batch"], state, f"{res[key]['hit_rate']:.1%}"])
             print(f"B={B} L={L}: {med / 1e6:.1f}M lookups/s", flush=True)
     table = markdown_table(["batch", "L", "M lookups/s", "spread", "ms/batch", "oracle state MiB", "hit rate"], rows)
-    payload = {"scenario": "oracle", "config": asdict(b), "machine": machine(), "total_rows": total, "results": res, "table": table}
+    payload = {**header(b), "total_rows": total, "results": res, "table": table}
     _plot(out, res, b)
     write_results(out, "oracle", payload, table)
     return payload
 
 
 def _plot(out: Path, res: dict, b: OracleBench) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for B in b.batch_sizes:
         pts = [(v["lookahead"], v["lookups_per_s"] / 1e6) for v in res.values() if v["batch_size"] == B]
@@ -97,6 +100,4 @@ def _plot(out: Path, res: dict, b: OracleBench) -> None:
     ax.set_xlabel("lookahead L (batches)")
     ax.set_ylabel("million lookups planned / s (1 thread)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "oracle.png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out / "oracle.png")

@@ -1,20 +1,30 @@
-"""Tables, JSON and plots for benchmark results."""
+"""Tables, JSON and plots for benchmark results.
+
+Every scenario's results.json starts with :func:`header` (scenario, config, machine);
+the medians and spreads of repeated runs, ratios to a reference configuration, the
+Markdown table, results.json / results.md and the PNG boilerplate are here once.
+"""
 
 from __future__ import annotations
 
 import json
 import platform
 import statistics
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
+import numpy as np
+
+#: Phases of a training step, as ``time_per_step_ms`` in a run's summary names them.
+STEP_PARTS = ("wait_embeddings", "forward", "backward", "optimizer", "writeback")
 
 
 def machine() -> dict:
     import os
 
     import psutil
+    import torch
 
     return {
         "cores": os.cpu_count(),
@@ -25,12 +35,32 @@ def machine() -> dict:
     }
 
 
+def header(b) -> dict:
+    """The first keys of every results.json: the scenario, its settings, the machine."""
+    return {"scenario": b.name, "config": asdict(b), "machine": machine()}
+
+
 def median_spread(values: list[float]) -> tuple[float, float]:
     """Median and (max - min) / median of repetitions."""
     if not values:
         return float("nan"), float("nan")
     med = statistics.median(values)
     return med, (max(values) - min(values)) / med if med else float("nan")
+
+
+def median(runs: list[dict], key: str) -> float:
+    """Median of ``run[key]`` over repeated runs (nan without runs)."""
+    return median_spread([r[key] for r in runs])[0]
+
+
+def throughput(runs: list[dict]) -> tuple[float, float]:
+    """Median samples/s of repeated runs and its spread."""
+    return median_spread([r["samples_per_s"] for r in runs])
+
+
+def step_times(runs: list[dict]) -> dict[str, float]:
+    """Median milliseconds per step of each phase (``time_per_step_ms``) over repeated runs."""
+    return {k: median_spread([r["time_per_step_ms"][k] for r in runs])[0] for k in runs[0]["time_per_step_ms"]}
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:
@@ -50,3 +80,34 @@ def write_results(out: Path, name: str, payload: dict, table: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(payload, indent=2))
     (out / "results.md").write_text(f"# bagpipe bench {name}\n\n{table}\n")
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_png(fig, path: Path) -> None:
+    """Lay out, write and close a figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
+def stacked_step_times(ax, labels: list[str], breakdowns: list[dict], skip_empty: bool = False) -> np.ndarray:
+    """Bars of the milliseconds per step, one segment per phase; returns the bar tops.
+    ``skip_empty`` leaves out phases no configuration spends time in."""
+    bottom = np.zeros(len(labels))
+    for part in STEP_PARTS:
+        vals = np.array([b.get(part, 0.0) for b in breakdowns])
+        if skip_empty and not vals.any():
+            continue
+        ax.bar(labels, vals, bottom=bottom, label=part)
+        bottom += vals
+    ax.set_ylabel("ms per step (trainer thread)")
+    return bottom

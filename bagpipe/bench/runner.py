@@ -2,16 +2,22 @@
 
 Every measured configuration is one ``python -m bagpipe train ...`` process (so peak
 memory, thread pools and page cache state are per run) whose ``--summary-json`` is read
-back. :func:`ensure_synth` makes (or reuses) the generated dataset a scenario runs on.
+back. :func:`train_args` is the one place its options are built (from a scenario's
+:class:`~bagpipe.bench.config.TrainBench` settings plus the configuration's own);
+:func:`launch` runs it. :func:`make_data` makes (or reuses) the generated dataset a
+scenario runs on.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bagpipe.config.options import flag
 
 
 class TrainFailed(RuntimeError):
@@ -54,8 +60,68 @@ def run_train(args: list[str], summary: Path, label: str, timeout: float | None 
     return s
 
 
-def ensure_synth(data: Path, profile: str, samples: int, scale: float, seed: int, progress: bool = True) -> None:
-    """Generate ``profile`` data into ``data`` unless a dataset of that size and scale is there."""
+def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings) -> list[str]:
+    """The options of one ``bagpipe train`` run of scenario settings ``b`` (a TrainBench).
+
+    The shared settings (data, run directory, model, recipe, batch, optimizer, lr,
+    steps, warm-up, eval samples, threads), then ``settings``: ``bagpipe train``'s options
+    in Python spelling (``cache_rows=..., store_dir=...``); one given here replaces the
+    shared value, None leaves the option out. Last the benchmark switches: no progress
+    bar, no final checkpoint, no params digest unless ``digest``.
+    """
+    opts = {
+        "data": data, "out": run_dir, "model": b.model, "recipe": b.recipe, "batch_size": b.batch_size,
+        "optimizer": b.optimizer, "lr": b.lr, "steps": b.steps, "warmup_steps": getattr(b, "warmup", None),
+        "eval_samples": b.eval_samples, "threads": b.threads or None, **settings,
+    }
+    args = [a for key, value in opts.items() if value is not None for a in (flag(key), str(value))]
+    return args + ["--no-progress", "--no-final-checkpoint"] + ([] if digest else ["--no-digest"])
+
+
+def launch(b, data: Path, run_dir: Path, label: str, **settings) -> dict:
+    """Run ``bagpipe train`` with :func:`train_args` (bounded by ``b.run_timeout_s``); its summary."""
+    return run_train(train_args(b, data, run_dir, **settings), run_dir / "summary.json", label, timeout=b.run_timeout_s or None)
+
+
+def data_samples(batch_size: int, steps: int) -> int:
+    """Samples to generate so the train split (90%) holds ``steps`` + 2 batches."""
+    return int(batch_size * (steps + 2) / 0.9) + 1
+
+
+def make_data(b, data: Path, progress: bool = True) -> bool:
+    """The generated data set of a training scenario (seed 1, sized by :func:`data_samples`)."""
+    return ensure_synth(data, b.profile, data_samples(b.batch_size, b.steps), b.scale, seed=1, progress=progress)
+
+
+def prepare(b, progress: bool = True):
+    """A training scenario's output folder, its generated data set OUT/data (made, or
+    reused when it has the size asked for) and that data's :class:`DatasetMeta`. A disk
+    table file (OUT/store-template) written for other data is removed."""
+    from bagpipe.data.schema import DatasetMeta
+
+    out = Path(b.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "data"
+    if make_data(b, data, progress):
+        shutil.rmtree(out / "store-template", ignore_errors=True)  # rows of another data set
+    return out, data, DatasetMeta.load(data)
+
+
+def widest_batch(data: Path, batch_size: int, steps: int) -> int:
+    """The most unique rows one of the first ``steps`` training batches has (the stream
+    ``bagpipe train`` reads): the smallest cache that can run."""
+    import numpy as np
+
+    from bagpipe.data.shards import Dataset
+    from bagpipe.data.stream import BatchStream
+
+    stream = BatchStream(Dataset(data), "train", batch_size, seed=0)
+    return max(len(np.unique(stream.batch(i).rows.numpy())) for i in range(steps))
+
+
+def ensure_synth(data: Path, profile: str, samples: int, scale: float, seed: int, progress: bool = True) -> bool:
+    """Generate ``profile`` data into ``data`` unless a dataset of that size and scale is
+    there; True when it was (re)generated."""
     from bagpipe.data.synthetic import SynthConfig, generate
 
     meta_file = Path(data) / "meta.json"
@@ -63,5 +129,6 @@ def ensure_synth(data: Path, profile: str, samples: int, scale: float, seed: int
         src = json.loads(meta_file.read_text()).get("source", {})
         same = (src.get("samples"), src.get("scale"), src.get("profile", profile), src.get("seed", seed)) == (samples, scale, profile, seed)
         if same:
-            return
+            return False
     generate(SynthConfig(profile=profile, samples=samples, scale=scale, seed=seed), str(data), overwrite=True, progress=progress)
+    return True

@@ -25,64 +25,46 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-import numpy as np
-
-from bagpipe.bench.report import machine, markdown_table, median_spread, write_results
-from bagpipe.bench.runner import TrainFailed, ensure_synth, run_train
-from bagpipe.errors import ConfigError
+from bagpipe.bench.config import Throughput
+from bagpipe.bench.report import header, markdown_table, median, pyplot, save_png, step_times, throughput, write_results
+from bagpipe.bench.runner import TrainFailed, launch, prepare, widest_batch
 
 
 @dataclass(kw_only=True)
-class SweepBench:
-    """Settings of the sweep scenario."""
+class SweepBench(Throughput):
+    """The lookahead mode over cache size (1-20% of rows) x L (1, 10, 50, 200): samples/s,
+    hit rate, forced evictions; plus the --cache-budget-mb auto-tuner against the best
+    measured point (criteo-kaggle x 0.01, batch 512)."""
 
-    out: str = "bench-out/sweep"
-    profile: str = "criteo-kaggle"
+    name = "sweep"
+    #: Under a minute: small batches, few steps, a 3 x 2 grid whose smallest cache is too small.
+    QUICK = dict(batch_size=256, recipe="debug", steps=24, warmup=4, reps=1, cache_percents=(0.2, 2, 20),
+                 lookaheads=(1, 10), autotune_percent=2.0, eval_samples=512, threads=1)
+
     scale: float = 0.01
-    """Table cardinality factor (0.01: 337,632 rows)."""
-    model: str = "dlrm"
-    recipe: str = "kaggle"
     batch_size: int = 512
-    optimizer: str = "adagrad"
-    lr: float = 0.05
     steps: int = 240
     warmup: int = 20
-    reps: int = 2
+    eval_samples: int = 2048
+    run_timeout_s: float = 1800.0
     cache_percents: tuple[float, ...] = (1, 2, 5, 10, 20)
-    """Cache sizes as percent of all rows."""
+    """Cache sizes of the grid, in percent of all rows."""
     lookaheads: tuple[int, ...] = (1, 10, 50, 200)
-    store: str = "memory"
+    """Lookahead windows L of the grid."""
+    store: Literal["memory", "disk"] = "memory"
+    """Where the rows live (bagpipe train --store)."""
     autotune_percent: float = 5.0
     """The auto-tuner's budget buys a cache of this percent of the rows; 0 skips it."""
-    eval_samples: int = 2048
-    threads: int = 0
-    run_timeout_s: float = 1800.0
-    """Bound on one training process."""
 
-    def __post_init__(self):
-        if self.steps <= self.warmup:
-            raise ConfigError("steps must exceed warmup")
-        if self.reps < 1:
-            raise ConfigError("reps must be >= 1")
-        if not self.cache_percents or any(not 0 < p <= 100 for p in self.cache_percents):
-            raise ConfigError(f"cache percents must be in (0, 100], got {self.cache_percents}")
-        if not self.lookaheads or any(L < 1 for L in self.lookaheads):
-            raise ConfigError(f"lookaheads must be >= 1, got {self.lookaheads}")
-        if not 0 <= self.autotune_percent <= 100:
-            raise ConfigError(f"autotune_percent must be in [0, 100], got {self.autotune_percent}")
-        if self.store not in ("memory", "disk"):
-            raise ConfigError(f"store must be memory or disk, got {self.store}")
-
-    @classmethod
-    def quick(cls, **kw) -> "SweepBench":
-        """Under a minute: small batches, few steps, a 3 x 2 grid whose smallest cache is too small."""
-        base = dict(batch_size=256, recipe="debug", steps=24, warmup=4, reps=1, cache_percents=(0.2, 2, 20),
-                    lookaheads=(1, 10), autotune_percent=2.0, eval_samples=512, threads=1)
-        base.update(kw)
-        return cls(**base)
+    def validate(self) -> None:
+        super().validate()
+        self.check("cache_percents", bool(self.cache_percents) and all(0 < p <= 100 for p in self.cache_percents), "must be in (0, 100]")
+        self.check("lookaheads", bool(self.lookaheads) and all(L >= 1 for L in self.lookaheads), "must be >= 1")
+        self.check("autotune_percent", 0 <= self.autotune_percent <= 100, "must be in [0, 100]")
 
 
 def _key(pct: float, L: int) -> str:
@@ -90,22 +72,12 @@ def _key(pct: float, L: int) -> str:
 
 
 def run(b: SweepBench) -> dict:
-    from bagpipe.data.schema import DatasetMeta
-    from bagpipe.data.shards import Dataset
-    from bagpipe.data.stream import BatchStream
     from bagpipe.models import recipe
     from bagpipe.oracle.autotune import budget_mb_for_rows
 
-    out = Path(b.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = out / "data"
-    samples = int(b.batch_size * (b.steps + 2) / 0.9) + 1
-    ensure_synth(data, b.profile, samples, b.scale, seed=1, progress=False)
-    meta = DatasetMeta.load(data)
+    out, data, meta = prepare(b, progress=False)
     total = meta.total_rows
-    # the largest batch's unique rows: the smallest cache that can run (the train command's stream)
-    stream = BatchStream(Dataset(data), "train", b.batch_size, seed=0)
-    widest = max(len(np.unique(stream.batch(i).rows.numpy())) for i in range(b.steps))
+    widest = widest_batch(data, b.batch_size, b.steps)  # the smallest cache that can run
     dim = recipe(b.model, b.recipe).embedding_dim
     state_dim = 1 if b.optimizer == "adagrad" else 0
 
@@ -122,14 +94,6 @@ def run(b: SweepBench) -> dict:
         points["auto"] = {"cache_percent": None, "cache_rows": None, "lookahead": None, "budget_mb": budget,
                           "too_small": False, "runs": []}
 
-    common = [
-        "--data", str(data), "--model", b.model, "--recipe", b.recipe, "--batch-size", str(b.batch_size),
-        "--optimizer", b.optimizer, "--lr", str(b.lr), "--steps", str(b.steps), "--warmup-steps", str(b.warmup),
-        "--mode", "lookahead", "--store", b.store, "--no-progress", "--no-final-checkpoint", "--no-digest",
-        "--eval-samples", str(b.eval_samples),
-    ]
-    if b.threads:
-        common += ["--threads", str(b.threads)]
     order = list(points)
     for rep in range(b.reps):
         for key in order if rep % 2 == 0 else order[::-1]:
@@ -140,12 +104,12 @@ def run(b: SweepBench) -> dict:
             if run_dir.exists():
                 shutil.rmtree(run_dir)
             if key == "auto":
-                args = common + ["--out", str(run_dir), "--cache-budget-mb", f"{budget:.6f}"]
+                cache = dict(cache_budget_mb=f"{budget:.6f}")
             else:
-                args = common + ["--out", str(run_dir), "--cache-rows", str(p["cache_rows"]), "--lookahead", str(p["lookahead"])]
+                cache = dict(cache_rows=p["cache_rows"], lookahead=p["lookahead"])
             print(f"[rep {rep + 1}/{b.reps}] {key} ...", flush=True)
             try:
-                s = run_train(args, run_dir / "summary.json", f"sweep {key}", timeout=b.run_timeout_s)
+                s = launch(b, data, run_dir, f"sweep {key}", mode="lookahead", store=b.store, **cache)
             except TrainFailed as e:
                 if not e.capacity_error:
                     raise
@@ -172,14 +136,13 @@ def _point_result(p: dict) -> dict:
         r["budget_mb"] = p["budget_mb"]
     if not runs:
         return r
-    sps, spread = median_spread([x["samples_per_s"] for x in runs])
+    sps, spread = throughput(runs)
     c = runs[0]["cache"]  # plans are deterministic: every repetition has the same counts
     r.update(
         samples_per_s=sps, spread=spread, runs=[x["samples_per_s"] for x in runs],
         hit_rate=c["hit_rate"], forced_evictions=c["forced_evictions"], misses=c["misses"],
         max_occupied=c["max_occupied"],
-        time_per_step_ms={k: median_spread([x["time_per_step_ms"][k] for x in runs])[0] for k in runs[0]["time_per_step_ms"]},
-        wall_s=median_spread([x["wall_s"] for x in runs])[0],
+        time_per_step_ms=step_times(runs), wall_s=median(runs, "wall_s"),
     )
     if "autotune" in c:
         r["cache_rows"], r["lookahead"] = c["cache_rows"], c["lookahead"]
@@ -239,18 +202,14 @@ def summarise(b: SweepBench, points: dict[str, dict], total_rows: int, widest: i
         )
     table = table + "\n\n" + "\n\n".join(notes)
     return {
-        "scenario": "sweep", "config": asdict(b), "machine": machine(), "total_rows": total_rows,
+        **header(b), "total_rows": total_rows,
         "max_unique_rows_per_batch": widest, "results": res, "best_point": best_key, "autotune": autotune,
         "table": table,
     }
 
 
 def _plot(out: Path, payload: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     res = payload["results"]
     Ls = sorted({v["lookahead"] for k, v in res.items() if k != "auto"})
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -279,6 +238,4 @@ def _plot(out: Path, payload: dict) -> None:
         ax.set_title(title + (f" (too small: {', '.join(f'{s:g}%' for s in small)})" if small else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "sweep.png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out / "sweep.png")

@@ -60,9 +60,12 @@ def field_docs(cls: type) -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def field_types(cls: type) -> dict[str, Any]:
-    """Resolved annotations of a dataclass's fields (postponed annotations evaluated)."""
-    module = inspect.getmodule(cls)
-    hints = typing.get_type_hints(cls, globalns=vars(module) if module else None)
+    """Resolved annotations of a dataclass's fields (postponed annotations evaluated).
+
+    Each class of the MRO has its annotations evaluated in its own module, so a section
+    may subclass one from another module whose annotations use names it does not import.
+    """
+    hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 

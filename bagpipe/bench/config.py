@@ -1,0 +1,176 @@
+"""The settings every benchmark scenario shares, declared once.
+
+Each scenario's config is a keyword-only :class:`~bagpipe.config.Section` subclass of
+the classes below (their fields, documented where they are declared, become the
+scenario's ``bagpipe bench SCENARIO --OPTION`` options); it adds only its own fields,
+overrides the defaults that differ, and states its ``--quick`` size once in ``QUICK``::
+
+    BenchConfig                      out, profile, scale                 every scenario
+    └── TrainBench                   model, recipe, batch_size, ...      runs are `bagpipe train` processes
+        └── Throughput (+ Repeated)  warmup (+ reps)                     modes, peers, distributed, sweep
+    Repeated (mixin)                 reps                                oracle + Throughput
+    CachePoint (mixin)               cache_fraction, lookahead           modes, peers, distributed, convergence
+
+Validation messages name the option (``--reps must be >= 1, got 0``), so a bad value
+on the command line is a one-line error that says which option to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from bagpipe.config import Section, need
+from bagpipe.config.options import flag
+from bagpipe.config.typed import field_types, strip_optional
+from bagpipe.data.synthetic import PROFILES
+from bagpipe.models import MODEL_NAMES, RECIPE_SIZES
+
+Profile = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
+Model = Literal[MODEL_NAMES]  # type: ignore[valid-type]
+Recipe = Literal[RECIPE_SIZES]  # type: ignore[valid-type]
+
+
+def show(value: Any) -> str:
+    """A setting's value as it is typed on the command line."""
+    if isinstance(value, tuple):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(kw_only=True)
+class BenchConfig(Section):
+    """Settings of every scenario."""
+
+    name: ClassVar[str] = ""
+    """The scenario's name (``bagpipe bench NAME``); subclasses set it."""
+    QUICK: ClassVar[dict[str, Any]] = {}
+    """The scenario's ``--quick`` size: settings that replace the defaults (under a minute)."""
+
+    out: str | None = None
+    """Output folder: results.json, results.md, the PNG plots and the generated data (default bench-out/SCENARIO)."""
+    profile: Profile = "criteo-kaggle"
+    """Table shapes and skew of the generated data (bagpipe synth --profile)."""
+    scale: float = 1.0
+    """Table cardinality factor of the generated data (criteo-kaggle at 1.0: 33.8M rows)."""
+
+    def __post_init__(self) -> None:
+        if self.out is None:
+            self.out = f"bench-out/{self.name}"
+        super().__post_init__()
+
+    @classmethod
+    def quick(cls, **values):
+        """The scenario at its ``--quick`` size; ``values`` override it."""
+        return cls(**{**cls.QUICK, **values})
+
+    def check(self, name: str, ok: bool, rule: str) -> None:
+        """Raise the one-line ConfigError ``--NAME RULE, got VALUE`` unless ``ok``."""
+        need(ok, f"{flag(name)} {rule}, got {show(getattr(self, name))}")
+
+    def check_subset(self, name: str, allowed: tuple[str, ...]) -> None:
+        """A comma-separated list setting must name at least one of ``allowed`` and nothing else."""
+        values = getattr(self, name)
+        ok = bool(values) and all(v in allowed for v in values)
+        self.check(name, ok, f"must be a comma-separated subset of {','.join(allowed)}")
+
+    def validate(self) -> None:
+        super().validate()
+        self.check("scale", self.scale > 0, "must be > 0")
+
+    @classmethod
+    def option_strings(cls) -> dict[str, bool]:
+        """Every ``bagpipe bench NAME`` option of the settings -> whether it takes a value
+        (a switch is ``--name`` and ``--no-name``)."""
+        out = {}
+        for f in dataclasses.fields(cls):
+            switch = strip_optional(field_types(cls)[f.name]) is bool
+            out[flag(f.name)] = not switch
+            if switch:
+                out["--no-" + flag(f.name)[2:]] = False
+        return out
+
+    @classmethod
+    def own_fields(cls) -> tuple[str, ...]:
+        """The fields this scenario adds to the ones it shares with others."""
+        inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in inherited)
+
+
+@dataclass(kw_only=True)
+class Repeated(Section):
+    """Scenarios that measure each configuration several times (a mixin of BenchConfig subclasses)."""
+
+    reps: int = 2
+    """Repetitions of every measurement; their median and spread are reported (training
+    scenarios interleave the configurations, so machine noise hits them alike)."""
+
+    def validate(self) -> None:
+        super().validate()
+        self.check("reps", self.reps >= 1, "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class CachePoint(Section):
+    """Scenarios that run the cache at one size and one window (a mixin of BenchConfig subclasses)."""
+
+    cache_fraction: float = 0.05
+    """Cache slots (lru, lookahead) as a fraction of all rows; raised to what one batch needs."""
+    lookahead: int = 20
+    """L, batches the lookahead oracle reads ahead."""
+
+    def cache_rows(self, total_rows: int, at_least: int) -> int:
+        """The cache's slots: ``cache_fraction`` of ``total_rows``, at least ``at_least``."""
+        return max(int(self.cache_fraction * total_rows), at_least)
+
+    def validate(self) -> None:
+        super().validate()
+        self.check("cache_fraction", 0 < self.cache_fraction <= 1, "must be in (0, 1]")
+        self.check("lookahead", self.lookahead >= 1, "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class TrainBench(BenchConfig):
+    """Settings of the scenarios whose runs are ``bagpipe train`` processes (see
+    :func:`bagpipe.bench.runner.train_args`)."""
+
+    model: Model = "dlrm"
+    """Model (bagpipe train --model)."""
+    recipe: Recipe = "kaggle"
+    """Model sizes: kaggle (DLRM's Criteo Kaggle sizes) or debug (small MLPs)."""
+    batch_size: int = 2048
+    """Samples per step."""
+    optimizer: Literal["sgd", "adagrad"] = "adagrad"
+    """Row-wise sparse and dense optimizer."""
+    lr: float = 0.05
+    """Learning rate."""
+    steps: int = 60
+    """Training steps per run (warm-up included)."""
+    eval_samples: int = 20000
+    """Eval samples each run evaluates on at its end (0: the whole eval split)."""
+    threads: int = 0
+    """torch threads per training process (0: torch's choice)."""
+    run_timeout_s: float = 0.0
+    """Bound on one training process, in seconds (0: none)."""
+
+    def validate(self) -> None:
+        super().validate()
+        self.check("batch_size", self.batch_size >= 1, "must be >= 1")
+        self.check("steps", self.steps >= 1, "must be >= 1")
+        self.check("lr", self.lr > 0, "must be > 0")
+        self.check("eval_samples", self.eval_samples >= 0, "must be >= 0")
+        self.check("threads", self.threads >= 0, "must be >= 0")
+        self.check("run_timeout_s", self.run_timeout_s >= 0, "must be >= 0")
+
+
+@dataclass(kw_only=True)
+class Throughput(Repeated, TrainBench):
+    """Training scenarios that measure throughput: repetitions, warm-up steps left out."""
+
+    warmup: int = 10
+    """Warm-up steps left out of the throughput (bagpipe train --warmup-steps)."""
+
+    def validate(self) -> None:
+        super().validate()
+        self.check("warmup", 0 <= self.warmup < self.steps, f"must be >= 0 and below --steps ({self.steps})")

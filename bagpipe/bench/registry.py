@@ -1,0 +1,39 @@
+"""Every benchmark scenario: its settings class, the function that runs it, one line about it.
+
+``bagpipe bench`` (:mod:`bagpipe.commands.bench`) builds one subcommand per entry, its
+options generated from the settings class, and dispatches to ``run``; a new scenario is
+a module with a :class:`~bagpipe.bench.config.BenchConfig` subclass and a ``run(config)
+-> payload`` function, plus one entry here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from bagpipe.bench import convergence, distributed, modes, oracle, peers, sweep
+from bagpipe.bench.config import BenchConfig
+
+
+@dataclass(frozen=True)
+class Scenario:
+    config: type[BenchConfig]
+    """Its settings (the options of ``bagpipe bench NAME``)."""
+    run: Callable[..., dict]
+    """Runs it with an instance of ``config``; returns the payload written to results.json."""
+    about: str
+    """One line, for ``bagpipe bench --help``."""
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.config.name: s
+    for s in (
+        Scenario(modes.ModesBench, modes.run, "full / nocache / lru / lookahead side by side, memory and disk stores"),
+        Scenario(oracle.OracleBench, oracle.run, "the lookahead oracle's planning throughput alone vs batch size and L"),
+        Scenario(peers.PeersBench, peers.run, "TorchRec's DLRM beside bagpipe full and lookahead (needs `make peers`)"),
+        Scenario(sweep.SweepBench, sweep.run, "lookahead over cache size x L, and the --cache-budget-mb auto-tuner"),
+        Scenario(distributed.DistributedBench, distributed.run,
+                 "embedding servers vs the in-process store; partitioned vs replicated cache"),
+        Scenario(convergence.ConvergenceBench, convergence.run, "eval curves of full vs lookahead, which must be identical"),
+    )
+}
