@@ -154,7 +154,7 @@ def test_train_args_are_bagpipe_train_options(tmp_path):
     ns = parser.parse_args(["train", *args, "--summary-json", str(tmp_path / "s.json")])
     assert (ns.steps, ns.warmup_steps, ns.eval_samples, ns.threads, ns.batch_size) == (24, 4, 512, 1, 256)
     assert (ns.cache_rows, ns.lookahead, ns.store, ns.trainers, ns.servers, ns.cache_sync) == (100, 4, "disk", 2, 2, "replicated")
-    assert ns.progress is False and ns.save_final is False and ns.digest is False
+    assert ns.progress is False and ns.final_checkpoint is False and ns.digest is False
     # no warm-up field (convergence): no --warmup-steps; a shared value replaced, None left out
     c = SCENARIOS["convergence"].config()
     args = train_args(c, "d", "r", digest=True, mode="full", steps=7, eval_samples=None)

@@ -59,7 +59,12 @@ from bagpipe.cache.slots import SlotCache
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.server import FINAL, EmbeddingServer, RemoteStore, ShardInit
 from bagpipe.distributed.transport import (
-    _MAX_BUFFERS, HEADER_BYTES, REPLY, REQUEST, PeerLost, Transport,
+    _MAX_BUFFERS,
+    HEADER_BYTES,
+    REPLY,
+    REQUEST,
+    PeerLost,
+    Transport,
 )
 from bagpipe.errors import BagpipeError
 from bagpipe.oracle.lookahead import LookaheadOracle

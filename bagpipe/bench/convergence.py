@@ -30,7 +30,13 @@ from pathlib import Path
 
 from bagpipe.bench.config import CachePoint, TrainBench
 from bagpipe.bench.report import header, markdown_table, pyplot, save_png, write_results
-from bagpipe.bench.runner import data_samples, make_data, run_train, train_args, widest_batch
+from bagpipe.bench.runner import (
+    data_samples,
+    make_data,
+    run_train,
+    train_args,
+    widest_batch,
+)
 
 #: ``../shared/data`` next to the repository (real data samples, not part of the repo).
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -23,7 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bagpipe.bench.config import CachePoint, Throughput
-from bagpipe.bench.report import header, markdown_table, median, median_spread, pyplot, save_png, throughput, write_results
+from bagpipe.bench.report import (
+    header,
+    markdown_table,
+    median,
+    median_spread,
+    pyplot,
+    save_png,
+    throughput,
+    write_results,
+)
 from bagpipe.bench.runner import launch, prepare
 
 # key -> (label, trainers, servers, cache sync); trainers 0 = one process, in-process store
@@ -71,7 +80,7 @@ def run(b: DistributedBench) -> dict:
             shutil.rmtree(run_dir, ignore_errors=True)
             s = _run(b, data, run_dir, config, cache_rows)
             results[config].append(s)
-            d = s.get("distributed", {})
+            d = (s.get("distributed") or {})
             print(f"    {s['samples_per_s']:,.0f} samples/s, embedding sync {d.get('sync_bytes_per_step', 0) / 2**20:.2f} MiB/step", flush=True)
             shutil.rmtree(run_dir, ignore_errors=True)
     payload = summarise(b, results, total, cache_rows)
@@ -85,9 +94,9 @@ def summarise(b: DistributedBench, results: dict[str, list[dict]], total_rows: i
     rows, out = [], {}
     for config, runs in results.items():
         sps, spread = throughput(runs)
-        d = runs[0].get("distributed", {})
+        d = (runs[0].get("distributed") or {})
         steps = runs[0]["steps"]
-        sync = median_spread([r.get("distributed", {}).get("sync_bytes_per_step", 0.0) for r in runs])[0]
+        sync = median_spread([(r.get("distributed") or {}).get("sync_bytes_per_step", 0.0) for r in runs])[0]
         rep_sync = d.get("replicated_sync_bytes_per_step", 0.0)
         fetched = d.get("fetched_rows_per_trainer", [runs[0].get("cache", {}).get("rows_fetched", 0)])
         out[config] = {

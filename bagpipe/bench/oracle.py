@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bagpipe.bench.config import BenchConfig, Repeated
-from bagpipe.bench.report import header, markdown_table, median_spread, pyplot, save_png, write_results
+from bagpipe.bench.report import (
+    header,
+    markdown_table,
+    median_spread,
+    pyplot,
+    save_png,
+    write_results,
+)
 
 
 @dataclass(kw_only=True)

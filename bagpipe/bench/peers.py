@@ -49,8 +49,17 @@ from pathlib import Path
 import numpy as np
 
 from bagpipe.bench.config import CachePoint, Throughput
-from bagpipe.bench.report import (header, markdown_table, median, pyplot, save_png, stacked_step_times, step_times,
-                                  throughput, write_results)
+from bagpipe.bench.report import (
+    header,
+    markdown_table,
+    median,
+    pyplot,
+    save_png,
+    stacked_step_times,
+    step_times,
+    throughput,
+    write_results,
+)
 from bagpipe.bench.runner import prepare
 from bagpipe.errors import ConfigError
 

@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import Literal
 
 from bagpipe.bench.config import Throughput
-from bagpipe.bench.report import header, markdown_table, median, pyplot, save_png, step_times, throughput, write_results
+from bagpipe.bench.report import (
+    header,
+    markdown_table,
+    median,
+    pyplot,
+    save_png,
+    step_times,
+    throughput,
+    write_results,
+)
 from bagpipe.bench.runner import TrainFailed, launch, prepare, widest_batch
 
 

@@ -139,10 +139,12 @@ def train_torchrec(
     from torchrec.optim import RowWiseAdagrad
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+    from bagpipe.data.prefetch import Prefetched
     from bagpipe.data.shards import Dataset
     from bagpipe.data.stream import BatchStream
     from bagpipe.models import build_model, recipe
-    from bagpipe.train.metrics import RssSampler, current_rss_mb, log_loss, peak_rss_mb, roc_auc
+    from bagpipe.train.metrics import RssSampler, log_loss, roc_auc
+    from bagpipe.train.summary import LOSS_WINDOW, StepMeter, build_summary
 
     if kernel not in ("fused", "dense"):
         raise ConfigError(f"kernel must be fused or dense, got {kernel!r}")
@@ -207,15 +209,12 @@ def train_torchrec(
         b = stream.batch(step)
         return b, batch_to_kjt(b, table_offsets, keys)
 
-    times = dict(forward=0.0, backward=0.0, optimizer=0.0)
-    losses: list[float] = []
+    meter = StepMeter(start=0, warmup=warmup, batch_size=batch_size)  # bagpipe's own step meter
+    times = meter.times
     rss = RssSampler()
-    from bagpipe.train.backends import Prefetched
-
     loader = Prefetched(prepare(i) for i in range(steps))
     dmp.train()
-    t_start = time.perf_counter()
-    t_measure, at_warmup, step = None, dict(times), 0
+    step = 0
     try:
         for batch, kjt in loader:
             t0 = time.perf_counter()
@@ -234,16 +233,12 @@ def train_torchrec(
             times["forward"] += t1 - t0
             times["backward"] += t2 - t1
             times["optimizer"] += t3 - t2
-            losses.append(float(loss.detach()))
             step += 1
-            if step == warmup:
-                t_measure, at_warmup = time.perf_counter(), dict(times)
+            meter.record(step, float(loss.detach()))
     finally:
         loader.close()
-    t_end = time.perf_counter()
+    meter.stop()
     peak_anon = rss.stop()
-    measured = step - warmup
-    elapsed = t_end - (t_measure if t_measure is not None else t_start)
 
     # evaluation exactly as bagpipe's loop does it: eval split in file order, capped
     ev = {"eval_logloss": None, "eval_auc": None, "eval_samples": 0}
@@ -264,32 +259,22 @@ def train_torchrec(
         ev = {"eval_logloss": log_loss(y, p), "eval_auc": roc_auc(y, p), "eval_samples": int(len(y))}
     import importlib.metadata as md
 
-    summary = {
-        "mode": f"torchrec-{kernel}",
-        "model": "dlrm (torchrec.models.dlrm.DLRM)",
-        "optimizer": "adagrad",
-        "steps": step,
-        "samples": step * batch_size,
-        "batch_size": batch_size,
-        "seconds": t_end - t_start,
-        "setup_s": setup_s,
-        "measured_steps": measured,
-        "samples_per_s": measured * batch_size / max(elapsed, 1e-9),
-        "train_logloss": float(np.mean(losses[-50:])) if losses else None,
-        "train_losses": losses,
-        **ev,
-        "peak_rss_mb": peak_rss_mb(),
-        "peak_anon_rss_mb": peak_anon,
-        "rss_mb": current_rss_mb(),
-        "total_rows": int(sum(sizes)),
-        "embedding_dim": D,
-        "time_per_step_ms": {k: 1000 * (times[k] - at_warmup[k]) / max(measured, 1) for k in times},
-        "plan": plan_desc,
-        "torchrec": md.version("torchrec"),
-        "fbgemm_gpu": md.version("fbgemm-gpu-cpu") if _has_dist("fbgemm-gpu-cpu") else md.version("fbgemm-gpu"),
-        "torch_threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-    }
+    summary = build_summary(
+        mode=f"torchrec-{kernel}", model="dlrm (torchrec.models.dlrm.DLRM)", optimizer="adagrad",
+        batch_size=batch_size, steps=step, timing=meter.result(),
+        train_logloss=float(np.mean(meter.losses[-LOSS_WINDOW:])) if meter.losses else None,
+        evaluation=ev, params_sha256=None, peak_anon_rss_mb=peak_anon, total_rows=int(sum(sizes)),
+        embedding_dim=D, cache={}, distributed=None,
+    )
+    summary.update(
+        setup_s=setup_s,
+        train_losses=meter.losses,
+        plan=plan_desc,
+        torchrec=md.version("torchrec"),
+        fbgemm_gpu=md.version("fbgemm-gpu-cpu") if _has_dist("fbgemm-gpu-cpu") else md.version("fbgemm-gpu"),
+        torch_threads=torch.get_num_threads(),
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
+    )
     dist.destroy_process_group()
     return summary
 

@@ -19,11 +19,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from bagpipe.config.typed import Section, choices, coerce, describe, field_docs, field_types, get_args, get_origin, strip_optional
+import tomllib
+
+from bagpipe.config.typed import (
+    Section,
+    choices,
+    coerce,
+    describe,
+    field_docs,
+    field_types,
+    get_args,
+    get_origin,
+    strip_optional,
+)
 from bagpipe.errors import ConfigError
 
 

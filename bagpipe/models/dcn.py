@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from bagpipe.models.layers import mlp
 from bagpipe.models.config import ModelConfig
+from bagpipe.models.layers import mlp
 
 
 class CrossNetwork(nn.Module):

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from bagpipe.models.layers import LinearTerm, mlp_head
 from bagpipe.models.config import ModelConfig
+from bagpipe.models.layers import LinearTerm, mlp_head
 
 
 def fm_second_order(pooled: Tensor) -> Tensor:

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from bagpipe.errors import ConfigError
-from bagpipe.models.layers import DotInteraction, mlp, mlp_head
 from bagpipe.models.config import ModelConfig
+from bagpipe.models.layers import DotInteraction, mlp, mlp_head
 
 
 class DLRM(nn.Module):

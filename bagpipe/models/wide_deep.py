@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from bagpipe.models.layers import LinearTerm, mlp_head
 from bagpipe.models.config import ModelConfig
+from bagpipe.models.layers import LinearTerm, mlp_head
 
 
 class WideDeep(nn.Module):

@@ -13,6 +13,7 @@ import numpy as np
 
 from bagpipe.hashing import splitmix64_
 
+
 class RowInitializer:
     """Initial values for any set of global rows.
 

@@ -24,8 +24,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from bagpipe.files import atomic_write_text, fsync_dir
 from bagpipe.errors import CheckpointError
+from bagpipe.files import atomic_write_text, fsync_dir
 
 KEEP = 2
 
