@@ -23,25 +23,10 @@ from __future__ import annotations
 import datetime
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pcsv
 
-from bagpipe.data.preprocess import (
-    BadLine,
-    Layout,
-    Raw,
-    RawFormat,
-    Row,
-    binary_parts,
-    fnv1a_key,
-    fnv1a_keys,
-    padded,
-    parse_decimals,
-    show,
-    strip_cr,
-    words,
-)
-from bagpipe.errors import DataError
+from bagpipe.preprocess.csv import binary_parts, csv_fast_block, header_layout, keys_fast, label_slow
+from bagpipe.preprocess.fastparse import fnv1a_key, padded, parse_decimals, words
+from bagpipe.preprocess.formats import BadLine, FieldLayout, Raw, RawFormat, Row, show, strip_cr
 
 COLUMNS = (
     "id click hour C1 banner_pos site_id site_domain site_category app_id app_domain app_category "
@@ -49,114 +34,6 @@ COLUMNS = (
 ).split()
 KEY_FEATURES = [c for c in COLUMNS if c not in ("id", "click", "hour")]
 FIXED_FEATURES = [("hour_of_day", 24), ("day_of_week", 7)]
-
-
-def csv_table(data: bytes, names: list[str], include: list[str]) -> pa.Table | None:
-    """Parse comma-separated ``data`` (no quoting) into binary columns, or None."""
-    try:
-        return pcsv.read_csv(
-            pa.BufferReader(data),
-            read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=min(len(data) + 1, 1 << 30)),
-            parse_options=pcsv.ParseOptions(
-                delimiter=",", quote_char=False, double_quote=False, escape_char=False, ignore_empty_lines=False
-            ),
-            convert_options=pcsv.ConvertOptions(
-                column_types={c: pa.binary() for c in include},
-                include_columns=include,
-                check_utf8=False,
-                strings_can_be_null=False,
-                null_values=[],
-            ),
-        )
-    except (pa.ArrowInvalid, pa.ArrowException):
-        return None
-
-
-def csv_fast_ok(data: bytes) -> bool:
-    """pyarrow ends a line at ``\\r`` too; only let it see ``\\r`` as part of ``\\r\\n``."""
-    if b"\r" in data:
-        return data.count(b"\r") == data.count(b"\r\n")
-    return True
-
-
-def labels_fast(table: pa.Table, name: str) -> np.ndarray | None:
-    data, s, e = binary_parts(table.column(name))
-    if len(s) == 0:
-        return np.zeros(0, np.float32)
-    if not (e - s == 1).all():
-        return None
-    lab = data[s]
-    if not ((lab == 48) | (lab == 49)).all():
-        return None
-    return (lab - 48).astype(np.float32)
-
-
-def csv_fast_block(
-    data: bytes, nlines: int, layout: Layout, label: str | None, columns: list[str]
-) -> tuple[pa.Table, np.ndarray] | None:
-    """The common start of a CSV format's fast path: parse ``columns`` (and the label
-    column when ``label`` is given) of a block, and its labels (zeros when unlabelled).
-
-    None sends the block to the exact line-by-line parser.
-    """
-    if not csv_fast_ok(data):
-        return None
-    t = csv_table(data, layout.names, ([label] if label else []) + columns)
-    if t is None or t.num_rows != nlines:
-        return None
-    labels = labels_fast(t, label) if label else np.zeros(nlines, np.float32)
-    if labels is None:
-        return None
-    return t, labels
-
-
-def label_slow(v: bytes) -> int:
-    if v not in (b"0", b"1"):
-        raise BadLine(f"label {show(v)} is not 0 or 1")
-    return v[0] - 48
-
-
-def keys_fast(table: pa.Table, names: list[str]) -> np.ndarray:
-    """(len(names), n) FNV keys of string columns (vectorised over all of them)."""
-    n = table.num_rows
-    if not names:
-        return np.zeros((0, n), np.int64)
-    cat = pa.concat_arrays([table.column(c).combine_chunks() for c in names])
-    data, s, e = binary_parts(cat)
-    return fnv1a_keys(data, s, e).reshape(len(names), n)
-
-
-def header_layout(
-    path: str,
-    first_line: bytes,
-    standard: list[str],
-    required: list[str],
-    optional: set[str],
-    marks: set[str],
-    header: str,
-    label: str,
-) -> Layout:
-    """Layout of a CSV file: from its header if the first line has a field in ``marks``
-    (and ``header`` is not "no"), else the standard column order. ``label``: the name
-    of the label column (for a hint when it is missing)."""
-    if first_line.startswith(b"\xef\xbb\xbf"):
-        first_line = first_line[3:]
-    fields = [f.strip().decode("utf-8", "replace") for f in first_line.split(b",")]
-    if header == "no" or not marks.intersection(fields):
-        return Layout(list(standard), 0)
-    missing = [c for c in required if c not in fields]
-    extra = [c for c in fields if c not in required and c not in optional]
-    if missing or extra or len(set(fields)) != len(fields):
-        what = []
-        if missing:
-            hint = "; for an unlabelled file pass --no-label" if missing == [label] else ""
-            what.append("missing " + ", ".join(missing) + hint)
-        if extra:
-            what.append("unexpected " + ", ".join(extra))
-        if len(set(fields)) != len(fields):
-            what.append("duplicate names")
-        raise DataError(f"{path}:1: header does not match the expected columns ({'; '.join(what)})")
-    return Layout(fields, 1)
 
 
 _DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])
@@ -207,12 +84,12 @@ class AvazuFormat(RawFormat):
         super().__init__(labelled, header)
         self.standard = [c for c in COLUMNS if labelled or c != "click"]
 
-    def layout(self, path: str, first_line: bytes) -> Layout:
+    def layout(self, path: str, first_line: bytes) -> FieldLayout:
         required = [c for c in self.standard if c != "id"]
         optional = {"id"} | ({"click"} if not self.labelled else set())
         return header_layout(path, first_line, self.standard, required, optional, {"id", "click", "hour"}, self.header, "click")
 
-    def parse_line(self, line: bytes, layout: Layout) -> Row:
+    def parse_line(self, line: bytes, layout: FieldLayout) -> Row:
         fields = strip_cr(line).split(b",")
         if len(fields) != len(layout.names):
             raise BadLine(f"expected {len(layout.names)} comma-separated fields, got {len(fields)}")
@@ -222,7 +99,7 @@ class AvazuFormat(RawFormat):
         keys = [fnv1a_key(col[c]) for c in KEY_FEATURES]
         return Row(label, [], keys, fixed)
 
-    def parse_fast(self, data: bytes, nlines: int, layout: Layout) -> Raw | None:
+    def parse_fast(self, data: bytes, nlines: int, layout: FieldLayout) -> Raw | None:
         block = csv_fast_block(data, nlines, layout, "click" if self.labelled else None, ["hour"] + KEY_FEATURES)
         if block is None:
             return None

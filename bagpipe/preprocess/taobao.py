@@ -30,19 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bagpipe.data.avazu import csv_fast_block, header_layout, keys_fast, label_slow
-from bagpipe.data.preprocess import (
-    BadLine,
-    Layout,
-    Raw,
-    RawFormat,
-    Row,
-    binary_parts,
-    fnv1a_key,
-    fnv1a_keys,
-    show,
-    strip_cr,
-)
+from bagpipe.preprocess.csv import binary_parts, csv_fast_block, header_layout, keys_fast, label_slow
+from bagpipe.preprocess.fastparse import fnv1a_key, fnv1a_keys
+from bagpipe.preprocess.formats import BadLine, FieldLayout, Raw, RawFormat, Row, show, strip_cr
 
 COLUMNS = (
     "clk time_stamp userid adgroup_id pid cate_id campaign_id customer brand price cms_segid cms_group_id "
@@ -67,14 +57,14 @@ class TaobaoFormat(RawFormat):
         super().__init__(labelled, header)
         self.standard = [c for c in COLUMNS if labelled or c != "clk"]
 
-    def layout(self, path: str, first_line: bytes) -> Layout:
+    def layout(self, path: str, first_line: bytes) -> FieldLayout:
         required = [c for c in self.standard if c != "time_stamp"]
         optional = {"time_stamp"} | ({"clk"} if not self.labelled else set())
         return header_layout(
             path, first_line, self.standard, required, optional, {"clk", "userid", "adgroup_id"}, self.header, "clk"
         )
 
-    def parse_line(self, line: bytes, layout: Layout) -> Row:
+    def parse_line(self, line: bytes, layout: FieldLayout) -> Row:
         fields = strip_cr(line).split(b",")
         if len(fields) != len(layout.names):
             raise BadLine(f"expected {len(layout.names)} comma-separated fields, got {len(fields)}")
@@ -96,7 +86,7 @@ class TaobaoFormat(RawFormat):
             raise BadLine(f"{SEQ_FEATURE} {show(seq)} has an empty item")
         return Row(label, [price], keys, [], [[fnv1a_key(x) for x in items]])
 
-    def parse_fast(self, data: bytes, nlines: int, layout: Layout) -> Raw | None:
+    def parse_fast(self, data: bytes, nlines: int, layout: FieldLayout) -> Raw | None:
         block = csv_fast_block(data, nlines, layout, "clk" if self.labelled else None, ["price"] + KEY_FEATURES + [SEQ_FEATURE])
         if block is None:
             return None
