@@ -24,9 +24,9 @@ import datetime
 
 import numpy as np
 
-from bagpipe.preprocess.csv import binary_parts, csv_fast_block, header_layout, keys_fast, label_slow
+from bagpipe.preprocess.csv import CsvColumns, CsvFormat, binary_parts, keys_fast
 from bagpipe.preprocess.fastparse import fnv1a_key, padded, parse_decimals, words
-from bagpipe.preprocess.formats import BadLine, FieldLayout, Raw, RawFormat, Row, show, strip_cr
+from bagpipe.preprocess.formats import BadLine, FieldLayout, Raw, Row, show
 
 COLUMNS = (
     "id click hour C1 banner_pos site_id site_domain site_category app_id app_domain app_category "
@@ -71,36 +71,23 @@ def hour_features_slow(v: bytes) -> list[int]:
     return [hh, day.weekday()]
 
 
-class AvazuFormat(RawFormat):
+class AvazuFormat(CsvFormat):
     name = "avazu"
-    key_kind = "fnv1a64"
     dense_names: list = []
     key_features = KEY_FEATURES
     fixed_features = FIXED_FEATURES
     seq_features: list = []
     feature_order = ["hour_of_day", "day_of_week"] + KEY_FEATURES
-
-    def __init__(self, labelled: bool = True, header: str = "auto"):
-        super().__init__(labelled, header)
-        self.standard = [c for c in COLUMNS if labelled or c != "click"]
-
-    def layout(self, path: str, first_line: bytes) -> FieldLayout:
-        required = [c for c in self.standard if c != "id"]
-        optional = {"id"} | ({"click"} if not self.labelled else set())
-        return header_layout(path, first_line, self.standard, required, optional, {"id", "click", "hour"}, self.header, "click")
+    columns = CsvColumns(COLUMNS, label="click", ignored="id", header_marks=frozenset({"id", "click", "hour"}))
 
     def parse_line(self, line: bytes, layout: FieldLayout) -> Row:
-        fields = strip_cr(line).split(b",")
-        if len(fields) != len(layout.names):
-            raise BadLine(f"expected {len(layout.names)} comma-separated fields, got {len(fields)}")
-        col = dict(zip(layout.names, fields))
-        label = label_slow(col["click"]) if self.labelled else 0
+        col, label = self.line_fields(line, layout)
         fixed = hour_features_slow(col["hour"])
         keys = [fnv1a_key(col[c]) for c in KEY_FEATURES]
         return Row(label, [], keys, fixed)
 
     def parse_fast(self, data: bytes, nlines: int, layout: FieldLayout) -> Raw | None:
-        block = csv_fast_block(data, nlines, layout, "click" if self.labelled else None, ["hour"] + KEY_FEATURES)
+        block = self.fast_table(data, nlines, layout, ["hour"] + KEY_FEATURES)
         if block is None:
             return None
         t, labels = block

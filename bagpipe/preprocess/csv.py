@@ -2,15 +2,16 @@
 
 Both are comma-separated without quoting, with a ``0``/``1`` label column, an optional
 header line and categorical values taken as opaque strings (key: 63-bit FNV-1a of the
-bytes, empty -> the missing key -1). Shared here:
+bytes, empty -> the missing key -1). :class:`CsvFormat` implements the common parts:
 
-* :func:`header_layout`: a first line holding one of the format's header marks is a
-  header (columns may then come in any order, and must be exactly the expected ones),
-  else the columns are in the standard order (always so with ``--no-header``);
-* :func:`label_slow`: the label of the exact line parser;
-* :func:`csv_fast_block`: the start of the fast path, pyarrow's CSV reader on the whole
-  block with every needed column as binary, then the labels checked and converted with
-  numpy; :func:`keys_fast` hashes whole columns at once.
+* the layout: a first line holding one of the format's ``header_marks`` is a header
+  (columns may then come in any order, and must be exactly the expected ones), else
+  the columns are in the standard order (always so with ``--no-header``);
+* the start of the exact line parser: split at commas, check the field count and the
+  label (:meth:`CsvFormat.line_fields`);
+* the start of the fast path: pyarrow's CSV reader on the whole block, every needed
+  column as binary, then the labels checked and converted with numpy
+  (:meth:`CsvFormat.fast_table`); :func:`keys_fast` hashes whole columns at once.
 
 The fast path declines a block (None) whenever pyarrow would read it differently from
 the line parser: a lone ``\\r`` (pyarrow ends a line there), a wrong field count, a
@@ -19,13 +20,15 @@ label that is not ``0``/``1``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from bagpipe.errors import DataError
 from bagpipe.preprocess.fastparse import fnv1a_keys
-from bagpipe.preprocess.formats import BadLine, FieldLayout, show
+from bagpipe.preprocess.formats import BadLine, FieldLayout, RawFormat, show, strip_cr
 
 
 def binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -151,3 +154,53 @@ def header_layout(
     return FieldLayout(fields, 1)
 
 
+
+@dataclass(frozen=True)
+class CsvColumns:
+    """The columns of a CSV format: ``standard``, their order when a file has no header
+    (label included); ``label``, the label column; ``ignored``, a column that is read
+    past (a header may leave it out); ``header_marks``, names that make a first line a
+    header."""
+
+    standard: list[str]
+    label: str
+    ignored: str
+    header_marks: frozenset[str]
+
+
+class CsvFormat(RawFormat):
+    """A comma-separated format without quoting whose first line may be a header.
+
+    Subclasses set ``columns`` (a :class:`CsvColumns`) and the schema of
+    :class:`~bagpipe.preprocess.formats.RawFormat`.
+    """
+
+    key_kind = "fnv1a64"
+    columns: CsvColumns
+
+    def __init__(self, labelled: bool = True, header: str = "auto"):
+        super().__init__(labelled, header)
+        self.standard = [c for c in self.columns.standard if labelled or c != self.columns.label]
+
+    def layout(self, path: str, first_line: bytes) -> FieldLayout:
+        label, ignored = self.columns.label, self.columns.ignored
+        required = [c for c in self.standard if c != ignored]
+        optional = {ignored} | ({label} if not self.labelled else set())
+        marks = self.columns.header_marks
+        return header_layout(path, first_line, self.standard, required, optional, marks, self.header, label)
+
+    def line_fields(self, line: bytes, layout: FieldLayout) -> tuple[dict[str, bytes], int]:
+        """A line's fields by column name and its label (0 when unlabelled); raises
+        BadLine for a wrong field count or a bad label."""
+        fields = strip_cr(line).split(b",")
+        if len(fields) != len(layout.names):
+            raise BadLine(f"expected {len(layout.names)} comma-separated fields, got {len(fields)}")
+        col = dict(zip(layout.names, fields))
+        label = label_slow(col[self.columns.label]) if self.labelled else 0
+        return col, label
+
+    def fast_table(
+        self, data: bytes, nlines: int, layout: FieldLayout, columns: list[str]
+    ) -> tuple[pa.Table, np.ndarray] | None:
+        """:func:`csv_fast_block` with this format's label column (none when unlabelled)."""
+        return csv_fast_block(data, nlines, layout, self.columns.label if self.labelled else None, columns)

@@ -190,7 +190,9 @@ class RawFormat:
         return log1p_clipped(dense)
 
     # -- block parsing with exact fallback -------------------------------------
-    def parse_block(self, data: bytes, nlines: int, layout: FieldLayout, stop_at_bad: bool) -> tuple[Raw, list[tuple[int, str]]]:
+    def parse_block(
+        self, data: bytes, nlines: int, layout: FieldLayout, stop_at_bad: bool
+    ) -> tuple[Raw, list[tuple[int, str]]]:
         """Parse a block of ``nlines`` complete lines (``data`` ends with a newline).
 
         Returns the valid lines and ``[(offset, problem)]`` of the bad ones (offsets
