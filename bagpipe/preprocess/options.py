@@ -1,7 +1,10 @@
 """What a preprocessing run is asked to do (:class:`Options`) and what it reports (:class:`Result`).
 
-:class:`Options` mirrors the ``bagpipe preprocess`` command line;
-:func:`bagpipe.preprocess.run.run_preprocess` checks it.
+:class:`Options` mirrors the ``bagpipe preprocess`` command line and checks itself when
+made: a bad value or a contradiction raises :class:`~bagpipe.errors.ConfigError` with a
+one-line message naming the option as the command line spells it. Only what needs the
+file system (inputs that exist, the same file given twice, an output directory that
+already holds a dataset) is left to :func:`bagpipe.preprocess.run.run_preprocess`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from bagpipe.data.shards import DEFAULT_ROWS_PER_SHARD
+from bagpipe.errors import ConfigError
 from bagpipe.preprocess.inputs import DEFAULT_BLOCK_BYTES
 
 DEFAULT_SPLIT = 0.9  # of the --input lines to "train" when no --eval-files are given
@@ -42,6 +46,38 @@ class Options:
     workers: int | None = None
     block_bytes: int = DEFAULT_BLOCK_BYTES
     progress: bool | None = None  # None: when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError for the first bad value or contradiction, in one line."""
+        if not str(self.out):
+            raise ConfigError("--out is empty (give the output dataset directory)")
+        if self.on_error not in ("fail", "skip"):
+            raise ConfigError(f"--on-error must be fail or skip, got {self.on_error!r}")
+        if self.header not in ("auto", "no"):
+            raise ConfigError(f"header must be 'auto' or 'no', got {self.header!r}")
+        if self.rows_per_shard <= 0:
+            raise ConfigError(f"--rows-per-shard must be > 0, got {self.rows_per_shard}")
+        if self.block_bytes < 1024:
+            raise ConfigError("block size must be at least 1 KiB")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.max_rows_per_table is not None and self.max_rows_per_table < 1:
+            raise ConfigError(f"--max-rows-per-table must be >= 1, got {self.max_rows_per_table}")
+        if self.min_count is not None and self.min_count < 1:
+            raise ConfigError(f"--min-count must be >= 1, got {self.min_count}")
+        if self.max_rows_per_table is not None and (self.min_count is not None or self.vocab_from):
+            raise ConfigError("--max-rows-per-table, --min-count and --vocab-from exclude each other")
+        if self.min_count is not None and self.vocab_from:
+            raise ConfigError("--min-count cannot be combined with --vocab-from (the vocabulary brings its own)")
+        if not self.inputs and not self.eval_files:
+            raise ConfigError("no input files (give --input FILE... and/or --eval-files FILE...)")
+        if not self.labelled and (self.eval_files or self.split is not None):
+            raise ConfigError("--no-label writes every line to split 'test'; --split and --eval-files do not apply")
+        if self.split is not None and not 0.0 <= self.split <= 1.0:
+            raise ConfigError(f"--split must be in [0, 1], got {self.split}")
 
     @property
     def train_split(self) -> float | None:

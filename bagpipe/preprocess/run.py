@@ -100,32 +100,15 @@ class _BadLines:
 def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
     """Convert ``opts.inputs`` / ``opts.eval_files`` in format ``fmt`` into a dataset in ``opts.out``."""
     t0 = time.perf_counter()
-    if opts.on_error not in ("fail", "skip"):
-        raise ConfigError(f"--on-error must be fail or skip, got {opts.on_error!r}")
-    if opts.rows_per_shard <= 0:
-        raise ConfigError(f"--rows-per-shard must be > 0, got {opts.rows_per_shard}")
-    if opts.block_bytes < 1024:
-        raise ConfigError("block size must be at least 1 KiB")
+    opts.check()  # again: a dataclass can be changed after it was made
     workers = opts.worker_threads
-    if workers < 1:
-        raise ConfigError(f"--workers must be >= 1, got {workers}")
-    if opts.max_rows_per_table is not None and (opts.min_count is not None or opts.vocab_from):
-        raise ConfigError("--max-rows-per-table, --min-count and --vocab-from exclude each other")
-    if opts.min_count is not None and opts.vocab_from:
-        raise ConfigError("--min-count cannot be combined with --vocab-from (the vocabulary brings its own)")
 
     # -- the files and their splits ------------------------------------------
-    if not opts.inputs and not opts.eval_files:
-        raise ConfigError("no input files (give --input FILE... and/or --eval-files FILE...)")
     split = opts.train_split
     if not opts.labelled:
-        if opts.eval_files or opts.split is not None:
-            raise ConfigError("--no-label writes every line to split 'test'; --split and --eval-files do not apply")
         files = [InputFile(p, "test") for p in opts.inputs]
     else:
         files = [InputFile(p, "input") for p in opts.inputs] + [InputFile(p, "eval") for p in opts.eval_files]
-        if not 0.0 <= split <= 1.0:
-            raise ConfigError(f"--split must be in [0, 1], got {split}")
     seen = set()
     for f in files:
         key = os.path.realpath(f.path)
@@ -204,8 +187,6 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
     try:
         if mapping is None:
             min_count = opts.min_count if opts.min_count is not None else 1
-            if min_count < 1:
-                raise ConfigError(f"--min-count must be >= 1, got {min_count}")
             if not inputs or n_train == 0:
                 raise ConfigError(
                     "vocabulary mode needs train lines: give --input files that go to train, "
