@@ -26,11 +26,12 @@ import numpy as np
 import pytest
 
 from bagpipe.cli import main
-from bagpipe.data.criteo import CriteoFormat
-from bagpipe.data.preprocess import Options, run_preprocess
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.errors import DataError, ParseError
+from bagpipe.preprocess.criteo import CriteoFormat
+from bagpipe.preprocess.options import Options
+from bagpipe.preprocess.run import run_preprocess
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(
@@ -500,7 +501,7 @@ def test_csv_line_numbers_count_the_header(tmp_path):
     row = "1000009418151094273,0,14102100,1005,0,1fbe01fe,f3845767,28905ebd,ecad2386,7801e8d9,07d7df22,a99f214a,ddd2926e,44956a24,1,2,15706,320,50,1722,0,35,-1,79"
     bad = row.replace(",14102100,", ",14102199,")  # hour 99
     src.write_text(",".join(AVAZU_COLUMNS) + "\n" + "\n".join([row] * 5 + [bad] + [row] * 3) + "\n")
-    from bagpipe.data.avazu import AvazuFormat
+    from bagpipe.preprocess.avazu import AvazuFormat
 
     with pytest.raises(ParseError) as e:
         run_preprocess(AvazuFormat(), Options(out=str(tmp_path / "o"), inputs=[str(src)]))

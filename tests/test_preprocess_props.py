@@ -31,12 +31,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bagpipe.data.avazu import AvazuFormat
-from bagpipe.data.criteo import CriteoFormat
-from bagpipe.data.preprocess import Options, parse_file, run_preprocess
 from bagpipe.data.shards import Dataset
-from bagpipe.data.taobao import TaobaoFormat
 from bagpipe.errors import ParseError
+from bagpipe.preprocess.avazu import AvazuFormat
+from bagpipe.preprocess.criteo import CriteoFormat
+from bagpipe.preprocess.inputs import parse_file
+from bagpipe.preprocess.options import Options
+from bagpipe.preprocess.run import run_preprocess
+from bagpipe.preprocess.taobao import TaobaoFormat
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

@@ -39,9 +39,9 @@ Examples:
 """
 
 _FORMATS = {
-    "criteo": ("bagpipe.data.criteo", "CriteoFormat", "Criteo Kaggle / Terabyte text (tab-separated, no header)"),
-    "avazu": ("bagpipe.data.avazu", "AvazuFormat", "Avazu CTR CSV"),
-    "taobao": ("bagpipe.data.taobao", "TaobaoFormat", "Taobao display-ad CSV (FuxiCTR layout)"),
+    "criteo": ("bagpipe.preprocess.criteo", "CriteoFormat", "Criteo Kaggle / Terabyte text (tab-separated, no header)"),
+    "avazu": ("bagpipe.preprocess.avazu", "AvazuFormat", "Avazu CTR CSV"),
+    "taobao": ("bagpipe.preprocess.taobao", "TaobaoFormat", "Taobao display-ad CSV (FuxiCTR layout)"),
 }
 
 _FORMAT_HELP = {
@@ -163,7 +163,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import importlib
 
-    from bagpipe.data.preprocess import DEFAULT_ROWS_PER_SHARD, Options, run_preprocess
+    from bagpipe.data.shards import DEFAULT_ROWS_PER_SHARD
+    from bagpipe.preprocess.options import Options
+    from bagpipe.preprocess.run import run_preprocess
 
     module_name, cls_name, _ = _FORMATS[args.format]
     cls = getattr(importlib.import_module(module_name), cls_name)

@@ -1,8 +1,9 @@
-"""Datasets: the binary shard format, batch type, deterministic batch streams,
-synthetic data and raw-log preprocessing.
+"""Datasets: the binary shard format, batch type, deterministic batch streams and
+synthetic data. (Raw-log preprocessing is :mod:`bagpipe.preprocess`.)
 
 Names are imported lazily so that commands that never touch torch (``bagpipe
-preprocess``) do not pay its ~3 s import.
+preprocess``, which writes shards through :mod:`bagpipe.data.shards`) do not pay its
+~3 s import.
 """
 
 from __future__ import annotations

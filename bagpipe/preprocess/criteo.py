@@ -27,20 +27,8 @@ import re
 
 import numpy as np
 
-from bagpipe.data.preprocess import (
-    MISSING_KEY,
-    BadLine,
-    Layout,
-    Raw,
-    RawFormat,
-    Row,
-    padded,
-    parse_decimals,
-    parse_hex_keys,
-    show,
-    strip_cr,
-    words,
-)
+from bagpipe.preprocess.fastparse import MISSING_KEY, padded, parse_decimals, parse_hex_keys, words
+from bagpipe.preprocess.formats import BadLine, FieldLayout, Raw, RawFormat, Row, show, strip_cr
 
 DENSE_NAMES = [f"I{i}" for i in range(1, 14)]
 CAT_NAMES = [f"C{i}" for i in range(1, 27)]
@@ -63,11 +51,11 @@ class CriteoFormat(RawFormat):
         self.nfields = 40 if labelled else 39
         self._names = (["label"] if labelled else []) + DENSE_NAMES + CAT_NAMES
 
-    def layout(self, path: str, first_line: bytes) -> Layout:
-        return Layout(self._names, 0)
+    def layout(self, path: str, first_line: bytes) -> FieldLayout:
+        return FieldLayout(self._names, 0)
 
     # -- exact line parser ----------------------------------------------------
-    def parse_line(self, line: bytes, layout: Layout) -> Row:
+    def parse_line(self, line: bytes, layout: FieldLayout) -> Row:
         fields = strip_cr(line).split(b"\t")
         if len(fields) != self.nfields:
             raise BadLine(f"expected {self.nfields} tab-separated fields, got {len(fields)}")
@@ -103,7 +91,7 @@ class CriteoFormat(RawFormat):
         return Row(label, dense, keys)
 
     # -- vectorised fast path -------------------------------------------------
-    def parse_fast(self, data: bytes, nlines: int, layout: Layout) -> Raw | None:
+    def parse_fast(self, data: bytes, nlines: int, layout: FieldLayout) -> Raw | None:
         nf = self.nfields
         n = nlines
         if n == 0:

@@ -30,19 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bagpipe.data.avazu import csv_fast_block, header_layout, keys_fast, label_slow
-from bagpipe.data.preprocess import (
-    BadLine,
-    Layout,
-    Raw,
-    RawFormat,
-    Row,
-    binary_parts,
-    fnv1a_key,
-    fnv1a_keys,
-    show,
-    strip_cr,
-)
+from bagpipe.preprocess.csv import CsvColumns, CsvFormat, binary_parts, keys_fast
+from bagpipe.preprocess.fastparse import fnv1a_key, fnv1a_keys
+from bagpipe.preprocess.formats import BadLine, FieldLayout, Raw, Row, show
 
 COLUMNS = (
     "clk time_stamp userid adgroup_id pid cate_id campaign_id customer brand price cms_segid cms_group_id "
@@ -54,32 +44,19 @@ _PRICE_RE = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
 _PRICE_RE_B = re.compile(_PRICE_RE.encode())
 
 
-class TaobaoFormat(RawFormat):
+class TaobaoFormat(CsvFormat):
     name = "taobao"
-    key_kind = "fnv1a64"
     dense_names = ["price"]
     key_features = KEY_FEATURES
     fixed_features: list = []
     seq_features = [SEQ_FEATURE]
     feature_order = KEY_FEATURES + [SEQ_FEATURE]
+    columns = CsvColumns(
+        COLUMNS, label="clk", ignored="time_stamp", header_marks=frozenset({"clk", "userid", "adgroup_id"})
+    )
 
-    def __init__(self, labelled: bool = True, header: str = "auto"):
-        super().__init__(labelled, header)
-        self.standard = [c for c in COLUMNS if labelled or c != "clk"]
-
-    def layout(self, path: str, first_line: bytes) -> Layout:
-        required = [c for c in self.standard if c != "time_stamp"]
-        optional = {"time_stamp"} | ({"clk"} if not self.labelled else set())
-        return header_layout(
-            path, first_line, self.standard, required, optional, {"clk", "userid", "adgroup_id"}, self.header, "clk"
-        )
-
-    def parse_line(self, line: bytes, layout: Layout) -> Row:
-        fields = strip_cr(line).split(b",")
-        if len(fields) != len(layout.names):
-            raise BadLine(f"expected {len(layout.names)} comma-separated fields, got {len(fields)}")
-        col = dict(zip(layout.names, fields))
-        label = label_slow(col["clk"]) if self.labelled else 0
+    def parse_line(self, line: bytes, layout: FieldLayout) -> Row:
+        col, label = self.line_fields(line, layout)
         p = col["price"]
         if not p:
             price = 0.0
@@ -96,8 +73,8 @@ class TaobaoFormat(RawFormat):
             raise BadLine(f"{SEQ_FEATURE} {show(seq)} has an empty item")
         return Row(label, [price], keys, [], [[fnv1a_key(x) for x in items]])
 
-    def parse_fast(self, data: bytes, nlines: int, layout: Layout) -> Raw | None:
-        block = csv_fast_block(data, nlines, layout, "clk" if self.labelled else None, ["price"] + KEY_FEATURES + [SEQ_FEATURE])
+    def parse_fast(self, data: bytes, nlines: int, layout: FieldLayout) -> Raw | None:
+        block = self.fast_table(data, nlines, layout, ["price"] + KEY_FEATURES + [SEQ_FEATURE])
         if block is None:
             return None
         t, labels = block
