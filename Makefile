@@ -8,7 +8,7 @@ DEMO_TRAIN = $(BIN)/bagpipe train --data $(DEMO_DIR)/data --model dlrm --steps 4
 DEMO_DIST = $(BIN)/bagpipe train --data $(DEMO_DIR)/data --model dlrm --steps 400 --batch-size 128 \
 	--optimizer sgd --lr 0.05 --seed 1 --no-progress
 
-.PHONY: setup demo test bench bench-quick clean
+.PHONY: setup demo test test-slow bench bench-quick clean
 
 $(BIN)/bagpipe: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,8 +36,13 @@ demo: setup
 	$(DEMO_DIST) --mode lookahead --cache-rows 1400 --lookahead 8 --trainers 2 --servers 2 --out $(DEMO_DIR)/distributed
 	$(BIN)/python tools/compare_runs.py $(DEMO_DIR)/distributed $(DEMO_DIR)/full-sgd --tolerance 1e-5
 
+# Everything that runs on a CPU machine, in under 10 minutes on 2 cores (tests/README.md).
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# The long variants (fault injection at many moments, bigger runs); not part of CI.
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow tests
 
 # Every scenario at its default size (about 35 minutes on 2 cores), then docs/benchmarks.md.
 bench: peers

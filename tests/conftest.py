@@ -55,3 +55,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+TIERS = ("unit", "integration", "distributed", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test belongs to exactly one tier (tests/README.md); a test without one is a
+    collection error, so the tiers stay complete as tests are added."""
+    for item in items:
+        tiers = [t for t in TIERS if item.get_closest_marker(t) is not None]
+        if len(tiers) != 1:
+            raise pytest.UsageError(f"{item.nodeid}: needs exactly one tier marker of {', '.join(TIERS)}, has {tiers or 'none'}")

@@ -21,6 +21,8 @@ from bagpipe.errors import CapacityError, ConfigError
 from bagpipe.oracle.autotune import DEFAULT_CANDIDATES, bytes_per_cached_row, choose
 from bagpipe.train.config import TrainConfig
 
+pytestmark = pytest.mark.integration
+
 BATCH = 64
 STEPS = 120
 DIM, STATE = 8, 1  # the debug recipe's D, Adagrad's per-row state

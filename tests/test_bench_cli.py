@@ -20,6 +20,8 @@ import pytest
 from bagpipe.bench.registry import SCENARIOS
 from bagpipe.bench.runner import train_args
 
+pytestmark = pytest.mark.unit
+
 #: options of the bench command before the registry -> the scenarios they were passed to
 LEGACY = {
     "--out": set(SCENARIOS),

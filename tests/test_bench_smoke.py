@@ -17,6 +17,8 @@ import pytest
 
 from bagpipe.cli import main
 
+pytestmark = pytest.mark.integration
+
 SCENARIOS = {
     "modes": ["--steps", "8", "--warmup", "2", "--batch-size", "256"],
     "sweep": [],

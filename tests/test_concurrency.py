@@ -73,7 +73,7 @@ from bagpipe.oracle.policies import NoCachePlanner
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 D = 4  # embedding dimension
 S_DIM = 1  # optimizer state per row
@@ -563,7 +563,8 @@ def test_the_store_ends_as_if_every_update_went_straight_to_it(planner, pipeline
     ex = executors(plans, pipelined=pipelined, depth=L + 1, cache_rows=cache_rows, on=store)
     ref = Reference(init)
     run_steps(ex, ref)
-    ex.flush_cached()
+    ex.drain()
+    ex.write_cached()
     ex.close()
     if where == "memory":
         assert_fetches_gated(store.ops())

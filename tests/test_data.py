@@ -37,6 +37,8 @@ from bagpipe.data.shards import Dataset, ShardWriter
 from bagpipe.data.stream import BatchStream
 from bagpipe.errors import ConfigError, DataError
 
+pytestmark = pytest.mark.unit
+
 DENSE = ["d0", "d1", "d2"]
 ONEHOT = [FeatureSpec("a", 7), FeatureSpec("b", 1000)]
 MULTIHOT = [FeatureSpec("a", 7), FeatureSpec("seq", 50, multi_hot=True), FeatureSpec("b", 1000)]

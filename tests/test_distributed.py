@@ -33,7 +33,7 @@ STEPS = 24
 BATCH = 256
 JOB_TIMEOUT = 180
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def bagpipe(*args, timeout=JOB_TIMEOUT) -> subprocess.CompletedProcess:

@@ -21,6 +21,8 @@ from bagpipe.data.synthetic import SynthConfig, generate
 from bagpipe.train.config import TrainConfig
 from bagpipe.train.loop import train
 
+pytestmark = pytest.mark.integration
+
 STEPS = 200
 BATCH = 64
 

@@ -25,7 +25,7 @@ B, DD, NF = 64, 4, 5
 CASES = list(itertools.product(MODEL_NAMES, RECIPE_SIZES))
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 
 def _inputs(cfg: ModelConfig, seed: int = 0, num_dense: int = DD) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,8 @@ from bagpipe.data.batch import Batch
 from bagpipe.errors import CapacityError
 from bagpipe.oracle import LookaheadOracle, LRUPlanner, NoCachePlanner
 
+pytestmark = pytest.mark.unit
+
 
 def make_batch(rows: list[int]) -> Batch:
     n = len(rows)

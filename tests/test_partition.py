@@ -21,6 +21,8 @@ from bagpipe.distributed.partition import partition, slice_batch
 from bagpipe.errors import ConfigError
 from bagpipe.oracle import LookaheadOracle
 
+pytestmark = pytest.mark.unit
+
 
 def one_feature_batch(rows: list[int]) -> Batch:
     n = len(rows)

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 
 def test_peers_without_torchrec_says_make_peers(run_cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torchrec", None)  # `import torchrec` now raises ImportError

@@ -33,6 +33,8 @@ from bagpipe.preprocess.criteo import CriteoFormat
 from bagpipe.preprocess.options import Options
 from bagpipe.preprocess.run import run_preprocess
 
+pytestmark = pytest.mark.integration
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(
     not DATA.is_dir(), reason=f"real data samples not found: {DATA} (../shared/data next to the repository) is absent"

@@ -13,6 +13,8 @@ from bagpipe.preprocess.criteo import CriteoFormat
 from bagpipe.preprocess.options import Options
 from bagpipe.preprocess.run import run_preprocess
 
+pytestmark = pytest.mark.unit
+
 
 def make(**kw) -> Options:
     args = {"out": "out", "inputs": ["day.tsv"], **kw}
@@ -22,7 +24,6 @@ def make(**kw) -> Options:
 BAD = {
     "empty-out": ({"out": ""}, "--out is empty (give the output dataset directory)"),
     "on-error": ({"on_error": "ignore"}, "--on-error must be fail or skip, got 'ignore'"),
-    "header": ({"header": "yes"}, "header must be 'auto' or 'no', got 'yes'"),
     "rows-per-shard-zero": ({"rows_per_shard": 0}, "--rows-per-shard must be > 0, got 0"),
     "rows-per-shard-negative": ({"rows_per_shard": -5}, "--rows-per-shard must be > 0, got -5"),
     "block-bytes-zero": ({"block_bytes": 0}, "block size must be at least 1 KiB"),
@@ -76,7 +77,7 @@ def test_good_options_and_their_defaults():
     assert make(inputs=[], eval_files=["valid.tsv"]).inputs == []
     assert make(workers=3).worker_threads == 3
     assert make().worker_threads == min(4, os.cpu_count() or 1)
-    make(max_rows_per_table=1, block_bytes=1024, rows_per_shard=1, on_error="skip", header="no")
+    make(max_rows_per_table=1, block_bytes=1024, rows_per_shard=1, on_error="skip")
     make(min_count=1)
     make(vocab_from="data/criteo")
 

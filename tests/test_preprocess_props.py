@@ -40,6 +40,8 @@ from bagpipe.preprocess.options import Options
 from bagpipe.preprocess.run import run_preprocess
 from bagpipe.preprocess.taobao import TaobaoFormat
 
+pytestmark = pytest.mark.unit
+
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # ---------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from bagpipe.store.disk import DiskStore
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
 
+pytestmark = pytest.mark.unit
+
 TABLES = [700, 50, 1250]
 D = 8
 

@@ -41,7 +41,7 @@ SUMMARY_KEYS = {
 }  # fmt: skip
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 
 def read_json(path) -> dict:

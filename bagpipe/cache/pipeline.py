@@ -81,7 +81,6 @@ class PlanExecutor:
         self.pipelined = pipelined
         self.before_evict = before_evict  # called with each plan before its slots are freed or refilled
         self.times = PipelineTimes()
-        self._pending_after: Plan | None = None
         # label of the last step whose write-backs reached the store; before the first
         # planned step the store holds everything
         self._written = start_step - 1
@@ -244,12 +243,6 @@ class PlanExecutor:
             idx_w = self.cache.weights[slots].numpy()
             idx_s = self.cache.state[slots].numpy()
             self.store.write(rows, idx_w, idx_s)
-
-    def flush_cached(self) -> None:
-        """Drain, write every cached row, make the store durable. For checkpoints and the end."""
-        self.drain()
-        self.write_cached()
-        self.store.flush()
 
     def close(self, abandon: bool = False) -> None:
         """Stop the background threads, after draining the write-backs.

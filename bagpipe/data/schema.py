@@ -79,10 +79,6 @@ class DatasetMeta:
         return int(sum(self.table_sizes))
 
     @property
-    def onehot_features(self) -> list[FeatureSpec]:
-        return [f for f in self.features if not f.multi_hot]
-
-    @property
     def multihot_features(self) -> list[FeatureSpec]:
         return [f for f in self.features if f.multi_hot]
 

@@ -54,7 +54,6 @@ class TrainerPlan(Plan):
         sync_pos: (U_i,) for each of this trainer's unique rows, its index in
             ``sync_slots``, or -1 for a local row.
         num_trainers: N.
-        global_unique: unique rows of the global batch.
         replicated_sync_rows: K had every planned row been synchronised.
     """
 
@@ -62,7 +61,6 @@ class TrainerPlan(Plan):
     sync_urgent: int = 0
     sync_pos: np.ndarray = field(default_factory=lambda: _EMPTY)
     num_trainers: int = 1
-    global_unique: int = 0
     replicated_sync_rows: int = 0
 
 
@@ -152,7 +150,6 @@ def partition(plan: Plan, num_trainers: int, *, replicated: bool = False) -> lis
                 sync_pos=sync_index[upos],
                 sync_urgent=int(urgent.sum()),
                 num_trainers=N,
-                global_unique=U,
                 replicated_sync_rows=U,
             )
         )

@@ -113,6 +113,7 @@ class DataParallel:
             "plans_in_flight": report.plans_in_flight,
             "max_plans_in_flight": report.max_in_flight,
             "oracle_planning_s": report.seconds_planning,
+            "oracle_waiting_for_credit_s": report.seconds_waiting_for_credit,
             "servers_report": self.store.server_stats(),
             "bytes_sent_by_trainer0": self.t.bytes_sent,
             "bytes_received_by_trainer0": self.t.bytes_received,

@@ -36,7 +36,6 @@ class Options:
     eval_files: list[str] = field(default_factory=list)
     split: float | None = None  # None: 0.9, or 1.0 with eval files
     labelled: bool = True
-    header: str = "auto"  # "auto" or "no"
     max_rows_per_table: int | None = None
     min_count: int | None = None  # None: 1 (vocabulary mode)
     vocab_from: str | None = None
@@ -56,8 +55,6 @@ class Options:
             raise ConfigError("--out is empty (give the output dataset directory)")
         if self.on_error not in ("fail", "skip"):
             raise ConfigError(f"--on-error must be fail or skip, got {self.on_error!r}")
-        if self.header not in ("auto", "no"):
-            raise ConfigError(f"header must be 'auto' or 'no', got {self.header!r}")
         if self.rows_per_shard <= 0:
             raise ConfigError(f"--rows-per-shard must be > 0, got {self.rows_per_shard}")
         if self.block_bytes < 1024:
