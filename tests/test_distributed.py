@@ -31,6 +31,7 @@ from bagpipe.train.loop import train
 
 STEPS = 24
 BATCH = 256
+EVAL_EVERY = 8
 JOB_TIMEOUT = 180
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -84,7 +85,7 @@ def full_runs(tiny_data, tmp_path_factory):
         if optimizer not in cache:
             out = tmp_path_factory.mktemp(f"full-{optimizer}")
             train(TrainConfig.of(data=tiny_data, out=str(out), steps=STEPS, batch_size=BATCH, optimizer=optimizer,
-                              lr=0.05, threads=1, progress=False))
+                              lr=0.05, threads=1, progress=False, eval_every=EVAL_EVERY))
             cache[optimizer] = out
         return cache[optimizer]
 
@@ -131,7 +132,8 @@ def run_distributed(data, out, optimizer, trainers, servers, *extra) -> dict:
 def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, trainers, servers):
     ref = full_runs(optimizer)
     out = tmp_path / "dist"
-    s = run_distributed(tiny_data, out, optimizer, trainers, servers)
+    extra = ("--eval-every", EVAL_EVERY) if (trainers, servers) == (2, 2) else ()
+    s = run_distributed(tiny_data, out, optimizer, trainers, servers, *extra)
     assert s["steps"] == STEPS and s["distributed"]["trainers"] == trainers and s["distributed"]["servers"] == servers
     assert_close(params(out), params(ref))
     full = json.loads((ref / "summary.json").read_text())
@@ -139,6 +141,7 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
         r = bagpipe("eval", "--run", out, "--data", tiny_data, "--json")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["eval_logloss"] == pytest.approx(s["eval_logloss"], abs=1e-6)
+        assert_same_run_files(out, ref, tmp_path, tiny_data, optimizer)
     if trainers == 1:  # nothing averaged: the same float operations as the reference
         assert s["params_sha256"] == full["params_sha256"]
         assert s["distributed"]["sync_bytes_per_step"] == 0
@@ -151,6 +154,32 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
     # every role wrote its log, prefixed lines reached the launcher's output
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(
         [f"trainer-{i}.log" for i in range(trainers)] + [f"server-{k}.log" for k in range(servers)] + ["oracle.log"])
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_run_files(dist: Path, full: Path, tmp_path: Path, data: str, optimizer: str) -> None:
+    """A distributed run writes metrics.jsonl and summary.json with one process's schema;
+    its evaluations every EVAL_EVERY steps (read from the servers mid-run) match the
+    reference's."""
+    got, want = records(dist), records(full)
+    assert [sorted(r) for r in got] == [sorted(r) for r in want]
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    evals = [(a, b) for a, b in zip(got, want) if "eval_auc" in b]
+    assert [a["step"] for a, _ in evals] == [EVAL_EVERY, 2 * EVAL_EVERY, STEPS]
+    for a, b in evals:
+        assert abs(a["eval_logloss"] - b["eval_logloss"]) < 1e-5 and a["eval_samples"] == b["eval_samples"]
+    one = tmp_path / "one-process-lookahead"  # the cache section's schema: one process, same mode
+    train(TrainConfig.of(data=data, out=str(one), steps=STEPS, batch_size=BATCH, optimizer=optimizer, lr=0.05,
+                         threads=1, progress=False, mode="lookahead", cache_rows=1500, lookahead=4))
+    s, f, o = (json.loads((r / "summary.json").read_text()) for r in (dist, full, one))
+    assert s.keys() == f.keys() == o.keys()
+    assert s["time_per_step_ms"].keys() == o["time_per_step_ms"].keys()
+    assert s["cache"].keys() == o["cache"].keys()
+    assert o["distributed"] is None and s["distributed"]["trainers"] == 2
+    assert s["measured_steps"] == STEPS and s["steps_this_run"] == STEPS
 
 
 def test_tiny_cache_evicts_rows_whose_sync_is_still_in_flight(tiny_data, full_runs, tmp_path):
