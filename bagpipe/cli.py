@@ -13,6 +13,10 @@ import os
 # descheduled worker stalls every parallel region (measured on 2 cores with a busy
 # background thread: a DLRM step took 3.7x longer with the default ACTIVE policy).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# torch's C++ side would print its own multi-line reports (with stack frames) of the
+# errors bagpipe already turns into one line (a peer that is gone, a rendezvous that
+# timed out); set TORCH_CPP_LOG_LEVEL=INFO to see them.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402
@@ -26,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preprocess": ("bagpipe.commands.preprocess", "convert raw Criteo / Avazu / Taobao logs to shards"),
     "train": ("bagpipe.commands.train", "train a model (reference, cached or lookahead mode)"),
     "eval": ("bagpipe.commands.eval", "evaluate a finished run on a dataset"),
+    "check": ("bagpipe.commands.check", "check every file of a dataset against its meta.json"),
     "bench": ("bagpipe.commands.bench", "run a benchmark scenario side by side"),
     "serve": ("bagpipe.commands.serve", "start one embedding server of a distributed job"),
     "worker": ("bagpipe.commands.worker", "run one role of a distributed job (launcher / torchrun)"),
@@ -89,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bagpipe {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `bagpipe ... | head`: the reader left; nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

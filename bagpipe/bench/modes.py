@@ -60,8 +60,9 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
     if store == "disk" and mode != "full":
         store_dir = out / "store-run"
         fresh_cold_copy(out / "store-template", store_dir)
+    # the table file holds every row's initial value: the same starting tables as a fresh store
     return launch(b, data, run_dir, f"{mode}/{store}", mode=mode, store=store, cache_rows=cache_rows,
-                  lookahead=b.lookahead, store_dir=store_dir)
+                  lookahead=b.lookahead, store_dir=store_dir, init_from_store=store_dir is not None or None)
 
 
 def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int) -> None:

@@ -74,7 +74,12 @@ def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings
         "optimizer": b.optimizer, "lr": b.lr, "steps": b.steps, "warmup_steps": getattr(b, "warmup", None),
         "eval_samples": b.eval_samples, "threads": b.threads or None, **settings,
     }
-    args = [a for key, value in opts.items() if value is not None for a in (flag(key), str(value))]
+    args = []
+    for key, value in opts.items():
+        if isinstance(value, bool):  # a switch: --name / --no-name
+            args.append(flag(key) if value else "--no-" + flag(key)[2:])
+        elif value is not None:
+            args += [flag(key), str(value)]
     return args + ["--no-progress", "--no-final-checkpoint"] + ([] if digest else ["--no-digest"])
 
 

@@ -32,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", choices=("memory", "disk"), default="memory", help="where the shard's rows live (default memory)")
     p.add_argument("--store-dir", help="directory of the disk store (a shard-K-of-S folder is made in it)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--rendezvous-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long to wait for the job's other processes to start (default 300)")
+    p.add_argument("--init-from-store", action="store_true",
+                   help="start from the rows --store-dir already holds (otherwise a non-empty store is refused)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,5 +56,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--store disk needs --store-dir")
     os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
                       RANK=str(args.rank), WORLD_SIZE=str(layout.world_size), GLOO_SOCKET_IFNAME=iface)
-    serve(ServerConfig(store=args.store, store_dir=args.store_dir, threads=args.threads), layout, args.rank)
+    serve(ServerConfig(store=args.store, store_dir=args.store_dir, threads=args.threads,
+                       rendezvous_timeout=args.rendezvous_timeout, init_from_store=args.init_from_store), layout, args.rank)
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bagpipe.data.integrity import fingerprint, id_problem, shard_file_problems
 from bagpipe.data.schema import META_FILE, DatasetMeta, FeatureSpec, SplitMeta
 from bagpipe.errors import DataError
 
@@ -212,12 +213,40 @@ class _Shard:
 
 
 class Dataset:
-    """Read access to a finished dataset; shards are memory-mapped, never loaded whole."""
+    """Read access to a finished dataset; shards are memory-mapped, never loaded whole.
+
+    Opening checks every shard file's header against meta.json (a damaged or truncated
+    file is a DataError naming it, here rather than mid-run); the ids of a block are
+    checked against their tables the first time :meth:`check_block` sees it.
+    """
 
     def __init__(self, directory: str | os.PathLike):
         self.dir = Path(directory)
         self.meta = DatasetMeta.load(self.dir)
         self._cache: dict[tuple[str, int], _Shard] = {}
+        self._checked: set[tuple[str, int, int]] = set()
+        for split, sm in self.meta.splits.items():
+            for i in range(len(sm.shard_sizes)):
+                problems = shard_file_problems(self.dir, self.meta, split, i)
+                if problems:
+                    raise DataError(f"{problems[0]} (`bagpipe check {self.dir}` checks every file)")
+
+    def fingerprint(self) -> str:
+        """What identifies this data set's contents (:func:`bagpipe.data.integrity.fingerprint`)."""
+        return fingerprint(self.dir, self.meta)
+
+    def check_block(self, split: str, index: int, start: int, stop: int) -> None:
+        """Ids of samples [start, stop) of a shard within their tables, checked once per block."""
+        key = (split, index, start)
+        if key in self._checked:
+            return
+        sh = self.shard(split, index)
+        values = {name: np.asarray(v[o[start]:o[stop]]) for name, (v, o) in sh.multihot.items()}
+        where = f"{self.dir / split / f'{index:05d}' / 'sparse.npy'}: samples {start}..{stop - 1}"
+        problem = id_problem(self.meta, where, np.asarray(sh.sparse[start:stop]), values)
+        if problem:
+            raise DataError(f"{problem}; the shard is damaged or belongs to another meta.json (`bagpipe check {self.dir}` checks every file)")
+        self._checked.add(key)
 
     def has_split(self, split: str) -> bool:
         return split in self.meta.splits and self.meta.splits[split].num_samples > 0

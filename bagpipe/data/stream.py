@@ -135,6 +135,7 @@ class BatchStream:
             s0 = int(lay.start[b]) + max(0, lo - int(lay.cum[b]))
             s1 = int(lay.start[b]) + min(int(lay.length[b]), hi - int(lay.cum[b]))
             sh = self.dataset.shard(self.split, int(lay.shard[b]))
+            self.dataset.check_block(self.split, int(lay.shard[b]), int(lay.start[b]), int(lay.start[b] + lay.length[b]))
             labels.append(sh.labels[s0:s1])
             dense.append(sh.dense[s0:s1])
             sparse.append(sh.sparse[s0:s1])

@@ -25,7 +25,11 @@ from pathlib import Path
 from typing import Callable
 
 from bagpipe.distributed.layout import Layout, role_threads
+from bagpipe.data.shards import Dataset
 from bagpipe.errors import BagpipeError, ConfigError
+from bagpipe.store import holds_store
+from bagpipe.train.resume import refuse_overwrite
+from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
 from bagpipe.train.config import TrainConfig
 
 STOP_GRACE_S = 10.0
@@ -47,7 +51,7 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, threads: int) -> dict:
+def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, threads: int, run_dir: Path | None = None) -> dict:
     """The environment of one role: torchrun's variables plus loopback-only gloo."""
     env = dict(os.environ)
     env.update(
@@ -58,6 +62,8 @@ def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, thre
         OMP_NUM_THREADS=str(threads),
         PYTHONUNBUFFERED="1",
     )
+    if run_dir is not None:
+        env[LOCK_HELD_ENV] = str(Path(run_dir).resolve())
     iface = interface_of(master_addr)
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface
@@ -100,8 +106,8 @@ class Launcher:
             self.echo(line)
 
     def start(self) -> None:
-        if (self.out / "checkpoints" / "LATEST").exists():
-            raise ConfigError(f"{self.out} already holds a run with checkpoints; choose another --out")
+        """Start every role; the caller holds the run folder's lock (see :func:`launch`)."""
+        refuse_overwrite(RunDir(self.out))
         (self.out / "summary.json").unlink(missing_ok=True)
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -114,7 +120,7 @@ class Launcher:
             log_path = logs / f"{name.replace(' ', '-')}.log"
             proc = subprocess.Popen(
                 [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
-                env=role_env(self.layout, rank, "127.0.0.1", port, threads),
+                env=role_env(self.layout, rank, "127.0.0.1", port, threads, self.out),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -187,8 +193,20 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
 
 
 def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
-    """Run a distributed job on this machine; returns trainer 0's summary."""
-    Launcher(cfg, echo).run()
+    """Run a distributed job on this machine; returns trainer 0's summary.
+
+    The launcher checks the data set and holds the run folder's lock for the whole job
+    (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
+    Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
+    if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store:
+        for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
+            shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"
+            if holds_store(shard):
+                raise ConfigError(f"--store-dir {shard} already holds a store: its rows would become this run's "
+                                  "starting tables; pass --init-from-store to start from them, or give an empty directory")
+    with RunDir(cfg.run.out).claim() as run:
+        run.started()  # the roles' logs stay if the job fails
+        Launcher(cfg, echo).run()
     path = Path(cfg.run.out) / "summary.json"
     if not path.exists():
         raise BagpipeError(f"every role exited cleanly but trainer 0 wrote no {path}")

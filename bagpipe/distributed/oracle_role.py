@@ -53,7 +53,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
     size = size_cache(
         c.mode, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb, total_rows=total_rows,
         dim=cfg.arch.model_config().embedding_dim, state_dim=state_dim, stream=stream, steps=cfg.run.steps,
-        lookups=lookups_per_batch(dataset.meta, stream, cfg.run.steps),
+        lookups=(lookups := lookups_per_batch(dataset.meta, stream, cfg.run.steps)),
     )
     if size.tuned is not None:
         log(f"oracle: {size.tuned.line()}")
@@ -61,7 +61,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
             "autotune": size.tuned.as_dict() if size.tuned is not None else None}
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
-    oracle = LookaheadOracle(total_rows, size.rows, size.lookahead)
+    oracle = LookaheadOracle(total_rows, size.rows, size.lookahead, enough=min(lookups, total_rows))
     report = OracleReport(cache_rows=size.rows, lookahead=size.lookahead, cache_sync=cfg.dist.cache_sync,
                           plans_in_flight=cfg.dist.plans_in_flight, fetched_rows=[0] * layout.trainers)
     credits = _Credits(transport, layout.trainer_ranks, cfg.dist.plans_in_flight)

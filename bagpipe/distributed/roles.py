@@ -52,15 +52,19 @@ class ServerConfig(Section):
     """Where the shard's rows live."""
     store_dir: str | None = None
     """Directory of the disk store (a shard-K-of-S folder is made in it); default RUN/store."""
+    init_from_store: bool = False
+    """Start from the rows the shard's --store-dir already holds."""
     run_dir: str = "."
     """The run directory."""
     threads: int = 1
     """torch threads."""
+    rendezvous_timeout: float = 300.0
+    """Seconds to wait for the job's other processes to start."""
 
     @classmethod
     def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> "ServerConfig":
-        return cls(store=cfg.cache.store, store_dir=cfg.cache.store_dir, run_dir=cfg.run.out,
-                   threads=role_threads(cfg.run.threads, layout, rank))
+        return cls(store=cfg.cache.store, store_dir=cfg.cache.store_dir, init_from_store=cfg.cache.init_from_store, run_dir=cfg.run.out,
+                   threads=role_threads(cfg.run.threads, layout, rank), rendezvous_timeout=cfg.dist.rendezvous_timeout)
 
 
 def _log(line: str) -> None:
@@ -68,8 +72,33 @@ def _log(line: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
 
 
+def rendezvous(layout: Layout, rank: int, timeout_s: float):
+    """Meet the job's other processes at MASTER_ADDR:MASTER_PORT (rank 0 listens there);
+    says what it waits for, and fails in one line when the port is taken or the others
+    do not come within ``timeout_s``. Returns the job's TCPStore."""
+    import torch.distributed as dist
+
+    name, world = layout.name(rank), layout.world_size
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    _log(f"{name} (rank {rank} of {world}): waiting for the job's other processes at {addr}:{port} "
+         f"(up to {timeout_s:.0f} s)")
+    try:
+        return dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
+                             wait_for_workers=True)
+    except RuntimeError as e:  # DistNetworkError, DistStoreError
+        text = str(e)
+        if "EADDRINUSE" in text or "address already in use" in text:
+            raise ConfigError(f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
+                              "choose another MASTER_PORT / --master-port") from None
+        raise BagpipeError(
+            f"{name}: the job's other processes did not all arrive at {addr}:{port} within {timeout_s:.0f} s "
+            f"(rank {rank} of {world}); start every role with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+            "or raise --rendezvous-timeout"
+        ) from None
+
+
 @contextmanager
-def joined(layout: Layout, rank: int, threads: int):
+def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float):
     """Join the job's process group; yields (transport, trainer group); always leaves it."""
     import torch
     import torch.distributed as dist
@@ -77,7 +106,8 @@ def joined(layout: Layout, rank: int, threads: int):
     from bagpipe.distributed.transport import Transport, gloo_reason
 
     torch.set_num_threads(max(1, threads))  # N + S + 1 processes share the machine's cores
-    dist.init_process_group("gloo", rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
+    store = rendezvous(layout, rank, rendezvous_timeout_s)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
     name = layout.name(rank)
     try:
         # every rank must create every group, in the same order
@@ -100,7 +130,7 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     if role == "server":
         serve(ServerConfig.of(cfg, layout, rank), layout, rank)
         return None
-    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank)) as (transport, group):
+    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout) as (transport, group):
         if role == "trainer":
             from bagpipe.distributed.trainer import run_trainer
 
@@ -123,12 +153,12 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
-    with joined(layout, rank, scfg.threads) as (transport, _):
+    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout) as (transport, _):
         init, state_dim = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
         directory = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"
         # the run's own store starts fresh, as in one process
-        store = open_store(scfg.store, sinit, state_dim, directory, fresh=not scfg.store_dir)
+        store = open_store(scfg.store, sinit, state_dim, directory, owned=not scfg.store_dir, reuse=scfg.init_from_store)
         _log(f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store")
         try:
             report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()

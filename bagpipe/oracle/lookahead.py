@@ -29,6 +29,14 @@ from bagpipe.oracle.unique import unique_inverse
 _WRAP = np.int64(1 << 31)
 
 
+def too_small(cache_rows: int, step: int, unique: int, enough: int | None) -> str:
+    """The message of a cache too small for a batch, with a size that is enough for the
+    whole run when the caller knows one (else for this batch)."""
+    hint = (f"use at least {enough:,} cache rows (enough for every batch of this run)" if enough and enough >= unique
+            else f"use at least {unique:,} cache rows (more than the largest batch's unique rows)")
+    return f"a cache of {cache_rows:,} rows cannot hold step {step}'s {unique:,} unique rows; {hint}"
+
+
 class LookaheadOracle:
     """Plans every fetch, slot and write-back of a cache of ``cache_rows`` slots.
 
@@ -38,7 +46,7 @@ class LookaheadOracle:
         lookahead: L >= 1, batches looked ahead.
     """
 
-    def __init__(self, num_rows: int, cache_rows: int, lookahead: int):
+    def __init__(self, num_rows: int, cache_rows: int, lookahead: int, enough: int | None = None):
         if lookahead < 1:
             raise ConfigError(f"lookahead must be >= 1, got {lookahead}")
         if cache_rows < 1:
@@ -55,6 +63,7 @@ class LookaheadOracle:
         self.n_free = self.C
         self.slot_seq = np.full(self.C, -1, dtype=np.int64)  # occurrence holding each slot
         self.stats = PlanStats()
+        self.enough = enough  # a cache size that holds every batch of the run (for the error's hint)
 
     # ring of occurrences -------------------------------------------------------------
     def _alloc_ring(self, cap: int) -> None:
@@ -184,10 +193,7 @@ class LookaheadOracle:
         mask[hit_slots] = False
         cand = np.flatnonzero(mask)
         if len(cand) < k:
-            raise CapacityError(
-                f"a cache of {self.C} rows cannot hold step {step}'s {n} unique rows; "
-                f"use at least {n} cache rows (more than the largest batch's unique rows)"
-            )
+            raise CapacityError(too_small(self.C, step, n, self.enough))
         nxt = self.ent_next[self.slot_seq[cand] & self.mask]
         if k < len(cand):
             # stable ordering on (next use desc, slot asc) so plans are reproducible

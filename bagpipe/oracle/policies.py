@@ -18,6 +18,7 @@ import numpy as np
 
 from bagpipe.data.batch import Batch
 from bagpipe.errors import CapacityError, ConfigError
+from bagpipe.oracle.lookahead import too_small
 from bagpipe.oracle.plan import Plan, PlanStats
 from bagpipe.oracle.unique import unique_inverse
 
@@ -53,7 +54,7 @@ class NoCachePlanner:
 class LRUPlanner:
     """Least-recently-used cache of C slots (one int32 per table row for the row -> slot map)."""
 
-    def __init__(self, num_rows: int, cache_rows: int):
+    def __init__(self, num_rows: int, cache_rows: int, enough: int | None = None):
         if cache_rows < 1:
             raise ConfigError(f"cache_rows must be >= 1, got {cache_rows}")
         self.C = int(cache_rows)
@@ -61,6 +62,7 @@ class LRUPlanner:
         self.slot_row = np.full(self.C, -1, dtype=np.int64)
         self.slot_used = np.full(self.C, -1, dtype=np.int64)  # last step that used the slot
         self.n_used = 0  # slots [0, n_used) have been handed out at least once
+        self.enough = enough  # a cache size that holds every batch of the run (for the error's hint)
         self.stats = PlanStats()
 
     def plans(self, batches: Iterable[tuple[int, Batch]]) -> Iterator[Plan]:
@@ -84,9 +86,7 @@ class LRUPlanner:
         if k > 0:
             cand = np.flatnonzero(self.slot_used < step)
             if len(cand) < k:
-                raise CapacityError(
-                    f"a cache of {self.C} rows cannot hold step {step}'s {n} unique rows; use at least {n} cache rows"
-                )
+                raise CapacityError(too_small(self.C, step, n, self.enough))
             order = np.lexsort((cand, self.slot_used[cand]))[:k]  # oldest first, then slot
             ev_slots = cand[order]
             ev_rows = self.slot_row[ev_slots].copy()

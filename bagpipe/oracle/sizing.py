@@ -10,19 +10,32 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.data.stream import BatchStream
 from bagpipe.oracle.autotune import AutotuneChoice, choose
 
 
 def lookups_per_batch(meta: DatasetMeta, stream: BatchStream, steps: int) -> int:
-    """Upper bound of lookups per batch: B*F for one-hot data; multi-hot data scans the
-    first epoch's batches (at most ``steps`` of them)."""
-    lookups = stream.batch_size * meta.num_features
-    if meta.multihot_features:
-        for i in range(min(stream.batches_per_epoch, steps)):
-            lookups = max(lookups, int(stream.batch(i).rows.shape[0]))
-    return lookups
+    """An upper bound of one batch's lookups that holds for every epoch: B*F for one-hot
+    data; for multi-hot data the lookups of the B samples that have the most (blocks are
+    reshuffled each epoch, so any B samples may meet in a batch). ``steps`` is unused
+    but kept so callers state the run they size for."""
+    B = stream.batch_size
+    if not meta.multihot_features:
+        return B * meta.num_features
+    one_hot = meta.num_features - len(meta.multihot_features)
+    top = np.zeros(0, dtype=np.int64)  # the B largest per-sample counts seen so far
+    for i in range(len(meta.split("train").shard_sizes)):
+        sh = stream.dataset.shard("train", i)
+        counts = np.full(len(sh.labels), one_hot, dtype=np.int64)
+        for _, offsets in sh.multihot.values():
+            counts += np.diff(np.asarray(offsets))
+        top = np.concatenate([top, counts])
+        if len(top) > B:
+            top = np.partition(top, len(top) - B)[len(top) - B :]
+    return int(top.sum())
 
 
 def default_cache_rows(total_rows: int, lookups: int) -> int:

@@ -5,16 +5,25 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from bagpipe.errors import ConfigError
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowInitializer
 
 
-def open_store(kind: str, init: RowInitializer, state_dim: int, directory: str | Path | None, *, fresh: bool) -> EmbeddingStore:
+def holds_store(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a disk store (its header is written last, at creation)."""
+    return (Path(directory) / "header.json").exists()
+
+
+def open_store(kind: str, init: RowInitializer, state_dim: int, directory: str | Path | None, *,
+               owned: bool, reuse: bool = False) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
-    ``directory`` holds a disk store; ``fresh`` empties it first (a run's own store
-    starts from scratch, or from its checkpoint), otherwise an existing store is
-    opened as it is and its rows are the starting tables.
+    ``owned``: ``directory`` is the run's own (RUN/store): it is emptied first, since a
+    run starts from the initial tables or from its checkpoint. Otherwise (a user's
+    ``--store-dir``) a directory that already holds a store is opened only when
+    ``reuse`` says so: its rows then become the starting tables, which a run must ask
+    for (``--init-from-store``), never get by accident.
     """
     if kind == "memory":
         from bagpipe.store.memory import MemoryStore
@@ -23,6 +32,18 @@ def open_store(kind: str, init: RowInitializer, state_dim: int, directory: str |
     from bagpipe.store.disk import DiskStore
 
     path = Path(directory)
-    if fresh and path.exists():
+    if owned and path.exists():
         shutil.rmtree(path)
+    if not owned:
+        if holds_store(path) and not reuse:
+            raise ConfigError(
+                f"--store-dir {path} already holds a store: its rows would become this run's starting tables; "
+                "pass --init-from-store to start from them, or give an empty directory"
+            )
+        if reuse and not holds_store(path):
+            raise ConfigError(f"--init-from-store: {path} holds no store to start from")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--store-dir {path}: cannot create the store's directory ({e.strerror})") from None
     return DiskStore(init, state_dim, path)

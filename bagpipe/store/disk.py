@@ -8,7 +8,8 @@ Layout of the directory ``path`` (format version 2)::
                   followed by its S optimizer-state values, at byte offset
                   g * 4 * (D + S)
     present.u8    one byte per row: 0 = never written (reads give the initial value
-                  and zero state), 1 = rows.f32 holds the row
+                  and zero state), 1 = rows.f32 holds the row; set by ``flush`` only
+                  after the rows' values are durable
 
 A row's weights and state sit side by side, so a cold read of a row costs one page
 fault, not one per file (version 1 kept them in ``weights.f32`` and ``state.f32``,
@@ -137,6 +138,7 @@ class DiskStore(EmbeddingStore):
             self._bits = np.zeros((self.num_rows + 7) // 8, dtype=np.uint8)
             if not self._new:
                 self._load_present()
+            self._durable = self._bits.copy()  # what present.u8 on disk says
         except BaseException:
             self._release()
             raise
@@ -355,21 +357,19 @@ class DiskStore(EmbeddingStore):
         else:
             buf[:, :d] = np.take(weights, order, axis=0)
             buf[:, d:] = np.take(state, order, axis=0)
-        R, P = self._r, self._p
+        R = self._r
         fd = self._fds[ROWS]
         row_bytes = self._cols * 4
 
         def scatter(a: int, b: int) -> None:
             r = srows[a:b]
             if r[-1] - r[0] == b - a - 1:  # a contiguous run: plain writes, no page faults
-                r0 = int(r[0])
-                _pwrite_from(fd, buf[a:b], r0 * row_bytes)
-                _pwrite_from(self._fds[PRESENT], np.ones(b - a, dtype=np.uint8), r0)
+                _pwrite_from(fd, buf[a:b], int(r[0]) * row_bytes)
             else:
                 R[r] = buf[a:b]
-                P[r] = 1
 
         self._run(self._write_pool, scatter, self._split(n))
+        # present.u8 learns of these rows only in flush(), after their values are durable
         masks = np.left_shift(np.uint8(1), (srows & 7).astype(np.uint8))
         with self._present_lock:
             np.bitwise_or.at(self._bits, srows >> 3, masks)
@@ -398,14 +398,30 @@ class DiskStore(EmbeddingStore):
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
-        """Make every completed write durable (msync + fsync of every file)."""
+        """Make every completed write durable.
+
+        Order matters for a crash: first the rows' values (msync + fsync of rows.f32),
+        only then the flags of the rows written since the last flush (present.u8, msync
+        + fsync). A flag therefore never says a row is present before its value is on
+        disk; a crash between flushes loses those rows' updates (they read as before),
+        never mixes a flag with a value that did not land.
+        """
         if self._closed:
             return
-        for name in (ROWS, PRESENT):  # data before the flags that vouch for it
-            if name in self._maps:
-                self._maps[name].flush()
-            if name in self._fds:
-                os.fsync(self._fds[name])
+        if ROWS in self._maps:
+            self._maps[ROWS].flush()
+        os.fsync(self._fds[ROWS])
+        with self._present_lock:
+            new = np.flatnonzero(self._bits & ~self._durable)
+            fresh = self._bits[new] & ~self._durable[new]
+            self._durable[new] |= fresh
+        if len(new):
+            bits = np.unpackbits(fresh, bitorder="little").reshape(-1, 8)
+            rows = (new[:, None] * 8 + np.arange(8))[bits.astype(bool)]
+            rows = rows[rows < self.num_rows]
+            self._p[rows] = 1
+            self._maps[PRESENT].flush()
+        os.fsync(self._fds[PRESENT])
 
     def drop_page_cache(self) -> None:
         """Flush, then evict this store's files from the page cache (cold-start benchmarks).

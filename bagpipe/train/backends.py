@@ -112,9 +112,10 @@ class PlanSource(Protocol):
 class LocalPlanner:
     """A planner in this process: the lookahead oracle, or the lru / nocache baselines."""
 
-    def __init__(self, mode: str, num_rows: int, cache_rows: int, lookahead: int):
+    def __init__(self, mode: str, num_rows: int, cache_rows: int, lookahead: int, enough: int | None = None):
         self.mode = mode
         self.num_rows, self.cache_rows = num_rows, cache_rows
+        self.enough = enough  # cache rows that hold every batch of the run (the hint of a too-small cache)
         self.lookahead = lookahead if mode == "lookahead" else None
         # the baselines' plans depend on the previous step: nothing could run ahead anyway
         self.pipelined = mode == "lookahead"
@@ -124,9 +125,9 @@ class LocalPlanner:
         if self.mode == "nocache":
             self.planner = NoCachePlanner(self.cache_rows)
         elif self.mode == "lru":
-            self.planner = LRUPlanner(self.num_rows, self.cache_rows)
+            self.planner = LRUPlanner(self.num_rows, self.cache_rows, self.enough)
         elif self.mode == "lookahead":
-            self.planner = LookaheadOracle(self.num_rows, self.cache_rows, self.lookahead)
+            self.planner = LookaheadOracle(self.num_rows, self.cache_rows, self.lookahead, self.enough)
         else:
             raise ValueError(self.mode)
         return self.planner.plans(stream.numbered(start, stop))

@@ -16,6 +16,7 @@ checkpoint: the embedding rows are stored in global row order, not cache order.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,18 +97,24 @@ def load_latest(run_dir: str | os.PathLike) -> Checkpoint | None:
     if not (path / "dense.pt").exists():
         raise CheckpointError(f"{latest} names {path.name}, which is missing or incomplete")
     try:
-        dense = torch.load(path / "dense.pt", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
-        raise CheckpointError(f"{path / 'dense.pt'}: unreadable ({e})") from None
+        # weights_only: a checkpoint holds tensors, numbers and dicts; unpickling anything
+        # else (code) from a file someone handed you is refused
+        dense = torch.load(path / "dense.pt", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt or foreign file
+        found = re.search(r"unsupported GLOBAL (\S+)", str(e))
+        if found:
+            raise CheckpointError(
+                f"{path / 'dense.pt'}: unreadable: it holds {found.group(1)}, which a bagpipe checkpoint never does; "
+                "refusing to load it (it could run code)"
+            ) from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path / 'dense.pt'}: unreadable ({first})") from None
     return Checkpoint(path=path, step=int(dense["step"]), dense=dense)
 
 
-def restore(run_dir: str | os.PathLike, model: torch.nn.Module, dense_opt: torch.optim.Optimizer, backend, init) -> int:
-    """Load a run's latest checkpoint into ``model``, ``dense_opt``, the torch RNG and
-    ``backend`` (every embedding row and its state); returns the step to continue from."""
-    ckpt = load_latest(run_dir)
-    if ckpt is None:
-        raise CheckpointError(f"{run_dir}: --resume given but the run has no checkpoint")
+def restore(ckpt: Checkpoint, model: torch.nn.Module, dense_opt: torch.optim.Optimizer, backend, init) -> int:
+    """Load checkpoint ``ckpt`` into ``model``, ``dense_opt``, the torch RNG and ``backend``
+    (every embedding row and its state); returns the step to continue from."""
     if ckpt.weights().shape != (init.num_rows, init.dim):
         raise CheckpointError(
             f"{ckpt.path}: holds {ckpt.weights().shape[0]} rows of dim {ckpt.weights().shape[1]}, "

@@ -88,7 +88,11 @@ class CacheConfig(Section):
     store: Store = "memory"
     """Where the non-full modes keep the tables."""
     store_dir: str | None = None
-    """Directory of the disk store (default RUN/store)."""
+    """Directory of the disk store (default RUN/store, emptied at start). A directory that
+    already holds a store is refused unless init_from_store is on."""
+    init_from_store: bool = False
+    """Start from the rows --store-dir already holds instead of the initial tables (the
+    run is then no longer comparable with --mode full)."""
     cache_rows: int = 0
     """C, slots of the trainer's cache (lru, lookahead); 0 picks 5% of all rows, at least
     one batch's worth."""
@@ -105,6 +109,8 @@ class CacheConfig(Section):
             finite(self.cache_budget_mb) and self.cache_budget_mb >= 0,
             f"cache budget must be a finite number of MiB >= 0, got {self.cache_budget_mb}",
         )
+        need(not self.init_from_store or (self.store == "disk" and self.store_dir is not None),
+             "--init-from-store needs --store disk and the --store-dir to start from")
         need(
             not (self.cache_budget_mb > 0 and self.cache_rows > 0),
             "--cache-budget-mb and --cache-rows are mutually exclusive: give the cache's memory budget "
@@ -126,11 +132,15 @@ class DistConfig(Section):
     synchronised; replicated: every trainer holds and synchronises every planned row."""
     plans_in_flight: int = 4
     """Plans the oracle may send a trainer ahead of what it has taken (back-pressure)."""
+    rendezvous_timeout: float = 300.0
+    """Seconds a role waits for the job's other processes to start before it gives up."""
 
     def validate(self) -> None:
         need(self.trainers >= 1, f"trainers must be >= 1, got {self.trainers}")
         need(self.servers >= 0, f"servers must be >= 0, got {self.servers}")
         need(self.plans_in_flight >= 1, f"plans in flight must be >= 1, got {self.plans_in_flight}")
+        need(finite(self.rendezvous_timeout) and self.rendezvous_timeout > 0,
+             f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}")
 
     @property
     def distributed(self) -> bool:

@@ -17,7 +17,6 @@ import torch
 
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
-from bagpipe.errors import ConfigError
 from bagpipe.models import build_model
 from bagpipe.optim.sparse import build_dense_optimizer, build_sparse_optimizer
 from bagpipe.store.init import RowInitializer
@@ -26,6 +25,7 @@ from bagpipe.train.config import TrainConfig
 from bagpipe.train.evaluate import evaluate
 from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
+from bagpipe.train.resume import refuse_overwrite, resume_point
 from bagpipe.train.rundir import RunDir, digest_and_save
 from bagpipe.train.step import train_step
 from bagpipe.train.summary import LOSS_WINDOW, StepMeter, build_summary
@@ -39,16 +39,30 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None, topol
     does not report (a data-parallel trainer other than trainer 0).
 
     ``announce`` receives one-line notices meant for the user before training starts
-    (e.g. the auto-tuner's choice); the command line passes ``print``.
+    (the auto-tuner's choice, ``resumed from step N``); the command line passes ``print``.
+
+    Start-up checks everything before the run folder changes: the folder is locked
+    (one run per folder), the data set's files are checked, a resumed run must
+    continue what the folder holds; if start-up fails in a folder this call created,
+    the folder is removed again.
     """
     topo = topology if topology is not None else SingleProcess()
+    say = announce or (lambda line: None)
     rc = cfg.run
-    run = RunDir(rc.out)
-    if topo.reports and not rc.resume and (run.path / "checkpoints" / "LATEST").exists():
-        raise ConfigError(f"{run.path} already holds a run with checkpoints; pass --resume to continue it or choose another --out")
+    if not topo.reports:  # trainers 1..N-1 write nothing to the run folder
+        return _start(cfg, topo, RunDir(rc.out), say)
+    with RunDir(rc.out).claim() as run:
+        return _start(cfg, topo, run, say)
+
+
+def _start(cfg: TrainConfig, topo: Topology, run: RunDir, say: Callable[[str], None]) -> dict | None:
+    rc = cfg.run
     if rc.threads:
         torch.set_num_threads(rc.threads)
     dataset = Dataset(cfg.data.data)
+    ckpt = None
+    if topo.reports:
+        ckpt = resume_point(run, cfg, dataset) if rc.resume else refuse_overwrite(run)
     meta = dataset.meta
     stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=rc.seed, block_size=cfg.data.block_size)
     mcfg = cfg.arch.model_config()
@@ -58,12 +72,17 @@ def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None, topol
     dense_opt = build_dense_optimizer(cfg.optim.optimizer, cfg.optim.lr, model.parameters())
     sparse_opt = build_sparse_optimizer(cfg.optim.optimizer, cfg.optim.lr)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, rc.seed)
-    backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, announce)
+    backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, say)
     failed = True
     try:
-        start = restore(run.path, model, dense_opt, backend, init) if rc.resume else 0
+        start = 0
+        if ckpt is not None:
+            start = restore(ckpt, model, dense_opt, backend, init)
+            say(f"resumed from step {start}")
         if topo.reports:
-            run.write_config(cfg.to_json(), mcfg)
+            run.write_config(cfg.to_json(), mcfg, {"dir": str(dataset.dir), "fingerprint": dataset.fingerprint(),
+                                                   "table_sizes": meta.table_sizes, "num_dense": meta.num_dense})
+            run.started()
         summary = _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start)
         failed = False
         return summary
@@ -78,7 +97,7 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
                       phases=lambda: backend.phase_seconds() | rows.phase_seconds())
     log = run.metrics() if topo.reports else None
     progress = Progress(topo.progress_kind(rc.progress), total=rc.steps, initial=start,
-                        desc=f"train {cfg.arch.model}/{cfg.cache.mode}", say=topo.say)
+                        desc=f"train {cfg.arch.model}/{cfg.cache.mode}", say=topo.say if topo.reports else None)
     rss = RssSampler()
 
     def checkpoint(step: int, chunks=None) -> None:
@@ -99,6 +118,9 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
             step = inp.step + 1
             meter.record(step, loss)
             progress.advance()
+            if step % stream.batches_per_epoch == 0 and step < rc.steps:
+                progress.note(f"epoch {step // stream.batches_per_epoch + 1} begins at step {step + 1} "
+                              f"(the train split holds {stream.batches_per_epoch} batches; each epoch reshuffles its blocks)")
             if step % LOG_EVERY == 0 or step == rc.steps or step == start + 1:
                 recent = topo.mean(meter.losses[-LOG_EVERY:])  # every trainer takes part
                 sps = meter.samples_per_s()
@@ -133,6 +155,7 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
             steps=step, timing=meter.result(), train_logloss=train_loss, evaluation=ev, params_sha256=digest,
             peak_anon_rss_mb=peak_anon, total_rows=init.num_rows, embedding_dim=init.dim,
             cache=backend.stats(), distributed=topo.section(backend, rows),
+            epochs=step / stream.batches_per_epoch,
         )
         run.write_summary(summary, also=rc.summary_json)
         return summary

@@ -11,15 +11,17 @@ ProgressKind = Literal["bar", "lines", "off"]
 
 
 class Progress:
-    """Shows ``step N/M  loss L  S samples/s``.
+    """Shows ``step N/M  loss L  S samples/s``, and notices between updates.
 
     ``bar``: a tqdm bar (one process on a terminal); ``lines``: a plain line through
     ``say`` at most every ``every_s`` seconds and at the first and last step (a
-    distributed trainer, whose output the launcher prefixes and logs); ``off``: nothing.
+    distributed trainer, whose output the launcher prefixes and logs); ``off``: no
+    updates. Notices (an epoch begins, an evaluation's result) go through ``say``
+    whatever the kind, unless ``say`` is None.
     """
 
     def __init__(self, kind: ProgressKind, *, total: int, initial: int, desc: str,
-                 say: Callable[[str], None] = print, every_s: float = 10.0):
+                 say: Callable[[str], None] | None = print, every_s: float = 10.0):
         self.kind = kind
         self.total = total
         self.say = say
@@ -35,7 +37,7 @@ class Progress:
     def show(self, step: int, loss: float, samples_per_s: float) -> None:
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{samples_per_s:,.0f}")
-        elif self.kind == "lines":
+        elif self.kind == "lines" and self.say is not None:
             now = time.monotonic()
             if now - self._last >= self.every_s or step % self._every_steps == 0 or step == self.total or self._last == 0.0:
                 self._last = now
@@ -45,7 +47,7 @@ class Progress:
         """A line between updates (an evaluation's result)."""
         if self.bar is not None:
             self.bar.write(line)
-        elif self.kind == "lines":
+        elif self.say is not None:
             self.say(line)
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ Layout of ``RUN/``::
                     each evaluation
     summary.json    the finished run (:func:`bagpipe.train.summary.build_summary`)
     checkpoints/    :mod:`bagpipe.train.checkpoint`
+    .lock           who holds the run (pid, host, start time); see :class:`RunLock`
 
 Every topology writes these through :class:`RunDir` (in a distributed run, trainer 0
 does), so their schema is the same everywhere. The digest (``params_sha256``) is
@@ -19,15 +20,26 @@ row's weights and optimizer state in global row order.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
+import os
+import shutil
+import socket
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
+from bagpipe.errors import ConfigError
 from bagpipe.files import atomic_write_text
+
+#: Set by the local launcher in its roles' environment: the launcher holds the run's lock.
+LOCK_HELD_ENV = "BAGPIPE_RUN_LOCK_HELD"
 
 Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
 
@@ -46,11 +58,94 @@ class MetricsLog:
         self.f.close()
 
 
+class RunLock:
+    """One run per run folder: an exclusive ``flock`` on RUN/.lock for the life of the run.
+
+    The kernel drops a ``flock`` when its holder dies however it dies (even SIGKILL), so
+    a lock left by a dead process never blocks the next run; the file keeps the last
+    holder's pid, host and start time, which a refused run names.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise ConfigError(
+                f"{self.path.parent} is in use by another run ({holder}); wait for it to end or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": " ".join(sys.argv[:3])}
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+    except (ValueError, KeyError, OSError):
+        return "holder unknown"
+
+
 class RunDir:
     """The files of one run under ``path``."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.created = False  # whether this process made the folder (it removes it if start-up fails)
+        self._lock: RunLock | None = None
+
+    @contextmanager
+    def claim(self, *, lock: bool = True):
+        """Create the folder if needed and hold its lock for the ``with`` block.
+
+        If the block fails before :meth:`started` was called and this process created
+        the folder, the folder is removed: a run that fails at start-up leaves nothing
+        half-made behind. ``lock=False`` when another process (the launcher) holds it.
+        """
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"--out {self.path}: exists and is not a directory")
+        try:
+            self.created = not self.path.exists()
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--out {self.path}: cannot create the run directory ({e.strerror})") from None
+        self._started = False
+        try:
+            if lock and os.environ.get(LOCK_HELD_ENV) != str(self.path.resolve()):
+                self._lock = RunLock(self.path / ".lock")
+                self._lock.acquire()
+            yield self
+        except BaseException:
+            if self.created and not self._started:
+                self._release()
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        finally:
+            self._release()
+
+    def started(self) -> None:
+        """Start-up is over: from here on a failure keeps the folder (metrics, checkpoints)."""
+        self._started = True
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @property
     def config_file(self) -> Path:
@@ -67,10 +162,12 @@ class RunDir:
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
 
-    def write_config(self, train: dict, model) -> None:
-        """RUN/config.json: ``{"train": settings by section, "model": the architecture}``."""
+    def write_config(self, train: dict, model, dataset: dict) -> None:
+        """RUN/config.json: ``{"train": settings by section, "model": the architecture,
+        "dataset": {"dir", "fingerprint", "table_sizes", "num_dense"}}``."""
         self.create()
-        atomic_write_text(self.config_file, json.dumps({"train": train, "model": dataclasses.asdict(model)}, indent=2))
+        text = json.dumps({"train": train, "model": dataclasses.asdict(model), "dataset": dataset}, indent=2)
+        atomic_write_text(self.config_file, text)
 
     def read_config(self) -> dict:
         from bagpipe.data.schema import read_json

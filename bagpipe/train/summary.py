@@ -105,10 +105,12 @@ def build_summary(
     embedding_dim: int,
     cache: dict,
     distributed: dict | None,
+    epochs: float | None = None,
 ) -> dict:
     """The summary.json of a run (see the module docstring for the meaning of each figure).
 
-    ``timing`` is :meth:`StepMeter.result`; ``evaluation`` the result of
+    ``epochs`` is the steps as a multiple of the train split's batches (1.5: half way
+    through the second epoch); ``timing`` is :meth:`StepMeter.result`; ``evaluation`` the result of
     :func:`bagpipe.train.evaluate.evaluate`; ``cache`` the embedding side's statistics
     (empty for full tables); ``distributed`` the data-parallel statistics, None on one process.
     """
@@ -117,6 +119,7 @@ def build_summary(
         "model": model,
         "optimizer": optimizer,
         "steps": steps,
+        "epochs": epochs,
         "steps_this_run": timing["steps_this_run"],
         "samples": timing["steps_this_run"] * batch_size,
         "batch_size": batch_size,

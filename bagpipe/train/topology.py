@@ -61,16 +61,20 @@ class SingleProcess:
         c = cfg.cache
         if c.mode == "full":
             return FullBackend(init, state_dim)
+        lookups = lookups_per_batch(dataset.meta, stream, cfg.run.steps)
         size = size_cache(
             c.mode, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb,
             total_rows=init.num_rows, dim=init.dim, state_dim=state_dim, stream=stream, steps=cfg.run.steps,
-            lookups=lookups_per_batch(dataset.meta, stream, cfg.run.steps),
+            lookups=lookups,
         )
         if size.tuned is not None and announce is not None:
             announce(size.tuned.line())
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
-        store = open_store(c.store, init, state_dim, store_dir, fresh=not c.store_dir)
-        backend = CachedBackend(store, size.rows, LocalPlanner(c.mode, init.num_rows, size.rows, size.lookahead))
+        # a resumed run overwrites every row with its checkpoint's: its own old store may stay
+        store = open_store(c.store, init, state_dim, store_dir, owned=not c.store_dir,
+                           reuse=c.init_from_store or cfg.run.resume)
+        enough = min(lookups, init.num_rows)
+        backend = CachedBackend(store, size.rows, LocalPlanner(c.mode, init.num_rows, size.rows, size.lookahead, enough))
         if size.tuned is not None:
             backend.extra_stats["autotune"] = size.tuned.as_dict()
         return backend
