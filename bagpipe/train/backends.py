@@ -74,7 +74,7 @@ class FullBackend:
     def after_step(self, inp: StepInput) -> None:
         pass
 
-    def flush(self, step: int) -> None:
+    def flush(self, label: int) -> None:
         pass
 
     def finish(self) -> None:
@@ -178,14 +178,14 @@ class CachedBackend:
     def after_step(self, inp: StepInput) -> None:
         self.executor.after_step(inp.plan)
 
-    def flush(self, step: int) -> None:
-        """After step ``step``: the store holds every row's latest value, durably, and
-        reads without a label of their own (evaluation, export) see it."""
+    def flush(self, label: int) -> None:
+        """After plan ``label`` (0-based) is done: the store holds every row's latest
+        value, durably, and reads without a label of their own (evaluation, export) see it."""
         if self.executor is not None:
             self.executor.drain()
             if self.writes_cached:
                 self.executor.write_cached()
-        self.store.settle(step)
+        self.store.settle(label)
         self.store.flush()
 
     def finish(self) -> None:

@@ -106,9 +106,12 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
         save_checkpoint(run.path, step, dense, backend.export() if chunks is None else chunks, init.num_rows, init.dim, sparse_opt.state_dim)
 
     def settle(step: int) -> None:
-        """Every row final and in the store (for an evaluation or a checkpoint mid-run)."""
+        """After ``step`` steps: every row final and in the store (for an evaluation or a
+        checkpoint mid-run). Write-back labels are 0-based plan indices: the last plan
+        done is ``step - 1``, and announcing any later label would let other trainers'
+        reads overtake write-backs that have not happened yet."""
         rows.finish()
-        backend.flush(step)
+        backend.flush(step - 1)
 
     step = start
     try:
