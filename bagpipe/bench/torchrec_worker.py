@@ -143,7 +143,8 @@ def train_torchrec(
     from bagpipe.data.shards import Dataset
     from bagpipe.data.stream import BatchStream
     from bagpipe.models import build_model, recipe
-    from bagpipe.train.metrics import RssSampler, log_loss, roc_auc
+    from bagpipe.train.evaluate import no_eval, scores
+    from bagpipe.train.metrics import RssSampler
     from bagpipe.train.summary import LOSS_WINDOW, StepMeter, build_summary
 
     if kernel not in ("fused", "dense"):
@@ -241,7 +242,7 @@ def train_torchrec(
     peak_anon = rss.stop()
 
     # evaluation exactly as bagpipe's loop does it: eval split in file order, capped
-    ev = {"eval_logloss": None, "eval_auc": None, "eval_samples": 0}
+    ev = no_eval()
     if dataset.has_split("eval"):
         dmp.eval()
         labels, probs, seen = [], [], 0
@@ -256,7 +257,7 @@ def train_torchrec(
         y, p = np.concatenate(labels), np.concatenate(probs)
         if eval_samples:
             y, p = y[:eval_samples], p[:eval_samples]
-        ev = {"eval_logloss": log_loss(y, p), "eval_auc": roc_auc(y, p), "eval_samples": int(len(y))}
+        ev = scores(y, p)
     import importlib.metadata as md
 
     summary = build_summary(
