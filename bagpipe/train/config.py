@@ -119,7 +119,7 @@ class OptimConfig(Section):
         need(finite(self.lr_gamma) and 0 < self.lr_gamma <= 1, f"lr-gamma must be in (0, 1], got {self.lr_gamma}")
         if self.lr_schedule == "constant":
             need(W == S == N == 0, "--lr-warmup-steps, --lr-decay-start and --lr-decay-steps need --lr-schedule warmup-poly or step")
-        else:
+        elif N > 0:
             need(S >= W, f"the decay must start after the warm-up: --lr-decay-start {S} < --lr-warmup-steps {W}")
         if self.lr_schedule == "step":
             need(N > 0, "--lr-schedule step needs --lr-decay-steps N > 0 (steps between two decays)")
