@@ -164,6 +164,7 @@ def test_bad_lines_are_reported_by_line_number(criteo, run_cli, tmp_path):
     raw.write_text("".join(lines))
     rc, _, err = run_cli("predict", "--model", out, "--input", raw, "--labelled", "--out", tmp_path / "p.txt")
     assert_one_line_error(rc, err, f"{raw}:3: expected 40 tab-separated fields, got 37")
+    assert list(tmp_path.glob("*p.txt")) == []  # no partial output
     rc, stdout, err = run_cli("predict", "--model", out, "--input", raw, "--labelled", "--on-error", "skip", "--out", tmp_path / "p.txt")
     assert rc == 0, err
     written = (tmp_path / "p.txt").read_text().splitlines()

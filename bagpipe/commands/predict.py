@@ -13,7 +13,8 @@ the preprocessing code, with the vocabulary (or hashing) the training data was
 preprocessed with: a category never seen in training gets row 0, as in preprocessing.
 The input is the format the model was trained on (--format defaults to it), plain or
 gzip. Bad lines stop the run naming FILE:LINE: problem (--on-error fail, the default)
-or are skipped and counted, writing nan on their line (--on-error skip).
+or are skipped and counted, writing nan on their line (--on-error skip); the --out
+file appears only once complete.
 
 With --labelled the lines carry the label column (as training data does) and the
 command also reports log loss, AUC, normalized entropy, calibration and accuracy over
@@ -44,7 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import contextlib
+    import os
     import sys
+    from pathlib import Path
 
     from bagpipe.errors import ConfigError
     from bagpipe.export.model import load
@@ -55,9 +58,19 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model)
     if args.format is not None and args.format != model.raw_format_name:
         raise ConfigError(f"{args.model} was trained on {model.raw_format_name} data, not {args.format}")
-    with contextlib.ExitStack() as stack:
-        out = sys.stdout if args.out == "-" else stack.enter_context(open(args.out, "w"))
-        result = predict_file(model, args.input, out, labelled=args.labelled, header="no" if args.no_header else "auto",
-                              on_error=args.on_error, block_bytes=args.block_kb << 10)
-    print(result.line(args.input), file=sys.stderr if args.out == "-" else sys.stdout)
+    out = None if args.out == "-" else Path(args.out)
+    # a file appears only complete: written under a temporary name, renamed at the end
+    # (a device such as /dev/null is written directly)
+    tmp = out.with_name(f".tmp-{out.name}") if out is not None and (not out.exists() or out.is_file()) else None
+    try:
+        with contextlib.ExitStack() as stack:
+            stream = sys.stdout if out is None else stack.enter_context(open(tmp or out, "w"))
+            result = predict_file(model, args.input, stream, labelled=args.labelled, header="no" if args.no_header else "auto",
+                                  on_error=args.on_error, block_bytes=args.block_kb << 10)
+        if tmp is not None:
+            os.replace(tmp, out)
+    finally:
+        if tmp is not None and tmp.exists():
+            tmp.unlink()
+    print(result.line(args.input), file=sys.stderr if out is None else sys.stdout)
     return 0
