@@ -31,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("bagpipe.commands.train", "train a model (reference, cached or lookahead mode)"),
     "eval": ("bagpipe.commands.eval", "evaluate a finished run on a dataset"),
     "check": ("bagpipe.commands.check", "check every file of a dataset against its meta.json"),
+    "plot": ("bagpipe.commands.plot", "draw loss and AUC curves of runs to a PNG"),
+    "export": ("bagpipe.commands.export", "export a run as safetensors with its vocabulary"),
+    "predict": ("bagpipe.commands.predict", "score raw log lines with an exported model"),
     "bench": ("bagpipe.commands.bench", "run a benchmark scenario side by side"),
     "serve": ("bagpipe.commands.serve", "start one embedding server of a distributed job"),
     "worker": ("bagpipe.commands.worker", "run one role of a distributed job (launcher / torchrun)"),
@@ -45,6 +48,9 @@ Typical session:
   bagpipe synth --profile tiny --samples 50000 --out data/tiny
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/a
   bagpipe eval --run runs/a --data data/tiny
+  bagpipe plot runs/a runs/b --out curves.png
+  bagpipe export --run runs/a --out exports/a
+  bagpipe predict --model exports/a --input raw.tsv --out raw.pred   (raw logs: data from bagpipe preprocess)
 
 Run `bagpipe COMMAND --help` for the options of each command.
 """

@@ -6,11 +6,19 @@ embedding row and its optimizer state) as ``--mode full``. The matrix covers eve
 model, SGD and Adagrad, the memory and disk stores, and L in {1, 2, 8, 64}; plus a
 cache so small that the oracle must force rows out early (asserted), a cache exactly
 as large as the largest batch's unique rows, and checkpoint/resume in lookahead mode.
+
+Row-wise Adam (S = 2D) and partial row-wise Adam (S = D + 1) run every cached mode on
+both stores, with the MLPerf warm-up + polynomial-decay schedule, a separate embedding
+rate and weight decay (shorter runs, one model each); a lookahead run resumed from a
+checkpoint taken mid-warm-up ends with the uninterrupted run's digest, and the
+reference's logged rates equal the schedule's closed form.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +29,8 @@ from bagpipe.data.synthetic import SynthConfig, generate
 from bagpipe.train.config import TrainConfig
 from bagpipe.train.loop import train
 
-pytestmark = pytest.mark.integration
+# tiny models: one torch thread is faster, above all on a busy machine (tests/README.md)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 STEPS = 200
 BATCH = 64
@@ -39,7 +48,9 @@ def reference(data, tmp_path_factory):
     @functools.cache
     def run(model: str, optimizer: str) -> dict:
         out = tmp_path_factory.mktemp(f"full-{model}-{optimizer}")
-        return train(cfg(data, str(out), model=model, optimizer=optimizer, mode="full"))
+        extra = ADAM_SETTINGS if optimizer in ADAM_MODELS else {}
+        summary = train(cfg(data, str(out), model=model, optimizer=optimizer, mode="full", **extra))
+        return summary | {"out": out}
 
     return run
 
@@ -79,6 +90,55 @@ def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mod
         assert c["hits"] > 0
         # every fetched row was written back by the end: the store holds the model
         assert c["rows_written_back"] == c["rows_fetched"]
+
+
+# The Adam family: every cached mode on both stores, one model per optimizer, shorter
+# runs; the schedule, a separate embedding rate and weight decay ride along.
+ADAM_MODELS = {"adam": "dlrm", "partial_rowwise_adam": "deepfm"}
+ADAM_SETTINGS = dict(steps=40, lr=0.01, embedding_lr=0.02, weight_decay=1e-3, lr_schedule="warmup-poly",
+                     lr_warmup_steps=10, lr_decay_start=20, lr_decay_steps=15)
+ADAM_MATRIX = [(opt, mode, store) for opt in ADAM_MODELS for mode in ("lookahead", "lru", "nocache") for store in ("memory", "disk")]
+
+
+@pytest.mark.parametrize("optimizer,mode,store", ADAM_MATRIX)
+def test_adam_family_matches_reference(data, reference, tmp_path, optimizer, mode, store):
+    model = ADAM_MODELS[optimizer]
+    ref = reference(model, optimizer)
+    got = train(cfg(data, str(tmp_path / "run"), model=model, optimizer=optimizer, mode=mode, store=store,
+                    lookahead=4, cache_rows=1500, **ADAM_SETTINGS))
+    assert got["params_sha256"] == ref["params_sha256"]
+    assert got["cache"]["rows_fetched"] > 0 and (mode != "lookahead" or got["cache"]["hits"] > 0)
+
+
+def test_resume_mid_warmup_matches_uninterrupted(data, reference, tmp_path):
+    ref = reference("dlrm", "adam")
+    run = str(tmp_path / "run")
+    settings = dict(mode="lookahead", lookahead=4, cache_rows=1500, optimizer="adam") | ADAM_SETTINGS
+    half = train(cfg(data, run, **(settings | {"steps": 6})))  # the warm-up lasts 10 steps
+    assert half["steps"] == 6
+    resumed = train(cfg(data, run, resume=True, **settings))
+    assert resumed["steps_this_run"] == 34
+    assert resumed["params_sha256"] == ref["params_sha256"]
+
+
+def test_logged_rates_follow_the_closed_form(reference):
+    """warmup-poly with W = 10, S = 20, N = 15, p = 2: the record at step k holds the rates of step t = k."""
+    out = reference("dlrm", "adam")["out"]
+    records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["step"]: (r["lr"], r["embedding_lr"]) for r in records if "lr" in r}
+
+    def closed_form(base: float, t: int) -> float:
+        if t <= 10:
+            return base * t / 10
+        if t < 20:
+            return base
+        return base * (max(0, 15 - (t - 20)) / 15) ** 2
+
+    assert sorted(rates) == [1, 10, 20, 30, 40]
+    for t, (lr, emb) in rates.items():
+        assert lr == pytest.approx(closed_form(0.01, t), rel=1e-12, abs=0)
+        assert emb == pytest.approx(closed_form(0.02, t), rel=1e-12, abs=0)
+    assert rates[40] == (0.0, 0.0) and rates[30][0] == pytest.approx(0.01 / 9)
 
 
 def max_unique_rows(data: str) -> int:

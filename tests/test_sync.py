@@ -9,7 +9,9 @@ and :func:`partition` splits:
   one-process :class:`LocalRowUpdate` does (nothing is averaged or communicated);
 * with two trainers, every row ends as one process would leave it after a step on
   the global batch (gradients averaged, within float rounding), and the synchronised
-  rows are identical on both trainers;
+  rows are identical on both trainers -- with row-wise Adagrad, and with row-wise Adam
+  (S = 2D) under a warm-up schedule, whose deferred rows must be updated with their
+  step's rate and bias correction;
 * the deferred half of a step's synchronisation is really deferred: after
   ``apply`` those rows still hold their old values and a reduction is in flight;
   ``before_evict`` finishes it exactly when the next plan evicts or drops one of its
@@ -29,6 +31,8 @@ from bagpipe.cache.slots import SlotCache
 from bagpipe.cache.sync import SyncedRowUpdate
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.partition import partition
+from bagpipe.optim.adam import RowWiseAdam
+from bagpipe.optim.schedule import LRSchedule
 from bagpipe.optim.sparse import RowWiseAdagrad
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.plan import Plan
@@ -98,12 +102,13 @@ def global_plans(steps: list[list[int]], lookahead: int = 2, cache_rows: int = 6
     return list(oracle.plans((k, batch_of(rows)) for k, rows in enumerate(steps)))
 
 
-def fresh_cache(plan_rows: np.ndarray, slots: np.ndarray, seed: int = 0) -> tuple[SlotCache, torch.Tensor]:
-    """A cache whose slots hold deterministic values of their rows; also returns the (ROWS, D) truth."""
+def fresh_cache(plan_rows: np.ndarray, slots: np.ndarray, seed: int = 0, state_dim: int = 1) -> tuple[SlotCache, torch.Tensor]:
+    """A cache whose slots hold deterministic values of their rows (and state); also returns the (ROWS, D) truth."""
     g = torch.Generator().manual_seed(seed)
     table = torch.randn(ROWS, D, generator=g)
-    cache = SlotCache(64, D, 1)
+    cache = SlotCache(64, D, state_dim)
     cache.weights[torch.from_numpy(slots)] = table[torch.from_numpy(plan_rows)]
+    cache.state[torch.from_numpy(slots)] = torch.rand(len(slots), state_dim, generator=g)  # moments are >= 0
     return cache, table
 
 
@@ -154,12 +159,21 @@ def test_one_trainer_is_bitwise_the_local_update():
     assert synced.bytes_synced == [0]
 
 
-def test_two_trainers_end_like_one_process_on_the_global_batch(fake_dist):
+OPTIMIZERS = {
+    "adagrad": (lambda: RowWiseAdagrad(0.1), 1),
+    # a warm-up: the rate and the bias correction depend on the step, also for the deferred half
+    "adam-warmup": (lambda: RowWiseAdam(0.1, D, schedule=LRSchedule("warmup-poly", warmup_steps=8)), 2 * D),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_two_trainers_end_like_one_process_on_the_global_batch(fake_dist, name):
     fake_dist(2)
+    make, S = OPTIMIZERS[name]
     plan = global_plans(STEPS)[0]
     tplans = partition(plan, 2)
-    opt = RowWiseAdagrad(0.1)
-    caches = [fresh_cache(plan.rows, plan.slots)[0] for _ in range(2)]
+    opt = make()
+    caches = [fresh_cache(plan.rows, plan.slots, state_dim=S)[0] for _ in range(2)]
     updates = [SyncedRowUpdate(opt, caches[i], group=i) for i in range(2)]
     grads = run_trainers(tplans, caches, updates)
     for u in updates:
@@ -168,9 +182,9 @@ def test_two_trainers_end_like_one_process_on_the_global_batch(fake_dist):
     total = torch.zeros(ROWS, D)
     for p, g in zip(tplans, grads):
         total[torch.from_numpy(p.rows)] += g / 2
-    ref, table = fresh_cache(plan.rows, plan.slots)
+    ref, table = fresh_cache(plan.rows, plan.slots, state_dim=S)
     idx = torch.from_numpy(plan.slots)
-    new_w, new_s = opt.update(table[torch.from_numpy(plan.rows)], ref.state[idx], total[torch.from_numpy(plan.rows)])
+    new_w, new_s = opt.update(table[torch.from_numpy(plan.rows)], ref.state[idx], total[torch.from_numpy(plan.rows)], plan.step)
     for i, p in enumerate(tplans):
         mine = torch.from_numpy(p.slots)
         pos = np.searchsorted(plan.rows, p.rows)

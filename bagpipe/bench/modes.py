@@ -28,6 +28,7 @@ from bagpipe.bench.report import (
     write_results,
 )
 from bagpipe.bench.runner import launch, prepare
+from bagpipe.optim.names import row_state_dim
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
 STORES = ("memory", "disk")
@@ -106,7 +107,7 @@ def run(b: ModesBench) -> dict:
     total = meta.total_rows
     cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
     dim = recipe(b.model, b.recipe).embedding_dim
-    state_dim = 1 if b.optimizer == "adagrad" else 0
+    state_dim = row_state_dim(b.optimizer, dim)
     if "disk" in b.stores and any(m != "full" for m in b.modes):
         materialise_disk_store(out / "store-template", meta, dim, state_dim, seed=0)
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bagpipe.train.plot import pyplot, save_png  # noqa: F401 - the scenarios import them from here
+
 #: Phases of a training step, as ``time_per_step_ms`` in a run's summary names them.
 STEP_PARTS = ("wait_embeddings", "forward", "backward", "optimizer", "writeback")
 
@@ -80,23 +82,6 @@ def write_results(out: Path, name: str, payload: dict, table: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(payload, indent=2))
     (out / "results.md").write_text(f"# bagpipe bench {name}\n\n{table}\n")
-
-
-def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_png(fig, path: Path) -> None:
-    """Lay out, write and close a figure."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
 
 
 def stacked_step_times(ax, labels: list[str], breakdowns: list[dict], skip_empty: bool = False) -> np.ndarray:

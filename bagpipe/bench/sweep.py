@@ -41,6 +41,7 @@ from bagpipe.bench.report import (
     write_results,
 )
 from bagpipe.bench.runner import TrainFailed, launch, prepare, widest_batch
+from bagpipe.optim.names import row_state_dim
 
 
 @dataclass(kw_only=True)
@@ -88,7 +89,7 @@ def run(b: SweepBench) -> dict:
     total = meta.total_rows
     widest = widest_batch(data, b.batch_size, b.steps)  # the smallest cache that can run
     dim = recipe(b.model, b.recipe).embedding_dim
-    state_dim = 1 if b.optimizer == "adagrad" else 0
+    state_dim = row_state_dim(b.optimizer, dim)
 
     points: dict[str, dict] = {}
     for pct in b.cache_percents:

@@ -46,21 +46,12 @@ def batch_to_kjt(batch, table_offsets, keys):
     return KeyedJaggedTensor.from_offsets_sync(keys=keys, values=batch.rows - base, offsets=batch.offsets)
 
 
-def _interaction_permutation(n: int):
-    """Index q (into bagpipe's strict-lower-triangle order) for each of TorchRec's
-    strict-upper-triangle interaction outputs over the same n vectors."""
-    import torch
-
-    lr, lc = torch.tril_indices(n, n, offset=-1)
-    pos = {(int(i), int(j)): k for k, (i, j) in enumerate(zip(lr, lc))}
-    ur, uc = torch.triu_indices(n, n, offset=1)
-    return torch.tensor([pos[(int(j), int(i))] for i, j in zip(ur, uc)], dtype=torch.long)
-
-
 def _copy_dense_init(tr_dlrm, bp_dlrm) -> None:
     """Give TorchRec's DLRM the MLP weights of bagpipe's DLRM (same seed, same maths)."""
     import torch
     from torch import nn
+
+    from bagpipe.export.naming import interaction_permutation
 
     def linears(m):
         return [x for x in m.modules() if isinstance(x, nn.Linear)]
@@ -77,7 +68,7 @@ def _copy_dense_init(tr_dlrm, bp_dlrm) -> None:
             d.bias.copy_(s.bias)
         # over arch input: [x (D), dots]; the dots come in another order
         D = bp_dlrm.bottom[-2].out_features
-        perm = _interaction_permutation(bp_dlrm.interaction.num_vectors)
+        perm = interaction_permutation(bp_dlrm.interaction.num_vectors)
         w = src_top[0].weight
         dst_top[0].weight.copy_(torch.cat([w[:, :D], w[:, D:].index_select(1, perm)], dim=1))
 
@@ -143,7 +134,8 @@ def train_torchrec(
     from bagpipe.data.shards import Dataset
     from bagpipe.data.stream import BatchStream
     from bagpipe.models import build_model, recipe
-    from bagpipe.train.metrics import RssSampler, log_loss, roc_auc
+    from bagpipe.train.evaluate import no_eval, scores
+    from bagpipe.train.metrics import RssSampler
     from bagpipe.train.summary import LOSS_WINDOW, StepMeter, build_summary
 
     if kernel not in ("fused", "dense"):
@@ -241,7 +233,7 @@ def train_torchrec(
     peak_anon = rss.stop()
 
     # evaluation exactly as bagpipe's loop does it: eval split in file order, capped
-    ev = {"eval_logloss": None, "eval_auc": None, "eval_samples": 0}
+    ev = no_eval()
     if dataset.has_split("eval"):
         dmp.eval()
         labels, probs, seen = [], [], 0
@@ -256,7 +248,7 @@ def train_torchrec(
         y, p = np.concatenate(labels), np.concatenate(probs)
         if eval_samples:
             y, p = y[:eval_samples], p[:eval_samples]
-        ev = {"eval_logloss": log_loss(y, p), "eval_auc": roc_auc(y, p), "eval_samples": int(len(y))}
+        ev = scores(y, p)
     import importlib.metadata as md
 
     summary = build_summary(

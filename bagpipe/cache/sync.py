@@ -26,10 +26,11 @@ from bagpipe.cache.slots import SlotCache
 from bagpipe.optim.sparse import SparseOptimizer
 
 
-def _update(cache: SlotCache, opt: SparseOptimizer, slots: torch.Tensor, grad: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+def _update(cache: SlotCache, opt: SparseOptimizer, step: int, slots: torch.Tensor, grad: torch.Tensor,
+            weights: torch.Tensor | None = None) -> None:
     w = cache.weights.index_select(0, slots) if weights is None else weights
     s = cache.state.index_select(0, slots)
-    new_w, new_s = opt.update(w, s, grad)
+    new_w, new_s = opt.update(w, s, grad, step)
     cache.weights.index_copy_(0, slots, new_w)
     cache.state.index_copy_(0, slots, new_s)
 
@@ -40,17 +41,18 @@ class PendingSync:
     Holds the all-reduce of the deferred rows' gradients; :meth:`finish` waits for it
     and applies their update. It must run before those rows are read, written back or
     their slots reused -- the trainer finishes it after the next step's backward, or
-    earlier if the next plan evicts one of :attr:`slots`.
+    earlier if the next plan evicts one of :attr:`slots`. The update is that of ``step``,
+    the step whose gradients these are (its learning rate, Adam's t), whenever it runs.
     """
 
-    def __init__(self, work, buf: torch.Tensor, slots: torch.Tensor, cache: SlotCache, opt: SparseOptimizer):
-        self.work, self.buf, self.slots, self.cache, self.opt = work, buf, slots, cache, opt
+    def __init__(self, work, buf: torch.Tensor, slots: torch.Tensor, cache: SlotCache, opt: SparseOptimizer, step: int):
+        self.work, self.buf, self.slots, self.cache, self.opt, self.step = work, buf, slots, cache, opt, step
         self.slot_set = slots.numpy()
 
     @torch.no_grad()
     def finish(self) -> None:
         self.work.wait()
-        _update(self.cache, self.opt, self.slots, self.buf)
+        _update(self.cache, self.opt, self.step, self.slots, self.buf)
 
     def touches(self, slots: np.ndarray) -> bool:
         """Whether any of ``slots`` is one of the pending rows' slots."""
@@ -61,6 +63,7 @@ class PendingSync:
 def sync_and_update(
     cache: SlotCache,
     opt: SparseOptimizer,
+    step: int,
     rows_u: torch.Tensor,
     grad_u: torch.Tensor,
     slots_u: torch.Tensor,
@@ -73,6 +76,7 @@ def sync_and_update(
     """Average the synchronised rows' gradients over the trainers and update every row.
 
     Args:
+        step: the 0-based index of the step whose gradients these are.
         rows_u, grad_u: (U_i, D) this trainer's unique rows (values used in the step) and
             their gradients.
         slots_u: (U_i,) their cache slots.
@@ -100,12 +104,12 @@ def sync_and_update(
             if K1 < K:
                 rest = buf[K1:]
                 work = dist.all_reduce(rest, op=dist.ReduceOp.SUM, group=group, async_op=True)
-                pending = PendingSync(work, rest, sync_slots[K1:], cache, opt)
+                pending = PendingSync(work, rest, sync_slots[K1:], cache, opt, step)
         if K1:
-            _update(cache, opt, sync_slots[:K1], buf[:K1])
+            _update(cache, opt, step, sync_slots[:K1], buf[:K1])
     local = ~in_sync
     if bool(local.any()):
-        _update(cache, opt, slots_u[local], grad[local], rows_u[local])
+        _update(cache, opt, step, slots_u[local], grad[local], rows_u[local])
     return sent, pending
 
 
@@ -129,7 +133,7 @@ class SyncedRowUpdate:
         plan = inp.plan
         self.finish()  # the previous step's deferred half has overlapped this step's compute
         sent, self.pending = sync_and_update(
-            self.cache, self.opt, rows_u, grad_u, inp.index,
+            self.cache, self.opt, inp.step, rows_u, grad_u, inp.index,
             torch.from_numpy(plan.sync_slots), torch.from_numpy(plan.sync_pos),
             plan.num_trainers, self.group, urgent=plan.sync_urgent,
         )

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 DESCRIPTION = """\
-Evaluate a finished (or checkpointed) run on a dataset's eval split: log loss and AUC.
+Evaluate a finished (or checkpointed) run on a dataset's eval split: log loss, ROC AUC,
+normalized entropy (log loss / entropy of the observed CTR), calibration (mean predicted
+CTR / observed CTR) and accuracy (threshold 0.5).
 
 The run's latest checkpoint holds every embedding row in global row order, so a run
 trained in any mode evaluates the same way.
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.errors import CheckpointError, ConfigError
     from bagpipe.models import ModelConfig, build_model
     from bagpipe.train.checkpoint import load_latest
-    from bagpipe.train.evaluate import evaluate
+    from bagpipe.train.evaluate import eval_line, evaluate
 
     run_dir = Path(args.run)
     cfg_path = run_dir / "config.json"
@@ -71,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
     elif res["eval_auc"] is None:
         print(f"{args.data} has no eval split")
     else:
-        print(f"step {ckpt.step}: eval logloss {res['eval_logloss']:.4f}, eval AUC {res['eval_auc']:.4f} on {res['eval_samples']} samples")
+        print(f"step {ckpt.step}: {eval_line(res)}")
     return 0

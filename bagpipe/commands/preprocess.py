@@ -38,12 +38,6 @@ Examples:
   bagpipe preprocess taobao --input train.csv --eval-files valid.csv --min-count 2 --out data/taobao
 """
 
-_FORMATS = {
-    "criteo": ("bagpipe.preprocess.criteo", "CriteoFormat", "Criteo Kaggle / Terabyte text (tab-separated, no header)"),
-    "avazu": ("bagpipe.preprocess.avazu", "AvazuFormat", "Avazu CTR CSV"),
-    "taobao": ("bagpipe.preprocess.taobao", "TaobaoFormat", "Taobao display-ad CSV (FuxiCTR layout)"),
-}
-
 _FORMAT_HELP = {
     "criteo": """\
 Criteo Kaggle / Terabyte text: one line per sample, tab-separated, no header:
@@ -148,8 +142,10 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bagpipe.preprocess.registry import FORMATS
+
     sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
-    for name, (_, _, summary) in _FORMATS.items():
+    for name, (_, _, summary) in FORMATS.items():
         sp = sub.add_parser(
             name,
             help=summary,
@@ -161,15 +157,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import importlib
-
     from bagpipe.data.shards import DEFAULT_ROWS_PER_SHARD
     from bagpipe.preprocess.options import Options
+    from bagpipe.preprocess.registry import raw_format
     from bagpipe.preprocess.run import run_preprocess
 
-    module_name, cls_name, _ = _FORMATS[args.format]
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    fmt = cls(labelled=not args.no_label, header="no" if getattr(args, "no_header", False) else "auto")
+    fmt = raw_format(args.format, labelled=not args.no_label, header="no" if getattr(args, "no_header", False) else "auto")
     opts = Options(
         out=args.out,
         inputs=list(args.input),

@@ -65,11 +65,14 @@ def run(args: argparse.Namespace) -> int:
 
 def summary_line(s: dict) -> str:
     """The one line a finished run prints."""
-    auc = "n/a" if s["eval_auc"] is None else f"{s['eval_auc']:.4f}"
-    ll = "n/a" if s["eval_logloss"] is None else f"{s['eval_logloss']:.4f}"
+
+    def fig(key: str, fmt: str = ".4f") -> str:
+        return "n/a" if s.get(key) is None else format(s[key], fmt)
+
     digest = "not computed (--no-digest)" if s["params_sha256"] is None else s["params_sha256"][:16] + "…"
     return (
         f"{s['mode']}: {s['steps']} steps, {s['samples_per_s']:,.0f} samples/s, "
-        f"train logloss {s['train_logloss']:.4f}, eval logloss {ll}, eval AUC {auc}, "
+        f"train logloss {s['train_logloss']:.4f}, eval logloss {fig('eval_logloss')}, eval AUC {fig('eval_auc')}, "
+        f"NE {fig('eval_ne')}, calibration {fig('eval_calibration', '.3f')}, "
         f"peak RSS {s['peak_rss_mb']:.0f} MiB, params_sha256 {digest}"
     )

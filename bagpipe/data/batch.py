@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
+import numpy as np
 import torch
+
+from bagpipe.data.schema import FeatureSpec
 
 
 @dataclass
@@ -33,3 +37,49 @@ class Batch:
     @property
     def batch_size(self) -> int:
         return int(self.labels.shape[0])
+
+
+def make_batch(
+    features: Sequence[FeatureSpec],
+    table_offsets: np.ndarray,
+    labels: np.ndarray,
+    dense: np.ndarray,
+    sparse: np.ndarray,
+    multihot: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> Batch:
+    """A :class:`Batch` in global row space from table-local ids.
+
+    ``features``: the F features in schema order; ``table_offsets`` (F + 1,) each table's
+    first global row; labels (B,), dense (B, Dd); sparse (B, F1) ids of the one-hot
+    features in schema order; multihot: name -> (ids (nnz,), lengths (B,)) of each
+    multi-hot feature. The batch stream and ``bagpipe predict`` both build batches here.
+    """
+    B = len(labels)
+    F = len(features)
+    offs = table_offsets
+    if not multihot:
+        rows = (sparse.astype(np.int64) + offs[None, :-1]).T.reshape(-1)
+        offsets = np.arange(F * B + 1, dtype=np.int64)
+    else:
+        parts, lengths = [], []
+        j = 0
+        for f_idx, f in enumerate(features):
+            if f.multi_hot:
+                vals = multihot[f.name][0].astype(np.int64)
+                lens = multihot[f.name][1].astype(np.int64)
+            else:
+                vals = sparse[:, j].astype(np.int64)
+                lens = np.ones(B, np.int64)
+                j += 1
+            parts.append(vals + offs[f_idx])
+            lengths.append(lens)
+        rows = np.concatenate(parts)
+        offsets = np.zeros(F * B + 1, np.int64)
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    return Batch(
+        labels=torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32)),
+        dense=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
+        rows=torch.from_numpy(np.ascontiguousarray(rows)),
+        offsets=torch.from_numpy(offsets),
+        num_features=F,
+    )

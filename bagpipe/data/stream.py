@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
-import torch
 
-from bagpipe.data.batch import Batch
+from bagpipe.data.batch import Batch, make_batch
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import ConfigError, DataError
 
@@ -145,32 +144,6 @@ class BatchStream:
         return self._to_batch(np.concatenate(labels), np.concatenate(dense), np.concatenate(sparse), mh)
 
     def _to_batch(self, labels, dense, sparse, mh) -> Batch:
-        B = len(labels)
-        F = self.meta.num_features
-        offs = self.table_offsets
-        if not mh:
-            rows = (sparse.astype(np.int64) + offs[None, :-1]).T.reshape(-1)
-            offsets = np.arange(F * B + 1, dtype=np.int64)
-        else:
-            parts, lengths = [], []
-            j = 0
-            for f_idx, f in enumerate(self.meta.features):
-                if f.multi_hot:
-                    vals = np.concatenate([p[0] for p in mh[f.name]]).astype(np.int64)
-                    lens = np.concatenate([p[1] for p in mh[f.name]]).astype(np.int64)
-                else:
-                    vals = sparse[:, j].astype(np.int64)
-                    lens = np.ones(B, np.int64)
-                    j += 1
-                parts.append(vals + offs[f_idx])
-                lengths.append(lens)
-            rows = np.concatenate(parts)
-            offsets = np.zeros(F * B + 1, np.int64)
-            np.cumsum(np.concatenate(lengths), out=offsets[1:])
-        return Batch(
-            labels=torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32)),
-            dense=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
-            rows=torch.from_numpy(np.ascontiguousarray(rows)),
-            offsets=torch.from_numpy(offsets),
-            num_features=F,
-        )
+        multihot = {name: (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+                    for name, parts in mh.items()}
+        return make_batch(self.meta.features, self.table_offsets, labels, dense, sparse, multihot)

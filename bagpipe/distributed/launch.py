@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.data.shards import Dataset
+from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.store import holds_store
+from bagpipe.train.config import TrainConfig
 from bagpipe.train.resume import refuse_overwrite
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
-from bagpipe.train.config import TrainConfig
 
 STOP_GRACE_S = 10.0
 

@@ -19,7 +19,7 @@ from bagpipe.data.stream import BatchStream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
-from bagpipe.optim.sparse import build_sparse_optimizer
+from bagpipe.optim.names import row_state_dim
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.sizing import lookups_per_batch, size_cache
 from bagpipe.train.config import TrainConfig
@@ -49,10 +49,10 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
     total_rows = dataset.meta.total_rows
     c = cfg.cache
     # the cache every trainer allocates: sized once, here, exactly as one process sizes it
-    state_dim = build_sparse_optimizer(cfg.optim.optimizer, cfg.optim.lr).state_dim
+    dim = cfg.arch.model_config().embedding_dim
     size = size_cache(
         c.mode, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb, total_rows=total_rows,
-        dim=cfg.arch.model_config().embedding_dim, state_dim=state_dim, stream=stream, steps=cfg.run.steps,
+        dim=dim, state_dim=row_state_dim(cfg.optim.optimizer, dim), stream=stream, steps=cfg.run.steps,
         lookups=(lookups := lookups_per_batch(dataset.meta, stream, cfg.run.steps)),
     )
     if size.tuned is not None:

@@ -1,12 +1,10 @@
-"""Optimizers: row-wise sparse optimizers for embedding rows, torch optimizers for dense parameters."""
+"""Optimizers and learning-rate schedules.
 
-from bagpipe.optim.sparse import (
-    OPTIMIZER_NAMES,
-    RowWiseAdagrad,
-    RowWiseSGD,
-    SparseOptimizer,
-    build_dense_optimizer,
-    build_sparse_optimizer,
-)
+* :mod:`~bagpipe.optim.sparse`: the row-wise optimizer interface, SGD and Adagrad;
+* :mod:`~bagpipe.optim.adam`: row-wise Adam and partial row-wise Adam (FBGEMM's);
+* :mod:`~bagpipe.optim.build`: an optimizer by name, row-wise and dense (torch's);
+* :mod:`~bagpipe.optim.schedule`: learning-rate schedules (constant, MLPerf DLRM's warm-up + polynomial decay, step);
+* :mod:`~bagpipe.optim.names`: the names (no torch: config checks import it).
 
-__all__ = ["OPTIMIZER_NAMES", "RowWiseAdagrad", "RowWiseSGD", "SparseOptimizer", "build_dense_optimizer", "build_sparse_optimizer"]
+This ``__init__`` imports nothing, so the names cost no torch import.
+"""

@@ -1,4 +1,4 @@
-"""Row-wise sparse optimizers applied to the rows a batch touched.
+"""Row-wise sparse optimizers applied to the rows a batch touched: the interface, SGD and Adagrad.
 
 The same code updates rows of the reference trainer's full tables and rows of a
 trainer's cache, which is what makes cached training bitwise equal to the reference:
@@ -10,6 +10,12 @@ Update order per step (documented because exactness depends on it):
    autograd through ``embedding_bag`` over a gathered (U, D) leaf (deterministic on CPU);
 2. dense parameters step (torch optimizer), then embedding rows step (this module);
    the two touch disjoint memory, so their order does not change any bit.
+
+Every update is told the 0-based index of the training step whose gradients it
+applies (``step``): the learning-rate schedule's position and, for the Adam family
+(:mod:`bagpipe.optim.adam`), the global iteration ``t = step + 1`` of the bias
+correction, as FBGEMM's ``iter``. The step is the data position (batch k is step k),
+so every mode, every topology and a resumed run use the same t for the same update.
 """
 
 from __future__ import annotations
@@ -19,26 +25,31 @@ from abc import ABC, abstractmethod
 import torch
 
 from bagpipe.errors import ConfigError
-
-OPTIMIZER_NAMES = ("sgd", "adagrad")
+from bagpipe.optim.schedule import LRSchedule
 
 
 class SparseOptimizer(ABC):
     """Updates embedding rows given their gradients.
 
-    ``state_dim`` (S) is the number of optimizer-state floats stored with each row.
+    ``state_dim`` (S) is the number of optimizer-state floats stored with each row;
+    ``schedule`` scales the base rate ``lr`` by the step (constant by default).
     """
 
     state_dim: int = 0
 
-    def __init__(self, lr: float):
+    def __init__(self, lr: float, schedule: LRSchedule | None = None):
         if not lr > 0:
             raise ConfigError(f"learning rate must be > 0, got {lr}")
         self.lr = float(lr)
+        self.schedule = schedule if schedule is not None else LRSchedule()
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of 0-based step ``step``."""
+        return self.schedule.lr(self.lr, step)
 
     @abstractmethod
-    def update(self, weights: torch.Tensor, state: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """weights (U, D), state (U, S), grad (U, D) -> new weights (U, D), new state (U, S)."""
+    def update(self, weights: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """weights (U, D), state (U, S), grad (U, D) of 0-based step ``step`` -> new weights (U, D), new state (U, S)."""
 
 
 class RowWiseSGD(SparseOptimizer):
@@ -46,8 +57,8 @@ class RowWiseSGD(SparseOptimizer):
 
     state_dim = 0
 
-    def update(self, weights, state, grad):
-        return weights - self.lr * grad, state
+    def update(self, weights, state, grad, step):
+        return weights - self.lr_at(step) * grad, state
 
 
 class RowWiseAdagrad(SparseOptimizer):
@@ -58,26 +69,10 @@ class RowWiseAdagrad(SparseOptimizer):
 
     state_dim = 1
 
-    def __init__(self, lr: float, eps: float = 1e-8):
-        super().__init__(lr)
+    def __init__(self, lr: float, eps: float = 1e-8, schedule: LRSchedule | None = None):
+        super().__init__(lr, schedule)
         self.eps = float(eps)
 
-    def update(self, weights, state, grad):
+    def update(self, weights, state, grad, step):
         new_state = state + (grad * grad).mean(dim=1, keepdim=True)
-        return weights - self.lr * grad / (new_state.sqrt() + self.eps), new_state
-
-
-def build_sparse_optimizer(name: str, lr: float) -> SparseOptimizer:
-    if name == "sgd":
-        return RowWiseSGD(lr)
-    if name == "adagrad":
-        return RowWiseAdagrad(lr)
-    raise ConfigError(f"unknown optimizer {name!r} (choose from {', '.join(OPTIMIZER_NAMES)})")
-
-
-def build_dense_optimizer(name: str, lr: float, params) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr)
-    raise ConfigError(f"unknown optimizer {name!r} (choose from {', '.join(OPTIMIZER_NAMES)})")
+        return weights - self.lr_at(step) * grad / (new_state.sqrt() + self.eps), new_state

@@ -27,8 +27,22 @@ import re
 
 import numpy as np
 
-from bagpipe.preprocess.fastparse import MISSING_KEY, padded, parse_decimals, parse_hex_keys, words
-from bagpipe.preprocess.formats import BadLine, FieldLayout, Raw, RawFormat, Row, show, strip_cr
+from bagpipe.preprocess.fastparse import (
+    MISSING_KEY,
+    padded,
+    parse_decimals,
+    parse_hex_keys,
+    words,
+)
+from bagpipe.preprocess.formats import (
+    BadLine,
+    FieldLayout,
+    Raw,
+    RawFormat,
+    Row,
+    show,
+    strip_cr,
+)
 
 DENSE_NAMES = [f"I{i}" for i in range(1, 14)]
 CAT_NAMES = [f"C{i}" for i in range(1, 27)]

@@ -19,7 +19,7 @@ Blocks are parsed on a thread pool (numpy and pyarrow release the GIL) and consu
 strictly in order (:func:`_pipelined`), so the output does not depend on the number of
 threads or the block size. Bad lines stop the run with ``FILE:LINE: problem``
 (``--on-error fail``) or are skipped and counted, the first ten kept as examples
-(``--on-error skip``; :class:`_BadLines`).
+(``--on-error skip``; :class:`BadLines`, which ``bagpipe predict`` shares).
 """
 
 from __future__ import annotations
@@ -39,10 +39,24 @@ from bagpipe.data.schema import META_FILE, FeatureSpec
 from bagpipe.data.shards import ShardWriter
 from bagpipe.errors import ConfigError, DataError, ParseError
 from bagpipe.preprocess.formats import RawFormat
-from bagpipe.preprocess.inputs import Block, InputFile, count_data_lines, iter_blocks, probe
+from bagpipe.preprocess.inputs import (
+    Block,
+    InputFile,
+    count_data_lines,
+    iter_blocks,
+    probe,
+)
 from bagpipe.preprocess.options import Options, Result
 from bagpipe.preprocess.spill import Parsed, Spill
-from bagpipe.preprocess.vocab import HashMapping, KeyCounter, Mapping, Vocabulary, load_mapping, save_mapping
+from bagpipe.preprocess.vocab import (
+    HashMapping,
+    KeyCounter,
+    Mapping,
+    Vocabulary,
+    load_mapping,
+    map_ids,
+    save_mapping,
+)
 
 MAX_BAD_EXAMPLES = 10
 
@@ -77,7 +91,7 @@ def _pipelined(items: Iterator, fn: Callable, workers: int) -> Iterator:
         ex.shutdown(wait=True, cancel_futures=True)
 
 
-class _BadLines:
+class BadLines:
     """The bad-line policy: ``fail`` raises :class:`~bagpipe.errors.ParseError` (``FILE:LINE:
     problem``) at the first bad line; ``skip`` counts them and keeps the first
     :data:`MAX_BAD_EXAMPLES` as examples."""
@@ -143,7 +157,7 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
             total = sum(f.lines for f in inputs)
             n_train = math.floor(Fraction(str(split)) * total)
 
-    bad = _BadLines(opts.on_error)
+    bad = BadLines(opts.on_error)
     stop = opts.on_error == "fail"
     keyed = fmt.key_features + fmt.seq_features
     if mapping is None and opts.max_rows_per_table is not None:
@@ -242,28 +256,14 @@ def _write(fmt, opts, out, files, mapping, spill, bad, parse, blocks, is_train, 
         out, fmt.dense_names, features, id_dtype=id_dtype, rows_per_shard=opts.rows_per_shard, overwrite=opts.overwrite
     )
     save_mapping(out, fmt, mapping)
-    fixed_names = [n for n, _ in fmt.fixed_features]
-    onehot_src = []  # per one-hot feature in schema order: ("key", j) or ("fixed", j)
-    for name in fmt.feature_order:
-        if name in fmt.key_features:
-            onehot_src.append(("key", fmt.key_features.index(name)))
-        elif name in fixed_rows:
-            onehot_src.append(("fixed", fixed_names.index(name)))
 
     def work(item):
         kind, b, index = item
         p = spill.load(index) if kind == "spill" else parse(b)
         raw = p.raw
-        n = len(raw)
-        ids = np.empty((len(onehot_src), n), dtype=np.int64)  # feature-major, like raw.keys
-        for col, (src, j) in enumerate(onehot_src):
-            if src == "key":
-                ids[col] = mapping.map(fmt.key_features[j], raw.keys[j])
-            else:
-                ids[col] = raw.fixed[:, j]
-        sparse = np.empty((n, len(onehot_src)), dtype=id_dtype)
+        ids, multihot = map_ids(fmt, mapping, raw)  # ids feature-major, like raw.keys
+        sparse = np.empty((len(raw), ids.shape[0]), dtype=id_dtype)
         sparse[:] = ids.T
-        multihot = {name: (mapping.map(name, v), lengths) for name, (v, lengths) in zip(fmt.seq_features, raw.seqs)}
         return raw.rows, raw.labels, p.dense, sparse, multihot, p.bad
 
     def items():

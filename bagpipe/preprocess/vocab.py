@@ -12,10 +12,12 @@ missing value is :data:`~bagpipe.preprocess.fastparse.MISSING_KEY`, -1). A
   Built from a :class:`KeyCounter` per feature (counts merged block by block) and looked
   up through a :class:`KeyIndex` (a vectorised open-addressing hash table).
 
-:func:`save_mapping` writes ``OUT/vocab/vocab.json`` plus, in vocabulary mode, per
-feature ``<name>.keys.npy`` and ``<name>.counts.npy`` (every distinct key of the train
-lines, sorted ascending, int64, with its count); :func:`load_mapping` reads them back
-for ``--vocab-from DIR``.
+:func:`map_ids` turns parsed lines into the ids of every feature (preprocessing and
+``bagpipe predict`` share it). :func:`save_mapping` writes ``OUT/vocab/vocab.json`` plus,
+in vocabulary mode, per feature ``<name>.keys.npy`` and ``<name>.counts.npy`` (every
+distinct key of the train lines, sorted ascending, int64, with its count);
+:func:`load_mapping` reads them back for ``--vocab-from DIR``, :func:`read_mapping` from
+any copy of the ``vocab`` folder (an exported model's).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 from bagpipe.data.schema import META_FILE, read_json
 from bagpipe.errors import ConfigError, DataError
 from bagpipe.preprocess.fastparse import MISSING_KEY
-from bagpipe.preprocess.formats import RawFormat
+from bagpipe.preprocess.formats import Raw, RawFormat
 
 VOCAB_DIR = "vocab"
 VOCAB_FILE = "vocab.json"
@@ -224,6 +226,21 @@ class Vocabulary(Mapping):
         return {"mode": "vocab", "min_count": self.min_count}
 
 
+def map_ids(fmt: RawFormat, mapping: Mapping, raw: Raw) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The ids of parsed lines ``raw``: (F1, n) int64 of the one-hot features in schema order
+    (feature-major, like ``raw.keys``), and per multi-hot feature (ids (nnz,), lengths (n,))."""
+    fixed_names = [n for n, _ in fmt.fixed_features]
+    one_hot = [n for n in fmt.feature_order if n not in fmt.seq_features]
+    ids = np.empty((len(one_hot), len(raw)), dtype=np.int64)
+    for col, name in enumerate(one_hot):
+        if name in fmt.key_features:
+            ids[col] = mapping.map(name, raw.keys[fmt.key_features.index(name)])
+        else:
+            ids[col] = raw.fixed[:, fixed_names.index(name)]
+    multihot = {name: (mapping.map(name, v), lengths) for name, (v, lengths) in zip(fmt.seq_features, raw.seqs)}
+    return ids, multihot
+
+
 def save_mapping(out: Path, fmt: RawFormat, mapping: Mapping) -> None:
     d = out / VOCAB_DIR
     d.mkdir(parents=True, exist_ok=True)
@@ -249,6 +266,7 @@ def save_mapping(out: Path, fmt: RawFormat, mapping: Mapping) -> None:
 
 
 def load_mapping(directory: str | os.PathLike, fmt: RawFormat) -> Mapping:
+    """The mapping of dataset ``directory`` (``--vocab-from``)."""
     directory = Path(directory)
     path = directory / VOCAB_DIR / VOCAB_FILE
     if not directory.is_dir():
@@ -257,11 +275,19 @@ def load_mapping(directory: str | os.PathLike, fmt: RawFormat) -> Mapping:
         raise DataError(f"--vocab-from {directory}: not a finished dataset (no {META_FILE})")
     if not path.exists():
         raise DataError(f"--vocab-from {directory}: has no {VOCAB_DIR}/{VOCAB_FILE} (not made by bagpipe preprocess)")
+    return read_mapping(path, fmt, f"--vocab-from {directory}")
+
+
+def read_mapping(path: str | os.PathLike, fmt: RawFormat, name: str | None = None) -> Mapping:
+    """The mapping saved in ``path`` (a ``vocab.json`` beside its ``.npy`` files); ``name``
+    (default: the folder) starts the messages of its errors."""
+    path = Path(path)
+    name = name or str(path.parent)
     doc = read_json(path)
     if doc.get("version") != VOCAB_VERSION:
         raise DataError(f"{path}: unsupported vocabulary version {doc.get('version')!r}")
     if doc.get("format") != fmt.name:
-        raise DataError(f"--vocab-from {directory}: holds a {doc.get('format')} vocabulary, not {fmt.name}")
+        raise DataError(f"{name}: holds a {doc.get('format')} vocabulary, not {fmt.name}")
     names = fmt.key_features + fmt.seq_features
     missing = [n for n in names if n not in doc.get("features", {})]
     if missing:

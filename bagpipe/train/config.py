@@ -17,11 +17,11 @@ from typing import Literal
 from bagpipe.config import Section, build, flatten, need, read_toml, to_flat
 from bagpipe.config.typed import finite
 from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
+from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
 Mode = Literal["full", "nocache", "lru", "lookahead"]
 Store = Literal["memory", "disk"]
 CacheSync = Literal["partitioned", "replicated"]
-OptimizerName = Literal["sgd", "adagrad"]
 
 
 @dataclass(kw_only=True)
@@ -67,15 +67,88 @@ class ArchConfig(Section):
 
 @dataclass(kw_only=True)
 class OptimConfig(Section):
-    """optimisation"""
+    """optimisation (docs/optimizers.md)"""
 
     optimizer: OptimizerName = "adagrad"
-    """Row-wise for embedding rows, torch's for dense parameters."""
+    """Row-wise for embedding rows (FBGEMM's sgd, rowwise adagrad, adam, partial_rowwise_adam),
+    torch's for dense parameters (Adam for both Adam variants)."""
     lr: float = 0.05
-    """Learning rate of both the dense and the sparse optimizer."""
+    """Learning rate of the dense parameters, and of the embedding rows unless --embedding-lr
+    is given; the base rate a schedule scales."""
+    embedding_lr: float | None = None
+    """Learning rate of the embedding rows (default: --lr)."""
+    beta1: float = 0.9
+    """Adam's first-moment decay (adam, partial_rowwise_adam)."""
+    beta2: float = 0.999
+    """Adam's second-moment decay (adam, partial_rowwise_adam)."""
+    eps: float = 1e-8
+    """Adam's denominator term (adam, partial_rowwise_adam)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay: every updated weight also moves by -lr * weight_decay * w
+    (adam, partial_rowwise_adam; FBGEMM's rule, torch's AdamW)."""
+    lr_schedule: ScheduleName = "constant"
+    """constant; warmup-poly: MLPerf DLRM's linear warm-up, then polynomial decay; step:
+    warm-up, then times --lr-gamma every --lr-decay-steps. Scales both rates."""
+    lr_warmup_steps: int = 0
+    """W: the rate ramps linearly from lr/W at step 1 to lr at step W (warmup-poly, step)."""
+    lr_decay_start: int = 0
+    """S: the step (counted from 1) where the decay starts (warmup-poly, step); >= W."""
+    lr_decay_steps: int = 0
+    """N: warmup-poly decays to 0 over N steps from S; step multiplies by --lr-gamma every N steps."""
+    lr_decay_power: float = 2.0
+    """p of warmup-poly's decay factor ((N - (t - S)) / N) ** p (MLPerf DLRM: 2)."""
+    lr_gamma: float = 0.1
+    """Factor of each step of the step schedule."""
+    lr_min: float = 0.0
+    """Floor of both rates once the decay has started (MLPerf DLRM: 1e-7)."""
 
     def validate(self) -> None:
         need(finite(self.lr) and self.lr > 0, f"learning rate must be > 0, got {self.lr}")
+        e = self.embedding_lr
+        need(e is None or (finite(e) and e > 0), f"embedding learning rate must be > 0, got {e}")
+        need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"Adam betas must be in [0, 1), got {self.beta1} and {self.beta2}")
+        need(finite(self.eps) and self.eps > 0, f"eps must be > 0, got {self.eps}")
+        need(finite(self.weight_decay) and self.weight_decay >= 0, f"weight decay must be >= 0, got {self.weight_decay}")
+        adam = (self.beta1, self.beta2, self.eps, self.weight_decay)
+        need(self.optimizer in ADAM_FAMILY or adam == (0.9, 0.999, 1e-8, 0.0),
+             f"--beta1, --beta2, --eps and --weight-decay apply to adam and partial_rowwise_adam, not {self.optimizer}")
+        W, S, N = self.lr_warmup_steps, self.lr_decay_start, self.lr_decay_steps
+        need(min(W, S, N) >= 0, f"schedule steps must be >= 0, got warm-up {W}, decay start {S}, decay steps {N}")
+        need(finite(self.lr_min) and self.lr_min >= 0, f"lr-min must be >= 0, got {self.lr_min}")
+        need(finite(self.lr_decay_power) and self.lr_decay_power > 0, f"lr-decay-power must be > 0, got {self.lr_decay_power}")
+        need(finite(self.lr_gamma) and 0 < self.lr_gamma <= 1, f"lr-gamma must be in (0, 1], got {self.lr_gamma}")
+        if self.lr_schedule == "constant":
+            need(W == S == N == 0, "--lr-warmup-steps, --lr-decay-start and --lr-decay-steps need --lr-schedule warmup-poly or step")
+        elif N > 0:
+            need(S >= W, f"the decay must start after the warm-up: --lr-decay-start {S} < --lr-warmup-steps {W}")
+        if self.lr_schedule == "step":
+            need(N > 0, "--lr-schedule step needs --lr-decay-steps N > 0 (steps between two decays)")
+
+    def schedule(self):
+        """The :class:`~bagpipe.optim.schedule.LRSchedule` of these settings."""
+        from bagpipe.optim.schedule import LRSchedule
+
+        return LRSchedule(kind=self.lr_schedule, warmup_steps=self.lr_warmup_steps, decay_start=self.lr_decay_start,
+                          decay_steps=self.lr_decay_steps, power=self.lr_decay_power, gamma=self.lr_gamma, lr_min=self.lr_min)
+
+    @property
+    def row_lr(self) -> float:
+        """The embedding rows' base learning rate."""
+        return self.lr if self.embedding_lr is None else self.embedding_lr
+
+    def sparse_optimizer(self, dim: int):
+        """The row-wise optimizer for rows of D = ``dim``, with the schedule."""
+        from bagpipe.optim.build import build_sparse_optimizer
+
+        return build_sparse_optimizer(self.optimizer, self.row_lr, dim, betas=(self.beta1, self.beta2), eps=self.eps,
+                                      weight_decay=self.weight_decay, schedule=self.schedule())
+
+    def dense_optimizer(self, params):
+        """torch's optimizer for the dense parameters ``params`` (the loop sets its rate each step)."""
+        from bagpipe.optim.build import build_dense_optimizer
+
+        return build_dense_optimizer(self.optimizer, self.lr, params, betas=(self.beta1, self.beta2), eps=self.eps,
+                                     weight_decay=self.weight_decay)
 
 
 @dataclass(kw_only=True)
@@ -177,6 +250,9 @@ class RunConfig(Section):
     """Write a checkpoint at the end (what `bagpipe eval` reads); benchmarks turn it off."""
     digest: bool = True
     """Compute params_sha256 at the end (reads every embedding row once)."""
+    tensorboard: str | None = None
+    """Also log the metrics as TensorBoard scalars into this directory (needs the
+    tensorboard package: pip install 'bagpipe[tensorboard]')."""
 
     def validate(self) -> None:
         need(self.steps > 0, f"steps must be > 0, got {self.steps}")

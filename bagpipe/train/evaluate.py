@@ -1,4 +1,10 @@
-"""Evaluation on a dataset's eval split: log loss and ROC AUC."""
+"""Evaluation on a dataset's eval split: the one function every topology and ``bagpipe eval`` use.
+
+The figures (:data:`EVAL_KEYS`): log loss, ROC AUC, normalized entropy (log loss over
+the entropy of the observed CTR), calibration (mean predicted CTR over observed CTR)
+and accuracy (threshold 0.5), over the whole eval split or its first ``max_samples``
+samples, in file order.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +13,61 @@ from typing import Callable
 import numpy as np
 import torch
 
+from bagpipe.data.batch import Batch
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
-from bagpipe.train.metrics import log_loss, roc_auc
+from bagpipe.train.metrics import (
+    accuracy,
+    calibration,
+    log_loss,
+    normalized_entropy,
+    roc_auc,
+)
 from bagpipe.train.step import forward_logits
 
 #: ``lookup(rows (U,) int64) -> (U, D)`` current weights of global rows.
 Lookup = Callable[[torch.Tensor], torch.Tensor]
 
+EVAL_KEYS = ("eval_logloss", "eval_auc", "eval_ne", "eval_calibration", "eval_accuracy")
+
+
+@torch.no_grad()
+def batch_logits(model: torch.nn.Module, lookup: Lookup, batch: Batch) -> torch.Tensor:
+    """(B,) logits of ``batch`` with the rows' weights from ``lookup`` (the model in eval mode)."""
+    uniq, inverse = torch.unique(batch.rows, sorted=True, return_inverse=True)
+    return forward_logits(model, lookup(uniq), inverse, batch)
+
+
+def scores(labels: np.ndarray, probs: np.ndarray) -> dict:
+    """Every figure of :data:`EVAL_KEYS` plus ``eval_samples`` for predictions ``probs`` of ``labels``."""
+    return {
+        "eval_logloss": log_loss(labels, probs),
+        "eval_auc": roc_auc(labels, probs),
+        "eval_ne": normalized_entropy(labels, probs),
+        "eval_calibration": calibration(labels, probs),
+        "eval_accuracy": accuracy(labels, probs),
+        "eval_samples": int(len(labels)),
+    }
+
+
+def no_eval() -> dict:
+    """The figures of a dataset without an eval split: Nones, 0 samples."""
+    return dict.fromkeys(EVAL_KEYS) | {"eval_samples": 0}
+
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, lookup: Lookup, dataset: Dataset, batch_size: int, max_samples: int = 0) -> dict:
-    """``{"eval_logloss", "eval_auc", "eval_samples"}`` over the eval split (its first
-    ``max_samples`` samples if > 0), in file order; Nones when there is no eval split."""
+    """:func:`scores` over the eval split (its first ``max_samples`` samples if > 0), in
+    file order; Nones (and 0 samples) when there is no eval split."""
     if not dataset.has_split("eval"):
-        return {"eval_logloss": None, "eval_auc": None, "eval_samples": 0}
+        return no_eval()
     stream = BatchStream(dataset, "eval", batch_size, shuffle=False, drop_last=False)
     model.eval()
     labels, probs = [], []
     seen = 0
     for batch in stream.batches():
-        uniq, inverse = torch.unique(batch.rows, sorted=True, return_inverse=True)
-        logits = forward_logits(model, lookup(uniq), inverse, batch)
         labels.append(batch.labels.numpy())
-        probs.append(torch.sigmoid(logits).numpy())
+        probs.append(torch.sigmoid(batch_logits(model, lookup, batch)).numpy())
         seen += batch.batch_size
         if max_samples and seen >= max_samples:
             break
@@ -38,4 +75,13 @@ def evaluate(model: torch.nn.Module, lookup: Lookup, dataset: Dataset, batch_siz
     y, p = np.concatenate(labels), np.concatenate(probs)
     if max_samples:
         y, p = y[:max_samples], p[:max_samples]
-    return {"eval_logloss": log_loss(y, p), "eval_auc": roc_auc(y, p), "eval_samples": int(len(y))}
+    return scores(y, p)
+
+
+def eval_line(ev: dict) -> str:
+    """One line of an evaluation's figures (the progress note, ``bagpipe eval``)."""
+    if ev.get("eval_auc") is None:
+        return "no eval split"
+    return (f"eval logloss {ev['eval_logloss']:.4f}, eval AUC {ev['eval_auc']:.4f}, NE {ev['eval_ne']:.4f}, "
+            f"calibration {ev['eval_calibration']:.3f}, accuracy {ev['eval_accuracy']:.4f} "
+            f"on {ev['eval_samples']:,} samples")

@@ -18,17 +18,18 @@ import torch
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.models import build_model
-from bagpipe.optim.sparse import build_dense_optimizer, build_sparse_optimizer
+from bagpipe.optim.schedule import set_lr
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.checkpoint import restore, save_checkpoint
 from bagpipe.train.config import TrainConfig
-from bagpipe.train.evaluate import evaluate
+from bagpipe.train.evaluate import eval_line, evaluate
 from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
 from bagpipe.train.resume import refuse_overwrite, resume_point
 from bagpipe.train.rundir import RunDir, digest_and_save
 from bagpipe.train.step import train_step
 from bagpipe.train.summary import LOSS_WINDOW, StepMeter, build_summary
+from bagpipe.train.tensorboard import with_tensorboard
 from bagpipe.train.topology import SingleProcess, Topology
 
 LOG_EVERY = 10  # steps between metrics.jsonl records (and progress updates)
@@ -69,8 +70,8 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir, say: Callable[[str], N
     torch.manual_seed(rc.seed)
     model = build_model(mcfg, meta.num_dense, meta.num_features)
     net = topo.wrap(model)
-    dense_opt = build_dense_optimizer(cfg.optim.optimizer, cfg.optim.lr, model.parameters())
-    sparse_opt = build_sparse_optimizer(cfg.optim.optimizer, cfg.optim.lr)
+    dense_opt = cfg.optim.dense_optimizer(model.parameters())
+    sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, rc.seed)
     backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, say)
     failed = True
@@ -95,14 +96,16 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
     rows = topo.row_update(sparse_opt, backend)
     meter = StepMeter(start=start, warmup=rc.warmup_steps, batch_size=cfg.data.batch_size,
                       phases=lambda: backend.phase_seconds() | rows.phase_seconds())
-    log = run.metrics() if topo.reports else None
+    log = with_tensorboard(run.metrics(), rc.tensorboard) if topo.reports else None
     progress = Progress(topo.progress_kind(rc.progress), total=rc.steps, initial=start,
                         desc=f"train {cfg.arch.model}/{cfg.cache.mode}", say=topo.say if topo.reports else None)
     rss = RssSampler()
+    schedule, bases = cfg.optim.schedule(), {"lr": cfg.optim.lr, "embedding_lr": cfg.optim.row_lr}
 
     def checkpoint(step: int, chunks=None) -> None:
         """Save the run; the store must hold every row (``chunks`` defaults to a fresh export)."""
-        dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state()}
+        dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "lr_schedule": schedule.state(step, bases)}
         save_checkpoint(run.path, step, dense, backend.export() if chunks is None else chunks, init.num_rows, init.dim, sparse_opt.state_dim)
 
     def settle(step: int) -> None:
@@ -116,6 +119,7 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
     step = start
     try:
         for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
+            set_lr(dense_opt, schedule.lr(cfg.optim.lr, inp.step))  # the rows' optimizer scales its own by inp.step
             loss = train_step(net, dense_opt, rows, inp, meter.times)
             backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
             step = inp.step + 1
@@ -129,14 +133,13 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
                 sps = meter.samples_per_s()
                 progress.show(step, recent, sps)
                 if log is not None:
-                    log.write(step=step, loss=recent, samples_per_s=sps)
+                    log.write(step=step, loss=recent, samples_per_s=sps, **schedule.rates(step - 1, bases))
             if rc.eval_every and step % rc.eval_every == 0 and step < rc.steps:
                 settle(step)
                 if topo.reports:
                     ev = evaluate(model, backend.lookup, dataset, cfg.data.batch_size, rc.eval_samples)
                     log.write(step=step, **ev)
-                    progress.note(f"step {step}: eval logloss {ev['eval_logloss']:.4f}, eval AUC {ev['eval_auc']:.4f}"
-                                  if ev["eval_auc"] is not None else f"step {step}: no eval split")
+                    progress.note(f"step {step}: {eval_line(ev)}")
             if rc.checkpoint_every and step % rc.checkpoint_every == 0 and step < rc.steps:
                 settle(step)
                 if topo.reports:

@@ -1,4 +1,8 @@
-"""Evaluation metrics: ROC AUC and log loss, plus resource readings."""
+"""Evaluation metrics (ROC AUC, log loss, normalized entropy, calibration, accuracy), plus resource readings.
+
+Every metric takes 0/1 ``labels`` and predicted click probabilities ``probs`` of the
+same samples (float arrays of any shape) and computes in float64.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,32 @@ def log_loss(labels: np.ndarray, probs: np.ndarray, eps: float = 1e-7) -> float:
     labels = np.asarray(labels, dtype=np.float64).ravel()
     p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), eps, 1 - eps)
     return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+
+
+def entropy(p: float) -> float:
+    """Binary entropy (nats) of a click rate ``p``: the log loss of always predicting ``p``."""
+    if not 0.0 < p < 1.0:
+        return 0.0
+    return float(-(p * np.log(p) + (1 - p) * np.log(1 - p)))
+
+
+def normalized_entropy(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Log loss divided by the entropy of the observed click rate (He et al., 2014):
+    1.0 is no better than predicting the base CTR, lower is better. NaN with one class."""
+    h = entropy(float(np.mean(np.asarray(labels, dtype=np.float64))))
+    return log_loss(labels, probs) / h if h > 0 else float("nan")
+
+
+def calibration(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean predicted CTR / observed CTR: 1.0 is calibrated, > 1 over-predicts clicks. NaN without clicks."""
+    clicks = float(np.sum(np.asarray(labels, dtype=np.float64)))
+    return float(np.sum(np.asarray(probs, dtype=np.float64)) / clicks) if clicks > 0 else float("nan")
+
+
+def accuracy(labels: np.ndarray, probs: np.ndarray, threshold: float = 0.5) -> float:
+    """Share of samples whose prediction (click when p > ``threshold``) equals the label."""
+    y = np.asarray(labels, dtype=np.float64).ravel() > 0.5
+    return float(np.mean((np.asarray(probs, dtype=np.float64).ravel() > threshold) == y))
 
 
 def peak_rss_mb() -> float:

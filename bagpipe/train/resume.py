@@ -20,7 +20,7 @@ from bagpipe.train.rundir import RunDir
 #: Settings a resumed run may give other values than the run had.
 MAY_CHANGE = (
     "data", "out", "steps", "eval_every", "eval_samples", "checkpoint_every", "resume", "summary_json",
-    "threads", "progress", "warmup_steps", "final_checkpoint", "digest",
+    "threads", "progress", "warmup_steps", "final_checkpoint", "digest", "tensorboard",
     "mode", "store", "store_dir", "cache_rows", "lookahead", "cache_budget_mb", "init_from_store",
     "trainers", "servers", "cache_sync", "plans_in_flight", "rendezvous_timeout",
 )

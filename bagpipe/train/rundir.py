@@ -4,9 +4,10 @@ Layout of ``RUN/``::
 
     config.json     the run's settings (by section) and model architecture; what
                     `bagpipe eval` rebuilds the model from
-    metrics.jsonl   one JSON object per line: {"step", "loss", "samples_per_s"} every
-                    few steps, {"step", "eval_logloss", "eval_auc", "eval_samples"} at
-                    each evaluation
+    metrics.jsonl   one JSON object per line: {"step", "loss", "samples_per_s", "lr",
+                    "embedding_lr"} every few steps (the rates of the step just done),
+                    {"step", "eval_logloss", "eval_auc", "eval_ne", "eval_calibration",
+                    "eval_accuracy", "eval_samples"} at each evaluation
     summary.json    the finished run (:func:`bagpipe.train.summary.build_summary`)
     checkpoints/    :mod:`bagpipe.train.checkpoint`
     .lock           who holds the run (pid, host, start time); see :class:`RunLock`

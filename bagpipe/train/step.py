@@ -72,7 +72,7 @@ class LocalRowUpdate:
     @torch.no_grad()
     def apply(self, inp: StepInput, rows_u: torch.Tensor, grad_u: torch.Tensor) -> None:
         state_u = inp.state.index_select(0, inp.index)
-        new_w, new_s = self.opt.update(rows_u, state_u, grad_u)
+        new_w, new_s = self.opt.update(rows_u, state_u, grad_u, inp.step)
         inp.weights.index_copy_(0, inp.index, new_w)
         inp.state.index_copy_(0, inp.index, new_s)
 

@@ -10,7 +10,9 @@ Every topology (one process, a data-parallel trainer) and the TorchRec peer of
   (waiting for prefetched rows and installing them), ``forward``, ``backward``,
   ``optimizer`` (dense and row updates), ``sync_wait`` (completing deferred embedding
   synchronisation; 0 on one process) and ``writeback`` (copying rows out of the cache);
-* ``train_logloss`` is the mean loss of the last 50 steps (averaged over the trainers).
+* ``train_logloss`` is the mean loss of the last 50 steps (averaged over the trainers);
+* ``eval_*`` are the final evaluation's figures (:mod:`bagpipe.train.evaluate`): log loss,
+  AUC, normalized entropy, calibration, accuracy, and the samples they cover.
 """
 
 from __future__ import annotations
@@ -129,6 +131,9 @@ def build_summary(
         "train_logloss": train_logloss,
         "eval_logloss": evaluation.get("eval_logloss"),
         "eval_auc": evaluation.get("eval_auc"),
+        "eval_ne": evaluation.get("eval_ne"),
+        "eval_calibration": evaluation.get("eval_calibration"),
+        "eval_accuracy": evaluation.get("eval_accuracy"),
         "eval_samples": evaluation.get("eval_samples", 0),
         "params_sha256": params_sha256,
         "peak_rss_mb": peak_rss_mb(),

@@ -1,0 +1,32 @@
+"""``bagpipe plot``."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Draw the curves of one or several runs into one PNG: training loss, eval AUC and eval
+log loss against the step, one line per run, read from each RUN/metrics.jsonl (so a
+run still training can be plotted). Evaluations appear at every --eval-every step of
+the run and at its end.
+
+Examples:
+  bagpipe plot runs/a --out a.png
+  bagpipe plot runs/adagrad runs/adam --labels adagrad adam --out optimizers.png
+  bagpipe plot runs/*/ --title "lr sweep" --out sweep.png
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by bagpipe train")
+    p.add_argument("--out", required=True, metavar="FILE", help="the PNG to write")
+    p.add_argument("--labels", nargs="+", metavar="NAME", help="one legend name per run (default: the folder names)")
+    p.add_argument("--title", help="a title above the panels")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bagpipe.train.plot import plot_runs
+
+    out = plot_runs(args.runs, args.out, labels=args.labels, title=args.title)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,76 @@
+"""``bagpipe predict``."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Score raw log lines with an exported model (`bagpipe export`): one click probability
+per input line, in input order, written to --out (default: standard output).
+
+Lines are parsed, their dense values transformed and their categories mapped to ids by
+the preprocessing code, with the vocabulary (or hashing) the training data was
+preprocessed with: a category never seen in training gets row 0, as in preprocessing.
+The input is the format the model was trained on (--format defaults to it), plain or
+gzip. Bad lines stop the run naming FILE:LINE: problem (--on-error fail, the default)
+or are skipped and counted, writing nan on their line (--on-error skip); the --out
+file appears only once complete.
+
+With --labelled the lines carry the label column (as training data does) and the
+command also reports log loss, AUC, normalized entropy, calibration and accuracy over
+them, the figures of `bagpipe eval`.
+
+Examples:
+  bagpipe predict --model exports/criteo --input test.txt --out test.pred
+  bagpipe predict --model exports/criteo --input day_23.gz --labelled --out /dev/null
+  bagpipe predict --model exports/avazu --format avazu --input test_1k.csv --on-error skip
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bagpipe.preprocess.registry import FORMATS
+
+    p.add_argument("--model", required=True, metavar="DIR", help="export directory written by bagpipe export")
+    p.add_argument("--input", required=True, metavar="FILE", help="raw log file (plain or gzip)")
+    p.add_argument("--format", choices=list(FORMATS), help="raw format of --input (default: the model's training data's)")
+    p.add_argument("--out", default="-", metavar="FILE", help="where the probabilities go, one per line (default: stdout)")
+    p.add_argument("--labelled", action="store_true",
+                   help="the lines start with a label column, as training lines do; also report the eval figures")
+    p.add_argument("--no-header", action="store_true", help="CSV formats: the first line is data, never a header")
+    p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
+                   help="a bad line stops the run naming file and line (fail, default) or is skipped, writing nan (skip)")
+    p.add_argument("--block-kb", type=int, default=1024, metavar="KB",
+                   help="input read and scored per batch, in KiB of text (default: 1024)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import contextlib
+    import os
+    import sys
+    from pathlib import Path
+
+    from bagpipe.errors import ConfigError
+    from bagpipe.export.model import load
+    from bagpipe.export.score import predict_file
+
+    if args.block_kb < 1:
+        raise ConfigError(f"--block-kb must be >= 1, got {args.block_kb}")
+    model = load(args.model)
+    if args.format is not None and args.format != model.raw_format_name:
+        raise ConfigError(f"{args.model} was trained on {model.raw_format_name} data, not {args.format}")
+    out = None if args.out == "-" else Path(args.out)
+    # a file appears only complete: written under a temporary name, renamed at the end
+    # (a device such as /dev/null is written directly)
+    tmp = out.with_name(f".tmp-{out.name}") if out is not None and (not out.exists() or out.is_file()) else None
+    try:
+        with contextlib.ExitStack() as stack:
+            stream = sys.stdout if out is None else stack.enter_context(open(tmp or out, "w"))
+            result = predict_file(model, args.input, stream, labelled=args.labelled, header="no" if args.no_header else "auto",
+                                  on_error=args.on_error, block_bytes=args.block_kb << 10)
+        if tmp is not None:
+            os.replace(tmp, out)
+    finally:
+        if tmp is not None and tmp.exists():
+            tmp.unlink()
+    print(result.line(args.input), file=sys.stderr if out is None else sys.stdout)
+    return 0

@@ -1,0 +1,143 @@
+"""An exported model as an ``nn.Module``: ``bagpipe.load(DIR)``.
+
+::
+
+    import bagpipe
+    model = bagpipe.load("exports/criteo")            # tables memory-mapped, nothing loaded yet
+    p = model.predict_lines(["\\t".join(fields)])     # raw log lines (the training data's format)
+    logits = model(dense, ids)                        # dense (B, Dd) float, ids (B, F) table-local int
+
+The tables stay in their safetensors files, memory-mapped: a lookup reads the rows it
+needs, so a model whose tables exceed memory still scores. Raw lines go through the
+preprocessing code (parser, dense transform, vocabulary or hashing) exactly as the
+training data did (:mod:`bagpipe.export.score`); ids go through the same batch
+construction and model forward as ``bagpipe eval``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from bagpipe.data.batch import make_batch
+from bagpipe.data.schema import FeatureSpec
+from bagpipe.errors import ConfigError, DataError
+from bagpipe.export import tensorfile
+from bagpipe.export.naming import from_export
+from bagpipe.export.write import FORMAT, MANIFEST, VERSION
+from bagpipe.models import ModelConfig, build_model
+from bagpipe.train.evaluate import batch_logits
+
+
+class ExportedModel(nn.Module):
+    """A model read from an export directory (see the module docstring).
+
+    Attributes: ``config`` (the architecture), ``features`` (one :class:`FeatureSpec` per
+    table, schema order), ``dense_names``, ``net`` (the dense model, bagpipe's module),
+    ``manifest`` (model.json).
+    """
+
+    def __init__(self, directory: str | Path):
+        super().__init__()
+        self.directory = Path(directory)
+        path = self.directory / MANIFEST
+        if not path.exists():
+            raise DataError(f"{self.directory}: not a finished bagpipe export (no {MANIFEST})")
+        self.manifest = m = json.loads(path.read_text())
+        if m.get("format") != FORMAT or m.get("version") != VERSION:
+            raise DataError(f"{path}: not a {FORMAT} version {VERSION} manifest")
+        self.config = ModelConfig(**m["model"])
+        self.features = [FeatureSpec(t["name"], t["num_embeddings"], t["multi_hot"]) for t in m["tables"]]
+        self.dense_names = list(m["dense_features"])
+        self.net = build_model(self.config, len(self.dense_names), len(self.features))
+        from safetensors.torch import load_file
+
+        dense = load_file(str(self.directory / m["dense"]["file"]))
+        self.net.load_state_dict(from_export(dense, self.config, len(self.dense_names), len(self.features), m["dense"]["naming"]))
+        self.tables = [tensorfile.open_tensor(self.directory / t["file"], t["key"]) for t in m["tables"]]
+        self.table_offsets = np.array([t["row_offset"] for t in m["tables"]] + [sum(f.num_rows for f in self.features)], np.int64)
+        self._mapping = None
+        self.eval()
+
+    # -- ids ---------------------------------------------------------------------------
+    def embedding(self, name: str) -> np.ndarray:
+        """Table ``name`` (num_embeddings, D), a read-only memory map."""
+        for f, t in zip(self.features, self.tables):
+            if f.name == name:
+                return t
+        raise ConfigError(f"no table {name!r} (tables: {', '.join(f.name for f in self.features)})")
+
+    def lookup(self, rows: torch.Tensor) -> torch.Tensor:
+        """(U, D) weights of ascending global rows ``rows`` (U,), table by table."""
+        r = rows.numpy()
+        out = np.empty((len(r), self.config.embedding_dim), np.float32)
+        bounds = np.searchsorted(r, self.table_offsets)
+        for t, table in enumerate(self.tables):
+            a, b = int(bounds[t]), int(bounds[t + 1])
+            if b > a:
+                out[a:b] = table[r[a:b] - self.table_offsets[t]]
+        return torch.from_numpy(out)
+
+    def forward(self, dense, ids, multihot: dict | None = None) -> torch.Tensor:
+        """(B,) logits of B samples: dense (B, Dd) transformed dense features (float), ids
+        (B, F1) table-local ids of the one-hot features in table order, ``multihot``
+        name -> (ids (nnz,), lengths (B,)) of each multi-hot feature. Inference only."""
+        dense = np.asarray(dense, dtype=np.float32)
+        ids = np.asarray(ids, dtype=np.int64)
+        one_hot = [f for f in self.features if not f.multi_hot]
+        B = len(ids)
+        if dense.shape != (B, len(self.dense_names)) or ids.shape != (B, len(one_hot)):
+            raise ConfigError(f"expected dense ({B}, {len(self.dense_names)}) and ids ({B}, {len(one_hot)}), "
+                              f"got {dense.shape} and {ids.shape}")
+        for j, f in enumerate(one_hot):
+            if B and (ids[:, j].min() < 0 or ids[:, j].max() >= f.num_rows):
+                raise DataError(f"table {f.name}: ids must be in [0, {f.num_rows})")
+        batch = make_batch(self.features, self.table_offsets, np.zeros(B, np.float32), dense, ids, multihot)
+        return batch_logits(self.net, self.lookup, batch)
+
+    def predict(self, dense, ids, multihot: dict | None = None) -> np.ndarray:
+        """(B,) click probabilities (float32) of :meth:`forward`'s inputs."""
+        return torch.sigmoid(self(dense, ids, multihot)).numpy()
+
+    # -- raw log lines -----------------------------------------------------------------
+    @property
+    def raw_format_name(self) -> str:
+        """The raw format the training data was preprocessed from."""
+        pre = self.manifest.get("preprocessing")
+        if pre is None:
+            raise DataError(f"{self.directory}: trained on data without a raw format (bagpipe synth); score ids with model(dense, ids)")
+        return pre["format"]
+
+    def raw_format(self, labelled: bool = True, header: str = "auto"):
+        from bagpipe.preprocess.registry import raw_format
+
+        return raw_format(self.raw_format_name, labelled=labelled, header=header)
+
+    def mapping(self):
+        """The preprocessing's keys -> ids mapping (vocabulary or hashing), read once."""
+        if self._mapping is None:
+            from bagpipe.preprocess.vocab import read_mapping
+
+            path = self.directory / "vocab" / "vocab.json"
+            if not path.exists():
+                raise DataError(f"{self.directory}: the export has no vocab/ (its dataset had none); raw lines cannot be mapped")
+            self._mapping = read_mapping(path, self.raw_format())
+        return self._mapping
+
+    def predict_lines(self, lines: Iterable[str | bytes], labelled: bool = False) -> np.ndarray:
+        """Click probabilities (float32) of raw log lines in the training data's format
+        (with a label column if ``labelled``; a CSV header line is recognised). A bad
+        line raises :class:`~bagpipe.errors.ParseError` naming ``<lines>:N``."""
+        from bagpipe.export.score import score_lines
+
+        return score_lines(self, lines, labelled)
+
+
+def load(directory: str | Path) -> ExportedModel:
+    """The model exported into ``directory`` by ``bagpipe export`` (see :class:`ExportedModel`)."""
+    return ExportedModel(directory)

@@ -1,0 +1,180 @@
+"""``bagpipe export``: a run's latest checkpoint -> a portable export directory.
+
+Layout of ``OUT/`` (docs/export.md)::
+
+    model.json                       what the export holds (written last: its presence
+                                     means the export is complete): format version, the
+                                     model's architecture, dense feature names, tables
+                                     (name, rows, D, first global row, file, key),
+                                     the dense naming, the training run, preprocessing
+    dense.safetensors                the dense parameters (TorchRec names for DLRM,
+                                     bagpipe's otherwise: :mod:`bagpipe.export.naming`)
+    embeddings-00000-of-0000N.safetensors   the tables, whole tables per file, packed in
+                                     table order up to --shard-mb (a larger table gets a
+                                     file of its own)
+    model.safetensors.index.json     {"metadata": {"total_size"}, "weight_map": {key: file}}
+                                     (the Hugging Face convention for sharded files)
+    vocab/                           the preprocessing vocabulary or hashing, copied from
+                                     the dataset the run was trained on (when it has one)
+
+The embedding rows stream from the checkpoint's memory-mapped ``emb_weights.npy`` in
+chunks of ``chunk_rows`` rows: no table is ever loaded whole. Optimizer state is not
+exported (a model for scoring; resume from the run's checkpoint instead).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bagpipe.data.schema import DatasetMeta
+from bagpipe.errors import CheckpointError, ConfigError, DataError
+from bagpipe.export import tensorfile
+from bagpipe.export.naming import table_key, to_export
+from bagpipe.files import atomic_write_text
+from bagpipe.models import ModelConfig, build_model
+from bagpipe.train.checkpoint import load_latest
+from bagpipe.train.rundir import RunDir
+
+FORMAT = "bagpipe-export"
+VERSION = 1
+MANIFEST = "model.json"
+INDEX = "model.safetensors.index.json"
+DENSE_FILE = "dense.safetensors"
+DEFAULT_SHARD_BYTES = 2 << 30
+CHUNK_ROWS = 1 << 20
+
+
+@dataclass
+class Exported:
+    """What :func:`export_run` wrote."""
+
+    out: str
+    step: int
+    tables: int
+    rows: int
+    files: int
+    naming: str
+    vocab: bool
+
+    def line(self) -> str:
+        vocab = "with the preprocessing vocabulary" if self.vocab else "no preprocessing vocabulary (synthetic data)"
+        return (f"exported step {self.step}: {self.tables} tables ({self.rows:,} rows) in {self.files} file(s), "
+                f"dense layers with {self.naming} names, {vocab} -> {self.out}")
+
+
+def plan_shards(sizes: list[int], limit: int) -> list[list[int]]:
+    """Tables (by index) per file: whole tables in order, a file closed before it would
+    exceed ``limit`` bytes (a table larger than ``limit`` alone in its file)."""
+    shards: list[list[int]] = []
+    used = 0
+    for i, n in enumerate(sizes):
+        if not shards or (used + n > limit and shards[-1]):
+            shards.append([])
+            used = 0
+        shards[-1].append(i)
+        used += n
+    return shards
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    """An empty ``out``; an earlier export there is replaced only with ``overwrite``."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not (out / MANIFEST).exists():
+            raise DataError(f"{out}: directory is not empty and holds no export; choose another --out")
+        if not overwrite:
+            raise DataError(f"{out}: already holds an export (pass --overwrite to replace it)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def export_run(run: str | Path, out: str | Path, *, data: str | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES,
+               chunk_rows: int = CHUNK_ROWS, overwrite: bool = False) -> Exported:
+    """Export ``run``'s latest checkpoint into ``out`` (see the module docstring).
+
+    ``data``: the dataset whose tables the run trained (default: the one in its
+    config.json), for the table names, the dense feature names and the vocabulary.
+    """
+    run, out = Path(run), Path(out)
+    if not RunDir(run).config_file.exists():
+        raise ConfigError(f"{run}: not a bagpipe run directory (no config.json)")
+    if shard_bytes <= 0 or chunk_rows <= 0:
+        raise ConfigError(f"shard size and chunk rows must be > 0, got {shard_bytes} and {chunk_rows}")
+    conf = RunDir(run).read_config()
+    ckpt = load_latest(run)
+    if ckpt is None:
+        raise CheckpointError(f"{run}: the run has no checkpoint to export")
+    data_dir = Path(data or conf["train"]["data"]["data"])
+    if not (data_dir / "meta.json").exists():
+        raise DataError(f"{data_dir}: the run's dataset is not there (moved?); give --data DIR, a dataset with the same tables")
+    meta = DatasetMeta.load(data_dir)
+    weights = ckpt.weights()
+    if weights.shape[0] != meta.total_rows:
+        raise DataError(f"{data_dir} has {meta.total_rows:,} embedding rows but the run was trained with {weights.shape[0]:,}")
+    _prepare_out(out, overwrite)
+
+    mcfg = ModelConfig(**conf["model"])
+    model = build_model(mcfg, meta.num_dense, meta.num_features)
+    model.load_state_dict(ckpt.dense["model"])
+    dense, naming = to_export(model.state_dict(), mcfg, meta.num_dense, meta.num_features)
+    tensorfile.write(out / DENSE_FILE, [
+        tensorfile.Entry(k, tuple(v.shape), lambda v=v: [v.detach().contiguous().numpy()]) for k, v in dense.items()
+    ], {"format": "pt", "producer": "bagpipe export", "naming": naming})
+
+    D = int(weights.shape[1])
+    offsets = np.concatenate([[0], np.cumsum(meta.table_sizes)]).astype(np.int64)
+
+    def rows(lo: int, hi: int):
+        for a in range(lo, hi, chunk_rows):
+            yield np.asarray(weights[a : min(a + chunk_rows, hi)])
+
+    shards = plan_shards([n * D * 4 for n in meta.table_sizes], shard_bytes)
+    tables, weight_map = [], {k: DENSE_FILE for k in dense}
+    for s, members in enumerate(shards):
+        name = f"embeddings-{s:05d}-of-{len(shards):05d}.safetensors"
+        entries = []
+        for i in members:
+            f = meta.features[i]
+            lo, hi = int(offsets[i]), int(offsets[i + 1])
+            entries.append(tensorfile.Entry(table_key(f.name), (f.num_rows, D), lambda lo=lo, hi=hi: rows(lo, hi)))
+            tables.append({"name": f.name, "num_embeddings": f.num_rows, "embedding_dim": D, "row_offset": lo,
+                           "multi_hot": f.multi_hot, "pooling": "sum", "feature_names": [f.name],
+                           "key": table_key(f.name), "file": name})
+            weight_map[table_key(f.name)] = name
+        tensorfile.write(out / name, entries, {"format": "pt", "producer": "bagpipe export"})
+
+    has_vocab = (data_dir / "vocab").is_dir()
+    if has_vocab:
+        shutil.copytree(data_dir / "vocab", out / "vocab")
+    total = sum(v.numel() * 4 for v in dense.values()) + meta.total_rows * D * 4
+    atomic_write_text(out / INDEX, json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2))
+    summary = RunDir(run).summary_file
+    digest = None
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        digest = s.get("params_sha256") if s.get("steps") == ckpt.step else None
+    source = meta.source
+    preprocessing = None
+    if source.get("tool") == "bagpipe preprocess":
+        preprocessing = {"format": source["format"], "labelled": source.get("labelled", True),
+                         "categorical": source.get("categorical"), "dense": source.get("dense"),
+                         "vocab": "vocab" if has_vocab else None}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": asdict(mcfg),
+        "dense_features": list(meta.dense_names),
+        "tables": tables,
+        "dense": {"file": DENSE_FILE, "naming": naming},
+        "training": {"run": str(run.resolve()), "step": ckpt.step, "optimizer": conf["train"]["optim"]["optimizer"],
+                     "params_sha256": digest, "dataset": str(data_dir.resolve())},
+        "preprocessing": preprocessing,
+    }
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
+    return Exported(str(out), ckpt.step, len(tables), meta.total_rows, len(shards) + 1, naming, has_vocab)

@@ -1,0 +1,79 @@
+"""Curves of finished (or running) runs from their metrics.jsonl, drawn to a PNG: ``bagpipe plot``.
+
+Three panels against the step, one line per run: the training loss (the mean of the
+last logged steps, as metrics.jsonl records it), the eval AUC and the eval log loss at
+every evaluation (``--eval-every``; at least the final one). Also the matplotlib
+helpers the benchmark reports use (file-only Agg backend).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bagpipe.errors import DataError
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_png(fig, path: Path) -> None:
+    """Lay out, write and close a figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
+def read_metrics(run: str | Path) -> tuple[list[dict], list[dict]]:
+    """(training records, evaluation records) of ``run``'s metrics.jsonl; a line that is
+    not JSON is a DataError naming file and line (the last line may be cut off by a
+    run that is still writing it: that one is dropped)."""
+    path = Path(run) / "metrics.jsonl"
+    if not path.exists():
+        raise DataError(f"{run}: no metrics.jsonl (not a bagpipe run directory, or it has not started)")
+    lines = path.read_text().splitlines()
+    train, evals = [], []
+    for i, text in enumerate(lines, 1):
+        try:
+            rec = json.loads(text)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                break
+            raise DataError(f"{path}:{i}: not a JSON record") from None
+        if "loss" in rec:
+            train.append(rec)
+        elif rec.get("eval_auc") is not None:
+            evals.append(rec)
+    return train, evals
+
+
+def plot_runs(runs: list[str | Path], out: str | Path, labels: list[str] | None = None, title: str | None = None) -> Path:
+    """Draw the curves of ``runs`` (labelled by ``labels``, default their folder names) into PNG ``out``."""
+    labels = labels or [Path(r).name or str(r) for r in runs]
+    if len(labels) != len(runs):
+        raise DataError(f"{len(labels)} labels for {len(runs)} runs")
+    data = [read_metrics(r) for r in runs]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for label, (train, evals) in zip(labels, data):
+        axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label=label)
+        axes[1].plot([r["step"] for r in evals], [r["eval_auc"] for r in evals], marker="o", label=label)
+        axes[2].plot([r["step"] for r in evals], [r["eval_logloss"] for r in evals], marker="o", label=label)
+    for ax, name in zip(axes, ("training log loss", "eval AUC", "eval log loss")):
+        ax.set_xlabel("step")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_png(fig, out)
+    return out
