@@ -68,3 +68,20 @@ def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
             assert full["params_sha256"] == la["params_sha256"]
             assert all(0 < p["eval_auc"] < 1 and p["eval_logloss"] > 0 for p in full["curve"])
             assert la["samples_per_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_recovery_scenario(tmp_path, capsys):
+    """The recovery scenario at its --quick size on one topology: checkpoint cost and a
+    killed server's recovery are measured and reported (the mechanics themselves are
+    test_recovery.py's)."""
+    out = tmp_path / "recovery"
+    rc = main(["bench", "recovery", "--quick", "--out", str(out), "--topologies", "1x2", "--intervals", "30"])
+    assert rc == 0, capsys.readouterr().out[-2000:]
+    payload = json.loads((out / "results.json").read_text())
+    assert set(payload["results"]) == {"1x2/0", "1x2/30"}
+    assert payload["results"]["1x2/30"]["checkpoints"] >= 2 and payload["results"]["1x2/30"]["full_checkpoint_mib"] > 0
+    rec = payload["recovery"]["1x2"]
+    assert rec["kill_to_training_s"] > 0 and rec["from_checkpoint"] == 30 and rec["steps_replayed"] >= 5
+    assert (out / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -220,7 +220,7 @@ def test_leftover_tmp_checkpoint_is_ignored(run_cli, tiny_data, tmp_path, straig
     # a crash while writing the step-2N checkpoint: half a temp directory, LATEST untouched
     tmp = ckpts / f".tmp-step-{2 * N:08d}"
     tmp.mkdir()
-    (tmp / "emb_weights.npy").write_bytes(b"\x93NUMPY garbage, the write was cut short")
+    (tmp / "rows-0-of-1.npy").write_bytes(b"\x93NUMPY garbage, the write was cut short")
     rc, stdout, err = run_cli("eval", "--run", out, "--data", tiny_data, "--json")
     assert rc == 0, err
     assert json.loads(stdout)["step"] == N

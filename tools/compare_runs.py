@@ -14,16 +14,15 @@ import sys
 
 import numpy as np
 
-from bagpipe.train.checkpoint import load_latest
+from bagpipe.checkpoint import latest
 
 
 def tensors(run: str) -> dict[str, np.ndarray]:
-    ck = load_latest(run)
+    ck = latest(run)
     if ck is None:
         raise SystemExit(f"{run}: no checkpoint")
     out = {f"dense/{k}": v.numpy() for k, v in ck.dense["model"].items()}
-    out["embedding weights"] = np.asarray(ck.weights())
-    out["embedding optimizer state"] = np.load(ck.path / "emb_state.npy", mmap_mode="r")
+    out["embedding weights"], out["embedding optimizer state"] = ck.reader().arrays()
     return out
 
 

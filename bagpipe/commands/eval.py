@@ -30,10 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from bagpipe.checkpoint import latest
     from bagpipe.data.shards import Dataset
     from bagpipe.errors import CheckpointError, ConfigError
     from bagpipe.models import ModelConfig, build_model
-    from bagpipe.train.checkpoint import load_latest
     from bagpipe.train.evaluate import eval_line, evaluate
 
     run_dir = Path(args.run)
@@ -41,14 +41,14 @@ def run(args: argparse.Namespace) -> int:
     if not cfg_path.exists():
         raise ConfigError(f"{run_dir}: not a bagpipe run directory (no config.json)")
     conf = json.loads(cfg_path.read_text())
-    ckpt = load_latest(run_dir)
+    ckpt = latest(run_dir)
     if ckpt is None:
         raise CheckpointError(f"{run_dir}: the run has no checkpoint to evaluate")
     dataset = Dataset(args.data)
     mcfg = ModelConfig(**conf["model"])
     model = build_model(mcfg, dataset.meta.num_dense, dataset.meta.num_features)
     model.load_state_dict(ckpt.dense["model"])
-    table = ckpt.weights()
+    table = ckpt.reader()
     trained = conf.get("dataset", {}).get("table_sizes")
     have = dataset.meta.table_sizes
     if trained is not None and trained != have:
@@ -56,15 +56,15 @@ def run(args: argparse.Namespace) -> int:
         what = (f"table {diff} ({dataset.meta.features[diff].name}) has {have[diff]:,} rows, the run's had {trained[diff]:,}"
                 if diff < min(len(trained), len(have)) else f"{len(have)} tables, the run had {len(trained)}")
         raise ConfigError(f"{args.data} does not match the tables {run_dir} was trained with: {what}")
-    if table.shape[0] != dataset.meta.total_rows:
+    if table.num_rows != dataset.meta.total_rows:
         raise ConfigError(
-            f"{args.data} has {dataset.meta.total_rows} embedding rows but the run was trained with {table.shape[0]}"
+            f"{args.data} has {dataset.meta.total_rows} embedding rows but the run was trained with {table.num_rows}"
         )
     if dataset.meta.num_dense != conf.get("dataset", {}).get("num_dense", dataset.meta.num_dense):
         raise ConfigError(f"{args.data} has {dataset.meta.num_dense} dense features, the run was trained with {conf['dataset']['num_dense']}")
 
     def lookup(rows: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(table[rows.numpy()])
+        return torch.from_numpy(table.values(rows.numpy())[0])
 
     res = evaluate(model, lookup, dataset, args.batch_size, args.max_samples)
     res["step"] = ckpt.step

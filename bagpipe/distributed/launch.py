@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from bagpipe.checkpoint import CheckpointFolder, Manifest
 from bagpipe.data.shards import Dataset
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
+from bagpipe.files import atomic_write_text
 from bagpipe.store import holds_store
 from bagpipe.train.config import TrainConfig
-from bagpipe.train.resume import refuse_overwrite
+from bagpipe.train.resume import finished, refuse_overwrite
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
 
 STOP_GRACE_S = 10.0
@@ -88,6 +91,15 @@ class Role:
     pump: threading.Thread | None = None
 
 
+class RoleFailed(BagpipeError):
+    """A role of the job exited with an error (the launcher stopped the others)."""
+
+    def __init__(self, name: str, rank: int, code: int, stopped: int, log_path: Path):
+        self.name, self.rank, self.code = name, rank, code
+        super().__init__(f"{name} (rank {rank}) failed ({describe_exit(code)}); stopped "
+                         f"{stopped} other role(s); its log: {log_path}")
+
+
 class Launcher:
     """Starts, watches and stops the roles of one job (see the module docstring)."""
 
@@ -107,7 +119,8 @@ class Launcher:
 
     def start(self) -> None:
         """Start every role; the caller holds the run folder's lock (see :func:`launch`)."""
-        refuse_overwrite(RunDir(self.out))
+        if not self.cfg.run.resume:
+            refuse_overwrite(RunDir(self.out))
         (self.out / "summary.json").unlink(missing_ok=True)
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -135,7 +148,7 @@ class Launcher:
             [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles], indent=2))
 
     def _pump(self, role: Role) -> None:
-        with open(role.log_path, "w") as log:
+        with open(role.log_path, "a") as log:  # a restarted role appends to its log
             for raw in role.proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
                 log.write(line + "\n")
@@ -157,10 +170,7 @@ class Launcher:
                 if code != 0:
                     self._say(f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles")
                     stopped = self.stop()
-                    raise BagpipeError(
-                        f"{role.name} (rank {role.rank}) failed ({describe_exit(code)}); stopped "
-                        f"{stopped} other role(s); its log: {role.log_path}"
-                    )
+                    raise RoleFailed(role.name, role.rank, code, stopped, role.log_path)
         except KeyboardInterrupt:
             self._say("[launcher] interrupted: stopping every role")
             self.stop()
@@ -198,7 +208,7 @@ def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
     The launcher checks the data set and holds the run folder's lock for the whole job
     (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
     Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
-    if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store:
+    if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store and not cfg.run.resume:
         for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
             shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"
             if holds_store(shard):
@@ -206,8 +216,44 @@ def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
                                   "starting tables; pass --init-from-store to start from them, or give an empty directory")
     with RunDir(cfg.run.out).claim() as run:
         run.started()  # the roles' logs stay if the job fails
-        Launcher(cfg, echo).run()
+        attempt, restarts = cfg, 0
+        while True:
+            try:
+                Launcher(attempt, echo).run()
+                break
+            except RoleFailed as failure:
+                if finished(run, cfg.run.steps):  # a role died after the job's end: nothing to redo
+                    echo(f"[launcher] {failure.name} failed after the run had ended; its summary and final checkpoint are written")
+                    break
+                if restarts >= cfg.dist.max_restarts:
+                    raise
+                restarts += 1
+                attempt = _restart(cfg, run, failure, restarts, echo)
     path = Path(cfg.run.out) / "summary.json"
     if not path.exists():
         raise BagpipeError(f"every role exited cleanly but trainer 0 wrote no {path}")
     return json.loads(path.read_text())
+
+
+def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int, echo: Callable[[str], None]) -> TrainConfig:
+    """The configuration that restarts every role after ``failure``: from the latest
+    complete checkpoint, or from the start when there is none yet. Says so, and adds the
+    event to RUN/recovery.json."""
+    ckpt = CheckpointFolder(run.path).latest_name()
+    step = Manifest.load(run.path / "checkpoints" / ckpt).step if ckpt else None
+    died = run.last_heartbeat()
+    where = f"the checkpoint of step {step}" if step is not None else "the start (no checkpoint yet)"
+    echo(f"[launcher] {failure.name} died at step {died if died is not None else '?'}; restarting all roles "
+         f"from {where} (restart {restarts} of {cfg.dist.max_restarts})")
+    if step is None and cfg.cache.store == "disk" and cfg.cache.store_dir:
+        if cfg.cache.init_from_store:
+            raise BagpipeError(f"cannot restart {failure.name}'s job: it started from the rows of --store-dir "
+                               f"{cfg.cache.store_dir}, which the failed attempt changed, and no checkpoint was written")
+        for k in range(cfg.dist.servers):  # rows of the failed attempt, in shards this job made
+            shutil.rmtree(Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}", ignore_errors=True)
+    log = run.path / "recovery.json"
+    events = json.loads(log.read_text()) if log.exists() else []
+    events.append({"restart": restarts, "role": failure.name, "exit": describe_exit(failure.code),
+                   "died_at_step": died, "from_checkpoint": step, "time": time.time()})
+    atomic_write_text(log, json.dumps(events, indent=2))
+    return cfg.replace(resume=step is not None)

@@ -47,6 +47,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
     dataset = Dataset(cfg.data.data)
     stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=cfg.run.seed, block_size=cfg.data.block_size)
     total_rows = dataset.meta.total_rows
+    start = resume_step(cfg)
     c = cfg.cache
     # the cache every trainer allocates: sized once, here, exactly as one process sizes it
     dim = cfg.arch.model_config().embedding_dim
@@ -66,7 +67,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
                           plans_in_flight=cfg.dist.plans_in_flight, fetched_rows=[0] * layout.trainers)
     credits = _Credits(transport, layout.trainer_ranks, cfg.dist.plans_in_flight)
     replicated = cfg.dist.cache_sync == "replicated"
-    plans = oracle.plans(stream.numbered(0, cfg.run.steps))
+    plans = oracle.plans(stream.numbered(start, cfg.run.steps))
     while True:
         t0 = time.perf_counter()
         gplan = next(plans, None)
@@ -89,6 +90,18 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
         transport.send(r, PLAN, {"end": True, "report": report})
     credits.wait_all_returned()  # nothing is left unread on the wire
     return report
+
+
+def resume_step(cfg: TrainConfig) -> int:
+    """The step the job starts at: the latest checkpoint's when resuming (--resume, or a
+    restart by torchrun), as the trainers decide it, else 0."""
+    from bagpipe.checkpoint import CheckpointFolder
+    from bagpipe.train.resume import elastic_restart
+
+    if not (cfg.run.resume or elastic_restart()):
+        return 0
+    ckpt = CheckpointFolder(cfg.run.out).latest()
+    return ckpt.step if ckpt is not None else 0
 
 
 class _Credits:

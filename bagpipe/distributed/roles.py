@@ -82,9 +82,22 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     _log(f"{name} (rank {rank} of {world}): waiting for the job's other processes at {addr}:{port} "
          f"(up to {timeout_s:.0f} s)")
+    # Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT (every
+    # rank is its client, as torch's own env:// rendezvous does), and it keeps it across
+    # restarts: each attempt counts its arrivals under its own prefix.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    prefix = f"bagpipe/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     try:
-        return dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
-                             wait_for_workers=True)
+        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
+                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=not agent)
+        store = dist.PrefixStore(prefix, store)
+        store.add("arrived", 1)
+        deadline = time.monotonic() + timeout_s
+        while store.add("arrived", 0) < world:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Timed out: {store.add('arrived', 0)} of {world} arrived")
+            time.sleep(0.05)
+        return store
     except RuntimeError as e:  # DistNetworkError, DistStoreError
         text = str(e)
         if "EADDRINUSE" in text or "address already in use" in text:
@@ -127,6 +140,12 @@ def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float)
 def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     """Play ``rank``'s role to the end; trainer 0 returns the run's summary."""
     role, _ = layout.role(rank)
+    from bagpipe.train.resume import elastic_restart, finished
+    from bagpipe.train.rundir import RunDir
+
+    if elastic_restart() and finished(RunDir(cfg.run.out), cfg.run.steps):
+        _log(f"{layout.name(rank)}: restarted after the job had ended (its summary and final checkpoint are written); nothing to do")
+        return None
     if role == "server":
         serve(ServerConfig.of(cfg, layout, rank), layout, rank)
         return None
@@ -147,19 +166,29 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
 
 def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     """Run embedding server ``rank`` until every trainer has said goodbye."""
-    from bagpipe.distributed.server import EmbeddingServer, ShardInit, receive_setup
+    from bagpipe.distributed.server import (
+        EmbeddingServer,
+        ShardInit,
+        receive_setup,
+        restore_shard,
+    )
     from bagpipe.store import open_store
 
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
     with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout) as (transport, _):
-        init, state_dim = receive_setup(transport, layout.trainer_ranks[0])
+        init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
         directory = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"
-        # the run's own store starts fresh, as in one process
-        store = open_store(scfg.store, sinit, state_dim, directory, owned=not scfg.store_dir, reuse=scfg.init_from_store)
+        # the run's own store starts fresh, as in one process; a checkpoint overwrites every row
+        store = open_store(scfg.store, sinit, state_dim, directory, owned=not scfg.store_dir,
+                           reuse=scfg.init_from_store or restore is not None)
         _log(f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store")
+        if restore is not None:
+            t0 = time.perf_counter()
+            step = restore_shard(store, restore, shard, layout.servers)
+            _log(f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s")
         try:
             report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()
         finally:

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from bagpipe.checkpoint.parts import write_part
 from bagpipe.distributed.transport import CONTROL, REPLY, REQUEST, Transport
 from bagpipe.errors import BagpipeError
+from bagpipe.faults import pause_at
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowInitializer
 
@@ -81,12 +84,14 @@ class EmbeddingServer:
 
     def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int]):
         self.store = store
+        self.init = store.init  # a ShardInit: which shard of how many
         self.t = transport
         self.clients = list(clients)
         self._marks = {c: -1 << 62 for c in self.clients}
         self._cond = threading.Condition()
         self._store_lock = threading.Lock()  # the stores allow one reader + one writer; clients are many
         self._failure: tuple[int, BaseException] | None = None
+        self._checkpoints: dict[int, dict] = {}  # step -> the clients arrived, rank 0's request, the result
         self.report = ServerReport()
 
     def serve(self) -> ServerReport:
@@ -119,6 +124,42 @@ class EmbeddingServer:
                 if self._failure is None:
                     self._failure = (client, e)
                 self._cond.notify_all()
+
+    def _checkpoint(self, client: int, msg: dict) -> dict:
+        """One trainer's part of a checkpoint barrier: when every trainer has asked (so
+        every write-back before the cut is applied: each client's requests are served in
+        order), the last to arrive writes this shard's part; each gets the result."""
+        step = int(msg["step"])
+        with self._cond:
+            c = self._checkpoints.setdefault(step, {"clients": set(), "params": None, "result": None})
+            c["clients"].add(client)
+            if "dir" in msg:  # trainer 0 names the folder and the kind
+                c["params"] = msg
+            writer = len(c["clients"]) == len(self.clients) and c["params"] is not None and c["result"] is None
+            if writer:
+                c["result"] = "writing"
+        if writer:
+            try:
+                p = c["params"]
+                pause_at("checkpoint", step)
+                with self._store_lock:  # nothing else touches the shard while its part is written
+                    self.store.flush()
+                    part = write_part(Path(p["dir"]), self.store, self.init.shard, self.init.num_shards, p["kind"])
+                result = {"part": asdict(part)}
+            except BaseException as e:  # noqa: BLE001 - reported to every trainer
+                result = {"error": f"server {self.init.shard} could not write its checkpoint part: {e}"}
+            with self._cond:
+                c["result"] = result
+                self._cond.notify_all()
+        with self._cond:
+            while not isinstance(c["result"], dict):
+                if self._failure is not None:
+                    raise BagpipeError("another client failed during a checkpoint")
+                self._cond.wait(timeout=0.5)
+            c["clients"].discard(client)
+            if not c["clients"]:
+                del self._checkpoints[step]
+            return c["result"]
 
     def _wait_for(self, label: int) -> None:
         """Block until every client announced ``label`` (all their write-backs <= label sent)."""
@@ -159,6 +200,8 @@ class EmbeddingServer:
             with self._store_lock:
                 self.store.flush()
             return {}
+        if op == "checkpoint":
+            return self._checkpoint(client, msg)
         if op == "stats":
             return {"store": self.store.stats.as_dict(), "requests": dict(self.report.requests), "waited_s": self.report.waited_s}
         raise BagpipeError(f"unknown request {op!r} from rank {client}")
@@ -177,6 +220,8 @@ class RemoteStore(EmbeddingStore):
     prefetch pipeline's fetch and write-back threads); requests that expect a reply
     are serialised, so replies cannot be mixed up.
     """
+
+    tracks_writes = False  # the servers keep track of their own rows
 
     def __init__(self, init: RowInitializer, state_dim: int, transport: Transport, servers: list[int]):
         super().__init__(init, state_dim)
@@ -271,6 +316,20 @@ class RemoteStore(EmbeddingStore):
             for r in self.servers:
                 self.t.recv(r, REPLY)
 
+    def checkpoint(self, request: dict, meanwhile=None) -> list[dict]:
+        """Ask every server for its part of a checkpoint (see EmbeddingServer._checkpoint);
+        runs ``meanwhile()`` while they write; returns the parts in shard order."""
+        with self._reply_lock:
+            for r in self.servers:
+                self.t.send(r, REQUEST, request)
+            if meanwhile is not None:
+                meanwhile()
+            replies = [self.t.recv(r, REPLY) for r in self.servers]
+        for rep in replies:
+            if "error" in rep:
+                raise BagpipeError(rep["error"])
+        return [rep["part"] for rep in replies]
+
     def server_stats(self) -> list[dict]:
         with self._reply_lock:
             for r in self.servers:
@@ -289,11 +348,24 @@ class RemoteStore(EmbeddingStore):
             self.t.send(r, REQUEST, {"op": "bye"})
 
 
-def setup_message(init: RowInitializer, state_dim: int) -> dict:
-    """What trainer 0 tells every server at start-up: the row space and its optimizer state."""
-    return {"table_sizes": init.table_sizes, "dim": init.dim, "seed": init.seed, "state_dim": state_dim}
+def setup_message(init: RowInitializer, state_dim: int, restore: str | None = None) -> dict:
+    """What trainer 0 tells every server at start-up: the row space, its optimizer state,
+    and the checkpoint folder whose rows to start from (None: the initial tables)."""
+    return {"table_sizes": init.table_sizes, "dim": init.dim, "seed": init.seed, "state_dim": state_dim, "restore": restore}
 
 
-def receive_setup(transport: Transport, trainer0: int) -> tuple[RowInitializer, int]:
+def receive_setup(transport: Transport, trainer0: int) -> tuple[RowInitializer, int, str | None]:
     msg = transport.recv(trainer0, CONTROL)
-    return RowInitializer(msg["table_sizes"], msg["dim"], msg["seed"]), int(msg["state_dim"])
+    return RowInitializer(msg["table_sizes"], msg["dim"], msg["seed"]), int(msg["state_dim"]), msg.get("restore")
+
+
+def restore_shard(store: EmbeddingStore, folder: str, shard: int, shards: int) -> int:
+    """Load this shard's rows (g % shards == shard) from the checkpoint in ``folder``,
+    whatever layout wrote it; returns the checkpoint's step."""
+    from bagpipe.checkpoint import CheckpointReader
+
+    reader = CheckpointReader(folder)
+    for local, w, s in reader.shard_rows(shard, shards):
+        store.load(local, w, s)
+    store.flush()
+    return reader.manifest.step

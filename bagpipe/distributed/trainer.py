@@ -12,17 +12,20 @@ code as a one-process run (:func:`bagpipe.train.loop.train`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
 from bagpipe.cache.sync import SyncedRowUpdate
+from bagpipe.checkpoint import Checkpoint, CheckpointFolder, Manifest, Part
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_role import PlanReceiver
 from bagpipe.distributed.server import RemoteStore, setup_message
 from bagpipe.distributed.transport import CONTROL, Transport
+from bagpipe.faults import pause_at
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
@@ -67,10 +70,11 @@ class DataParallel:
         return DistributedDataParallel(model, process_group=self.group)
 
     def backend(self, cfg: TrainConfig, init: RowInitializer, state_dim: int, dataset: Dataset,
-                stream: BatchStream, announce) -> CachedBackend:
-        if self.rank == 0:  # the servers learn the row space from trainer 0: they need no dataset
+                stream: BatchStream, announce, ckpt: Checkpoint | None = None) -> CachedBackend:
+        if self.rank == 0:  # the servers learn the row space (and where to restore from) from trainer 0
+            restore = str(ckpt.path) if ckpt is not None else None
             for s in self.layout.server_ranks:
-                self.t.send(s, CONTROL, setup_message(init, state_dim))
+                self.t.send(s, CONTROL, setup_message(init, state_dim, restore))
         self.store = RemoteStore(init, state_dim, self.t, self.layout.server_ranks)
         self.plans = RemotePlans(PlanReceiver(self.t, self.layout.oracle_rank))
         info = self.plans.receiver.info
@@ -78,6 +82,28 @@ class DataParallel:
         if info.get("autotune") is not None:
             backend.extra_stats["autotune"] = info["autotune"]
         return backend
+
+    def restore_rows(self, ckpt: Checkpoint, backend: CachedBackend) -> None:
+        """Nothing here: each server restored its own rows at start-up (no process funnels every row)."""
+
+    def checkpoint(self, run_dir: Path, step: int, dense: dict, backend: CachedBackend, compact_every: int) -> Manifest | None:
+        """A cut at step ``step``: every trainer asks every server for its part (a server
+        writes once all trainers asked, so every write-back before the cut is in); trainer
+        0 names the folder and the kind, writes dense.pt meanwhile, and commits."""
+        if self.rank != 0:
+            self.store.checkpoint({"op": "checkpoint", "step": step})
+            return None
+        folder = CheckpointFolder(run_dir)
+        staging = folder.begin(step)
+        kind, base, chain = folder.next_kind(compact_every)
+        request = {"op": "checkpoint", "step": step, "dir": str(staging.resolve()), "kind": kind}
+        parts = self.store.checkpoint(request, meanwhile=lambda: folder.write_dense(staging, dense))
+        pause_at("commit", step)
+        s = self.store
+        m = Manifest(step=step, num_rows=s.num_rows, dim=s.dim, state_dim=s.state_dim, kind=kind, base=base,
+                     parts=[Part(**p) for p in parts], chain=chain)
+        folder.commit(staging, m)
+        return m
 
     def row_update(self, opt: SparseOptimizer, backend: CachedBackend) -> SyncedRowUpdate:
         return SyncedRowUpdate(opt, backend.cache, self.group)
@@ -122,5 +148,5 @@ class DataParallel:
 
 def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transport, group, log) -> dict | None:
     """Train as trainer ``rank``; trainer 0 returns the summary (others None)."""
-    return train(cfg, topology=DataParallel(layout, rank, transport, group, log))
+    return train(cfg, announce=log if rank == 0 else None, topology=DataParallel(layout, rank, transport, group, log))
 

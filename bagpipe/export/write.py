@@ -17,7 +17,7 @@ Layout of ``OUT/`` (docs/export.md)::
     vocab/                           the preprocessing vocabulary or hashing, copied from
                                      the dataset the run was trained on (when it has one)
 
-The embedding rows stream from the checkpoint's memory-mapped ``emb_weights.npy`` in
+The embedding rows stream from the checkpoint's memory-mapped parts (its chain) in
 chunks of ``chunk_rows`` rows: no table is ever loaded whole. Optimizer state is not
 exported (a model for scoring; resume from the run's checkpoint instead).
 """
@@ -31,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bagpipe.checkpoint import latest
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.errors import CheckpointError, ConfigError, DataError
 from bagpipe.export import tensorfile
 from bagpipe.export.naming import table_key, to_export
 from bagpipe.files import atomic_write_text
 from bagpipe.models import ModelConfig, build_model
-from bagpipe.train.checkpoint import load_latest
 from bagpipe.train.rundir import RunDir
 
 FORMAT = "bagpipe-export"
@@ -107,16 +107,16 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
     if shard_bytes <= 0 or chunk_rows <= 0:
         raise ConfigError(f"shard size and chunk rows must be > 0, got {shard_bytes} and {chunk_rows}")
     conf = RunDir(run).read_config()
-    ckpt = load_latest(run)
+    ckpt = latest(run)
     if ckpt is None:
         raise CheckpointError(f"{run}: the run has no checkpoint to export")
     data_dir = Path(data or conf["train"]["data"]["data"])
     if not (data_dir / "meta.json").exists():
         raise DataError(f"{data_dir}: the run's dataset is not there (moved?); give --data DIR, a dataset with the same tables")
     meta = DatasetMeta.load(data_dir)
-    weights = ckpt.weights()
-    if weights.shape[0] != meta.total_rows:
-        raise DataError(f"{data_dir} has {meta.total_rows:,} embedding rows but the run was trained with {weights.shape[0]:,}")
+    reader = ckpt.reader()
+    if reader.num_rows != meta.total_rows:
+        raise DataError(f"{data_dir} has {meta.total_rows:,} embedding rows but the run was trained with {reader.num_rows:,}")
     _prepare_out(out, overwrite)
 
     mcfg = ModelConfig(**conf["model"])
@@ -127,12 +127,12 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
         tensorfile.Entry(k, tuple(v.shape), lambda v=v: [v.detach().contiguous().numpy()]) for k, v in dense.items()
     ], {"format": "pt", "producer": "bagpipe export", "naming": naming})
 
-    D = int(weights.shape[1])
+    D = reader.dim
     offsets = np.concatenate([[0], np.cumsum(meta.table_sizes)]).astype(np.int64)
 
     def rows(lo: int, hi: int):
         for a in range(lo, hi, chunk_rows):
-            yield np.asarray(weights[a : min(a + chunk_rows, hi)])
+            yield reader.values(np.arange(a, min(a + chunk_rows, hi), dtype=np.int64))[0]
 
     shards = plan_shards([n * D * 4 for n in meta.table_sizes], shard_bytes)
     tables, weight_map = [], {k: DENSE_FILE for k in dense}

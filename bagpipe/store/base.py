@@ -44,6 +44,9 @@ class EmbeddingStore(ABC):
     of it is being written).
     """
 
+    #: Whether writes are remembered for incremental checkpoints (:meth:`take_dirty`).
+    tracks_writes = True
+
     def __init__(self, init: RowInitializer, state_dim: int):
         self.init = init
         self.num_rows = init.num_rows
@@ -51,6 +54,7 @@ class EmbeddingStore(ABC):
         self.state_dim = int(state_dim)
         self.stats = StoreStats()
         self._stats_lock = threading.Lock()
+        self._dirty: np.ndarray | None = None  # bitmap of rows written since take_dirty(), made on first use
 
     @property
     def row_bytes(self) -> int:
@@ -79,6 +83,28 @@ class EmbeddingStore(ABC):
         with self._stats_lock:
             self.stats.writes += 1
             self.stats.rows_written += len(rows)
+            if self.tracks_writes:
+                if self._dirty is None:
+                    self._dirty = np.zeros((self.num_rows + 7) // 8, dtype=np.uint8)
+                np.bitwise_or.at(self._dirty, rows >> 3, np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8)))
+
+    def load(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
+        """Restore rows from a checkpoint: a write that the next incremental checkpoint
+        need not repeat (the checkpoint it came from holds it)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows):
+            self._write(rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim))
+
+    def take_dirty(self) -> np.ndarray:
+        """Rows written since the last call (ascending), and forget them."""
+        with self._stats_lock:
+            bits, self._dirty = self._dirty, None
+        if bits is None:
+            return np.zeros(0, dtype=np.int64)
+        nz = np.flatnonzero(bits)  # only the bytes with a row written: cheap for a sparse set
+        set_ = np.unpackbits(bits[nz], bitorder="little").reshape(-1, 8).astype(bool)
+        rows = (nz[:, None].astype(np.int64) * 8 + np.arange(8))[set_]
+        return rows[rows < self.num_rows]
 
     def mark_written(self, label: int) -> None:
         """Every write-back labelled <= ``label`` by this client has been issued (remote stores)."""

@@ -41,22 +41,43 @@ def store_lookup(store: EmbeddingStore, rows: torch.Tensor) -> torch.Tensor:
 
 
 class FullBackend:
-    """All tables in memory: the reference."""
+    """All tables in memory: the reference.
+
+    It is also a checkpoint's row source (:class:`bagpipe.checkpoint.parts.RowSource`):
+    the rows each step updates are remembered for the next incremental checkpoint.
+    """
 
     mode = "full"
 
     def __init__(self, init: RowInitializer, state_dim: int):
         self.init = init
+        self.num_rows, self.dim, self.state_dim = init.num_rows, init.dim, int(state_dim)
         self.weights = torch.empty(init.num_rows, init.dim)
         for a in range(0, init.num_rows, EXPORT_CHUNK_ROWS):
             b = min(a + EXPORT_CHUNK_ROWS, init.num_rows)
             self.weights[a:b] = torch.from_numpy(init.range(a, b))
         self.state = torch.zeros(init.num_rows, state_dim)
+        self._dirty = np.zeros(init.num_rows, dtype=bool)  # rows updated since the last checkpoint part
 
     def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
         n = len(weights)
         self.weights[start : start + n] = torch.from_numpy(np.asarray(weights))
         self.state[start : start + n] = torch.from_numpy(np.asarray(state))
+
+    def row_source(self) -> "FullBackend":
+        return self
+
+    def chunks(self) -> Rows:
+        return self.export()
+
+    def peek(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+        return self.weights.index_select(0, idx).numpy(), self.state.index_select(0, idx).numpy()
+
+    def take_dirty(self) -> np.ndarray:
+        rows = np.flatnonzero(self._dirty)
+        self._dirty[:] = False
+        return rows
 
     def steps(self, stream: BatchStream, start: int, stop: int, before_evict=None) -> Iterator[StepInput]:
         def prepare():
@@ -72,7 +93,7 @@ class FullBackend:
             loader.close()
 
     def after_step(self, inp: StepInput) -> None:
-        pass
+        self._dirty[inp.index.numpy()] = True
 
     def flush(self, label: int) -> None:
         pass
@@ -160,10 +181,14 @@ class CachedBackend:
         return self.source.lookahead
 
     def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
-        rows = np.arange(start, start + len(weights), dtype=np.int64)
-        self.store.write(rows, weights, state)
+        self.store.load(np.arange(start, start + len(weights), dtype=np.int64), weights, state)
+
+    def row_source(self) -> EmbeddingStore:
+        return self.store
 
     def steps(self, stream: BatchStream, start: int, stop: int, before_evict: Callable[[Plan], None] | None = None) -> Iterator[StepInput]:
+        if start:  # resumed: every write-back before the start is in the store (it was restored)
+            self.store.mark_written(start - 1)
         self.executor = PlanExecutor(
             self.store, self.cache, self.source.plans(stream, start, stop),
             pipelined=self.source.pipelined, depth=(self.lookahead or 1) + 1, start_step=start,

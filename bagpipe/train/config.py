@@ -207,11 +207,15 @@ class DistConfig(Section):
     """Plans the oracle may send a trainer ahead of what it has taken (back-pressure)."""
     rendezvous_timeout: float = 300.0
     """Seconds a role waits for the job's other processes to start before it gives up."""
+    max_restarts: int = 0
+    """When a role dies, stop the others and restart every role from the latest complete
+    checkpoint, up to this many times (the local launcher; torchrun has its own)."""
 
     def validate(self) -> None:
         need(self.trainers >= 1, f"trainers must be >= 1, got {self.trainers}")
         need(self.servers >= 0, f"servers must be >= 0, got {self.servers}")
         need(self.plans_in_flight >= 1, f"plans in flight must be >= 1, got {self.plans_in_flight}")
+        need(self.max_restarts >= 0, f"max restarts must be >= 0, got {self.max_restarts}")
         need(finite(self.rendezvous_timeout) and self.rendezvous_timeout > 0,
              f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}")
 
@@ -236,6 +240,9 @@ class RunConfig(Section):
     """Cap on evaluation samples (0: the whole eval split)."""
     checkpoint_every: int = 0
     """Write a checkpoint every N steps (0: only at the end)."""
+    checkpoint_compact_every: int = 10
+    """Every Nth checkpoint holds every row; the others only the rows changed since the
+    previous checkpoint (1: every checkpoint is full)."""
     resume: bool = False
     """Continue from the run directory's latest checkpoint."""
     summary_json: str | None = None
@@ -259,6 +266,7 @@ class RunConfig(Section):
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}")
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        need(self.checkpoint_compact_every >= 1, f"checkpoint_compact_every must be >= 1, got {self.checkpoint_compact_every}")
         need(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
         need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")
 
@@ -281,8 +289,6 @@ class TrainConfig:
             need(self.cache.mode == "lookahead", f"distributed runs (--trainers/--servers) use --mode lookahead, got --mode {self.cache.mode}")
             need(self.data.batch_size % d.trainers == 0,
                  f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers")
-            for name, flag in (("resume", "--resume"), ("checkpoint_every", "--checkpoint-every")):
-                need(not getattr(self.run, name), f"{flag} is not supported in distributed runs yet")
 
     @property
     def distributed(self) -> bool:

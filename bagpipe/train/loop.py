@@ -11,22 +11,28 @@ summary.json -- is this one piece of code.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
 
+from bagpipe.checkpoint import CheckpointFolder
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.checkpoint import restore, save_checkpoint
 from bagpipe.train.config import TrainConfig
 from bagpipe.train.evaluate import eval_line, evaluate
 from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
-from bagpipe.train.resume import refuse_overwrite, resume_point
-from bagpipe.train.rundir import RunDir, digest_and_save
+from bagpipe.train.resume import (
+    elastic_restart,
+    refuse_overwrite,
+    restore_dense,
+    resume_point,
+)
+from bagpipe.train.rundir import RunDir, digest_of
 from bagpipe.train.step import train_step
 from bagpipe.train.summary import LOSS_WINDOW, StepMeter, build_summary
 from bagpipe.train.tensorboard import with_tensorboard
@@ -61,9 +67,12 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir, say: Callable[[str], N
     if rc.threads:
         torch.set_num_threads(rc.threads)
     dataset = Dataset(cfg.data.data)
-    ckpt = None
+    # a role restarted by torchrun --max-restarts continues from the latest checkpoint, if any
+    resuming = rc.resume or elastic_restart()
     if topo.reports:
-        ckpt = resume_point(run, cfg, dataset) if rc.resume else refuse_overwrite(run)
+        ckpt = resume_point(run, cfg, dataset, required=rc.resume) if resuming else refuse_overwrite(run)
+    else:  # trainers 1..N-1 take the checkpoint trainer 0 checked
+        ckpt = CheckpointFolder(run.path).latest() if resuming else None
     meta = dataset.meta
     stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=rc.seed, block_size=cfg.data.block_size)
     mcfg = cfg.arch.model_config()
@@ -73,12 +82,13 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir, say: Callable[[str], N
     dense_opt = cfg.optim.dense_optimizer(model.parameters())
     sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, rc.seed)
-    backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, say)
+    backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, say, ckpt)
     failed = True
     try:
         start = 0
         if ckpt is not None:
-            start = restore(ckpt, model, dense_opt, backend, init)
+            start = restore_dense(ckpt, model, dense_opt, init, sparse_opt.state_dim)
+            topo.restore_rows(ckpt, backend)
             say(f"resumed from step {start}")
         if topo.reports:
             run.write_config(cfg.to_json(), mcfg, {"dir": str(dataset.dir), "fingerprint": dataset.fingerprint(),
@@ -96,17 +106,24 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
     rows = topo.row_update(sparse_opt, backend)
     meter = StepMeter(start=start, warmup=rc.warmup_steps, batch_size=cfg.data.batch_size,
                       phases=lambda: backend.phase_seconds() | rows.phase_seconds())
-    log = with_tensorboard(run.metrics(), rc.tensorboard) if topo.reports else None
+    log = with_tensorboard(run.metrics(since=start), rc.tensorboard) if topo.reports else None
     progress = Progress(topo.progress_kind(rc.progress), total=rc.steps, initial=start,
                         desc=f"train {cfg.arch.model}/{cfg.cache.mode}", say=topo.say if topo.reports else None)
     rss = RssSampler()
     schedule, bases = cfg.optim.schedule(), {"lr": cfg.optim.lr, "embedding_lr": cfg.optim.row_lr}
 
-    def checkpoint(step: int, chunks=None) -> None:
-        """Save the run; the store must hold every row (``chunks`` defaults to a fresh export)."""
+    saved = {"written": 0, "full": 0, "seconds": 0.0, "bytes": 0, "last_step": start if start else None}
+
+    def checkpoint(step: int) -> None:
+        """Save the run (every trainer takes part; the store must hold every row)."""
+        t0 = time.perf_counter()
         dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state(),
                  "lr_schedule": schedule.state(step, bases)}
-        save_checkpoint(run.path, step, dense, backend.export() if chunks is None else chunks, init.num_rows, init.dim, sparse_opt.state_dim)
+        m = topo.checkpoint(run.path, step, dense, backend, rc.checkpoint_compact_every)
+        if m is not None:
+            saved.update(written=saved["written"] + 1, full=saved["full"] + (m.kind == "full"), last_step=step,
+                         bytes=saved["bytes"] + sum(p.bytes for p in m.parts),
+                         seconds=saved["seconds"] + time.perf_counter() - t0)
 
     def settle(step: int) -> None:
         """After ``step`` steps: every row final and in the store (for an evaluation or a
@@ -124,6 +141,8 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
             backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
             step = inp.step + 1
             meter.record(step, loss)
+            if topo.reports:
+                run.heartbeat(step)
             progress.advance()
             if step % stream.batches_per_epoch == 0 and step < rc.steps:
                 progress.note(f"epoch {step // stream.batches_per_epoch + 1} begins at step {step + 1} "
@@ -141,27 +160,27 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
                     log.write(step=step, **ev)
                     progress.note(f"step {step}: {eval_line(ev)}")
             if rc.checkpoint_every and step % rc.checkpoint_every == 0 and step < rc.steps:
-                settle(step)
-                if topo.reports:
-                    checkpoint(step)
+                settle(step)  # part of the checkpoint's cost: its time is in samples_per_s
+                checkpoint(step)
         rows.finish()
         meter.stop()
         progress.close()
         train_loss = topo.mean(meter.losses[-LOSS_WINDOW:]) if meter.losses else None
         backend.finish()
+        if rc.final_checkpoint:
+            checkpoint(step)
         peak_anon = rss.stop()
         if not topo.reports:
             return None
         ev = evaluate(model, backend.lookup, dataset, cfg.data.batch_size, rc.eval_samples)
         log.write(step=step, **ev)
-        save = (lambda chunks: checkpoint(step, chunks)) if rc.final_checkpoint else None
-        digest = digest_and_save(model, backend.export(), digest=rc.digest, save=save)
+        digest = digest_of(model, backend.export()) if rc.digest else None
         summary = build_summary(
             mode=cfg.cache.mode, model=cfg.arch.model, optimizer=cfg.optim.optimizer, batch_size=cfg.data.batch_size,
             steps=step, timing=meter.result(), train_logloss=train_loss, evaluation=ev, params_sha256=digest,
             peak_anon_rss_mb=peak_anon, total_rows=init.num_rows, embedding_dim=init.dim,
             cache=backend.stats(), distributed=topo.section(backend, rows),
-            epochs=step / stream.batches_per_epoch,
+            epochs=step / stream.batches_per_epoch, checkpoints=saved,
         )
         run.write_summary(summary, also=rc.summary_json)
         return summary

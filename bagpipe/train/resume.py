@@ -10,10 +10,14 @@ size resumes any other's checkpoint, since checkpoints hold rows in global order
 
 from __future__ import annotations
 
+import os
+
+import torch
+
+from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.config import to_flat
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
-from bagpipe.train.checkpoint import Checkpoint, load_latest
 from bagpipe.train.config import TrainConfig
 from bagpipe.train.rundir import RunDir
 
@@ -22,15 +26,25 @@ MAY_CHANGE = (
     "data", "out", "steps", "eval_every", "eval_samples", "checkpoint_every", "resume", "summary_json",
     "threads", "progress", "warmup_steps", "final_checkpoint", "digest", "tensorboard",
     "mode", "store", "store_dir", "cache_rows", "lookahead", "cache_budget_mb", "init_from_store",
-    "trainers", "servers", "cache_sync", "plans_in_flight", "rendezvous_timeout",
+    "trainers", "servers", "cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts",
+    "checkpoint_compact_every",
 )
 
 
-def resume_point(run: RunDir, cfg: TrainConfig, dataset: Dataset) -> Checkpoint:
+def elastic_restart() -> bool:
+    """Whether torchrun restarted this process after a failure (``--max-restarts``):
+    then it continues from the run's latest checkpoint, as if given --resume."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
+def resume_point(run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool = True) -> Checkpoint | None:
     """The checkpoint ``cfg`` continues, after checking it may; raises a one-line error
-    (nothing to resume, a finished run, a setting or the data set changed)."""
-    ckpt = load_latest(run.path)
+    (nothing to resume, a finished run, a setting or the data set changed). Without a
+    checkpoint and not ``required`` (an automatic restart before the first one): None."""
+    ckpt = CheckpointFolder(run.path).latest()
     if ckpt is None:
+        if not required:
+            return None
         raise CheckpointError(f"{run.path}: --resume given but the run has no checkpoint")
     if ckpt.step >= cfg.run.steps:
         raise ConfigError(
@@ -62,3 +76,39 @@ def refuse_overwrite(run: RunDir) -> None:
     """A new run (no --resume) refuses a folder that holds another run's checkpoints."""
     if (run.path / "checkpoints" / "LATEST").exists():
         raise ConfigError(f"{run.path} already holds a run with checkpoints; pass --resume to continue it or choose another --out")
+
+
+def restore_dense(ckpt: Checkpoint, model: torch.nn.Module, dense_opt: torch.optim.Optimizer, init, state_dim: int) -> int:
+    """Load the dense half of ``ckpt`` (model, dense optimizer, torch RNG) after checking
+    its row space is this run's; returns the step to continue from. The rows are the
+    topology's to restore (one process reads them all; embedding servers each read theirs)."""
+    m = ckpt.manifest
+    if (m.num_rows, m.dim, m.state_dim) != (init.num_rows, init.dim, state_dim):
+        raise CheckpointError(
+            f"{ckpt.path}: holds {m.num_rows:,} rows of dim {m.dim} with {m.state_dim} optimizer values each, "
+            f"this run has {init.num_rows:,} rows of dim {init.dim} with {state_dim}"
+        )
+    try:
+        model.load_state_dict(ckpt.dense["model"])
+        dense_opt.load_state_dict(ckpt.dense["dense_optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{ckpt.path}: does not match this run's model/optimizer ({first})") from None
+    torch.set_rng_state(ckpt.dense["torch_rng"])
+    return ckpt.step
+
+
+def finished(run: RunDir, steps: int) -> bool:
+    """Whether the run in ``run`` already ended: its summary is written and its latest
+    checkpoint is at ``steps`` (a role restarted after the job's end has nothing to do)."""
+    if not run.summary_file.exists():
+        return False
+    name = CheckpointFolder(run.path).latest_name()
+    if name is None:
+        return False
+    try:
+        from bagpipe.checkpoint import Manifest
+
+        return Manifest.load(run.path / "checkpoints" / name).step >= steps
+    except CheckpointError:
+        return False

@@ -31,7 +31,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -175,9 +175,32 @@ class RunDir:
 
         return read_json(self.config_file)
 
-    def metrics(self) -> MetricsLog:
+    def metrics(self, since: int = 0) -> MetricsLog:
+        """The metrics log, keeping only the records of steps <= ``since`` from before
+        (a run resumed at ``since`` replays the steps after it; a fresh one starts empty)."""
         self.create()
+        if self.metrics_file.exists():
+            kept = [line for line in self.metrics_file.read_text().splitlines()
+                    if line.strip() and since and json.loads(line).get("step", 0) <= since]
+            atomic_write_text(self.metrics_file, "".join(line + "\n" for line in kept))
         return MetricsLog(self.metrics_file)
+
+    @property
+    def heartbeat_file(self) -> Path:
+        return self.path / ".step"
+
+    def heartbeat(self, step: int) -> None:
+        """Record the steps done so far (8 bytes rewritten in place; the launcher reads
+        it to say at which step a role died)."""
+        if getattr(self, "_beat", None) is None:
+            self._beat = os.open(self.heartbeat_file, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.pwrite(self._beat, int(step).to_bytes(8, "little"), 0)
+
+    def last_heartbeat(self) -> int | None:
+        try:
+            return int.from_bytes(self.heartbeat_file.read_bytes()[:8], "little")
+        except (OSError, ValueError):
+            return None
 
     def write_summary(self, summary: dict, also: str | None = None) -> None:
         """RUN/summary.json, and ``also`` (--summary-json) if given."""
@@ -205,15 +228,10 @@ def hashed(rows: Rows, h) -> Rows:
         yield a, w, s
 
 
-def digest_and_save(model: torch.nn.Module, rows: Rows, *, digest: bool, save: Callable[[Rows], None] | None) -> str | None:
-    """One pass over every (start, weights, state) chunk of ``rows`` feeds both
-    params_sha256 (if ``digest``) and a checkpoint (``save(rows)``, if given);
-    returns the digest or None."""
-    h = dense_digest(model) if digest else None
-    rows = rows if h is None else hashed(rows, h)
-    if save is not None:
-        save(rows)
-    elif h is not None:
-        for _ in rows:
-            pass
-    return h.hexdigest() if h is not None else None
+def digest_of(model: torch.nn.Module, rows: Rows) -> str:
+    """params_sha256: every dense parameter, then every row's weights and state in
+    global row order (``rows``: (start, weights, state) chunks)."""
+    h = dense_digest(model)
+    for _ in hashed(rows, h):
+        pass
+    return h.hexdigest()

@@ -108,10 +108,12 @@ def build_summary(
     cache: dict,
     distributed: dict | None,
     epochs: float | None = None,
+    checkpoints: dict | None = None,
 ) -> dict:
     """The summary.json of a run (see the module docstring for the meaning of each figure).
 
-    ``epochs`` is the steps as a multiple of the train split's batches (1.5: half way
+    ``checkpoints``: how many were written this run (full ones among them), seconds
+    and bytes in all, and the step of the last. ``epochs`` is the steps as a multiple of the train split's batches (1.5: half way
     through the second epoch); ``timing`` is :meth:`StepMeter.result`; ``evaluation`` the result of
     :func:`bagpipe.train.evaluate.evaluate`; ``cache`` the embedding side's statistics
     (empty for full tables); ``distributed`` the data-parallel statistics, None on one process.
@@ -144,4 +146,5 @@ def build_summary(
         "time_per_step_ms": timing["time_per_step_ms"],
         "cache": cache,
         "distributed": distributed,
+        "checkpoints": checkpoints,
     }

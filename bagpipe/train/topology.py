@@ -14,8 +14,10 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from bagpipe.checkpoint import Checkpoint, CheckpointFolder, Manifest, write_part
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
+from bagpipe.faults import pause_at
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.sizing import lookups_per_batch, size_cache
 from bagpipe.store import open_store
@@ -33,7 +35,14 @@ class Topology(Protocol):
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
     def backend(self, cfg: TrainConfig, init: RowInitializer, state_dim: int, dataset: Dataset,
-                stream: BatchStream, announce: Callable[[str], None] | None): ...
+                stream: BatchStream, announce: Callable[[str], None] | None, ckpt: Checkpoint | None): ...
+
+    def restore_rows(self, ckpt: Checkpoint, backend) -> None:
+        """Load every row of ``ckpt`` where this topology keeps its rows."""
+
+    def checkpoint(self, run_dir: Path, step: int, dense: dict, backend, compact_every: int) -> Manifest | None:
+        """Write a checkpoint of ``step`` (every trainer calls it; the store holds every
+        row); returns its manifest on the process that committed it, else None."""
 
     def row_update(self, opt: SparseOptimizer, backend) -> RowUpdate: ...
 
@@ -57,7 +66,7 @@ class SingleProcess:
         return model
 
     def backend(self, cfg: TrainConfig, init: RowInitializer, state_dim: int, dataset: Dataset,
-                stream: BatchStream, announce: Callable[[str], None] | None):
+                stream: BatchStream, announce: Callable[[str], None] | None, ckpt: Checkpoint | None = None):
         c = cfg.cache
         if c.mode == "full":
             return FullBackend(init, state_dim)
@@ -72,12 +81,30 @@ class SingleProcess:
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
         # a resumed run overwrites every row with its checkpoint's: its own old store may stay
         store = open_store(c.store, init, state_dim, store_dir, owned=not c.store_dir,
-                           reuse=c.init_from_store or cfg.run.resume)
+                           reuse=c.init_from_store or ckpt is not None)
         enough = min(lookups, init.num_rows)
         backend = CachedBackend(store, size.rows, LocalPlanner(c.mode, init.num_rows, size.rows, size.lookahead, enough))
         if size.tuned is not None:
             backend.extra_stats["autotune"] = size.tuned.as_dict()
         return backend
+
+    def restore_rows(self, ckpt: Checkpoint, backend) -> None:
+        for a, w, s in ckpt.reader().chunks():
+            backend.load_rows(a, w, s)
+
+    def checkpoint(self, run_dir: Path, step: int, dense: dict, backend, compact_every: int) -> Manifest:
+        """This process is shard 0 of 1: it writes the one part itself."""
+        folder = CheckpointFolder(run_dir)
+        staging = folder.begin(step)
+        kind, base, chain = folder.next_kind(compact_every)
+        src = backend.row_source()
+        part = write_part(staging, src, 0, 1, kind)
+        folder.write_dense(staging, dense)
+        pause_at("checkpoint", step)  # a test kills us here: parts written, nothing committed
+        m = Manifest(step=step, num_rows=src.num_rows, dim=src.dim, state_dim=src.state_dim, kind=kind, base=base,
+                     parts=[part], chain=chain)
+        folder.commit(staging, m)
+        return m
 
     def row_update(self, opt: SparseOptimizer, backend) -> RowUpdate:
         return LocalRowUpdate(opt)

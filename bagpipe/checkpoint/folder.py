@@ -1,0 +1,154 @@
+"""A run's checkpoints folder: begin, commit, find the latest, keep what is needed.
+
+Writing a checkpoint of step K::
+
+    staging = ckpts.begin(K)              # RUN/checkpoints/.tmp-step-K/ (a fresh, empty folder)
+    kind, base, chain = ckpts.next_kind(compact_every)
+    ...every part's writer fills staging (parts.write_part), trainer 0 writes dense.pt...
+    ckpts.commit(staging, manifest)       # MANIFEST.json, rename, LATEST, prune
+
+Only :meth:`commit` makes a checkpoint count: it writes MANIFEST.json (atomically,
+after every part is fsynced by its writer), renames the folder into place, fsyncs the
+parent, then replaces LATEST atomically. A crash at any point leaves LATEST naming the
+previous complete checkpoint; leftover ``.tmp-*`` folders are removed by the next
+commit. :meth:`prune` keeps the newest ``keep`` checkpoints and every checkpoint their
+delta chains rest on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bagpipe.checkpoint.format import DENSE, LATEST, Kind, Manifest, step_name
+from bagpipe.checkpoint.reader import CheckpointReader
+from bagpipe.errors import CheckpointError
+from bagpipe.files import atomic_write_text, fsync_dir
+
+KEEP = 2
+
+
+@dataclass
+class Checkpoint:
+    """A complete checkpoint: its folder, manifest and dense state."""
+
+    path: Path
+    manifest: Manifest
+    dense: dict
+
+    @property
+    def step(self) -> int:
+        return self.manifest.step
+
+    def reader(self) -> CheckpointReader:
+        return CheckpointReader(self.path)
+
+
+def latest(run_dir: str | os.PathLike) -> Checkpoint | None:
+    """The newest complete checkpoint of the run in ``run_dir`` (None: it has none)."""
+    return CheckpointFolder(run_dir).latest()
+
+
+def load_dense(path: Path) -> dict:
+    """dense.pt, loaded so that it cannot run code (tensors, numbers and containers only)."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt or foreign file
+        found = re.search(r"unsupported GLOBAL (\S+)", str(e))
+        if found:
+            raise CheckpointError(
+                f"{path}: unreadable: it holds {found.group(1)}, which a bagpipe checkpoint never does; "
+                "refusing to load it (it could run code)"
+            ) from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path}: unreadable ({first})") from None
+
+
+class CheckpointFolder:
+    """``RUN/checkpoints``."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.root = Path(run_dir) / "checkpoints"
+
+    def latest_name(self) -> str | None:
+        latest = self.root / LATEST
+        return latest.read_text().strip() if latest.exists() else None
+
+    def latest(self) -> Checkpoint | None:
+        """The newest complete checkpoint, or None when the run has none."""
+        name = self.latest_name()
+        if name is None:
+            return None
+        path = self.root / name
+        if not path.is_dir():
+            raise CheckpointError(f"{self.root / LATEST} names {name}, which is missing or incomplete")
+        manifest = Manifest.load(path)
+        dense = load_dense(path / DENSE)
+        return Checkpoint(path=path, manifest=manifest, dense=dense)
+
+    def begin(self, step: int) -> Path:
+        """An empty staging folder for the checkpoint of ``step``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = self.root / f".tmp-{step_name(step)}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        return staging
+
+    def next_kind(self, compact_every: int) -> tuple[Kind, str | None, int]:
+        """(kind, base, chain length) of the next checkpoint: a delta on the latest
+        complete one, or full when there is none or its chain reached ``compact_every``."""
+        name = self.latest_name()
+        if name is None or compact_every <= 1:
+            return "full", None, 0
+        try:
+            prev = Manifest.load(self.root / name)
+        except CheckpointError:
+            return "full", None, 0
+        chain = prev.chain + 1
+        if chain >= compact_every:
+            return "full", None, 0
+        return "delta", name, chain
+
+    @staticmethod
+    def write_dense(staging: Path, dense: dict) -> None:
+        torch.save(dense, staging / DENSE)
+        with open(staging / DENSE, "rb") as f:
+            os.fsync(f.fileno())
+
+    def commit(self, staging: Path, manifest: Manifest) -> Path:
+        """Make the staged checkpoint count (see the module docstring); returns its folder."""
+        manifest.check_parts(staging)
+        if not (staging / DENSE).exists():
+            raise CheckpointError(f"{staging}: no {DENSE}")
+        manifest.save(staging)
+        final = self.root / step_name(manifest.step)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        fsync_dir(self.root)
+        atomic_write_text(self.root / LATEST, final.name + "\n")
+        self.prune()
+        return final
+
+    def prune(self, keep: int = KEEP) -> None:
+        """Remove leftovers of unfinished checkpoints and checkpoints nothing needs."""
+        latest = self.latest_name()
+        complete = sorted(p.name for p in self.root.glob("step-*") if (p / "MANIFEST.json").exists())
+        needed: set[str] = set()
+        for name in complete[-keep:] + ([latest] if latest else []):
+            while name and name not in needed:  # the checkpoint and the chain under it
+                needed.add(name)
+                try:
+                    name = Manifest.load(self.root / name).base
+                except CheckpointError:
+                    break
+        for p in self.root.iterdir():
+            stale_tmp = p.name.startswith(".tmp-")
+            if (p.name.startswith("step-") and p.name not in needed) or stale_tmp:
+                shutil.rmtree(p, ignore_errors=True)
