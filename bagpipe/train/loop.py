@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from bagpipe.accel.hotline import hotline_step
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.errors import ConfigError
@@ -91,10 +92,11 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
         rows.finish()
         backend.flush(step)
 
+    run_step = hotline_step if cfg.cache.mode == "hotline" else train_step  # Hotline: two micro-batches a step
     step = start
     try:
         for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
-            loss = train_step(net, dense_opt, rows, inp, meter.times)
+            loss = run_step(net, dense_opt, rows, inp, meter.times)
             backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
             step = inp.step + 1
             meter.record(step, loss)

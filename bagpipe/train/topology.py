@@ -14,6 +14,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from bagpipe.accel.hot import HotSplit, hot_set_for
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.optim.sparse import SparseOptimizer
@@ -62,15 +63,18 @@ class SingleProcess:
         if c.mode == "full":
             return FullBackend(init, state_dim)
         size = size_cache(
-            c.mode, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb,
+            c.planner, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb,
             total_rows=init.num_rows, dim=init.dim, state_dim=state_dim, stream=stream, steps=cfg.run.steps,
             lookups=lookups_per_batch(dataset.meta, stream, cfg.run.steps),
         )
         if size.tuned is not None and announce is not None:
             announce(size.tuned.line())
+        hot = hot_set_for(cfg, dataset, init.dim, state_dim, announce)
+        split = HotSplit(hot, size.rows, cfg.hot.fae_schedule) if hot is not None else None
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
         store = open_store(c.store, init, state_dim, store_dir, fresh=not c.store_dir)
-        backend = CachedBackend(store, size.rows, LocalPlanner(c.mode, init.num_rows, size.rows, size.lookahead))
+        backend = CachedBackend(store, size.rows, LocalPlanner(c.planner, init.num_rows, size.rows, size.lookahead, split),
+                                hot=hot, defer_install=c.mode == "hotline")
         if size.tuned is not None:
             backend.extra_stats["autotune"] = size.tuned.as_dict()
         return backend
