@@ -13,8 +13,11 @@ of its lookups is a hot row. :func:`profile` does the same, vectorised:
 3. **Choose.** The ``k = budget / (4 (D + S))`` most counted rows -- a row and its
    optimizer state, as FAE counts them; ties go to the lower row; a row the sample never
    saw is never chosen.
-4. **Cover.** A second pass over the sample counts, per table and overall, the lookups
-   that hot rows serve and the inputs whose lookups are all hot.
+4. **Cover.** A second, *held-out* sample -- blocks the count did not read, as many as
+   it read up to :data:`COVER_RATE` of each shard -- measures, per table and overall, the
+   share of lookups hot rows serve and of inputs whose lookups are all hot: what a run
+   will see, not how well the rows fit the sample that chose them. With ``rate = 1``
+   nothing is held out and the figures are in-sample (the report says which).
 
 The result is a :class:`HotSet` (the rows and that report), saved by ``bagpipe profile
 --out FILE`` as one ``.npz`` file that ``bagpipe train --hot-rows FILE`` reads.
@@ -37,6 +40,7 @@ from bagpipe.errors import ConfigError
 from bagpipe.files import atomic_write_bytes
 
 BLOCK = 1024  # samples per sampled block
+COVER_RATE = 0.05  # at most this share of each shard's blocks is read to measure coverage
 BUFFER_LOOKUPS = 1 << 25  # sampled lookups buffered before they are counted (~128 MiB of int32 ids)
 MIB = 1 << 20
 
@@ -105,23 +109,30 @@ class HotSet:
         """One line about the set, for the start of a run and for ``bagpipe profile``."""
         r = self.report
         return (f"hot rows: {len(self):,} ({r.get('hot_mib', 0):.1f} MiB) serve {r.get('lookup_share', 0):.1%} of the "
-                f"sampled lookups; {r.get('input_share', 0):.1%} of the inputs are all hot "
-                f"(profiled {r.get('sampled_inputs', 0):,} inputs in {r.get('seconds', 0):.1f} s)")
+                f"{r.get('coverage_sample', '')} lookups; {r.get('input_share', 0):.1%} of the inputs are all hot "
+                f"(profiled {r.get('profiled_inputs', 0):,} inputs in {r.get('seconds', 0):.1f} s)")
 
 
-def sample_blocks(dataset: Dataset, split: str, rate: float, seed: int) -> list[np.ndarray]:
-    """Per shard of ``split``: the first samples of its sampled blocks, ascending."""
+def sample_blocks(dataset: Dataset, split: str, rate: float, seed: int,
+                  exclude: list[np.ndarray] | None = None) -> tuple[list[np.ndarray], bool]:
+    """Per shard of ``split``: the first samples of its sampled blocks, ascending; ``rate``
+    of its blocks (at least one), taken from those not in ``exclude`` while any are left.
+    Also returns whether the sample is disjoint from ``exclude``."""
     if not 0 < rate <= 1:
         raise ConfigError(f"sample rate must be in (0, 1], got {rate}")
-    out = []
+    out, disjoint = [], True
     for s, n in enumerate(dataset.shard_sizes(split)):
         starts = np.arange(0, n, BLOCK, dtype=np.int64)
-        if rate < 1:
-            k = max(1, int(round(rate * len(starts))))
+        k = max(1, int(round(rate * len(starts))))
+        if exclude is not None:
+            rest = np.setdiff1d(starts, exclude[s])
+            disjoint &= len(rest) > 0
+            starts = rest if len(rest) else starts
+        if k < len(starts):
             pick = np.random.default_rng([seed, s]).choice(len(starts), size=k, replace=False)
             starts = starts[np.sort(pick)]
         out.append(starts)
-    return out
+    return out, disjoint
 
 
 def sampled_columns(dataset: Dataset, split: str, blocks: list[np.ndarray]) -> Iterator[tuple[int, list[Column]]]:
@@ -162,15 +173,15 @@ def table_offsets(table_sizes: list[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(table_sizes)]).astype(np.int64)
 
 
-def count_accesses(dataset: Dataset, split: str, blocks: list[np.ndarray], progress: bool = False) -> np.ndarray:
-    """(R,) uint32 lookups of every global row in the sampled blocks."""
+def count_accesses(dataset: Dataset, split: str, blocks: list[np.ndarray], progress: bool = False) -> tuple[np.ndarray, int]:
+    """((R,) uint32 lookups of every global row in the sampled blocks, inputs read)."""
     from tqdm import tqdm
 
     sizes = dataset.meta.table_sizes
     off = table_offsets(sizes)
     counts = np.zeros(int(off[-1]), dtype=np.uint32)  # 4 bytes a row: half of bincount's int64
     buffers: list[list[np.ndarray]] = [[] for _ in sizes]
-    buffered = 0
+    buffered = inputs = 0
 
     def flush() -> None:
         for t, parts in enumerate(buffers):
@@ -180,8 +191,9 @@ def count_accesses(dataset: Dataset, split: str, blocks: list[np.ndarray], progr
                 np.add(seg, c, out=seg, casting="unsafe")
                 parts.clear()
 
-    for _, cols in tqdm(sampled_columns(dataset, split, blocks), total=len(blocks), disable=not progress,
+    for n, cols in tqdm(sampled_columns(dataset, split, blocks), total=len(blocks), disable=not progress,
                         desc="profile: counting", unit="shard"):
+        inputs += n
         for t, (ids, _) in enumerate(cols):
             buffers[t].append(ids)
             buffered += len(ids)
@@ -189,7 +201,7 @@ def count_accesses(dataset: Dataset, split: str, blocks: list[np.ndarray], progr
             flush()
             buffered = 0
     flush()
-    return counts
+    return counts, inputs
 
 
 def most_accessed(counts: np.ndarray, k: int) -> np.ndarray:
@@ -207,8 +219,9 @@ def most_accessed(counts: np.ndarray, k: int) -> np.ndarray:
 
 
 def coverage(dataset: Dataset, split: str, blocks: list[np.ndarray], hot: HotSet, progress: bool = False) -> dict:
-    """Per table and overall: sampled lookups, the share hot rows serve, the share of inputs
-    whose lookups into the table (overall: into every table) are all hot."""
+    """Per table and overall, over the inputs of ``blocks``: lookups, the share hot rows
+    serve, the share of inputs whose lookups into the table (overall: into every table)
+    are all hot."""
     from tqdm import tqdm
 
     meta = dataset.meta
@@ -234,7 +247,7 @@ def coverage(dataset: Dataset, split: str, blocks: list[np.ndarray], hot: HotSet
          "lookup_share": float(hot_lookups[t] / max(lookups[t], 1)), "input_share": float(hot_inputs[t] / max(inputs, 1))}
         for t, f in enumerate(meta.features)
     ]
-    return {"sampled_inputs": inputs, "sampled_lookups": int(lookups.sum()),
+    return {"coverage_inputs": inputs, "coverage_lookups": int(lookups.sum()),
             "lookup_share": float(hot_lookups.sum() / max(int(lookups.sum()), 1)),
             "input_share": float(all_hot / max(inputs, 1)), "tables": tables}
 
@@ -242,7 +255,7 @@ def coverage(dataset: Dataset, split: str, blocks: list[np.ndarray], hot: HotSet
 def all_hot_inputs(dataset: Dataset, split: str, hot: HotSet) -> list[np.ndarray]:
     """Per shard of ``split``: (n,) bool, whether each input's lookups are all hot."""
     off = table_offsets(dataset.meta.table_sizes)
-    blocks = sample_blocks(dataset, split, 1.0, 0)
+    blocks, _ = sample_blocks(dataset, split, 1.0, 0)
     out = []
     for n, cols in sampled_columns(dataset, split, blocks):
         every = np.ones(n, dtype=bool)
@@ -262,14 +275,17 @@ def profile(dataset: Dataset, budget_mb: float, *, dim: int, state_dim: int, sam
     meta = dataset.meta
     row_bytes = 4 * (dim + state_dim)
     capacity = int(budget_mb * MIB // row_bytes)
-    blocks = sample_blocks(dataset, split, sample_rate, seed)
-    counts = count_accesses(dataset, split, blocks, progress)
+    blocks, _ = sample_blocks(dataset, split, sample_rate, seed)
+    counts, profiled = count_accesses(dataset, split, blocks, progress)
     hot = HotSet(most_accessed(counts, capacity), meta.total_rows)
     del counts
-    cover = coverage(dataset, split, blocks, hot, progress)
+    held, held_out = sample_blocks(dataset, split, min(sample_rate, COVER_RATE), seed + 1, exclude=blocks)
+    cover = coverage(dataset, split, held, hot, progress)
     hot.report = {
         "budget_mb": float(budget_mb), "dim": dim, "state_dim": state_dim, "capacity_rows": capacity,
         "hot_rows": len(hot), "hot_mib": hot.mib(dim, state_dim), "sample_rate": sample_rate, "seed": seed,
-        "split": split, **cover, "table_sizes": list(meta.table_sizes), "seconds": time.perf_counter() - t0,
+        "split": split, "profiled_inputs": profiled,
+        "coverage_sample": "held-out" if held_out else "in-sample", **cover,
+        "table_sizes": list(meta.table_sizes), "seconds": time.perf_counter() - t0,
     }
     return hot
