@@ -77,6 +77,7 @@ class _ColdLookups:
     uniq: np.ndarray  # (U,) every unique row of the batch, ascending
     inverse: np.ndarray  # (N,) index into uniq of every lookup
     hot: np.ndarray  # (U,) bool
+    hot_pos: np.ndarray  # (U_hot,) index in the hot set of each hot one
 
 
 @dataclass
@@ -128,7 +129,10 @@ class HotStats:
 def popular_inputs(batch: Batch, lookup_hot: np.ndarray) -> np.ndarray:
     """(B,) bool: the inputs of ``batch`` whose lookups are all hot, given (N,) ``lookup_hot``."""
     B, F = batch.batch_size, batch.num_features
-    bag = np.repeat(np.arange(F * B, dtype=np.int64), np.diff(batch.offsets.numpy()))
+    offsets = batch.offsets.numpy()
+    if len(lookup_hot) == F * B and np.array_equal(offsets, np.arange(F * B + 1)):  # one id per bag: a (F, B) grid
+        return lookup_hot.reshape(F, B).all(axis=0)
+    bag = np.repeat(np.arange(F * B, dtype=np.int64), np.diff(offsets))
     return np.bincount(bag[~lookup_hot] % B, minlength=B) == 0
 
 
@@ -145,20 +149,29 @@ class HotSplit:
     def __init__(self, hot: HotSet, cache_rows: int, schedule: str = "keep"):
         self.hot, self.C, self.schedule = hot, int(cache_rows), schedule
         self.stats = HotStats()
-        self._hot_rows: dict[int, np.ndarray] = {}  # step -> its hot unique rows, split and not yet merged
+        self._hot_pos: dict[int, np.ndarray] = {}  # step -> its hot rows' indices, split and not yet merged
+        self._mark = np.zeros(len(hot), dtype=bool)  # scratch: the hot rows a later batch uses
 
     def plans(self, planner, stream: BatchStream, start: int, stop: int) -> Iterator[HotPlan]:
         """The plans of steps [start, stop): ``planner`` (anything with ``plans(batches)``) plans the cold rows."""
         source = FaeSchedule(stream, self.hot) if self.schedule == "split" else stream
-        return self._merge(planner.plans(self._split(source.numbered(start, stop))))
+        return self.wrap(planner, source.numbered(start, stop))
 
-    def _next_use(self, step: int, rows: np.ndarray) -> np.ndarray:
-        """``next_use`` of hot ``rows`` of ``step``: step + 1 where the next batch uses them, else -1;
-        step + 1 for all when that batch has not been split yet (a planner that does not read ahead)."""
-        later = self._hot_rows.get(step + 1)
+    def wrap(self, planner, batches: Iterable[tuple[int, Batch]]) -> Iterator[HotPlan]:
+        """The plans of ``(step, batch)`` pairs (in step order), ``planner`` planning the cold rows."""
+        return self._merge(planner.plans(self._split(batches)))
+
+    def _next_use(self, step: int, pos: np.ndarray) -> np.ndarray:
+        """``next_use`` of the hot rows ``pos`` (indices in the hot set) of ``step``: step + 1
+        where the next batch uses them, else -1; step + 1 for all when that batch has not been
+        split yet (a planner that does not read ahead)."""
+        later = self._hot_pos.get(step + 1)
         if later is None:
-            return np.full(len(rows), step + 1, dtype=np.int64)
-        return np.where(_used_by(rows, later), step + 1, -1)
+            return np.full(len(pos), step + 1, dtype=np.int64)
+        self._mark[later] = True
+        used = self._mark[pos]
+        self._mark[later] = False
+        return np.where(used, step + 1, -1)
 
     def report(self) -> dict:
         """What the hot tier served so far, and the schedule (the summary's ``cache.hot``)."""
@@ -169,8 +182,8 @@ class HotSplit:
             t0 = time.perf_counter()
             uniq, inverse = unique_inverse(batch.rows.numpy())
             hot = self.hot.contains(uniq)
-            part = _ColdLookups(torch.from_numpy(uniq[~hot]), batch, uniq, inverse, hot)
-            self._hot_rows[step] = uniq[hot]
+            part = _ColdLookups(torch.from_numpy(uniq[~hot]), batch, uniq, inverse, hot, self.hot.position(uniq[hot]))
+            self._hot_pos[step] = part.hot_pos
             self.stats.seconds += time.perf_counter() - t0
             yield step, part
 
@@ -181,13 +194,13 @@ class HotSplit:
             hot, cold = part.hot, ~part.hot
             slots = np.empty(len(part.uniq), dtype=np.int64)
             slots[cold] = plan.slots  # plan.rows == part.uniq[cold]: the same ascending order
-            slots[hot] = self.C + self.hot.position(part.uniq[hot])
-            mine = self._hot_rows.pop(plan.step)
+            slots[hot] = self.C + part.hot_pos
+            del self._hot_pos[plan.step]
             next_use = plan.next_use
             if len(next_use):
                 next_use = np.empty(len(part.uniq), dtype=np.int64)
                 next_use[cold] = plan.next_use
-                next_use[hot] = self._next_use(plan.step, mine)
+                next_use[hot] = self._next_use(plan.step, part.hot_pos)
             fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)}
             fields.update(batch=part.batch, rows=part.uniq, slots=slots, inverse=part.inverse, next_use=next_use)
             lookup_hot = hot[part.inverse]
@@ -195,14 +208,6 @@ class HotSplit:
             self.stats.add(merged, lookup_hot)
             self.stats.seconds += time.perf_counter() - t0
             yield merged
-
-
-def _used_by(rows: np.ndarray, later: np.ndarray) -> np.ndarray:
-    """(n,) bool: which of ascending ``rows`` are in ascending ``later``."""
-    if len(later) == 0:
-        return np.zeros(len(rows), dtype=bool)
-    pos = np.minimum(np.searchsorted(later, rows), len(later) - 1)
-    return later[pos] == rows
 
 
 def hot_set_for(cfg: "TrainConfig", dataset: Dataset, dim: int, state_dim: int,

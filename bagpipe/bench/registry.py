@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from bagpipe.bench import convergence, distributed, modes, oracle, peers, sweep
+from bagpipe.bench import accel, convergence, distributed, modes, oracle, peers, sweep
 from bagpipe.bench.config import BenchConfig
 
 
@@ -35,5 +35,6 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(distributed.DistributedBench, distributed.run,
                  "embedding servers vs the in-process store; partitioned vs replicated cache"),
         Scenario(convergence.ConvergenceBench, convergence.run, "eval curves of full vs lookahead, which must be identical"),
+        Scenario(accel.AccelBench, accel.run, "BagPipe (with and without a hot tier), FAE and Hotline under one memory budget"),
     )
 }
