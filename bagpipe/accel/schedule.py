@@ -38,34 +38,39 @@ class FaeSchedule:
         flags = all_hot_inputs(stream.dataset, stream.split, hot)
         self._first = np.concatenate([[0], np.cumsum([len(f) for f in flags])]).astype(np.int64)
         self._hot = np.concatenate(flags) if flags else np.zeros(0, bool)  # (samples,) by (shard, sample)
+        # an input is named by its index in (shard, sample) order: 4 bytes each while that fits
+        self._index_type = np.int32 if stream.num_samples < 2**31 else np.int64
         B, n_hot = self.batch_size, int(self._hot.sum())
         self.hot_batches = n_hot // B  # per epoch: the same inputs are hot in every epoch
         self.other_batches = (stream.num_samples - self.hot_batches * B) // B
         self.batches_per_epoch = self.hot_batches + self.other_batches
-        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._epochs: dict[int, np.ndarray] = {}
 
-    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(batches, B) shard and sample of every input of epoch ``epoch``, in regrouped order."""
+    def _epoch(self, epoch: int) -> np.ndarray:
+        """(batches, B): the inputs of every batch of epoch ``epoch``, in regrouped order."""
         if epoch not in self._epochs:
             B, nh, no = self.batch_size, self.hot_batches, self.other_batches
             shard, sample = self.stream.epoch_samples(epoch)
-            is_hot = self._hot[self._first[shard] + sample]
+            inputs = (self._first[shard] + sample).astype(self._index_type)  # in the plain epoch's order
+            del shard, sample
+            is_hot = self._hot[inputs]
             hot_pos = np.flatnonzero(is_hot)
-            other = np.sort(np.concatenate([np.flatnonzero(~is_hot), hot_pos[nh * B :]]))
-            batches = np.concatenate([hot_pos[: nh * B].reshape(nh, B), other[: no * B].reshape(no, B)])
+            other = np.flatnonzero(~is_hot)
+            if len(hot_pos) > nh * B:  # the few left over join the others, in epoch order
+                other = np.sort(np.concatenate([other, hot_pos[nh * B :]]))
+            batches = np.concatenate([inputs[hot_pos[: nh * B]], inputs[other[: no * B]]]).reshape(nh + no, B)
             keys = np.concatenate([(np.arange(nh) + 0.5) / max(nh, 1), (np.arange(no) + 0.5) / max(no, 1)])
-            order = np.argsort(keys, kind="stable")
-            seq = batches[order]
             if len(self._epochs) > 2:
                 self._epochs.clear()
-            self._epochs[epoch] = (shard[seq], sample[seq])
+            self._epochs[epoch] = batches[np.argsort(keys, kind="stable")]
         return self._epochs[epoch]
 
     def batch(self, index: int) -> Batch:
         """Batch ``index`` (counting across epochs) of the regrouped schedule."""
         epoch, k = divmod(index, self.batches_per_epoch)
-        shard, sample = self._epoch(epoch)
-        return self.stream.gather(shard[k], sample[k])
+        inputs = self._epoch(epoch)[k].astype(np.int64)
+        shard = np.searchsorted(self._first, inputs, side="right") - 1
+        return self.stream.gather(shard, inputs - self._first[shard])
 
     def numbered(self, start: int, stop: int) -> Iterator[tuple[int, Batch]]:
         for k in range(start, stop):
