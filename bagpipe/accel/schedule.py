@@ -50,9 +50,10 @@ class FaeSchedule:
         """(batches, B): the inputs of every batch of epoch ``epoch``, in regrouped order."""
         if epoch not in self._epochs:
             B, nh, no = self.batch_size, self.hot_batches, self.other_batches
-            shard, sample = self.stream.epoch_samples(epoch)
-            inputs = (self._first[shard] + sample).astype(self._index_type)  # in the plain epoch's order
-            del shard, sample
+            shard, start, length = self.stream.epoch_blocks(epoch)
+            base = self._first[shard] + start - np.concatenate([[0], np.cumsum(length)[:-1]])
+            t = self._index_type  # the inputs in the plain epoch's order, built in that type
+            inputs = np.repeat(base.astype(t), length) + np.arange(self.stream.num_samples, dtype=t)
             is_hot = self._hot[inputs]
             hot_pos = np.flatnonzero(is_hot)
             other = np.flatnonzero(~is_hot)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
+import torch
 
 from bagpipe.cache.slots import SlotCache
 from bagpipe.errors import BagpipeError
@@ -262,13 +263,17 @@ class PlanExecutor:
                     q.all_tasks_done.wait(timeout=0.1)
             self._check_wb()
 
-    def write_cached(self) -> None:
-        """Write every cached row to the store (rows stay cached); call :meth:`drain` first."""
+    def write_cached(self, chunk_rows: int = 1 << 16) -> None:
+        """Write every cached row to the store (rows stay cached); call :meth:`drain` first.
+
+        In chunks: a hot tier holds millions of rows, and one copy of them all (plus the
+        store's own) would show as a spike in the run's peak memory at every checkpoint."""
         slots, rows = self.cache.occupied()
-        if len(slots):
-            idx_w = self.cache.weights[slots].numpy()
-            idx_s = self.cache.state[slots].numpy()
-            self.store.write(rows, idx_w, idx_s)
+        for a in range(0, len(slots), chunk_rows):
+            part = torch.from_numpy(slots[a : a + chunk_rows])
+            w = self.cache.weights.index_select(0, part).numpy()
+            s = self.cache.state.index_select(0, part).numpy()
+            self.store.write(rows[a : a + chunk_rows], w, s)
 
     def close(self, abandon: bool = False) -> None:
         """Stop the background threads, after draining the write-backs.

@@ -126,13 +126,11 @@ class BatchStream:
         for k in range(start, stop):
             yield k, self.batch(k)
 
-    def epoch_samples(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(shard, sample within the shard) of every position of epoch ``epoch``, in epoch
-        order: position p of the epoch is batch p // B's sample p % B."""
+    def epoch_blocks(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks of epoch ``epoch`` in epoch order: (shard, first sample, samples) of each;
+        position p of the epoch is batch p // B's sample p % B."""
         lay = self._layout(epoch)
-        shard = np.repeat(lay.shard, lay.length)
-        sample = np.arange(self.num_samples, dtype=np.int64) + np.repeat(lay.start - lay.cum[:-1], lay.length)
-        return shard, sample
+        return lay.shard, lay.start, lay.length
 
     def gather(self, shard: np.ndarray, sample: np.ndarray) -> Batch:
         """The samples ``(shard[i], sample[i])`` as one batch, ordered by (shard, sample) (a

@@ -34,6 +34,7 @@ from bagpipe.store.init import RowInitializer
 from bagpipe.train.step import StepInput
 
 Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
+HOT_LOAD_ROWS = 1 << 16  # hot rows read from the store at a time when training starts (bounds the copy)
 
 
 def store_lookup(store: EmbeddingStore, rows: torch.Tensor) -> torch.Tensor:
@@ -179,8 +180,11 @@ class CachedBackend:
 
     def steps(self, stream: BatchStream, start: int, stop: int, before_evict: Callable[[Plan], None] | None = None) -> Iterator[StepInput]:
         if self.hot is not None:  # after a resume has written the checkpoint's rows to the store
-            w, s = self.store.read(self.hot.rows)
-            self.cache.install(self.cold_rows + np.arange(len(self.hot), dtype=np.int64), self.hot.rows, w, s)
+            slots = self.cold_rows + np.arange(len(self.hot), dtype=np.int64)
+            for a in range(0, len(slots), HOT_LOAD_ROWS):
+                rows = self.hot.rows[a : a + HOT_LOAD_ROWS]
+                w, s = self.store.read(rows)
+                self.cache.install(slots[a : a + HOT_LOAD_ROWS], rows, w, s)
         self.executor = PlanExecutor(
             self.store, self.cache, self.source.plans(stream, start, stop),
             pipelined=self.source.pipelined, depth=(self.lookahead or 1) + 1, start_step=start,
