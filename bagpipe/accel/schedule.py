@@ -5,7 +5,7 @@ FAE trains its *hot* inputs (every lookup a hot row) in batches of their own, wh
 need nothing from the slow tier, and the other inputs in separate batches. Here: the
 epoch's inputs, in the order the plain stream would give them, are split into the hot
 ones and the rest; the hot ones fill ``n_h = hot // B`` batches, the few left over join
-the others (in epoch order), which fill ``n_o = rest // B`` batches (a last partial batch
+the others (after them), which fill ``n_o = rest // B`` batches (a last partial batch
 is dropped, as the plain stream does); the two kinds are interleaved evenly (hot batch
 i at (i + 1/2) / n_h of the epoch, other batch j at (j + 1/2) / n_o). This changes the
 data order, so it is an approximation of the mini-batch maths: its AUC and log loss are
@@ -55,11 +55,11 @@ class FaeSchedule:
             t = self._index_type  # the inputs in the plain epoch's order, built in that type
             inputs = np.repeat(base.astype(t), length) + np.arange(self.stream.num_samples, dtype=t)
             is_hot = self._hot[inputs]
-            hot_pos = np.flatnonzero(is_hot)
-            other = np.flatnonzero(~is_hot)
-            if len(hot_pos) > nh * B:  # the few left over join the others, in epoch order
-                other = np.sort(np.concatenate([other, hot_pos[nh * B :]]))
-            batches = np.concatenate([inputs[hot_pos[: nh * B]], inputs[other[: no * B]]]).reshape(nh + no, B)
+            hot, other = inputs[is_hot], inputs[~is_hot]  # each in epoch order
+            del inputs, is_hot
+            # the fewer than B hot inputs left over join the others, after them
+            batches = np.concatenate([hot, other, hot[nh * B :]])
+            batches = np.concatenate([batches[: nh * B], batches[len(hot) : len(hot) + no * B]]).reshape(nh + no, B)
             keys = np.concatenate([(np.arange(nh) + 0.5) / max(nh, 1), (np.arange(no) + 0.5) / max(no, 1)])
             if len(self._epochs) > 2:
                 self._epochs.clear()

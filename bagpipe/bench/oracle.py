@@ -7,9 +7,10 @@ second, per-batch planning time, the oracle's own state in MiB and the hit rate.
 With ``--hot-budget-mb M`` every point is also planned behind a hot tier of M MiB
 (:class:`bagpipe.accel.hot.HotSplit`: the oracle plans only the cold rows), interleaved
 with the plain runs: the time per batch of the oracle alone and of the whole planner
-thread (split, oracle, merge). The hot rows are profiled on another generated sample of
-the same distribution (``--profile-samples`` inputs, read whole: as many as FAE's 5% of
-Criteo Kaggle), so the share of lookups they serve is what a run would see.
+thread (split, oracle, merge). The hot rows are profiled on other inputs of the same
+generated data (its train split, ``--profile-samples`` inputs read whole: as many as
+FAE's 5% of Criteo Kaggle) than the planned batches (its eval split), so the share of
+lookups they serve is what a run would see.
 """
 
 from __future__ import annotations
@@ -77,13 +78,21 @@ def run(b: OracleBench) -> dict:
     out = Path(b.out)
     data = out / "data"
     need = max(b.batch_sizes) * (b.batches + 1)
-    generate(SynthConfig(profile=b.profile, samples=int(need / 0.9) + 1, scale=b.scale, seed=2), str(data), overwrite=True, progress=False)
+    profiled = b.profile_samples if b.hot_budget_mb > 0 else 0
+    # the planned batches come from the eval split; the hot rows are profiled on the train split
+    generate(SynthConfig(profile=b.profile, samples=need + profiled + 1, scale=b.scale, seed=2,
+                         eval_fraction=need / (need + profiled + 1)), str(data), overwrite=True, progress=False)
     ds = Dataset(data)
     total = ds.meta.total_rows
-    hot = _hot_rows(b, out) if b.hot_budget_mb > 0 else None
+    hot = None
+    if b.hot_budget_mb > 0:
+        from bagpipe.accel.profile import profile
+
+        hot = profile(ds, b.hot_budget_mb, dim=16, state_dim=1, sample_rate=1.0)
+        print(hot.line(), flush=True)
     rows, res = [], {}
     for B in b.batch_sizes:
-        stream = BatchStream(ds, "train", B, seed=0)
+        stream = BatchStream(ds, "eval", B, seed=0)
         batches = [(i, stream.batch(i)) for i in range(b.batches)]
         lookups = sum(int(x.rows.shape[0]) for _, x in batches)
         cache = max(int(b.cache_fraction * total), B * ds.meta.num_features)
@@ -117,20 +126,6 @@ def run(b: OracleBench) -> dict:
     _plot(out, res, b)
     write_results(out, "oracle", payload, table)
     return payload
-
-
-def _hot_rows(b: OracleBench, out: Path):
-    """The hot rows for ``b.hot_budget_mb``, profiled on an independent generated sample."""
-    from bagpipe.accel.profile import profile
-    from bagpipe.data.shards import Dataset
-    from bagpipe.data.synthetic import SynthConfig, generate
-
-    pdata = out / "profile-data"
-    generate(SynthConfig(profile=b.profile, samples=b.profile_samples, scale=b.scale, seed=3, eval_fraction=0.0),
-             str(pdata), overwrite=True, progress=False)
-    hot = profile(Dataset(pdata), b.hot_budget_mb, dim=16, state_dim=1, sample_rate=1.0)
-    print(hot.line(), flush=True)
-    return hot
 
 
 def _plan(batches: list, total: int, cache: int, L: int, hot) -> dict:
