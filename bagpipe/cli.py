@@ -28,6 +28,7 @@ from bagpipe.errors import BagpipeError
 COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("bagpipe.commands.synth", "generate a skewed synthetic CTR dataset"),
     "preprocess": ("bagpipe.commands.preprocess", "convert raw Criteo / Avazu / Taobao logs to shards"),
+    "profile": ("bagpipe.commands.profile", "find a dataset's hot rows for a memory budget (FAE's profiler)"),
     "train": ("bagpipe.commands.train", "train a model (reference, cached or lookahead mode)"),
     "eval": ("bagpipe.commands.eval", "evaluate a finished run on a dataset"),
     "check": ("bagpipe.commands.check", "check every file of a dataset against its meta.json"),

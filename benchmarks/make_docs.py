@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SCENARIOS = ("modes", "oracle", "sweep", "convergence", "distributed")
+DEFAULT_SCENARIOS = ("modes", "oracle", "sweep", "convergence", "distributed", "accel")
 
 ABOUT = {
     "modes": "Every mode (full, nocache, lru, lookahead) trained side by side on generated Criteo-Kaggle-shaped "
@@ -41,6 +41,9 @@ ABOUT = {
                    "with the partitioned cache against a fully replicated one: bytes all-reduced per iteration. "
                    "Every role shares the same 2 cores, so these are overheads, not scaling (docs/distributed.md).",
     "peers": "bagpipe beside TorchRec's DLRM on the same data, model, batch and optimizer.",
+    "accel": "BagPipe (lookahead, with and without a hot tier), FAE and Hotline against nocache and lru under one "
+             "trainer memory budget (hot tier + cache), disk store: throughput, peak memory, hit rates, the share "
+             "of lookups served hot, planner time per step, AUC and log loss (docs/accel.md).",
 }
 
 

@@ -1,10 +1,13 @@
 """Every benchmark scenario runs end to end at its ``--quick`` size.
 
-``bagpipe bench modes|sweep|convergence|oracle --quick`` (driven in-process through
+``bagpipe bench modes|sweep|convergence|oracle|distributed|accel --quick`` (driven in-process through
 ``bagpipe.cli.main``; the training runs are child processes) each write results.json,
 results.md and their PNG into a fresh folder, with positive throughputs; the sweep
 records its too-small cache points and compares the auto-tuner with the best point;
-the convergence scenario finds full and lookahead identical. The modes scenario runs
+the convergence scenario finds full and lookahead identical; the oracle scenario also
+plans behind a hot tier; the accel scenario runs FAE, Hotline and lookahead with and
+without a hot tier under one budget (four of its seven configurations, to save time),
+the hot ones serving most lookups from the hot tier. The modes scenario runs
 with fewer steps than its --quick default to keep the module at ~2-3 minutes on two
 busy cores (each scenario also has its own timeout).
 """
@@ -25,8 +28,9 @@ SCENARIOS = {
     "convergence": [],
     "oracle": [],
     "distributed": ["--modes", "in-process,2x2-partitioned"],
+    "accel": ["--configs", "fae,hotline,lookahead,lookahead+hot", "--steps", "4", "--warmup", "1"],
 }
-PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png", "distributed": "distributed.png"}
+PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png", "distributed": "distributed.png", "accel": "accel.png"}
 
 
 @pytest.mark.timeout(150)
@@ -53,6 +57,13 @@ def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
         assert 0 < part["sync_bytes_per_step"] < part["replicated_sync_bytes_per_step_counterfactual"]
     elif scenario == "oracle":
         assert res and all(v["lookups_per_s"] > 0 for v in res.values())
+        assert all(v["hot"]["ms_per_batch"] > 0 and 0.5 < v["hot"]["lookup_share"] < 1 for v in res.values())
+    elif scenario == "accel":
+        assert set(res) == {"fae", "hotline", "lookahead", "lookahead+hot"}
+        assert all(v["samples_per_s"] > 0 and v["peak_anon_rss_mb"] > 0 for v in res.values())
+        assert all(res[k]["hot_lookup_share"] > 0.5 and res[k]["hot_rows"] > 0 for k in ("fae", "hotline", "lookahead+hot"))
+        assert res["lookahead+hot"]["cache_rows"] < res["lookahead"]["cache_rows"]  # the budget is shared
+        assert payload["targets"]["lookahead_hot_vs_best_of_fae_hotline"] > 0
     elif scenario == "sweep":
         ran = {k: v for k, v in res.items() if "samples_per_s" in v}
         assert any(v["too_small"] for v in res.values()), "the quick grid's smallest cache is below one batch"

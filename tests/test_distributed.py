@@ -5,7 +5,8 @@
   of ``--mode full`` on one process with the same global batch; with one trainer they
   are bitwise equal (nothing is averaged, the same float operations run). Row-wise Adam
   (2D state floats per row on the servers, in the caches and the checkpoint) with a
-  warm-up schedule on 2 x 2 too.
+  warm-up schedule on 2 x 2 too. So is a 2 x 2
+  job with a hot tier (hot rows on every trainer, planned by nobody), within tolerance.
 * Two identical distributed runs end with the same params_sha256.
 * Killing one server mid-run stops every other role within 30 s with an error naming
   it; Ctrl-C (SIGINT to the launcher) stops them all; no process is left behind.
@@ -216,6 +217,19 @@ def test_adam_on_two_trainers_and_two_servers(tiny_data, full_runs, tmp_path):
     assert s["optimizer"] == "adam" and s["distributed"]["sync_bytes_per_step"] > 0
     assert params(out)["emb/state"].shape[1] == 2 * params(out)["emb/weights"].shape[1]
     assert_close(params(out), params(full_runs("adam")))
+
+
+def test_hot_tier_on_every_trainer(tiny_data, full_runs, tmp_path):
+    """A hot tier in a 2 x 2 job: the oracle role profiles and plans only the cold rows,
+    every trainer holds the hot rows and synchronises them as cached rows; the result is
+    that of one process on the global batch."""
+    out = tmp_path / "hot"
+    s = run_distributed(tiny_data, out, "adagrad", 2, 2, "--hot-budget-mb", 0.02, "--hot-sample-rate", 1)
+    assert_close(params(out), params(full_runs("adagrad")))
+    hot = s["cache"]["hot"]
+    assert hot["rows"] == int(0.02 * 2**20) // 36 and 0.5 < hot["lookup_share"] < 1
+    assert s["cache"]["unique_rows"] == hot["unique_rows"] - hot["hot_unique_rows"]  # the oracle planned cold rows only
+    assert 0 < s["distributed"]["sync_overlapped_share"] < 1
 
 
 def test_servers_on_disk_stores(tiny_data, full_runs, tmp_path):

@@ -3,6 +3,14 @@
 Batches are generated and read into memory first; then the oracle plans them on one
 thread (torch/numpy intra-op threads pinned to 1). Reports lookups planned per
 second, per-batch planning time, the oracle's own state in MiB and the hit rate.
+
+With ``--hot-budget-mb M`` every point is also planned behind a hot tier of M MiB
+(:class:`bagpipe.accel.hot.HotSplit`: the oracle plans only the cold rows), interleaved
+with the plain runs: the time per batch of the oracle alone and of the whole planner
+thread (split, oracle, merge). The hot rows are profiled on other inputs of the same
+generated data (its train split, ``--profile-samples`` inputs read whole: as many as
+FAE's 5% of Criteo Kaggle) than the planned batches (its eval split), so the share of
+lookups they serve is what a run would see.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ class OracleBench(Repeated, BenchConfig):
     """The oracle's planning throughput alone (one thread) vs batch size and lookahead L."""
 
     name = "oracle"
-    QUICK = dict(scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1)
+    QUICK = dict(scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1, hot_budget_mb=0.5,
+                 profile_samples=20_000)
 
     reps: int = 3
     batch_sizes: tuple[int, ...] = (1024, 2048, 4096)
@@ -38,6 +47,10 @@ class OracleBench(Repeated, BenchConfig):
     """Batches planned per measurement."""
     cache_fraction: float = 0.05
     """The oracle's cache as a fraction of all rows (at least one batch's lookups)."""
+    hot_budget_mb: float = 96.0
+    """Also plan behind a hot tier of this many MiB (rows of D = 16 and one Adagrad float); 0: off."""
+    profile_samples: int = 2_000_000
+    """Inputs of the independent sample the hot rows are profiled on."""
 
     def validate(self) -> None:
         super().validate()
@@ -45,6 +58,8 @@ class OracleBench(Repeated, BenchConfig):
         self.check("lookaheads", bool(self.lookaheads) and all(L >= 1 for L in self.lookaheads), "must be >= 1")
         self.check("batches", self.batches >= 1, "must be >= 1")
         self.check("cache_fraction", 0 < self.cache_fraction <= 1, "must be in (0, 1]")
+        self.check("hot_budget_mb", self.hot_budget_mb >= 0, "must be >= 0")
+        self.check("profile_samples", self.profile_samples >= 1, "must be >= 1")
 
 
 def oracle_state_mb(o) -> float:
@@ -58,43 +73,75 @@ def run(b: OracleBench) -> dict:
     from bagpipe.data.shards import Dataset
     from bagpipe.data.stream import BatchStream
     from bagpipe.data.synthetic import SynthConfig, generate
-    from bagpipe.oracle import LookaheadOracle
 
     torch.set_num_threads(1)
     out = Path(b.out)
     data = out / "data"
     need = max(b.batch_sizes) * (b.batches + 1)
-    generate(SynthConfig(profile=b.profile, samples=int(need / 0.9) + 1, scale=b.scale, seed=2), str(data), overwrite=True, progress=False)
+    profiled = b.profile_samples if b.hot_budget_mb > 0 else 0
+    # the planned batches come from the eval split; the hot rows are profiled on the train split
+    generate(SynthConfig(profile=b.profile, samples=need + profiled + 1, scale=b.scale, seed=2,
+                         eval_fraction=need / (need + profiled + 1)), str(data), overwrite=True, progress=False)
     ds = Dataset(data)
     total = ds.meta.total_rows
+    hot = None
+    if b.hot_budget_mb > 0:
+        from bagpipe.accel.profile import profile
+
+        hot = profile(ds, b.hot_budget_mb, dim=16, state_dim=1, sample_rate=1.0)
+        print(hot.line(), flush=True)
     rows, res = [], {}
     for B in b.batch_sizes:
-        stream = BatchStream(ds, "train", B, seed=0)
+        stream = BatchStream(ds, "eval", B, seed=0)
         batches = [(i, stream.batch(i)) for i in range(b.batches)]
         lookups = sum(int(x.rows.shape[0]) for _, x in batches)
         cache = max(int(b.cache_fraction * total), B * ds.meta.num_features)
         for L in b.lookaheads:
-            rates, state = [], 0.0
-            for _ in range(b.reps):
-                o = LookaheadOracle(total, cache, L)
-                t0 = time.perf_counter()
-                for _p in o.plans(batches):
-                    pass
-                dt = time.perf_counter() - t0
-                rates.append(lookups / dt)
-                state = oracle_state_mb(o)
-            med, spread = median_spread(rates)
+            runs = [_plan(batches, total, cache, L, h) for _ in range(b.reps) for h in ([None, hot] if hot else [None])]
+            plain = [r for r in runs if r["hot"] is None]
+            med, spread = median_spread([lookups / r["seconds"] for r in plain])
             key = f"B={B},L={L}"
+            o = plain[-1]
             res[key] = {"batch_size": B, "lookahead": L, "lookups_per_s": med, "spread": spread,
-                        "ms_per_batch": 1000 * lookups / med / len(batches), "state_mb": state,
-                        "hit_rate": o.stats.as_dict()["hit_rate"], "forced_evictions": o.stats.forced_evictions}
-            rows.append([B, L, med / 1e6, f"{spread:.0%}", res[key]["ms_per_batch"], state, f"{res[key]['hit_rate']:.1%}"])
+                        "ms_per_batch": 1000 * lookups / med / len(batches), "state_mb": o["state_mb"],
+                        "hit_rate": o["hit_rate"], "forced_evictions": o["forced_evictions"]}
+            row = [B, L, med / 1e6, f"{spread:.0%}", res[key]["ms_per_batch"], o["state_mb"], f"{o['hit_rate']:.1%}"]
+            if hot is not None:
+                with_hot = [r for r in runs if r["hot"] is not None]
+                ms, ms_spread = median_spread([1000 * r["seconds"] / len(batches) for r in with_hot])
+                own, _ = median_spread([1000 * r["oracle_s"] / len(batches) for r in with_hot])
+                res[key]["hot"] = {"ms_per_batch": ms, "spread": ms_spread, "oracle_ms_per_batch": own,
+                                   "speedup": res[key]["ms_per_batch"] / ms, "lookup_share": with_hot[-1]["hot"]}
+                row += [ms, f"{ms_spread:.0%}", own, f"{res[key]['ms_per_batch'] / ms:.2f}x",
+                        f"{with_hot[-1]['hot']:.1%}"]
+            rows.append(row)
             print(f"B={B} L={L}: {med / 1e6:.1f}M lookups/s", flush=True)
-    table = markdown_table(["batch", "L", "M lookups/s", "spread", "ms/batch", "oracle state MiB", "hit rate"], rows)
-    payload = {**header(b), "total_rows": total, "results": res, "table": table}
+    headers = ["batch", "L", "M lookups/s", "spread", "ms/batch", "oracle state MiB", "hit rate"]
+    if hot is not None:
+        headers += ["ms/batch with hot tier", "spread", "of which oracle", "faster", "lookups served hot"]
+    table = markdown_table(headers, rows)
+    payload = {**header(b), "total_rows": total, "hot": hot.report if hot is not None else None, "results": res, "table": table}
+    if payload["hot"] is not None:
+        payload["hot"] = {k: v for k, v in payload["hot"].items() if k not in ("tables", "table_sizes")}
     _plot(out, res, b)
     write_results(out, "oracle", payload, table)
     return payload
+
+
+def _plan(batches: list, total: int, cache: int, L: int, hot) -> dict:
+    """Plan ``batches`` once (behind a hot tier when ``hot`` is given): seconds and figures."""
+    from bagpipe.accel.hot import HotSplit
+    from bagpipe.oracle import LookaheadOracle
+
+    o = LookaheadOracle(total, cache, L)
+    split = HotSplit(hot, cache) if hot is not None else None
+    t0 = time.perf_counter()
+    for _p in (split.wrap(o, batches) if split is not None else o.plans(batches)):
+        pass
+    dt = time.perf_counter() - t0
+    st = o.stats.as_dict()
+    return {"seconds": dt, "oracle_s": o.stats.seconds, "state_mb": oracle_state_mb(o), "hit_rate": st["hit_rate"],
+            "forced_evictions": st["forced_evictions"], "hot": split.report()["lookup_share"] if split is not None else None}
 
 
 def _plot(out: Path, res: dict, b: OracleBench) -> None:

@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bagpipe.bench.config import CachePoint, Throughput
-from bagpipe.bench.report import header, markdown_table, median_spread, pyplot, save_png, throughput, write_results
+from bagpipe.bench.report import (
+    header,
+    markdown_table,
+    median_spread,
+    pyplot,
+    save_png,
+    throughput,
+    write_results,
+)
 from bagpipe.bench.runner import launch, prepare, train_args, train_command
 
 TOPOLOGIES = {"1x2": (1, 2), "2x2": (2, 2)}

@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from bagpipe.bench import convergence, distributed, modes, oracle, peers, recovery, sweep
+from bagpipe.bench import (
+    accel,
+    convergence,
+    distributed,
+    modes,
+    oracle,
+    peers,
+    recovery,
+    sweep,
+)
 from bagpipe.bench.config import BenchConfig
 
 
@@ -37,5 +46,6 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(convergence.ConvergenceBench, convergence.run, "eval curves of full vs lookahead, which must be identical"),
         Scenario(recovery.RecoveryBench, recovery.run,
                  "checkpoint cost (every N steps vs none, full vs incremental bytes) and recovery time of a killed server"),
+        Scenario(accel.AccelBench, accel.run, "BagPipe (with and without a hot tier), FAE and Hotline under one memory budget"),
     )
 }

@@ -10,7 +10,9 @@ Pipelined (the lookahead mode) runs three background threads:
                      label of the last completed step
 
 while the trainer (the caller's thread) only copies rows in and out of the cache.
-Synchronous execution (nocache, lru) does the same work in the caller's thread.
+Synchronous execution (nocache, lru) does the same work in the caller's thread; with
+``defer_install`` (Hotline) it reads a plan's misses on one reader thread while the
+caller computes what needs none of them, and :meth:`PlanExecutor.install` puts them in.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
+import torch
 
 from bagpipe.cache.slots import SlotCache
 from bagpipe.errors import BagpipeError
@@ -62,6 +66,9 @@ class PlanExecutor:
 
     Call :meth:`after_step` after each step's optimizer update, and :meth:`close`
     at the end (writes back everything still pending).
+
+    ``defer_install`` (synchronous execution only): each plan is yielded while its misses
+    are still being read; the step calls :meth:`install` before it touches them.
     """
 
     def __init__(
@@ -74,6 +81,7 @@ class PlanExecutor:
         depth: int = 2,
         start_step: int = 0,
         before_evict: Callable[[Plan], None] | None = None,
+        defer_install: bool = False,
     ):
         self.store = store
         self.cache = cache
@@ -88,6 +96,8 @@ class PlanExecutor:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="bagpipe-read") if defer_install and not pipelined else None
+        self._pending: tuple[Plan, Future] | None = None
         if pipelined:
             self._plan_q: queue.Queue = queue.Queue(maxsize=max(2, depth))
             self._ready_q: queue.Queue = queue.Queue(maxsize=max(1, depth))
@@ -200,12 +210,29 @@ class PlanExecutor:
             # write-backs labelled step-1: the previous step's expired rows, then this step's forced-out rows
             self._write_back(plan.evict_before_slots, plan.evict_before_rows, closes=plan.step - 1)
             self.cache.drop(plan.drop_before_slots)
+            if self._reader is not None:
+                self._pending = (plan, self._reader.submit(self.store.read, plan.fetch_rows))
+                yield plan
+                if self._pending is not None:
+                    raise BagpipeError(f"step {plan.step} ran without installing its fetched rows (PlanExecutor.install)")
+                continue
             t0 = time.perf_counter()
             if not self.pipelined:
                 w, s = self.store.read(plan.fetch_rows)
             self.cache.install(plan.fetch_slots, plan.fetch_rows, w, s)
             self.times.wait_embeddings += time.perf_counter() - t0
             yield plan
+
+    def install(self) -> None:
+        """The current plan's fetched rows are in the cache: waits for a deferred read (a no-op otherwise)."""
+        if self._pending is None:
+            return
+        t0 = time.perf_counter()
+        plan, read = self._pending
+        self._pending = None
+        w, s = read.result()
+        self.cache.install(plan.fetch_slots, plan.fetch_rows, w, s)
+        self.times.wait_embeddings += time.perf_counter() - t0
 
     def _get_ready(self):
         while True:
@@ -236,13 +263,17 @@ class PlanExecutor:
                     q.all_tasks_done.wait(timeout=0.1)
             self._check_wb()
 
-    def write_cached(self) -> None:
-        """Write every cached row to the store (rows stay cached); call :meth:`drain` first."""
+    def write_cached(self, chunk_rows: int = 1 << 16) -> None:
+        """Write every cached row to the store (rows stay cached); call :meth:`drain` first.
+
+        In chunks: a hot tier holds millions of rows, and one copy of them all (plus the
+        store's own) would show as a spike in the run's peak memory at every checkpoint."""
         slots, rows = self.cache.occupied()
-        if len(slots):
-            idx_w = self.cache.weights[slots].numpy()
-            idx_s = self.cache.state[slots].numpy()
-            self.store.write(rows, idx_w, idx_s)
+        for a in range(0, len(slots), chunk_rows):
+            part = torch.from_numpy(slots[a : a + chunk_rows])
+            w = self.cache.weights.index_select(0, part).numpy()
+            s = self.cache.state.index_select(0, part).numpy()
+            self.store.write(rows[a : a + chunk_rows], w, s)
 
     def close(self, abandon: bool = False) -> None:
         """Stop the background threads, after draining the write-backs.
@@ -251,6 +282,8 @@ class PlanExecutor:
         dropped and the threads are not waited for long -- with a remote store they may
         be blocked on a peer that is gone, and the caller's error is what to report
         (the run has failed; its last checkpoint is what survives)."""
+        if self._reader is not None:
+            self._reader.shutdown(wait=not abandon, cancel_futures=True)
         if self.pipelined and not self._closed:
             try:
                 if not abandon:

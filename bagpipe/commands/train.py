@@ -13,7 +13,17 @@ Modes (--mode) compute the same thing and differ only in where embedding rows li
   lru        rows in a store; a cache of --cache-rows with least-recently-used eviction
   lookahead  rows in a store; the oracle reads --lookahead batches ahead and plans every
              fetch and eviction, prefetching in the background (the product)
-All modes end with the same params_sha256 on one process.
+  fae        FAE: hot rows in this process, cold rows read from the store each batch
+  hotline    Hotline: as fae, but each batch's all-hot inputs compute while its cold
+             rows are read, then the rest (two micro-batches, one optimizer step)
+All modes but hotline end with the same params_sha256 on one process (hotline: the same
+maths summed in another order, equal to within float rounding).
+
+Hot rows (--hot-budget-mb M, or --hot-rows FILE from `bagpipe profile`): the most
+accessed rows that fit M MiB stay in this process for the whole run, and nocache, lru
+and lookahead plan only the other rows; still exact. fae and hotline default to FAE's
+256 MiB. --fae-schedule split trains the all-hot inputs in batches of their own, as
+FAE does: this changes the data order (an approximation).
 
 Distributed (--trainers N --servers S): N data-parallel trainers (each on 1/N of every
 global batch of --batch-size samples), S embedding servers holding the rows and their
@@ -23,7 +33,7 @@ machines start the same roles with torchrun and `bagpipe worker` (docs/distribut
 
 Settings can come from a TOML file (--config): each key is an option's name with
 underscores (--batch-size is batch_size), at the top level or inside the table of its
-group below ([data], [arch], [optim], [cache], [dist], [run]); command-line options
+group below ([data], [arch], [optim], [cache], [hot], [dist], [run]); command-line options
 override the file.
 
 Examples:
@@ -32,6 +42,9 @@ Examples:
       --mode lookahead --cache-rows 20000 --lookahead 8
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/auto \\
       --mode lookahead --cache-budget-mb 0.5
+  bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/hot \\
+      --mode lookahead --cache-rows 5000 --hot-budget-mb 0.05
+  bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/fae --mode fae
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/dist \\
       --mode lookahead --trainers 2 --servers 2
   bagpipe train --config run.toml --resume

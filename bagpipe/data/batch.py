@@ -83,3 +83,27 @@ def make_batch(
         offsets=torch.from_numpy(offsets),
         num_features=F,
     )
+
+
+def select_samples(batch: Batch, samples: np.ndarray) -> tuple[Batch, np.ndarray]:
+    """Samples ``samples`` (ascending) of ``batch`` -> (the sub-batch, (n,) positions of its
+    lookups in ``batch.rows``): a data-parallel trainer's slice, Hotline's micro-batches."""
+    samples = np.asarray(samples, dtype=np.int64)
+    B, F = batch.batch_size, batch.num_features
+    offsets = batch.offsets.numpy()
+    bags = (np.arange(F, dtype=np.int64)[:, None] * B + samples[None, :]).ravel()  # feature-major
+    starts, ends = offsets[bags], offsets[bags + 1]
+    lengths = ends - starts
+    new_offsets = np.zeros(len(bags) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    # positions of every lookup of the selected bags, in order
+    pos = np.repeat(starts - new_offsets[:-1], lengths) + np.arange(new_offsets[-1], dtype=np.int64)
+    index = torch.from_numpy(samples)
+    sub = Batch(
+        labels=batch.labels[index],
+        dense=batch.dense[index],
+        rows=batch.rows[torch.from_numpy(pos)],
+        offsets=torch.from_numpy(new_offsets),
+        num_features=F,
+    )
+    return sub, pos

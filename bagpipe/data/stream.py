@@ -125,6 +125,27 @@ class BatchStream:
         for k in range(start, stop):
             yield k, self.batch(k)
 
+    def epoch_blocks(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks of epoch ``epoch`` in epoch order: (shard, first sample, samples) of each;
+        position p of the epoch is batch p // B's sample p % B."""
+        lay = self._layout(epoch)
+        return lay.shard, lay.start, lay.length
+
+    def gather(self, shard: np.ndarray, sample: np.ndarray) -> Batch:
+        """The samples ``(shard[i], sample[i])`` as one batch, ordered by (shard, sample) (a
+        regrouped schedule's batches: :mod:`bagpipe.accel.schedule`)."""
+        labels, dense, sparse = [], [], []
+        mh: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {f.name: [] for f in self.meta.multihot_features}
+        for s in np.unique(shard):
+            idx = np.sort(sample[shard == s])
+            sh = self.dataset.shard(self.split, int(s))
+            labels.append(sh.labels[idx])
+            dense.append(sh.dense[idx])
+            sparse.append(sh.sparse[idx])
+            for name, (values, offsets) in sh.multihot.items():
+                mh[name].append(bag_values(values, offsets, idx))
+        return self._to_batch(np.concatenate(labels), np.concatenate(dense), np.concatenate(sparse), mh)
+
     def _read(self, lay: _EpochLayout, lo: int, hi: int) -> Batch:
         b0 = int(np.searchsorted(lay.cum, lo, side="right")) - 1
         b1 = int(np.searchsorted(lay.cum, hi, side="left"))
@@ -147,3 +168,13 @@ class BatchStream:
         multihot = {name: (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
                     for name, parts in mh.items()}
         return make_batch(self.meta.features, self.table_offsets, labels, dense, sparse, multihot)
+
+
+def bag_values(values: np.ndarray, offsets: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A multi-hot feature's ids of ``samples`` (ascending) of one shard: (their ids
+    concatenated, (n,) lengths), from the shard's (nnz,) ``values`` and (n + 1,) ``offsets``."""
+    starts = np.asarray(offsets[samples], dtype=np.int64)
+    lengths = np.asarray(offsets[samples + 1], dtype=np.int64) - starts
+    first = np.cumsum(lengths) - lengths  # where each sample's ids start in the output
+    pos = np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    return np.asarray(values[pos]), lengths

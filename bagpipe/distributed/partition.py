@@ -32,9 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from bagpipe.data.batch import Batch
+from bagpipe.data.batch import Batch, select_samples
 from bagpipe.errors import ConfigError
 from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.unique import unique_inverse
@@ -66,23 +65,7 @@ class TrainerPlan(Plan):
 
 def slice_batch(batch: Batch, a: int, b: int) -> tuple[Batch, np.ndarray]:
     """Samples [a, b) of ``batch`` -> (sub-batch, positions of its lookups in ``batch.rows``)."""
-    B, F = batch.batch_size, batch.num_features
-    offsets = batch.offsets.numpy()
-    bags = (np.arange(F, dtype=np.int64)[:, None] * B + np.arange(a, b, dtype=np.int64)[None, :]).ravel()
-    starts, ends = offsets[bags], offsets[bags + 1]
-    lengths = ends - starts
-    new_offsets = np.zeros(len(bags) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    # positions of every lookup of the selected bags, in order
-    pos = np.repeat(starts - new_offsets[:-1], lengths) + np.arange(new_offsets[-1], dtype=np.int64)
-    sub = Batch(
-        labels=batch.labels[a:b],
-        dense=batch.dense[a:b],
-        rows=batch.rows[torch.from_numpy(pos)],
-        offsets=torch.from_numpy(new_offsets),
-        num_features=F,
-    )
-    return sub, pos
+    return select_samples(batch, np.arange(a, b, dtype=np.int64))
 
 
 def _positions(sorted_rows: np.ndarray, subset: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from bagpipe.accel.profile import HotSet
 from bagpipe.cache.sync import SyncedRowUpdate
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder, Manifest, Part
 from bagpipe.data.shards import Dataset
@@ -78,7 +79,8 @@ class DataParallel:
         self.store = RemoteStore(init, state_dim, self.t, self.layout.server_ranks)
         self.plans = RemotePlans(PlanReceiver(self.t, self.layout.oracle_rank))
         info = self.plans.receiver.info
-        backend = CachedBackend(self.store, int(info["cache_rows"]), self.plans, writes_cached=self.rank == 0)
+        hot = HotSet(info["hot"]["rows"], init.num_rows, info["hot"]["report"]) if info.get("hot") else None
+        backend = CachedBackend(self.store, int(info["cache_rows"]), self.plans, writes_cached=self.rank == 0, hot=hot)
         if info.get("autotune") is not None:
             backend.extra_stats["autotune"] = info["autotune"]
         return backend

@@ -16,6 +16,7 @@ Python loop runs per id.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Iterable, Iterator
 
@@ -214,11 +215,17 @@ class LookaheadOracle:
         """Plans for ``(step, batch)`` pairs given in step order."""
         buffer: deque = deque()
         for step, batch in batches:
+            t0 = time.perf_counter()
             buffer.append((step, batch) + self._read(step, batch))
-            if len(buffer) > self.L:
-                yield self._plan(*buffer.popleft())
+            plan = self._plan(*buffer.popleft()) if len(buffer) > self.L else None
+            self.stats.seconds += time.perf_counter() - t0
+            if plan is not None:
+                yield plan
         while buffer:
-            yield self._plan(*buffer.popleft())
+            t0 = time.perf_counter()
+            plan = self._plan(*buffer.popleft())
+            self.stats.seconds += time.perf_counter() - t0
+            yield plan
 
     @property
     def occupied(self) -> int:

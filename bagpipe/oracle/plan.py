@@ -77,6 +77,7 @@ class PlanStats:
     rows_written_back: int = 0
     forced_evictions: int = 0
     max_occupied: int = 0
+    seconds: float = 0.0  # the planner's own time (reading the batches excluded)
 
     def add(self, plan: Plan, occupied: int) -> None:
         self.steps += 1
@@ -91,4 +92,5 @@ class PlanStats:
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["hit_rate"] = self.hits / self.unique_rows if self.unique_rows else 0.0
+        d["planning_ms_per_step"] = 1000 * self.seconds / self.steps if self.steps else 0.0
         return d

@@ -12,6 +12,7 @@ step, so a pipelined executor could not run ahead of them anyway.
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -37,6 +38,7 @@ class NoCachePlanner:
 
     def plans(self, batches: Iterable[tuple[int, Batch]]) -> Iterator[Plan]:
         for step, batch in batches:
+            t0 = time.perf_counter()
             rows, inverse = unique_rows(batch)
             n = len(rows)
             if n > self.C:
@@ -48,6 +50,7 @@ class NoCachePlanner:
                 fetch_after=step - 1,
             )
             self.stats.add(plan, n)
+            self.stats.seconds += time.perf_counter() - t0
             yield plan
 
 
@@ -67,7 +70,10 @@ class LRUPlanner:
 
     def plans(self, batches: Iterable[tuple[int, Batch]]) -> Iterator[Plan]:
         for step, batch in batches:
-            yield self._plan(step, batch)
+            t0 = time.perf_counter()
+            plan = self._plan(step, batch)
+            self.stats.seconds += time.perf_counter() - t0
+            yield plan
 
     def _plan(self, step: int, batch: Batch) -> Plan:
         rows, inverse = unique_rows(batch)

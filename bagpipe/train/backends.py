@@ -2,11 +2,12 @@
 
 * :class:`FullBackend` (``--mode full``, the reference): every table in one (R, D)
   tensor in process memory.
-* :class:`CachedBackend` (``nocache``, ``lru``, ``lookahead``, and every distributed
-  trainer): the rows live in an :class:`EmbeddingStore` (in this process, or on
-  embedding servers behind a ``RemoteStore``); a plan source decides which slot of a
-  small (C, D) cache each row occupies, and a :class:`PlanExecutor` moves rows between
-  store and cache.
+* :class:`CachedBackend` (``nocache``, ``lru``, ``lookahead``, ``fae``, ``hotline``, and
+  every distributed trainer): the rows live in an :class:`EmbeddingStore` (in this
+  process, or on embedding servers behind a ``RemoteStore``); a plan source decides which
+  slot of a small (C, D) cache each row occupies, and a :class:`PlanExecutor` moves rows
+  between store and cache. With a hot tier (:mod:`bagpipe.accel.hot`) the cache has
+  C + H slots, the last H holding the hot rows for the whole run.
 
 Both hand the training step the same thing: a table tensor plus the indices (global
 rows or slots) of the batch's unique rows in ascending global-row order, and the
@@ -20,6 +21,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 import torch
 
+from bagpipe.accel.hot import HotSet, HotSplit, hot_section
 from bagpipe.cache.pipeline import PlanExecutor
 from bagpipe.cache.slots import SlotCache
 from bagpipe.data.prefetch import Prefetched
@@ -32,6 +34,7 @@ from bagpipe.store.init import RowInitializer
 from bagpipe.train.step import StepInput
 
 Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
+HOT_LOAD_ROWS = 1 << 16  # hot rows read from the store at a time when training starts (bounds the copy)
 
 
 def store_lookup(store: EmbeddingStore, rows: torch.Tensor) -> torch.Tensor:
@@ -131,15 +134,18 @@ class PlanSource(Protocol):
 
 
 class LocalPlanner:
-    """A planner in this process: the lookahead oracle, or the lru / nocache baselines."""
+    """A planner in this process: the lookahead oracle, or the lru / nocache baselines;
+    behind a :class:`HotSplit` when a hot tier serves the hot rows."""
 
-    def __init__(self, mode: str, num_rows: int, cache_rows: int, lookahead: int, enough: int | None = None):
+    def __init__(self, mode: str, num_rows: int, cache_rows: int, lookahead: int, hot: HotSplit | None = None,
+                 enough: int | None = None):
         self.mode = mode
         self.num_rows, self.cache_rows = num_rows, cache_rows
         self.enough = enough  # cache rows that hold every batch of the run (the hint of a too-small cache)
         self.lookahead = lookahead if mode == "lookahead" else None
         # the baselines' plans depend on the previous step: nothing could run ahead anyway
         self.pipelined = mode == "lookahead"
+        self.hot = hot
         self.planner = None
 
     def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]:
@@ -151,10 +157,13 @@ class LocalPlanner:
             self.planner = LookaheadOracle(self.num_rows, self.cache_rows, self.lookahead, self.enough)
         else:
             raise ValueError(self.mode)
+        if self.hot is not None:
+            return self.hot.plans(self.planner, stream, start, stop)
         return self.planner.plans(stream.numbered(start, stop))
 
     def stats(self) -> dict:
-        return self.planner.stats.as_dict() if self.planner else {}
+        out = self.planner.stats.as_dict() if self.planner else {}
+        return out | ({"hot": self.hot.report()} if self.hot is not None else {})
 
 
 class CachedBackend:
@@ -166,13 +175,21 @@ class CachedBackend:
         source: the plans.
         writes_cached: whether :meth:`flush` writes the cached rows to the store (in a
             data-parallel job the cached rows are equal on every trainer: one writes them).
+        hot: the hot rows (slots C..C+H-1, read from the store when training starts), if any;
+            the source's plans must then come through a :class:`HotSplit` of C slots.
+        defer_install: yield each step before its misses are read (Hotline; see
+            :class:`PlanExecutor`).
     """
 
-    def __init__(self, store: EmbeddingStore, cache_rows: int, source: PlanSource, *, writes_cached: bool = True):
+    def __init__(self, store: EmbeddingStore, cache_rows: int, source: PlanSource, *, writes_cached: bool = True,
+                 hot: HotSet | None = None, defer_install: bool = False):
         self.store = store
         self.source = source
-        self.cache = SlotCache(cache_rows, store.dim, store.state_dim)
+        self.cold_rows = cache_rows
+        self.hot = hot
+        self.cache = SlotCache(cache_rows + (len(hot) if hot is not None else 0), store.dim, store.state_dim)
         self.writes_cached = writes_cached
+        self.defer_install = defer_install
         self.executor: PlanExecutor | None = None
         self.extra_stats: dict = {}
 
@@ -189,15 +206,21 @@ class CachedBackend:
     def steps(self, stream: BatchStream, start: int, stop: int, before_evict: Callable[[Plan], None] | None = None) -> Iterator[StepInput]:
         if start:  # resumed: every write-back before the start is in the store (it was restored)
             self.store.mark_written(start - 1)
+        if self.hot is not None:  # after a resume has written the checkpoint's rows to the store
+            slots = self.cold_rows + np.arange(len(self.hot), dtype=np.int64)
+            for a in range(0, len(slots), HOT_LOAD_ROWS):
+                rows = self.hot.rows[a : a + HOT_LOAD_ROWS]
+                w, s = self.store.read(rows)
+                self.cache.install(slots[a : a + HOT_LOAD_ROWS], rows, w, s)
         self.executor = PlanExecutor(
             self.store, self.cache, self.source.plans(stream, start, stop),
             pipelined=self.source.pipelined, depth=(self.lookahead or 1) + 1, start_step=start,
-            before_evict=before_evict,
+            before_evict=before_evict, defer_install=self.defer_install,
         )
         for plan in self.executor:
             yield StepInput(
                 plan.step, plan.batch, self.cache.weights, self.cache.state,
-                torch.from_numpy(plan.slots), torch.from_numpy(plan.inverse), plan,
+                torch.from_numpy(plan.slots), torch.from_numpy(plan.inverse), plan, self.executor.install,
             )
 
     def after_step(self, inp: StepInput) -> None:
@@ -234,7 +257,9 @@ class CachedBackend:
 
     def stats(self) -> dict:
         out = dict(self.source.stats())
-        out["cache_rows"] = self.cache.capacity
+        hot = out.pop("hot", {})
+        out["cache_rows"] = self.cold_rows
+        out["hot"] = hot_section(self.hot, self.store.dim, self.store.state_dim, hot) if self.hot is not None else None
         out["lookahead"] = self.lookahead
         out["store"] = self.store.stats.as_dict()
         out["pipeline_s"] = self.phase_seconds()

@@ -1,4 +1,4 @@
-"""The typed, validated configuration of a training run, in six sections.
+"""The typed, validated configuration of a training run, in seven sections.
 
 Sources, later ones winning: the dataclass defaults, a TOML file (``--config``), the
 command line. Every setting is declared once, below, with its type and a docstring;
@@ -19,7 +19,7 @@ from bagpipe.config.typed import finite
 from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
 from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
-Mode = Literal["full", "nocache", "lru", "lookahead"]
+Mode = Literal["full", "nocache", "lru", "lookahead", "fae", "hotline"]
 Store = Literal["memory", "disk"]
 CacheSync = Literal["partitioned", "replicated"]
 
@@ -157,7 +157,9 @@ class CacheConfig(Section):
 
     mode: Mode = "full"
     """full: every table in memory (the reference); nocache, lru: a store and a cache
-    (backward-looking baselines); lookahead: the oracle plans every fetch and eviction."""
+    (backward-looking baselines); lookahead: the oracle plans every fetch and eviction;
+    fae, hotline: hot rows resident, cold rows read per batch (FAE), or read while the
+    batch's all-hot inputs compute (Hotline)."""
     store: Store = "memory"
     """Where the non-full modes keep the tables."""
     store_dir: str | None = None
@@ -189,6 +191,42 @@ class CacheConfig(Section):
             "--cache-budget-mb and --cache-rows are mutually exclusive: give the cache's memory budget "
             "(the tuner picks rows and lookahead) or its rows, not both",
         )
+
+    @property
+    def planner(self) -> str:
+        """The planner of the rows the hot tier does not hold: fae and hotline read them
+        per batch, as nocache does."""
+        return "nocache" if self.mode in ("fae", "hotline") else self.mode
+
+
+@dataclass(kw_only=True)
+class HotConfig(Section):
+    """hot rows (a hot tier in front of the cache; FAE and Hotline)"""
+
+    hot_budget_mb: float = 0.0
+    """MiB for a hot tier (nocache, lru, lookahead, fae, hotline): the most accessed rows
+    that fit with their optimizer state stay in the trainer for the whole run, and the
+    planner handles only the other rows; chosen at start-up by profiling a sample of the
+    train split. 0: none (fae and hotline then take FAE's default, 256)."""
+    hot_rows: str | None = None
+    """The hot rows from a file of `bagpipe profile --out FILE` (instead of profiling at start-up)."""
+    hot_sample_rate: float = 0.05
+    """Share of the train split profiled at start-up (FAE's default: 5%)."""
+    fae_schedule: Literal["keep", "split"] = "keep"
+    """fae: keep the data order (exact), or split each epoch into all-hot batches and the
+    others as FAE does (changes the data order: an approximation)."""
+
+    def validate(self) -> None:
+        need(finite(self.hot_budget_mb) and self.hot_budget_mb >= 0,
+             f"hot budget must be a finite number of MiB >= 0, got {self.hot_budget_mb}")
+        need(0 < self.hot_sample_rate <= 1, f"hot sample rate must be in (0, 1], got {self.hot_sample_rate}")
+        need(not (self.hot_budget_mb > 0 and self.hot_rows),
+             "--hot-budget-mb and --hot-rows are mutually exclusive: profile at start-up for a budget, or read a file")
+
+    @property
+    def on(self) -> bool:
+        """Whether a hot tier was asked for (fae and hotline always have one)."""
+        return self.hot_budget_mb > 0 or bool(self.hot_rows)
 
 
 @dataclass(kw_only=True)
@@ -279,10 +317,15 @@ class TrainConfig:
     arch: ArchConfig
     optim: OptimConfig
     cache: CacheConfig
+    hot: HotConfig
     dist: DistConfig
     run: RunConfig
 
     def __post_init__(self) -> None:
+        mode = self.cache.mode
+        need(not (self.hot.on and mode == "full"),
+             "--mode full holds every row already: a hot tier (--hot-budget-mb, --hot-rows) needs a store mode")
+        need(self.hot.fae_schedule == "keep" or mode == "fae", f"--fae-schedule applies to --mode fae, got --mode {mode}")
         d = self.dist
         if d.distributed:
             need(d.servers >= 1, f"{d.trainers} trainers need embedding servers to share the rows: add --servers S (S >= 1)")

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from bagpipe.accel.hotline import hotline_step
 from bagpipe.checkpoint import CheckpointFolder
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
@@ -133,11 +134,12 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
         rows.finish()
         backend.flush(step - 1)
 
+    run_step = hotline_step if cfg.cache.mode == "hotline" else train_step  # Hotline: two micro-batches a step
     step = start
     try:
         for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
             set_lr(dense_opt, schedule.lr(cfg.optim.lr, inp.step))  # the rows' optimizer scales its own by inp.step
-            loss = train_step(net, dense_opt, rows, inp, meter.times)
+            loss = run_step(net, dense_opt, rows, inp, meter.times)
             backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
             step = inp.step + 1
             meter.record(step, loss)

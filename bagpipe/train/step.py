@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,8 @@ class StepInput:
     index: (U,) int64 positions in ``weights`` of the batch's unique rows (ascending row).
     inverse: (N,) int64 position in ``index`` of every lookup.
     plan: the cache plan of the step (None for the full tables).
+    ready: puts any rows still being fetched in place (Hotline fetches its cold rows while
+        the popular micro-batch computes); a step calls it before it reads them.
     """
 
     step: int
@@ -42,6 +44,7 @@ class StepInput:
     index: torch.Tensor
     inverse: torch.Tensor
     plan: Plan | None = None
+    ready: Callable[[], None] = lambda: None
 
 
 class RowUpdate(Protocol):
@@ -106,6 +109,7 @@ def train_step(
 
     ``model`` may be wrapped (DDP averages the dense gradients during ``backward``).
     """
+    inp.ready()
     t0 = time.perf_counter()
     rows_u = gather_rows(inp.weights, inp.index)
     logits = forward_logits(model, rows_u, inp.inverse, inp.batch)

@@ -14,6 +14,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from bagpipe.accel.hot import HotSplit, hot_set_for
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder, Manifest, write_part
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
@@ -72,18 +73,21 @@ class SingleProcess:
             return FullBackend(init, state_dim)
         lookups = lookups_per_batch(dataset.meta, stream, cfg.run.steps)
         size = size_cache(
-            c.mode, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb,
+            c.planner, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb,
             total_rows=init.num_rows, dim=init.dim, state_dim=state_dim, stream=stream, steps=cfg.run.steps,
             lookups=lookups,
         )
         if size.tuned is not None and announce is not None:
             announce(size.tuned.line())
+        hot = hot_set_for(cfg, dataset, init.dim, state_dim, announce)
+        split = HotSplit(hot, size.rows, cfg.hot.fae_schedule) if hot is not None else None
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
         # a resumed run overwrites every row with its checkpoint's: its own old store may stay
         store = open_store(c.store, init, state_dim, store_dir, owned=not c.store_dir,
                            reuse=c.init_from_store or ckpt is not None)
         enough = min(lookups, init.num_rows)
-        backend = CachedBackend(store, size.rows, LocalPlanner(c.mode, init.num_rows, size.rows, size.lookahead, enough))
+        backend = CachedBackend(store, size.rows, LocalPlanner(c.planner, init.num_rows, size.rows, size.lookahead, split, enough),
+                                hot=hot, defer_install=c.mode == "hotline")
         if size.tuned is not None:
             backend.extra_stats["autotune"] = size.tuned.as_dict()
         return backend

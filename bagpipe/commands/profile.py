@@ -1,0 +1,69 @@
+"""``bagpipe profile``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+DESCRIPTION = """\
+Find a dataset's hot rows: count the row accesses over a seeded sample of the train
+split, keep the most accessed rows that fit a memory budget (each row with its
+optimizer state: 4 x (D + S) bytes), and report the share of lookups they serve and the
+share of inputs whose lookups are all hot, per table and overall (FAE's profiling step).
+
+The hot rows stay in the trainer for a whole run: pass the file to
+`bagpipe train --hot-rows FILE` with --mode fae, hotline, lookahead, lru or nocache
+(or give the run --hot-budget-mb M and it profiles at start-up, the same way).
+
+The sample is a seeded choice of 1,024-input blocks, --sample-rate of each shard's
+blocks (at least one); the same options give the same rows.
+
+Examples:
+  bagpipe profile --data data/ck --hot-budget-mb 256
+  bagpipe profile --data data/ck --hot-budget-mb 64 --sample-rate 1 --out runs/hot-64.npz
+  bagpipe train --data data/ck --mode lookahead --hot-rows runs/hot-64.npz --out runs/la-hot
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, metavar="DIR", help="dataset directory (its train split is profiled)")
+    p.add_argument("--hot-budget-mb", required=True, type=float, metavar="M",
+                   help="memory for the hot rows and their optimizer state, in MiB (FAE's default: 256)")
+    p.add_argument("--sample-rate", type=float, default=0.05, metavar="F",
+                   help="share of the train split to read, in (0, 1] (default: 0.05, FAE's)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the choice of sampled blocks (default: 0)")
+    p.add_argument("--embedding-dim", type=int, default=16, metavar="D",
+                   help="D of the run the rows are for (default: 16, the kaggle recipe's; debug has 8)")
+    p.add_argument("--optimizer", choices=("sgd", "adagrad"), default="adagrad",
+                   help="the run's optimizer: its per-row state (S: sgd 0, adagrad 1) counts against the budget")
+    p.add_argument("--out", metavar="FILE", help="write the hot rows here (.npz) for `bagpipe train --hot-rows`")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bagpipe.accel.profile import profile
+    from bagpipe.data.shards import Dataset
+    from bagpipe.errors import ConfigError
+    from bagpipe.optim.sparse import build_sparse_optimizer
+
+    if args.embedding_dim < 1:
+        raise ConfigError(f"--embedding-dim must be >= 1, got {args.embedding_dim}")
+    state_dim = build_sparse_optimizer(args.optimizer, 1.0).state_dim
+    hot = profile(Dataset(args.data), args.hot_budget_mb, dim=args.embedding_dim, state_dim=state_dim,
+                  sample_rate=args.sample_rate, seed=args.seed, progress=not args.no_progress)
+    if args.out:
+        hot.save(args.out)
+    r = hot.report
+    if args.json:
+        print(json.dumps({k: v for k, v in r.items() if k != "table_sizes"}, indent=2))
+    else:
+        print(f"{'table':<12}{'rows':>12}{'hot rows':>12}{'lookups hot':>13}{'inputs hot':>12}")
+        for t in r["tables"]:
+            print(f"{t['table']:<12}{t['rows']:>12,}{t['hot_rows']:>12,}{t['lookup_share']:>13.1%}{t['input_share']:>12.1%}")
+        print(f"{'all':<12}{sum(t['rows'] for t in r['tables']):>12,}{len(hot):>12,}"
+              f"{r['lookup_share']:>13.1%}{r['input_share']:>12.1%}  (inputs: all lookups hot)")
+        print(hot.line())
+    if args.out:
+        print(f"hot rows written to {args.out}")
+    return 0
