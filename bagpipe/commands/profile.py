@@ -34,8 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds the choice of sampled blocks (default: 0)")
     p.add_argument("--embedding-dim", type=int, default=16, metavar="D",
                    help="D of the run the rows are for (default: 16, the kaggle recipe's; debug has 8)")
-    p.add_argument("--optimizer", choices=("sgd", "adagrad"), default="adagrad",
-                   help="the run's optimizer: its per-row state (S: sgd 0, adagrad 1) counts against the budget")
+    from bagpipe.optim.names import OPTIMIZER_NAMES
+
+    p.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="adagrad",
+                   help="the run's optimizer: its per-row state (S: sgd 0, adagrad 1, adam 2D, "
+                   "partial_rowwise_adam D+1) counts against the budget")
     p.add_argument("--out", metavar="FILE", help="write the hot rows here (.npz) for `bagpipe train --hot-rows`")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="do not show progress bars")
@@ -45,11 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.accel.profile import profile
     from bagpipe.data.shards import Dataset
     from bagpipe.errors import ConfigError
-    from bagpipe.optim.sparse import build_sparse_optimizer
+    from bagpipe.optim.names import row_state_dim
 
     if args.embedding_dim < 1:
         raise ConfigError(f"--embedding-dim must be >= 1, got {args.embedding_dim}")
-    state_dim = build_sparse_optimizer(args.optimizer, 1.0).state_dim
+    state_dim = row_state_dim(args.optimizer, args.embedding_dim)
     hot = profile(Dataset(args.data), args.hot_budget_mb, dim=args.embedding_dim, state_dim=state_dim,
                   sample_rate=args.sample_rate, seed=args.seed, progress=not args.no_progress)
     if args.out:

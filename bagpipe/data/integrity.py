@@ -37,9 +37,7 @@ def npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
     with open(path, "rb") as f:
         major, _ = np.lib.format.read_magic(f)
         read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read(f)
-        if fortran:
-            raise ValueError("Fortran-ordered array")
+        shape, _fortran, dtype = read(f)  # either order memory-maps (sample slices are faster in C order)
         return tuple(shape), np.dtype(dtype), f.tell()
 
 

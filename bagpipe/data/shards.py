@@ -162,7 +162,7 @@ class ShardWriter:
         shard_dir.mkdir(parents=True, exist_ok=True)
         np.save(shard_dir / "labels.npy", data["labels"])
         np.save(shard_dir / "dense.npy", data["dense"])
-        np.save(shard_dir / "sparse.npy", data["sparse"])
+        np.save(shard_dir / "sparse.npy", np.ascontiguousarray(data["sparse"]))  # rows of samples: C order
         for f in self._multihot:
             values, lengths = data[f.name]
             offsets = np.zeros(len(lengths) + 1, dtype=np.int64)

@@ -9,7 +9,7 @@ Layout of ``RUN/``::
                     {"step", "eval_logloss", "eval_auc", "eval_ne", "eval_calibration",
                     "eval_accuracy", "eval_samples"} at each evaluation
     summary.json    the finished run (:func:`bagpipe.train.summary.build_summary`)
-    checkpoints/    :mod:`bagpipe.train.checkpoint`
+    checkpoints/    :mod:`bagpipe.checkpoint`
     .lock           who holds the run (pid, host, start time); see :class:`RunLock`
 
 Every topology writes these through :class:`RunDir` (in a distributed run, trainer 0
