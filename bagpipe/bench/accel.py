@@ -162,7 +162,8 @@ def _run_one(b: AccelBench, out: Path, key: str, setting: dict, profiles: dict) 
     if b.store == "disk":
         store_dir = out / "store-run"
         fresh_cold_copy(out / "store-template", store_dir)
-    s = launch(b, data=out / "data", run_dir=run_dir, label=key, store=b.store, store_dir=store_dir, **opts)
+    s = launch(b, data=out / "data", run_dir=run_dir, label=key, store=b.store, store_dir=store_dir,
+               init_from_store=store_dir is not None or None, **opts)
     shutil.rmtree(run_dir, ignore_errors=True)
     return s
 
