@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 SCENARIOS = {
     "modes": ["--steps", "8", "--warmup", "2", "--batch-size", "256"],
-    "sweep": [],
+    "sweep": ["--lookaheads", "10"],
     "convergence": [],
     "oracle": [],
     "distributed": ["--modes", "in-process,2x2-partitioned"],
@@ -68,7 +68,7 @@ def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
         ran = {k: v for k, v in res.items() if "samples_per_s" in v}
         assert any(v["too_small"] for v in res.values()), "the quick grid's smallest cache is below one batch"
         assert "too small" in md
-        assert len(ran) >= 4 and all(v["samples_per_s"] > 0 and 0 < v["hit_rate"] <= 1 for v in ran.values())
+        assert len(ran) >= 2 and all(v["samples_per_s"] > 0 and 0 < v["hit_rate"] <= 1 for v in ran.values())
         auto = payload["autotune"]
         assert auto["samples_per_s"] > 0 and auto["ratio_to_best"] > 0 and auto["lookahead"] >= 1
     elif scenario == "convergence":

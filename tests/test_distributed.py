@@ -140,7 +140,7 @@ def run_distributed(data, out, optimizer, trainers, servers, *extra) -> dict:
 # make test keeps one bitwise layout (1 x 2) and both 2 x 2 runs; the rest of the
 # matrix runs with make test-slow (1 x 1 and 2 x 1 also run in test_recovery.py's resumes)
 MATRIX = [
-    pytest.param(optimizer, t, s, marks=[] if (t, s, optimizer) in {(1, 2, "adagrad"), (2, 2, "sgd"), (2, 2, "adagrad")}
+    pytest.param(optimizer, t, s, marks=[] if (t, s, optimizer) in {(1, 2, "adagrad"), (2, 2, "adagrad")}
                  else [pytest.mark.slow], id=f"{t}-{s}-{optimizer}")
     for t, s in [(1, 1), (1, 2), (2, 1), (2, 2)] for optimizer in ("sgd", "adagrad")
 ]

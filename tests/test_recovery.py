@@ -264,6 +264,16 @@ def job(data: str, out: Path, steps: int, *extra) -> None:
                             stderr=subprocess.PIPE, text=True))
 
 
+def test_a_one_process_checkpoint_resumes_distributed_bitwise(tiny_data, tmp_path, full_digest):
+    """One process to step 20, then 1 trainer + 2 servers to the end: --mode full's digest."""
+    out = tmp_path / "run"
+    train(TrainConfig.of(data=tiny_data, batch_size=BATCH, optimizer="adagrad", lr=0.05, threads=1, progress=False,
+                         out=str(out), steps=20, mode="lookahead", cache_rows=1000, lookahead=4, checkpoint_every=EVERY))
+    job(tiny_data, out, STEPS, "--trainers", 1, "--servers", 2, "--resume")
+    assert digest(out) == full_digest
+
+
+@pytest.mark.slow
 def test_resume_anywhere(tiny_data, tmp_path):
     """One process to step 20, then 1 trainer + 2 servers to 30 (bitwise --mode full's),
     1 trainer + 1 server to 35 (another number of servers: bitwise), 2 trainers + 1
