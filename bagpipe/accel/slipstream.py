@@ -103,7 +103,7 @@ def find_threshold(keys: np.ndarray, target: float, tolerance: float) -> tuple[f
     hi = np.nextafter(top, np.inf)
     if share(hi) <= target + tolerance:
         return float(hi), share(hi), 0
-    lo = 0.0
+    lo, hi = 0.0, top
     best = (abs(share(hi) - target), float(hi))
     for i in range(1, MAX_BISECTIONS + 1):
         mid = (lo + hi) / 2
