@@ -118,6 +118,10 @@ def _approximation(names: list[str], skipper, row_stats: dict) -> dict | None:
 def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start) -> dict | None:
     rc = cfg.run
     rows = topo.row_update(sparse_opt, backend)
+    # Slipstream's watched rows are profiled (full) before the meter starts
+    skipper = stale_skip_for(cfg, backend, dataset, init.dim, sparse_opt.state_dim, topo.say if topo.reports else None)
+    approx = cfg.approximations
+    tags = {"exact": False, "approximation": approx} if approx else {}  # every metrics record of an approximate run
     meter = StepMeter(start=start, warmup=rc.warmup_steps, batch_size=cfg.data.batch_size,
                       phases=lambda: backend.phase_seconds() | rows.phase_seconds())
     log = with_tensorboard(run.metrics(since=start), rc.tensorboard) if topo.reports else None
@@ -148,11 +152,8 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
         backend.flush(step - 1)
 
     run_step = hotline_step if cfg.cache.mode == "hotline" else train_step  # Hotline: two micro-batches a step
-    skipper = stale_skip_for(cfg, backend, dataset, init.dim, sparse_opt.state_dim, topo.say if topo.reports else None)
     if skipper is not None:  # Slipstream: the stale inputs are left out of the step
         run_step = skipper.wrap(run_step)
-    approx = cfg.approximations
-    tags = {"exact": False, "approximation": approx} if approx else {}  # every metrics record of an approximate run
     step = start
     try:
         for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
