@@ -206,7 +206,8 @@ class HotConfig(Section):
     """MiB for a hot tier (nocache, lru, lookahead, fae, hotline): the most accessed rows
     that fit with their optimizer state stay in the trainer for the whole run, and the
     planner handles only the other rows; chosen at start-up by profiling a sample of the
-    train split. 0: none (fae and hotline then take FAE's default, 256)."""
+    train split. 0: none (fae and hotline then take FAE's default, 256). With --mode full and
+    --skip-stale: the rows Slipstream watches (default 256)."""
     hot_rows: str | None = None
     """The hot rows from a file of `bagpipe profile --out FILE` (instead of profiling at start-up)."""
     hot_sample_rate: float = 0.05
