@@ -56,6 +56,8 @@ class ApproxBench(Throughput):
     """Eval points of the curve runs on the generated data (every N steps)."""
     period: int = 4
     """K of periodic: the trainers' copies are averaged every K steps."""
+    stale_start: int = 0
+    """s of skip-stale (bagpipe train --stale-start): the step its first snapshot follows."""
     trainers: int = 2
     """N, data-parallel trainers of dist-exact and periodic."""
     servers: int = 1
@@ -81,11 +83,12 @@ class ApproxBench(Throughput):
         self.check("trainers", self.trainers >= 2, "must be >= 2 (periodic averages several trainers' copies)")
         self.check("samples", self.samples >= 0, "must be >= 0")
         self.check("cache_rows", self.cache_rows >= 0, "must be >= 0")
+        self.check("stale_start", 0 <= self.stale_start < self.steps, "must be a step >= 0 and below --steps")
 
 
 def _settings(b: ApproxBench, key: str) -> dict:
     dist = dict(mode="lookahead", trainers=b.trainers, servers=b.servers, cache_rows=b.cache_rows or None)
-    return {"exact": dict(mode="full"), "skip-stale": dict(mode="full", skip_stale=True),
+    return {"exact": dict(mode="full"), "skip-stale": dict(mode="full", skip_stale=True, stale_start=b.stale_start),
             "dist-exact": dict(dist, cache_sync="partitioned"),
             "periodic": dict(dist, cache_sync=f"periodic:{b.period}")}[key]
 
