@@ -41,6 +41,8 @@ class ApproxBench(Throughput):
     real Criteo sample in ../shared/data."""
 
     name = "approx"
+    #: The tiny profile and the debug recipe; its distributed runs (2 trainers + a server + the
+    #: oracle, each a process) make it a few minutes on two cores, not one.
     QUICK = dict(profile="tiny", scale=1.0, recipe="debug", batch_size=128, steps=60, warmup=5, reps=1, eval_every=20,
                  eval_samples=2048, criteo_steps=40, criteo_eval_every=20, threads=1)
 
