@@ -1,13 +1,15 @@
 """Every benchmark scenario runs end to end at its ``--quick`` size.
 
-``bagpipe bench modes|sweep|convergence|oracle|distributed|accel --quick`` (driven in-process through
+``bagpipe bench modes|sweep|convergence|oracle|distributed|accel|approx --quick`` (driven in-process through
 ``bagpipe.cli.main``; the training runs are child processes) each write results.json,
 results.md and their PNG into a fresh folder, with positive throughputs; the sweep
 records its too-small cache points and compares the auto-tuner with the best point;
 the convergence scenario finds full and lookahead identical; the oracle scenario also
 plans behind a hot tier; the accel scenario runs FAE, Hotline and lookahead with and
 without a hot tier under one budget (four of its seven configurations, to save time),
-the hot ones serving most lookups from the hot tier. The modes scenario runs
+the hot ones serving most lookups from the hot tier; the approx scenario runs its stale-skipping
+configuration on the generated data (the others and the Criteo sample left out, to save
+time), marked approximate, with its threshold and eval curve. The modes scenario runs
 with fewer steps than its --quick default to keep the module at ~2-3 minutes on two
 busy cores (each scenario also has its own timeout).
 """
@@ -29,8 +31,11 @@ SCENARIOS = {
     "oracle": [],
     "distributed": ["--modes", "in-process,2x2-partitioned"],
     "accel": ["--configs", "fae,hotline,lookahead,lookahead+hot", "--steps", "4", "--warmup", "1"],
+    # one configuration on the generated data, to save time (every run is a process; the
+    # distributed pair costs ~20 s a run; test_approx.py and test_distributed.py run the rest)
+    "approx": ["--configs", "skip-stale", "--no-criteo", "--steps", "20", "--warmup", "2", "--eval-every", "8"],
 }
-PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png", "distributed": "distributed.png", "accel": "accel.png"}
+PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png", "distributed": "distributed.png", "accel": "accel.png", "approx": "approx.png"}
 
 
 @pytest.mark.timeout(150)
@@ -64,6 +69,13 @@ def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
         assert all(res[k]["hot_lookup_share"] > 0.5 and res[k]["hot_rows"] > 0 for k in ("fae", "hotline", "lookahead+hot"))
         assert res["lookahead+hot"]["cache_rows"] < res["lookahead"]["cache_rows"]  # the budget is shared
         assert payload["targets"]["lookahead_hot_vs_best_of_fae_hotline"] > 0
+    elif scenario == "approx":
+        res = payload["datasets"]["generated"]["results"]
+        assert set(res) == {"skip-stale"} and payload["criteo_skipped"]
+        r = res["skip-stale"]
+        assert r["exact"] is False and r["threshold"] is not None and 0 <= r["skipped_share"] < 1
+        assert r["samples_per_s"] > 0 and r["ratio"] is None  # no exact run to compare with
+        assert len(r["curve"]) == 3 and 0 < r["eval_auc"] < 1
     elif scenario == "sweep":
         ran = {k: v for k, v in res.items() if "samples_per_s" in v}
         assert any(v["too_small"] for v in res.values()), "the quick grid's smallest cache is below one batch"

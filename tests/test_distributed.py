@@ -7,6 +7,9 @@
   (2D state floats per row on the servers, in the caches and the checkpoint) with a
   warm-up schedule on 2 x 2 too. So is a 2 x 2
   job with a hot tier (hot rows on every trainer, planned by nobody), within tolerance.
+* cDLRM's periodic averaging (``--cache-sync periodic:1``) with SGD ends within 1e-5 of
+  ``--mode full`` too, and all-reduces the exact partitioned cache's bytes; it is marked
+  approximate in the summary.
 * Two identical distributed runs end with the same params_sha256.
 * Killing one server mid-run stops every other role within 30 s with an error naming
   it; Ctrl-C (SIGINT to the launcher) stops them all; no process is left behind.
@@ -247,6 +250,18 @@ def test_the_replicated_cache_computes_the_same_and_syncs_every_row(tiny_data, f
     assert d["max_plans_in_flight"] == 1  # back-pressure: the oracle never ran ahead
     assert d["sync_bytes_per_step"] > 0 and d["sync_bytes_per_step"] == pytest.approx(d["replicated_sync_bytes_per_step"])
     assert_close(params(tmp_path / "rep"), params(full_runs("adagrad")))
+
+
+def test_periodic_averaging_every_step_matches_full_with_sgd(tiny_data, full_runs, tmp_path):
+    """cDLRM's periodic averaging with K = 1 and SGD: the average of the trainers' copies is
+    the exact update, so the job ends within tolerance of full; it is still marked approximate."""
+    s = run_distributed(tiny_data, tmp_path / "p1", "sgd", 2, 1, "--cache-sync", "periodic:1")
+    assert s["exact"] is False and s["approximation"]["names"] == ["cache-sync periodic:1"]
+    assert s["approximation"]["periodic"]["period"] == 1 and s["approximation"]["periodic"]["averagings"] > 0
+    d = s["distributed"]
+    # SGD keeps no row state: the same rows' D floats as the exact partitioned cache's gradients
+    assert d["sync_bytes_per_step"] == pytest.approx(d["partitioned_sync_bytes_per_step"]) and d["sync_bytes_per_step"] > 0
+    assert_close(params(tmp_path / "p1"), params(full_runs("sgd")))
 
 
 @pytest.mark.slow

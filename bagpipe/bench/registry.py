@@ -13,6 +13,7 @@ from typing import Callable
 
 from bagpipe.bench import (
     accel,
+    approx,
     convergence,
     distributed,
     modes,
@@ -47,5 +48,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(recovery.RecoveryBench, recovery.run,
                  "checkpoint cost (every N steps vs none, full vs incremental bytes) and recovery time of a killed server"),
         Scenario(accel.AccelBench, accel.run, "BagPipe (with and without a hot tier), FAE and Hotline under one memory budget"),
+        Scenario(approx.ApproxBench, approx.run,
+                 "exact vs Slipstream's stale-input skip and cDLRM's periodic averaging: speed, AUC, bytes synchronised"),
     )
 }

@@ -25,6 +25,11 @@ and lookahead plan only the other rows; still exact. fae and hotline default to 
 256 MiB. --fae-schedule split trains the all-hot inputs in batches of their own, as
 FAE does: this changes the data order (an approximation).
 
+Approximations (off unless asked for; the run is then marked "exact": false):
+--skip-stale (Slipstream: inputs whose hot rows have stopped changing are left out of
+training; full, or lookahead with a hot tier), --cache-sync periodic:K (cDLRM: trainers
+average their copies of shared rows every K steps). See docs/approximations.md.
+
 Distributed (--trainers N --servers S): N data-parallel trainers (each on 1/N of every
 global batch of --batch-size samples), S embedding servers holding the rows and their
 optimizer state, and one oracle process, all started here on loopback; the result
@@ -33,7 +38,7 @@ machines start the same roles with torchrun and `bagpipe worker` (docs/distribut
 
 Settings can come from a TOML file (--config): each key is an option's name with
 underscores (--batch-size is batch_size), at the top level or inside the table of its
-group below ([data], [arch], [optim], [cache], [hot], [dist], [run]); command-line options
+group below ([data], [arch], [optim], [cache], [hot], [dist], [approx], [run]); command-line options
 override the file.
 
 Examples:
@@ -47,6 +52,7 @@ Examples:
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/fae --mode fae
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/dist \\
       --mode lookahead --trainers 2 --servers 2
+  bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/skip --skip-stale
   bagpipe train --config run.toml --resume
 """
 

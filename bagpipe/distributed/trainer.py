@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import torch
 
 from bagpipe.accel.profile import HotSet
+from bagpipe.cache.periodic import PeriodicRowUpdate
 from bagpipe.cache.sync import SyncedRowUpdate
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder, Manifest, Part
 from bagpipe.data.shards import Dataset
@@ -62,6 +63,7 @@ class DataParallel:
         self.reports = rank == 0
         self.store: RemoteStore | None = None
         self.plans: RemotePlans | None = None
+        self.sync_period = 0  # K of --cache-sync periodic:K (0: the exact caches)
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.layout.trainers == 1:
@@ -76,6 +78,7 @@ class DataParallel:
             restore = str(ckpt.path) if ckpt is not None else None
             for s in self.layout.server_ranks:
                 self.t.send(s, CONTROL, setup_message(init, state_dim, restore))
+        self.sync_period = cfg.dist.sync_period
         self.store = RemoteStore(init, state_dim, self.t, self.layout.server_ranks)
         self.plans = RemotePlans(PlanReceiver(self.t, self.layout.oracle_rank))
         info = self.plans.receiver.info
@@ -107,7 +110,9 @@ class DataParallel:
         folder.commit(staging, m)
         return m
 
-    def row_update(self, opt: SparseOptimizer, backend: CachedBackend) -> SyncedRowUpdate:
+    def row_update(self, opt: SparseOptimizer, backend: CachedBackend) -> SyncedRowUpdate | PeriodicRowUpdate:
+        if self.sync_period:  # cDLRM's periodic averaging (an approximation)
+            return PeriodicRowUpdate(opt, backend.cache, self.sync_period, self.layout.trainers, self.group)
         return SyncedRowUpdate(opt, backend.cache, self.group)
 
     def mean(self, values: list[float]) -> float:
@@ -124,7 +129,7 @@ class DataParallel:
     def say(self, line: str) -> None:
         self.log(line)
 
-    def section(self, backend: CachedBackend, rows: SyncedRowUpdate) -> dict:
+    def section(self, backend: CachedBackend, rows: SyncedRowUpdate | PeriodicRowUpdate) -> dict:
         N, dim = self.layout.trainers, backend.store.dim
         report = self.plans.receiver.report
         steps = max(report.plan.get("steps", 0), 1)
@@ -137,6 +142,9 @@ class DataParallel:
             "sync_overlapped_share": 1 - report.sync_urgent_rows / max(report.sync_rows, 1),
             "replicated_sync_rows_per_step": report.replicated_sync_rows / steps,
             "replicated_sync_bytes_per_step": (report.replicated_sync_rows / steps) * dim * 4 if N > 1 else 0.0,
+            # what the exact partitioned cache would all-reduce on these plans (its rows' gradients)
+            "partitioned_sync_bytes_per_step": ((report.sync_rows / steps) * dim * 4 if N > 1 else 0.0)
+            if report.cache_sync != "replicated" else None,
             "fetched_rows_per_trainer": report.fetched_rows,
             "plans_in_flight": report.plans_in_flight,
             "max_plans_in_flight": report.max_in_flight,

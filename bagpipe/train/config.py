@@ -21,7 +21,6 @@ from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
 Mode = Literal["full", "nocache", "lru", "lookahead", "fae", "hotline"]
 Store = Literal["memory", "disk"]
-CacheSync = Literal["partitioned", "replicated"]
 
 
 @dataclass(kw_only=True)
@@ -207,7 +206,8 @@ class HotConfig(Section):
     """MiB for a hot tier (nocache, lru, lookahead, fae, hotline): the most accessed rows
     that fit with their optimizer state stay in the trainer for the whole run, and the
     planner handles only the other rows; chosen at start-up by profiling a sample of the
-    train split. 0: none (fae and hotline then take FAE's default, 256)."""
+    train split. 0: none (fae and hotline then take FAE's default, 256). With --mode full and
+    --skip-stale: the rows Slipstream watches (default 256)."""
     hot_rows: str | None = None
     """The hot rows from a file of `bagpipe profile --out FILE` (instead of profiling at start-up)."""
     hot_sample_rate: float = 0.05
@@ -238,9 +238,12 @@ class DistConfig(Section):
     servers: int = 0
     """S, embedding server processes holding the rows (row g on server g % S); 0 keeps the
     store in the trainer. With S >= 1 the run is distributed: N trainers + S servers + 1 oracle."""
-    cache_sync: CacheSync = "partitioned"
+    cache_sync: str = "partitioned"
     """partitioned: rows one trainer uses and then drops are neither replicated nor
-    synchronised; replicated: every trainer holds and synchronises every planned row."""
+    synchronised; replicated: every trainer holds and synchronises every planned row;
+    periodic:K (cDLRM, an approximation): each trainer updates its own copies of the
+    shared rows, averaged over the trainers every K steps and before a row leaves the
+    cache (docs/approximations.md)."""
     plans_in_flight: int = 4
     """Plans the oracle may send a trainer ahead of what it has taken (back-pressure)."""
     rendezvous_timeout: float = 300.0
@@ -256,10 +259,58 @@ class DistConfig(Section):
         need(self.max_restarts >= 0, f"max restarts must be >= 0, got {self.max_restarts}")
         need(finite(self.rendezvous_timeout) and self.rendezvous_timeout > 0,
              f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}")
+        self.sync_period  # checks the --cache-sync value
+
+    @property
+    def sync_period(self) -> int:
+        """K of ``--cache-sync periodic:K``; 0 for the exact caches (partitioned, replicated)."""
+        v = self.cache_sync
+        if v in ("partitioned", "replicated"):
+            return 0
+        kind, _, k = v.partition(":")
+        need(kind == "periodic" and k.isdigit() and int(k) >= 1,
+             f"--cache-sync must be partitioned, replicated or periodic:K with K >= 1 steps, got {v!r}")
+        return int(k)
 
     @property
     def distributed(self) -> bool:
         return self.servers > 0 or self.trainers > 1
+
+
+@dataclass(kw_only=True)
+class ApproxConfig(Section):
+    """approximations, opt-in (docs/approximations.md)"""
+
+    skip_stale: bool = False
+    """Slipstream (an approximation): watch the hot rows, and once the sampling phase has
+    shown which of them barely change, leave out of forward and backward the inputs whose
+    lookups are such stale rows (--mode full or lookahead with a hot tier; one process)."""
+    stale_start: int = 0
+    """s: the step after which the hot rows are first snapshotted."""
+    stale_sampling_share: float = 0.015
+    """Length of the sampling phase, as a share of an epoch's steps (at least one step);
+    the rows' second snapshot ends it and skipping starts."""
+    stale_target: float = 0.3
+    """D: the share of inputs the threshold search aims to make skippable."""
+    stale_tolerance: float = 0.08
+    """The search stops once the share is within this of D."""
+    stale_alpha: int = 0
+    """Stale lookups an input needs to be skipped (0: all its lookups)."""
+    stale_sample_rate: float = 0.01
+    """Share of an epoch's inputs (the batches after the sampling phase) the threshold search counts."""
+
+    def validate(self) -> None:
+        need(self.stale_start >= 0, f"stale start must be a step >= 0, got {self.stale_start}")
+        need(finite(self.stale_sampling_share) and 0 < self.stale_sampling_share <= 1,
+             f"stale sampling share must be in (0, 1], got {self.stale_sampling_share}")
+        need(finite(self.stale_target) and 0 < self.stale_target < 1, f"stale target must be in (0, 1), got {self.stale_target}")
+        need(finite(self.stale_tolerance) and 0 < self.stale_tolerance < 1,
+             f"stale tolerance must be in (0, 1), got {self.stale_tolerance}")
+        need(self.stale_alpha >= 0, f"stale alpha must be >= 0 lookups (0: all of an input's), got {self.stale_alpha}")
+        need(finite(self.stale_sample_rate) and 0 < self.stale_sample_rate <= 1,
+             f"stale sample rate must be in (0, 1], got {self.stale_sample_rate}")
+        changed = [f.name for f in dataclasses.fields(self) if f.name != "skip_stale" and getattr(self, f.name) != f.default]
+        need(self.skip_stale or not changed, f"--{changed[0].replace('_', '-') if changed else ''} applies to --skip-stale, which is off")
 
 
 @dataclass(kw_only=True)
@@ -319,12 +370,23 @@ class TrainConfig:
     cache: CacheConfig
     hot: HotConfig
     dist: DistConfig
+    approx: ApproxConfig
     run: RunConfig
 
     def __post_init__(self) -> None:
         mode = self.cache.mode
-        need(not (self.hot.on and mode == "full"),
+        skip = self.approx.skip_stale
+        need(not (self.hot.on and mode == "full") or skip,
              "--mode full holds every row already: a hot tier (--hot-budget-mb, --hot-rows) needs a store mode")
+        if skip:
+            need(not self.dist.distributed,
+                 "--skip-stale runs on one process: distributed trainers would all have to skip the same inputs, "
+                 "which is not built; drop --trainers/--servers or --skip-stale")
+            need(mode in ("full", "lookahead"), f"--skip-stale works with --mode full or lookahead, got --mode {mode}")
+            need(mode == "full" or self.hot.on,
+                 "--skip-stale with --mode lookahead watches the hot tier's rows: add --hot-budget-mb M or --hot-rows FILE")
+            need(not self.run.resume, "--skip-stale runs cannot be resumed (the rows' snapshots are not checkpointed): "
+                                      "start the run again without --resume")
         need(self.hot.fae_schedule == "keep" or mode == "fae", f"--fae-schedule applies to --mode fae, got --mode {mode}")
         d = self.dist
         if d.distributed:
@@ -332,6 +394,20 @@ class TrainConfig:
             need(self.cache.mode == "lookahead", f"distributed runs (--trainers/--servers) use --mode lookahead, got --mode {self.cache.mode}")
             need(self.data.batch_size % d.trainers == 0,
                  f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers")
+        need(not d.sync_period or d.trainers >= 2,
+             f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)")
+
+    @property
+    def approximations(self) -> list[str]:
+        """The approximations this run makes (empty: exact, the result of synchronous training)."""
+        out = []
+        if self.approx.skip_stale:
+            out.append("skip-stale")
+        if self.dist.sync_period:
+            out.append(f"cache-sync {self.dist.cache_sync}")
+        if self.hot.fae_schedule == "split":
+            out.append("fae-schedule split")
+        return out
 
     @property
     def distributed(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from bagpipe.accel.hotline import hotline_step
+from bagpipe.accel.slipstream import stale_skip_for
 from bagpipe.checkpoint import CheckpointFolder
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
@@ -102,9 +103,25 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir, say: Callable[[str], N
         backend.close(abandon=failed)
 
 
+def _approximation(names: list[str], skipper, row_stats: dict) -> dict | None:
+    """The summary's ``approximation`` section: None for an exact run."""
+    if not names:
+        return None
+    out: dict = {"names": names}
+    if skipper is not None:
+        out["skip_stale"] = skipper.report()
+    if "periodic" in row_stats:
+        out["periodic"] = row_stats["periodic"]
+    return out
+
+
 def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start) -> dict | None:
     rc = cfg.run
     rows = topo.row_update(sparse_opt, backend)
+    # Slipstream's watched rows are profiled (full) before the meter starts
+    skipper = stale_skip_for(cfg, backend, dataset, init.dim, sparse_opt.state_dim, topo.say if topo.reports else None)
+    approx = cfg.approximations
+    tags = {"exact": False, "approximation": approx} if approx else {}  # every metrics record of an approximate run
     meter = StepMeter(start=start, warmup=rc.warmup_steps, batch_size=cfg.data.batch_size,
                       phases=lambda: backend.phase_seconds() | rows.phase_seconds())
     log = with_tensorboard(run.metrics(since=start), rc.tensorboard) if topo.reports else None
@@ -135,6 +152,8 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
         backend.flush(step - 1)
 
     run_step = hotline_step if cfg.cache.mode == "hotline" else train_step  # Hotline: two micro-batches a step
+    if skipper is not None:  # Slipstream: the stale inputs are left out of the step
+        run_step = skipper.wrap(run_step)
     step = start
     try:
         for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
@@ -154,12 +173,12 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
                 sps = meter.samples_per_s()
                 progress.show(step, recent, sps)
                 if log is not None:
-                    log.write(step=step, loss=recent, samples_per_s=sps, **schedule.rates(step - 1, bases))
+                    log.write(step=step, loss=recent, samples_per_s=sps, **schedule.rates(step - 1, bases), **tags)
             if rc.eval_every and step % rc.eval_every == 0 and step < rc.steps:
                 settle(step)
                 if topo.reports:
                     ev = evaluate(model, backend.lookup, dataset, cfg.data.batch_size, rc.eval_samples)
-                    log.write(step=step, **ev)
+                    log.write(step=step, **ev, **tags)
                     progress.note(f"step {step}: {eval_line(ev)}")
             if rc.checkpoint_every and step % rc.checkpoint_every == 0 and step < rc.steps:
                 settle(step)  # part of the checkpoint's cost: its time is in samples_per_s
@@ -175,7 +194,7 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
         if not topo.reports:
             return None
         ev = evaluate(model, backend.lookup, dataset, cfg.data.batch_size, rc.eval_samples)
-        log.write(step=step, **ev)
+        log.write(step=step, **ev, **tags)
         digest = digest_of(model, backend.export()) if rc.digest else None
         summary = build_summary(
             mode=cfg.cache.mode, model=cfg.arch.model, optimizer=cfg.optim.optimizer, batch_size=cfg.data.batch_size,
@@ -183,6 +202,7 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
             peak_anon_rss_mb=peak_anon, total_rows=init.num_rows, embedding_dim=init.dim,
             cache=backend.stats(), distributed=topo.section(backend, rows),
             epochs=step / stream.batches_per_epoch, checkpoints=saved,
+            approximation=_approximation(approx, skipper, rows.stats()),
         )
         run.write_summary(summary, also=rc.summary_json)
         return summary

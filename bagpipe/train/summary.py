@@ -109,6 +109,7 @@ def build_summary(
     distributed: dict | None,
     epochs: float | None = None,
     checkpoints: dict | None = None,
+    approximation: dict | None = None,
 ) -> dict:
     """The summary.json of a run (see the module docstring for the meaning of each figure).
 
@@ -117,9 +118,14 @@ def build_summary(
     through the second epoch); ``timing`` is :meth:`StepMeter.result`; ``evaluation`` the result of
     :func:`bagpipe.train.evaluate.evaluate`; ``cache`` the embedding side's statistics
     (empty for full tables); ``distributed`` the data-parallel statistics, None on one process.
+    ``approximation``: what an approximate run (``--skip-stale``, ``--cache-sync periodic:K``,
+    ``--fae-schedule split``) left out, or None: the summary then says ``"exact": true``.
+    An approximate run's ``params_sha256`` is written but is not that of ``--mode full``.
     """
     return {
         "mode": mode,
+        "exact": approximation is None,
+        "approximation": approximation,
         "model": model,
         "optimizer": optimizer,
         "steps": steps,
