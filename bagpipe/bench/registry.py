@@ -19,6 +19,7 @@ from bagpipe.bench import (
     oracle,
     peers,
     recovery,
+    scale,
     sweep,
 )
 from bagpipe.bench.config import BenchConfig
@@ -47,5 +48,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(recovery.RecoveryBench, recovery.run,
                  "checkpoint cost (every N steps vs none, full vs incremental bytes) and recovery time of a killed server"),
         Scenario(accel.AccelBench, accel.run, "BagPipe (with and without a hot tier), FAE and Hotline under one memory budget"),
+        Scenario(scale.ScaleBench, scale.run,
+                 "tables larger than memory: the disk store's modes inside a cgroup memory limit, full unlimited"),
     )
 }
