@@ -15,6 +15,7 @@ from bagpipe.bench import (
     accel,
     convergence,
     distributed,
+    mlperf,
     modes,
     oracle,
     peers,
@@ -48,6 +49,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(recovery.RecoveryBench, recovery.run,
                  "checkpoint cost (every N steps vs none, full vs incremental bytes) and recovery time of a killed server"),
         Scenario(accel.AccelBench, accel.run, "BagPipe (with and without a hot tier), FAE and Hotline under one memory budget"),
+        Scenario(mlperf.MLPerfBench, mlperf.run,
+                 "MLPerf DLRM-DCNv2 at full size (204M rows, 105 GB) for a bounded number of steps on the disk store"),
         Scenario(scale.ScaleBench, scale.run,
                  "tables larger than memory: the disk store's modes inside a cgroup memory limit, full unlimited"),
     )

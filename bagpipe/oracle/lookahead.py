@@ -287,5 +287,11 @@ class LookaheadOracle:
             yield plan
 
     @property
+    def state_bytes(self) -> int:
+        """Memory of the oracle's state: the row map, the occurrence ring, the free-slot stack."""
+        arrays = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict, self.free, self.slot_seq)
+        return self.latest.nbytes + sum(a.nbytes for a in arrays)
+
+    @property
     def occupied(self) -> int:
         return self.C - self.n_free
