@@ -192,4 +192,9 @@ def test_lookahead_with_ample_cache_misses_only_first_uses_in_window():
 
 def test_oracle_state_is_one_int32_per_row():
     o = LookaheadOracle(num_rows=1_000_000, cache_rows=100, lookahead=4)
-    assert o.latest.dtype == np.int32 and o.latest.shape == (1_000_000,)
+    assert o.latest.latest.dtype == np.int32 and o.latest.latest.shape == (1_000_000,)
+
+
+def test_oracle_state_of_a_huge_table_grows_with_the_window():
+    o = LookaheadOracle(num_rows=204_184_588, cache_rows=100, lookahead=4)  # criteo-1tb: 779 MiB per row map
+    assert o.latest.nbytes == 0 and o.state_bytes < 8 << 20

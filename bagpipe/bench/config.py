@@ -138,7 +138,7 @@ class TrainBench(BenchConfig):
     model: Model = "dlrm"
     """Model (bagpipe train --model)."""
     recipe: Recipe = "kaggle"
-    """Model sizes: kaggle (DLRM's Criteo Kaggle sizes) or debug (small MLPs)."""
+    """Model sizes: kaggle (DLRM's Criteo Kaggle sizes), debug (small MLPs) or dcn-mlperf (--model dcn: MLPerf's DLRM-DCNv2)."""
     batch_size: int = 2048
     """Samples per step."""
     optimizer: Literal["sgd", "adagrad"] = "adagrad"

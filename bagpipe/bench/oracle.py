@@ -63,8 +63,7 @@ class OracleBench(Repeated, BenchConfig):
 
 
 def oracle_state_mb(o) -> float:
-    arrays = [o.latest, o.ent_row, o.ent_prev, o.ent_next, o.ent_slot, o.ent_evict, o.free, o.slot_seq]
-    return sum(a.nbytes for a in arrays) / 2**20
+    return o.state_bytes / 2**20
 
 
 def run(b: OracleBench) -> dict:

@@ -16,10 +16,12 @@ from bagpipe.bench import (
     approx,
     convergence,
     distributed,
+    mlperf,
     modes,
     oracle,
     peers,
     recovery,
+    scale,
     sweep,
 )
 from bagpipe.bench.config import BenchConfig
@@ -50,5 +52,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(accel.AccelBench, accel.run, "BagPipe (with and without a hot tier), FAE and Hotline under one memory budget"),
         Scenario(approx.ApproxBench, approx.run,
                  "exact vs Slipstream's stale-input skip and cDLRM's periodic averaging: speed, AUC, bytes synchronised"),
+        Scenario(mlperf.MLPerfBench, mlperf.run,
+                 "MLPerf DLRM-DCNv2 at full size (204M rows, 105 GB) for a bounded number of steps on the disk store"),
+        Scenario(scale.ScaleBench, scale.run,
+                 "tables larger than memory: the disk store's modes inside a cgroup memory limit, full unlimited"),
     )
 }

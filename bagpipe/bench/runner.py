@@ -11,6 +11,7 @@ scenario runs on.
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -40,23 +41,30 @@ def train_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "bagpipe", "train", *[str(a) for a in args]]
 
 
-def run_train(args: list[str], summary: Path, label: str, timeout: float | None = None) -> dict:
+def run_train(args: list[str], summary: Path, label: str, timeout: float | None = None, preexec_fn=None) -> dict:
     """Run ``bagpipe train ARGS --summary-json SUMMARY`` in its own process.
 
-    Returns the summary with ``wall_s`` (the process's wall time, start-up included)
-    added; raises :class:`TrainFailed` if the process fails.
+    Returns the summary with ``wall_s`` (the process's wall time, start-up included) and
+    ``child_io`` (the process's bytes read from block devices, from ``getrusage``'s
+    ``ru_inblock``, and its major page faults) added; raises :class:`TrainFailed` if the
+    process fails. ``preexec_fn`` runs in the child before ``exec`` (e.g. entering a
+    memory group, :mod:`bagpipe.bench.memlimit`).
     """
     cmd = train_command(args) + ["--summary-json", str(summary)]
     t0 = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         raise TrainFailed(label, -1, f"timed out after {timeout:.0f} s\n{err}") from None
     if proc.returncode != 0:
         raise TrainFailed(label, proc.returncode, proc.stderr)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     s = json.loads(Path(summary).read_text())
     s["wall_s"] = time.perf_counter() - t0
+    s["child_io"] = {"read_bytes": (after.ru_inblock - before.ru_inblock) * 512,
+                     "major_faults": after.ru_majflt - before.ru_majflt}
     return s
 
 
@@ -83,9 +91,10 @@ def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings
     return args + ["--no-progress", "--no-final-checkpoint"] + ([] if digest else ["--no-digest"])
 
 
-def launch(b, data: Path, run_dir: Path, label: str, **settings) -> dict:
+def launch(b, data: Path, run_dir: Path, label: str, preexec_fn=None, **settings) -> dict:
     """Run ``bagpipe train`` with :func:`train_args` (bounded by ``b.run_timeout_s``); its summary."""
-    return run_train(train_args(b, data, run_dir, **settings), run_dir / "summary.json", label, timeout=b.run_timeout_s or None)
+    return run_train(train_args(b, data, run_dir, **settings), run_dir / "summary.json", label,
+                     timeout=b.run_timeout_s or None, preexec_fn=preexec_fn)
 
 
 def data_samples(batch_size: int, steps: int) -> int:

@@ -72,6 +72,7 @@ class Profile:
     cardinalities: tuple[int, ...]
     ctr: float  # click rate the hidden model is calibrated to
     clock_dense: bool = False  # dense = (hour_of_day, day_of_week) of a 10-day clock
+    bag_sizes: tuple[int, ...] = ()  # ids per sample of each table (multi-hot when > 1); () = all one-hot
 
 
 _CRITEO_KAGGLE = (
@@ -105,6 +106,14 @@ _AVAZU = {
 
 _TINY = (10, 50, 200, 1000, 5000, 20000, 100, 3)
 
+# MLPerf Training DLRM-DCNv2 (Criteo 1TB click logs, every table capped at 40M rows) and
+# the bag sizes of its synthetic multi-hot dataset (torchrec_dlrm's multi_hot_sizes).
+_CRITEO_1TB = (
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+    2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+)  # fmt: skip
+_CRITEO_1TB_BAGS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+
 PROFILES: dict[str, Profile] = {
     "tiny": Profile(
         description="13 dense, 8 tables of 3..20k rows (26k rows in all); for tests and demos",
@@ -119,6 +128,15 @@ PROFILES: dict[str, Profile] = {
         table_names=tuple(f"C{i}" for i in range(1, 27)),
         cardinalities=_CRITEO_KAGGLE,
         ctr=0.25,
+    ),
+    "criteo-1tb": Profile(
+        description=(f"13 dense, the 26 MLPerf DLRM-DCNv2 Criteo 1TB tables capped at 40M rows "
+                     f"({sum(_CRITEO_1TB) / 1e6:.1f}M rows), multi-hot: {sum(_CRITEO_1TB_BAGS)} ids per sample"),
+        dense_names=tuple(f"I{i}" for i in range(1, 14)),
+        table_names=tuple(f"C{i}" for i in range(1, 27)),
+        cardinalities=_CRITEO_1TB,
+        ctr=0.25,
+        bag_sizes=_CRITEO_1TB_BAGS,
     ),
     "avazu": Profile(
         description="2 dense (hour of day, day of week), 21 Avazu-like tables (9.5M rows)",
@@ -139,7 +157,7 @@ class SynthConfig:
     """What :func:`generate` makes."""
 
     profile: str
-    """Dataset family: ``tiny``, ``criteo-kaggle`` or ``avazu`` (see :data:`PROFILES`)."""
+    """Dataset family: ``tiny``, ``criteo-kaggle``, ``criteo-1tb`` (multi-hot) or ``avazu`` (see :data:`PROFILES`)."""
 
     samples: int
     """Total number of samples over both splits (> 0)."""
@@ -309,6 +327,7 @@ class _Plan:
     clock_dense: bool
     samples: int
     bias: float = 0.0
+    bags: np.ndarray | None = None  # (F,) ids per sample of each table; None: one each
 
 
 def _make_plan(cfg: SynthConfig) -> _Plan:
@@ -355,6 +374,7 @@ def _make_plan(cfg: SynthConfig) -> _Plan:
         dense_weight=rng.normal(0.0, _DENSE_SIGNAL_STD / math.sqrt(Dd), Dd) * (2.0 if clock else 1.0),
         clock_dense=prof.clock_dense,
         samples=cfg.samples,
+        bags=np.array(prof.bag_sizes, dtype=np.int64) if prof.bag_sizes else None,
     )
     # Calibrate the bias on a pilot sample (own random stream) so the click rate is prof.ctr.
     pilot_pos = np.linspace(0, cfg.samples - 1, _PILOT_SAMPLES).astype(np.int64)
@@ -377,16 +397,21 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 def _features(plan: _Plan, rng: np.random.Generator, positions: np.ndarray):
     """dense (B, Dd) float32, ids (B, F) int64 and the bias-free logit (B,) of samples."""
     B = len(positions)
-    F = len(plan.sizes)
+    # one id column per table, or (multi-hot) bags[t] columns of table t side by side
+    c = slice(None) if plan.bags is None else np.repeat(np.arange(len(plan.sizes)), plan.bags)
+    sizes = plan.sizes[c]
     # ids: inverse CDF of the truncated power law, then the affine scatter.
-    u = rng.random((B, F))
-    x = np.exp(np.log1p(-u * plan.cdf_norm) / plan.one_minus_s)
+    u = rng.random((B, len(sizes)))
+    x = np.exp(np.log1p(-u * plan.cdf_norm[c]) / plan.one_minus_s[c])
     rank = x.astype(np.int64) - 1
-    np.clip(rank, 0, plan.sizes - 1, out=rank)
-    ids = (rank * plan.perm_a + plan.perm_b) % plan.sizes
-    # hidden per-row weights: full size for hot ranks, decaying beyond (skewed tables).
-    w = (_hash_uniform(ids, plan.hash_keys) * 2.0 - 1.0) * (math.sqrt(3.0) * plan.weight_std)
-    amp = np.where(plan.skewed, np.sqrt(np.minimum(1.0, plan.hot / (rank + 1.0))), 1.0)
+    np.clip(rank, 0, sizes - 1, out=rank)
+    ids = (rank * plan.perm_a[c] + plan.perm_b[c]) % sizes
+    # hidden per-row weights: full size for hot ranks, decaying beyond (skewed tables);
+    # a bag contributes the mean of its ids' weights.
+    w = (_hash_uniform(ids, plan.hash_keys[c]) * 2.0 - 1.0) * (math.sqrt(3.0) * plan.weight_std[c])
+    amp = np.where(plan.skewed[c], np.sqrt(np.minimum(1.0, plan.hot[c] / (rank + 1.0))), 1.0)
+    if plan.bags is not None:
+        amp = amp / plan.bags[c]
     logit = (w * amp).sum(axis=1)
     # dense features
     if plan.clock_dense:
@@ -413,6 +438,17 @@ def _chunk(plan: _Plan, seed: int, index: int, lo: int, hi: int):
 # --------------------------------------------------------------------------- generate
 
 
+def _split_bags(features: list[FeatureSpec], bags, ids: np.ndarray):
+    """ids (n, sum(bags)) -> the one-hot columns (n, F1) and the multi-hot features'
+    (values, lengths), as :meth:`ShardWriter.append` takes them."""
+    n = len(ids)
+    ends = np.cumsum(bags)
+    onehot = [ids[:, e - 1] for f, e in zip(features, ends) if not f.multi_hot]
+    multihot = {f.name: (np.ascontiguousarray(ids[:, e - k : e]).reshape(-1), np.full(n, k, np.int64))
+                for f, e, k in zip(features, ends, bags) if f.multi_hot}
+    return np.stack(onehot, axis=1) if onehot else np.zeros((n, 0), np.int64), multihot or None
+
+
 def generate(
     cfg: SynthConfig,
     out: str | os.PathLike,
@@ -429,7 +465,8 @@ def generate(
 
     prof = PROFILES[cfg.profile]
     sizes = profile_tables(cfg.profile, cfg.scale)
-    features = [FeatureSpec(name=name, num_rows=n) for name, n in zip(prof.table_names, sizes)]
+    bags = prof.bag_sizes or (1,) * len(sizes)
+    features = [FeatureSpec(name=name, num_rows=n, multi_hot=k > 1) for name, n, k in zip(prof.table_names, sizes, bags)]
     id_dtype = "int32" if max(sizes) < (1 << 31) else "int64"
     plan = _make_plan(cfg)
     writer = ShardWriter(
@@ -446,10 +483,9 @@ def generate(
             hi = min(lo + CHUNK_SAMPLES, cfg.samples)
             labels, dense, ids = _chunk(plan, cfg.seed, index, lo, hi)
             cut = max(0, min(hi, n_train) - lo)
-            if cut > 0:
-                writer.append("train", labels[:cut], dense[:cut], ids[:cut])
-            if cut < hi - lo:
-                writer.append("eval", labels[cut:], dense[cut:], ids[cut:])
+            for split, part in (("train", slice(0, cut)), ("eval", slice(cut, hi - lo))):
+                if part.stop > part.start:
+                    writer.append(split, labels[part], dense[part], *_split_bags(features, bags, ids[part]))
             bar.update(hi - lo)
     source = {
         "tool": "bagpipe synth",

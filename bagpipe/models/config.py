@@ -9,7 +9,7 @@ from typing import Literal, get_args
 from bagpipe.errors import ConfigError
 
 ModelName = Literal["dlrm", "deepfm", "wide_deep", "dcn"]
-RecipeName = Literal["debug", "kaggle"]
+RecipeName = Literal["debug", "kaggle", "dcn-mlperf"]
 MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
 RECIPE_SIZES: tuple[str, ...] = get_args(RecipeName)
 
@@ -33,7 +33,17 @@ class ModelConfig:
     1-unit output layer is added automatically."""
 
     cross_layers: int = 3
-    """DCN only: number of full-rank cross layers."""
+    """DCN only: number of cross layers."""
+
+    cross_rank: int = 0
+    """DCN only: rank r of each cross layer's weight, W = U V (V: K -> r, U: r -> K), as
+    MLPerf's DCN-v2 (r = 512); 0 for full-rank K x K weights."""
+
+    dcn_stacked: bool = False
+    """DCN only: the stacked form of MLPerf DLRM-DCNv2 (dense features through
+    ``bottom_mlp``, whose last size must equal D; the cross layers over [that output,
+    the pooled embeddings]; then ``top_mlp`` and the logit). False: the parallel form
+    (cross layers and deep MLP side by side over [dense, embeddings]; no bottom MLP)."""
 
     interaction_self: bool = False
     """DLRM only: include each vector's dot with itself (the Gram diagonal)."""
@@ -43,7 +53,16 @@ class ModelConfig:
             raise ConfigError(f"unknown model {self.name!r}; valid: {', '.join(MODEL_NAMES)}")
         check_positive_int("embedding_dim", self.embedding_dim)
         check_positive_int("cross_layers", self.cross_layers)
-        self.bottom_mlp = _layer_sizes("bottom_mlp", self.bottom_mlp, allow_empty=self.name != "dlrm")
+        if isinstance(self.cross_rank, bool) or not isinstance(self.cross_rank, int) or self.cross_rank < 0:
+            raise ConfigError(f"cross_rank must be an int >= 0, got {self.cross_rank!r}")
+        if not isinstance(self.dcn_stacked, bool):
+            raise ConfigError(f"dcn_stacked must be a bool, got {self.dcn_stacked!r}")
+        stacked = self.name == "dcn" and self.dcn_stacked
+        self.bottom_mlp = _layer_sizes("bottom_mlp", self.bottom_mlp, allow_empty=self.name != "dlrm" and not stacked)
+        if stacked and self.bottom_mlp[-1] != self.embedding_dim:
+            raise ConfigError(
+                f"dcn (stacked): bottom_mlp last size {self.bottom_mlp[-1]} must equal embedding_dim {self.embedding_dim}"
+            )
         self.top_mlp = _layer_sizes("top_mlp", self.top_mlp, allow_empty=False)
         if self.name == "dlrm" and self.bottom_mlp[-1] != self.embedding_dim:
             raise ConfigError(
@@ -76,9 +95,17 @@ def recipe(model: str, size: str) -> ModelConfig:
     ``kaggle``: DLRM's Criteo Kaggle recipe (D = 16, bottom 512-256-64-16, top 512-256-1);
     the other models use the same D and a 512-256 deep MLP (DCN: 3 cross layers), so all four
     are of comparable size.
+    ``dcn-mlperf`` (``dcn`` only): MLPerf Training's DLRM-DCNv2 (D = 128, bottom MLP
+    512-256-128, three DCN-v2 cross layers of rank 512 over the 27 vectors, top MLP
+    1024-1024-512-256-1), to be trained with Adagrad on the ``criteo-1tb`` profile.
     """
     if model not in MODEL_NAMES:
         raise ConfigError(f"unknown model {model!r}; valid: {', '.join(MODEL_NAMES)}")
+    if size == "dcn-mlperf":
+        if model != "dcn":
+            raise ConfigError(f"recipe dcn-mlperf is MLPerf's DLRM-DCNv2: use it with model dcn, not {model}")
+        return ModelConfig(name="dcn", embedding_dim=128, bottom_mlp=(512, 256, 128), top_mlp=(1024, 1024, 512, 256),
+                           cross_layers=3, cross_rank=512, dcn_stacked=True)
     if size == "debug":
         return ModelConfig(name=model, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 16), cross_layers=2)
     if size == "kaggle":

@@ -8,10 +8,14 @@ handed to a later fetch only after its write-back is ordered before that fetch
 not fit the C slots, rows are forced out before the step by furthest next use
 (Belady) and counted in ``stats.forced_evictions``.
 
-State: one int32 per table row (the sequence number of the row's latest occurrence,
-modulo 2^31) plus ring arrays over the *occurrences* (unique rows per batch) of the
-2L+1 batches around the current step. Every operation is vectorised over a batch; no
-Python loop runs per id.
+State: a map from row to the sequence number of its latest occurrence, plus ring
+arrays over the *occurrences* (unique rows per batch) of the 2L+1 batches around the
+current step. The map is one int32 per table row (modulo 2^31) when that costs at most
+:data:`DENSE_MAP_BYTES`, and otherwise (:class:`WindowMap`: a 188M-row table would need
+750 MB) a sorted array of the rows seen in the window, pruned as the window moves, so the
+oracle's memory grows with the window, not the table. Both give the same plans: a
+candidate from the map is only believed when the ring still holds that occurrence of
+that row. Every operation is vectorised over a batch; no Python loop runs per id.
 """
 
 from __future__ import annotations
@@ -28,6 +32,61 @@ from bagpipe.oracle.plan import Plan, PlanStats
 from bagpipe.oracle.unique import unique_inverse
 
 _WRAP = np.int64(1 << 31)
+#: Largest per-row map (4 bytes a row) the oracle allocates; larger tables get a WindowMap.
+DENSE_MAP_BYTES = 256 << 20
+
+
+class DenseMap:
+    """Row -> sequence number of its latest occurrence (modulo 2^31; -1: none), one int32 per row."""
+
+    def __init__(self, num_rows: int):
+        self.latest = np.full(num_rows, -1, dtype=np.int32)
+
+    def get(self, rows: np.ndarray) -> np.ndarray:
+        return self.latest[rows].astype(np.int64)
+
+    def set(self, rows: np.ndarray, seqs: np.ndarray, lo: int) -> None:
+        self.latest[rows] = (seqs % _WRAP).astype(np.int32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.latest.nbytes
+
+
+class WindowMap:
+    """The same map for the rows of the live window only: sorted rows and their latest
+    sequence numbers; entries older than the window's first occurrence are dropped once
+    they are half of the map. Memory: ~16 bytes per occurrence in the window."""
+
+    def __init__(self):
+        self.rows = np.zeros(0, dtype=np.int64)
+        self.seqs = np.zeros(0, dtype=np.int64)
+
+    def get(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` ascending and unique -> their latest sequence numbers (-1: none)."""
+        if not len(self.rows):
+            return np.full(len(rows), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.rows, rows), len(self.rows) - 1)
+        return np.where(self.rows[pos] == rows, self.seqs[pos], -1)
+
+    def set(self, rows: np.ndarray, seqs: np.ndarray, lo: int) -> None:
+        """Record ``rows`` (ascending, unique) at ``seqs``; ``lo`` is the window's first
+        live occurrence (older entries can go)."""
+        pos = np.searchsorted(self.rows, rows)
+        have = pos < len(self.rows)
+        have[have] = self.rows[pos[have]] == rows[have]
+        self.seqs[pos[have]] = seqs[have]
+        new = ~have
+        if new.any():
+            self.rows = np.insert(self.rows, pos[new], rows[new])
+            self.seqs = np.insert(self.seqs, pos[new], seqs[new])
+        live = self.seqs >= lo
+        if 2 * int(np.count_nonzero(live)) < len(live):
+            self.rows, self.seqs = self.rows[live], self.seqs[live]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes + self.seqs.nbytes
 
 
 def too_small(cache_rows: int, step: int, unique: int, enough: int | None) -> str:
@@ -55,7 +114,7 @@ class LookaheadOracle:
         self.num_rows = int(num_rows)
         self.C = int(cache_rows)
         self.L = int(lookahead)
-        self.latest = np.full(self.num_rows, -1, dtype=np.int32)
+        self.latest = DenseMap(self.num_rows) if 4 * self.num_rows <= DENSE_MAP_BYTES else WindowMap()
         self._alloc_ring(1 << 14)
         self.lo = 0  # oldest live occurrence sequence number
         self.hi = 0  # next sequence number
@@ -111,7 +170,7 @@ class LookaheadOracle:
         start = self.hi
         seqs = np.arange(start, start + n, dtype=np.int64)
         idx = self._span(start, n)
-        v = self.latest[uniq].astype(np.int64)
+        v = self.latest.get(uniq)
         full = self.lo + (v - self.lo) % _WRAP  # candidate sequence number of the previous occurrence
         ok = (v >= 0) & (full < self.hi) & (self.ent_row[full & self.mask] == uniq)
         prev = np.where(ok, full, -1)
@@ -121,7 +180,7 @@ class LookaheadOracle:
         self.ent_next[idx] = -1
         self.ent_slot[idx] = -1
         self.ent_evict[idx] = -1
-        self.latest[uniq] = (seqs % _WRAP).astype(np.int32)
+        self.latest.set(uniq, seqs, self.lo)
         self.hi += n
         self.steps_live.append((step, start))
         return start, n, inverse.astype(np.int64, copy=False)
@@ -226,6 +285,12 @@ class LookaheadOracle:
             plan = self._plan(*buffer.popleft())
             self.stats.seconds += time.perf_counter() - t0
             yield plan
+
+    @property
+    def state_bytes(self) -> int:
+        """Memory of the oracle's state: the row map, the occurrence ring, the free-slot stack."""
+        arrays = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict, self.free, self.slot_seq)
+        return self.latest.nbytes + sum(a.nbytes for a in arrays)
 
     @property
     def occupied(self) -> int:

@@ -24,20 +24,26 @@ until rows are written.
 Reads go through shared memory maps of the files advised ``MADV_RANDOM`` (no
 read-around: with the default read-around every page fault reads 128 KiB..8 MiB,
 which for a table larger than RAM wastes the disk and evicts useful pages). The rows
-of a batch are sorted by offset and split into contiguous chunks that a persistent
-thread pool gathers with ``np.take``; numpy releases the GIL while copying, so the
-page faults of different chunks overlap and the device sees a queue depth of about
-``threads``. Each chunk gathers whole (D + S)-float rows into one buffer that is then
-split into the weights and state arrays :meth:`read` returns. Writes scatter the same
-way (a contiguous run of rows is one ``pwrite``).
-On the 2-CPU VM this was written on, cold uniform random reads of 64-byte rows ran
-at ~90-120k rows/s with 32 threads against ~30-40k rows/s from one thread; coalesced
-``pread``s from a 32-thread pool were slower cold (~60-85k rows/s) and ~10x slower
-when the pages are cached (per-call Python overhead under the GIL). With S = 1 the
-version-1 layout (separate state file) faulted twice per cold row: on 5M rows with
-batches of 2,000 uniform random rows the first cold batch took 1.80 major faults per
-row and ran at ~27k rows/s, against 1.00 faults per row and ~40k rows/s with rows.f32
-(same warm cost). See ``benchmarks/disk_store_reads.py``.
+of a batch are sorted by offset; the calling thread first asks the kernel for every
+page they lie in (``madvise(MADV_WILLNEED)`` over each run of adjacent pages, at most
+:data:`_HINT_ROWS` rows per round), which queues all those reads on the device at once;
+then a persistent pool of ``threads`` threads gathers whole (D + S)-float rows with
+``np.take`` (numpy releases the GIL while copying), faulting on pages already read or
+in flight. Writes hint and scatter the same way (a contiguous run of rows is one
+``pwrite``).
+
+The read path was chosen by measurement (``benchmarks/disk_read_paths.py``, figures in
+docs/beyond-memory.md). Under a 2 GiB memory cgroup, on an
+8.2 GiB table file, batches of 40,000 uniform random 260-byte rows, this 2-core VM:
+page faults alone from 1 / 8 / 32 threads gave 8.6k / 23k / 33k rows/s, coalesced
+``pread`` from 8 / 32 threads 31k / 36k, the WILLNEED hints then a gather from 1 / 8 /
+32 threads 49k / 44k / 48k rows/s (within noise of each other), and an ``O_DIRECT``
+4 KiB random-read probe of the same pages 38k rows/s at its best (8 threads; Python
+threads cannot keep a deeper queue). Hints + 8 threads is the default: the deep queue
+comes from the kernel, not from threads competing with the trainer for the cores.
+Earlier, on a table that fit the page cache, 32 faulting threads ran at ~90-120k rows/s
+cold against ~30-40k from one thread. A row's weights and state sit side by side
+(version 2): a cold row costs one page (version 1 needed two with S > 0).
 
 Which rows are present is kept in memory as a bitmap (num_rows / 8 bytes), loaded
 from ``present.u8`` at open (only its allocated extents are read), so deciding
@@ -67,6 +73,9 @@ ROWS = "rows.f32"
 PRESENT = "present.u8"
 
 _MIN_ROWS_PER_TASK = 16  # below this a thread hand-off costs more than it hides
+_HINT_ROWS = 1 << 16  # rows whose pages are hinted (and then gathered) per round: bounds the pages in flight
+_PAGE = mmap.PAGESIZE
+DEFAULT_THREADS = 8
 _MAX_IO = 1 << 30  # bytes per pread call (Linux caps a single read near 2 GiB)
 
 
@@ -97,7 +106,7 @@ class DiskStore(EmbeddingStore):
         init: gives the initial value of any row (also fixes num_rows and D).
         state_dim: S, optimizer-state values per row.
         path: directory of the store; created if missing.
-        threads: I/O parallelism (threads per pool; one pool for reads, one for writes).
+        threads: gather/scatter threads per pool (one pool for reads, one for writes).
         create: create the store if ``path`` holds none; when False a missing store
             is a :class:`DataError`. An existing store is always reopened (its header
             must match ``init`` and ``state_dim``), never overwritten.
@@ -113,7 +122,7 @@ class DiskStore(EmbeddingStore):
         state_dim: int,
         path: str | Path,
         *,
-        threads: int = 32,
+        threads: int = DEFAULT_THREADS,
         create: bool = True,
     ):
         super().__init__(init, state_dim)
@@ -291,6 +300,29 @@ class DiskStore(EmbeddingStore):
         bounds = np.linspace(0, n, k + 1).astype(np.int64).tolist()
         return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
+    def _hint(self, srows: np.ndarray) -> None:
+        """Ask the kernel to start reading the pages of ``srows`` (sorted) now: one
+        ``madvise(MADV_WILLNEED)`` per run of adjacent pages (no-op when they are cached)."""
+        rb = self._cols * 4
+        first = srows * rb // _PAGE
+        last = (srows * rb + rb - 1) // _PAGE
+        cut = np.flatnonzero(first[1:] > last[:-1] + 1) + 1
+        starts = first[np.concatenate([[0], cut])] * _PAGE
+        ends = (last[np.concatenate([cut - 1, [len(srows) - 1]])] + 1) * _PAGE
+        m = self._maps[ROWS]
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            m.madvise(mmap.MADV_WILLNEED, a, b - a)
+
+    def _hinted(self, pool: ThreadPoolExecutor, fn, srows: np.ndarray) -> None:
+        """``fn(a, b)`` over [0, len(srows)) in rounds of :data:`_HINT_ROWS` rows, each
+        round's pages hinted first (:meth:`_hint`), its rows split over the pool."""
+        n = len(srows)
+        for lo in range(0, n, _HINT_ROWS):
+            hi = min(n, lo + _HINT_ROWS)
+            if ROWS in self._maps:
+                self._hint(srows[lo:hi])
+            self._run(pool, fn, [(lo + a, lo + b) for a, b in self._split(hi - lo)])
+
     def _run(self, pool: ThreadPoolExecutor, fn, parts: list[tuple[int, int]]) -> None:
         if len(parts) == 1:
             fn(*parts[0])
@@ -320,7 +352,7 @@ class DiskStore(EmbeddingStore):
                 np.take(R, r, axis=0, out=buf[a:b], mode="clip")
 
         if len(p):
-            self._run(self._read_pool, gather, self._split(len(p)))
+            self._hinted(self._read_pool, gather, prow)
         if len(p) == n:  # every row on disk: reorder the gathered rows (if needed)
             if order is None:
                 return np.ascontiguousarray(buf[:, :d]), np.ascontiguousarray(buf[:, d:])
@@ -368,7 +400,7 @@ class DiskStore(EmbeddingStore):
             else:
                 R[r] = buf[a:b]
 
-        self._run(self._write_pool, scatter, self._split(n))
+        self._hinted(self._write_pool, scatter, srows)
         # present.u8 learns of these rows only in flush(), after their values are durable
         masks = np.left_shift(np.uint8(1), (srows & 7).astype(np.uint8))
         with self._present_lock:

@@ -46,7 +46,8 @@ class ArchConfig(Section):
     model: ModelName = "dlrm"
     """The CTR model."""
     recipe: RecipeName = "debug"
-    """Model size: debug (trains in seconds on a laptop) or kaggle (DLRM's Criteo Kaggle sizes)."""
+    """Model size: debug (trains in seconds on a laptop), kaggle (DLRM's Criteo Kaggle sizes) or
+    dcn-mlperf (--model dcn only: MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile)."""
     embedding_dim: int | None = None
     """D, overrides the recipe's embedding dimension."""
 
@@ -58,7 +59,7 @@ class ArchConfig(Section):
         cfg = recipe(self.model, self.recipe)
         if self.embedding_dim is not None and self.embedding_dim != cfg.embedding_dim:
             changes: dict = {"embedding_dim": self.embedding_dim}
-            if self.model == "dlrm":  # the bottom MLP must end in D
+            if self.model == "dlrm" or cfg.dcn_stacked:  # the bottom MLP must end in D
                 changes["bottom_mlp"] = tuple(cfg.bottom_mlp[:-1]) + (self.embedding_dim,)
             cfg = dataclasses.replace(cfg, **changes)
         return cfg

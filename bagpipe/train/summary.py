@@ -10,6 +10,9 @@ Every topology (one process, a data-parallel trainer) and the TorchRec peer of
   (waiting for prefetched rows and installing them), ``forward``, ``backward``,
   ``optimizer`` (dense and row updates), ``sync_wait`` (completing deferred embedding
   synchronisation; 0 on one process) and ``writeback`` (copying rows out of the cache);
+* ``io_per_step`` is the process's block-device bytes read and written and its major page
+  faults per measured step (``/proc/self/io``, every thread: page cache misses of a disk
+  store, faults through its memory map included);
 * ``train_logloss`` is the mean loss of the last 50 steps (averaged over the trainers);
 * ``eval_*`` are the final evaluation's figures (:mod:`bagpipe.train.evaluate`): log loss,
   AUC, normalized entropy, calibration, accuracy, and the samples they cover.
@@ -47,6 +50,8 @@ class StepMeter:
         self.t_start = time.perf_counter()
         self._t_measure: float | None = None
         self._at_warmup: dict | None = None
+        self._io_start = io_counters()
+        self._io_end: dict | None = None
         self._t_end: float | None = None
 
     def seconds(self) -> dict:
@@ -61,6 +66,7 @@ class StepMeter:
         if step - self.start == self.warmup and self.warmup > 0:
             self._t_measure = time.perf_counter()
             self._at_warmup = self.seconds()
+            self._io_start = io_counters()
 
     @property
     def trained(self) -> int:
@@ -73,6 +79,7 @@ class StepMeter:
     def stop(self) -> None:
         """The last step is done: later work (evaluation, digest) is not timed."""
         self._t_end = time.perf_counter()
+        self._io_end = io_counters()
 
     def result(self) -> dict:
         """seconds, steps_this_run, measured_steps, samples_per_s, time_per_step_ms."""
@@ -82,13 +89,34 @@ class StepMeter:
             t0, at = self.t_start, dict.fromkeys(TIME_KEYS, 0.0)
         measured = self.trained - (self.warmup if self.trained > self.warmup else 0)
         now = self.seconds()
+        io_end = self._io_end or io_counters()
         return {
             "seconds": t_end - self.t_start,
             "steps_this_run": self.trained,
             "measured_steps": measured,
             "samples_per_s": measured * self.batch_size / max(t_end - t0, 1e-9),
             "time_per_step_ms": {k: 1000 * (now[k] - at[k]) / max(measured, 1) for k in TIME_KEYS},
+            "io_per_step": {k: (io_end[k] - self._io_start[k]) / max(measured, 1) for k in io_end},
         }
+
+
+def io_counters() -> dict:
+    """This process's bytes read from and written to block devices (``/proc/self/io``: page
+    cache misses, mapped-file faults included; every thread) and its major page faults.
+    Zeros where /proc/self/io is not readable."""
+    import resource
+
+    out = {"read_bytes": 0, "write_bytes": 0}
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in out:
+                    out[k] = int(v)
+    except OSError:
+        pass
+    out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    return out
 
 
 def build_summary(
@@ -150,6 +178,7 @@ def build_summary(
         "total_rows": total_rows,
         "embedding_dim": embedding_dim,
         "time_per_step_ms": timing["time_per_step_ms"],
+        "io_per_step": timing.get("io_per_step"),
         "cache": cache,
         "distributed": distributed,
         "checkpoints": checkpoints,
