@@ -38,8 +38,13 @@ SCENARIOS = {
 PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png", "distributed": "distributed.png", "accel": "accel.png", "approx": "approx.png"}
 
 
+#: Run by ``make test-slow`` only, to keep ``make test`` under 10 minutes: the sweep's and the
+#: convergence's runs are what test_autotune.py and test_exactness.py already check.
+SLOW = {"sweep", "convergence"}
+
+
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=[pytest.mark.slow] if s in SLOW else []) for s in SCENARIOS])
 def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
     out = tmp_path / scenario
     rc = main(["bench", scenario, "--quick", "--out", str(out), *SCENARIOS[scenario]])
