@@ -24,7 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.config import Throughput
+from bagpipe.bench.config import CriteoSample, Throughput
 from bagpipe.bench.convergence import CRITEO_SAMPLE, SHARED_DATA, _preprocess_criteo
 from bagpipe.bench.report import header, markdown_table, median, pyplot, save_png, throughput, write_results
 from bagpipe.bench.runner import data_samples, ensure_synth, run_train, train_args
@@ -34,7 +34,7 @@ REFERENCE = {"exact": "exact", "skip-stale": "exact", "dist-exact": "dist-exact"
 
 
 @dataclass(kw_only=True)
-class ApproxBench(Throughput):
+class ApproxBench(CriteoSample, Throughput):
     """Exact runs vs Slipstream's stale-input skip (one process) and cDLRM's periodic
     averaging (data-parallel trainers): samples/s, eval AUC and log loss, bytes
     synchronised, eval AUC over steps; on generated Criteo-Kaggle-profile data and on the
@@ -66,21 +66,11 @@ class ApproxBench(Throughput):
     """S, embedding servers of dist-exact and periodic."""
     cache_rows: int = 0
     """Cache slots of dist-exact and periodic (0: bagpipe train's default, 5% of the rows)."""
-    criteo: bool = True
-    """Also run on the real Criteo Kaggle sample when ../shared/data has it."""
-    criteo_steps: int = 280
-    """Steps on the Criteo sample (70 batches of 128 per epoch)."""
-    criteo_batch_size: int = 128
-    """Batch size on the Criteo sample."""
-    criteo_eval_every: int = 20
-    """Eval points of the curve runs on the Criteo sample."""
-    shared_data: str | None = None
-    """Folder of the real data samples (default: ../shared/data next to the repository)."""
 
     def validate(self) -> None:
         super().validate()
         self.check_subset("configs", CONFIGS)
-        for name in ("eval_every", "period", "criteo_steps", "criteo_batch_size", "criteo_eval_every", "servers"):
+        for name in ("eval_every", "period", "servers"):
             self.check(name, getattr(self, name) >= 1, "must be >= 1")
         self.check("trainers", self.trainers >= 2, "must be >= 2 (periodic averages several trainers' copies)")
         self.check("samples", self.samples >= 0, "must be >= 0")

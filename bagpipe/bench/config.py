@@ -131,6 +131,28 @@ class CachePoint(Section):
 
 
 @dataclass(kw_only=True)
+class CriteoSample(Section):
+    """Scenarios that also run on the real Criteo Kaggle sample in ../shared/data (a mixin
+    of BenchConfig subclasses; 9,000 train lines: 70 batches of 128 per epoch)."""
+
+    criteo: bool = True
+    """Also run on the real Criteo Kaggle sample when ../shared/data has it."""
+    criteo_steps: int = 280
+    """Steps on the Criteo sample."""
+    criteo_batch_size: int = 128
+    """Batch size on the Criteo sample."""
+    criteo_eval_every: int = 20
+    """Evaluate every N steps on the Criteo sample."""
+    shared_data: str | None = None
+    """Folder of the real data samples (default: ../shared/data next to the repository)."""
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("criteo_steps", "criteo_batch_size", "criteo_eval_every"):
+            self.check(name, getattr(self, name) >= 1, "must be >= 1")
+
+
+@dataclass(kw_only=True)
 class TrainBench(BenchConfig):
     """Settings of the scenarios whose runs are ``bagpipe train`` processes (see
     :func:`bagpipe.bench.runner.train_args`)."""

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.config import CachePoint, TrainBench
+from bagpipe.bench.config import CachePoint, CriteoSample, TrainBench
 from bagpipe.bench.report import header, markdown_table, pyplot, save_png, write_results
 from bagpipe.bench.runner import (
     data_samples,
@@ -45,7 +45,7 @@ MODES = ("full", "lookahead")
 
 
 @dataclass(kw_only=True)
-class ConvergenceBench(CachePoint, TrainBench):
+class ConvergenceBench(CachePoint, CriteoSample, TrainBench):
     """Eval AUC / log loss per step, full vs lookahead (must be identical; exit 1 otherwise),
     on generated data and the real Criteo sample in ../shared/data. The lookahead cache
     (--cache-fraction of the rows, at least the largest batch's unique rows) is small and
@@ -66,22 +66,11 @@ class ConvergenceBench(CachePoint, TrainBench):
     run_timeout_s: float = 1800.0
     eval_every: int = 25
     """Evaluate every N steps on the generated data."""
-    # (b) the Criteo Kaggle sample (9,000 train lines: 70 batches of 128 per epoch; the whole eval split)
-    criteo: bool = True
-    """Also run on the real Criteo Kaggle sample when ../shared/data has it."""
-    criteo_steps: int = 280
-    """Steps on the Criteo sample."""
-    criteo_batch_size: int = 128
-    """Batch size on the Criteo sample."""
-    criteo_eval_every: int = 20
-    """Evaluate every N steps on the Criteo sample."""
-    shared_data: str | None = None
-    """Folder of the real data samples (default: ../shared/data next to the repository)."""
+    # (b) the Criteo Kaggle sample: CriteoSample's --criteo-* options (the whole eval split)
 
     def validate(self) -> None:
         super().validate()
-        for name in ("eval_every", "criteo_steps", "criteo_batch_size", "criteo_eval_every"):
-            self.check(name, getattr(self, name) >= 1, "must be >= 1")
+        self.check("eval_every", self.eval_every >= 1, "must be >= 1")
 
 
 def _curve(run_dir: Path) -> list[dict]:

@@ -91,7 +91,13 @@ def fresh_cold_copy(template: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(template, dest)
-    for f in [*dest.iterdir(), *template.iterdir()]:
+    drop_cached(dest)
+    drop_cached(template)
+
+
+def drop_cached(store_dir: Path) -> None:
+    """fsync every file of the store and drop it from the page cache."""
+    for f in store_dir.iterdir():
         fd = os.open(f, os.O_RDONLY)
         try:
             os.fsync(fd)

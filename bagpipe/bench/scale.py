@@ -33,7 +33,6 @@ max(full's step time, the reads-only step time).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -44,7 +43,7 @@ import numpy as np
 
 from bagpipe.bench.config import CachePoint, Throughput
 from bagpipe.bench.memlimit import MemoryGroup, find_memory_controller
-from bagpipe.bench.modes import materialise_disk_store
+from bagpipe.bench.modes import drop_cached, materialise_disk_store
 from bagpipe.bench.report import (
     header,
     markdown_table,
@@ -120,17 +119,6 @@ def restore_rows(store_dir: Path, meta, dim: int, state_dim: int, rows: np.ndarr
             r = rows[a : a + (1 << 20)]
             store.write(r, init.rows(r), np.zeros((len(r), state_dim), np.float32))
         store.drop_page_cache()
-
-
-def drop_cached(store_dir: Path) -> None:
-    """fsync every file of the store and drop it from the page cache."""
-    for f in store_dir.iterdir():
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def settings(b: ScaleBench, cache_rows: int, row_bytes: int) -> dict[str, dict]:
