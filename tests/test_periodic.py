@@ -36,6 +36,7 @@ from bagpipe.distributed.partition import partition
 from bagpipe.optim.sparse import RowWiseAdagrad, RowWiseSGD
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.train.step import StepInput
+from fakes import FakeAllReduce
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -44,33 +45,6 @@ CACHE = 12
 rng = np.random.default_rng(7)
 # 12 steps of 8 lookups over 30 rows: hot rows 0-4 recur, the rest come and go
 STEPS = [rng.choice(5, 3).tolist() + rng.choice(np.arange(5, ROWS), 5).tolist() for _ in range(12)]
-
-
-class SumAllReduce:
-    """Sums the k-th ``all_reduce`` of every thread (the thread's index is its ``group``)."""
-
-    def __init__(self, n: int):
-        self.n, self.calls, self.count, self.lock = n, {}, [0] * n, threading.Lock()
-
-    def __call__(self, tensor, op=None, group=None, async_op=False):
-        me = int(group)
-        with self.lock:
-            k = self.count[me]
-            self.count[me] += 1
-            call = self.calls.setdefault(k, {"parts": {}, "done": threading.Event()})
-            call["parts"][me] = tensor
-            if len(call["parts"]) == self.n:
-                total = sum(t.clone() for t in call["parts"].values())
-                for t in call["parts"].values():
-                    t.copy_(total)
-                call["done"].set()
-        assert call["done"].wait(10), "the other trainer never joined the all-reduce"
-
-        class Done:
-            def wait(self):
-                pass
-
-        return Done() if async_op else None
 
 
 def batch_of(rows: list[int]) -> Batch:
@@ -127,7 +101,7 @@ def run(make_update, opt, *, replicated: bool) -> tuple[torch.Tensor, torch.Tens
 
 @pytest.fixture
 def fake_dist(monkeypatch):
-    monkeypatch.setattr(sync_mod.dist, "all_reduce", SumAllReduce(N))
+    monkeypatch.setattr(sync_mod.dist, "all_reduce", FakeAllReduce(N))
 
 
 def exact(opt):
