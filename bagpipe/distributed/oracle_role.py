@@ -22,7 +22,6 @@ from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.optim.names import row_state_dim
 from bagpipe.oracle.lookahead import LookaheadOracle
-from bagpipe.oracle.plan import planner_stats
 from bagpipe.oracle.sizing import lookups_per_batch, size_cache
 from bagpipe.train.config import TrainConfig
 
@@ -89,7 +88,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
             report.seconds_waiting_for_credit += time.perf_counter() - t1
             transport.send(r, PLAN, p)
             report.fetched_rows[r] += len(p.fetch_rows)
-    report.plan = planner_stats(oracle) | ({"hot": split.report()} if split is not None else {})
+    report.plan = oracle.stats.as_dict() | ({"hot": split.report()} if split is not None else {})
     report.max_in_flight = credits.max_in_flight
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, {"end": True, "report": report})

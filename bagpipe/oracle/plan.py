@@ -94,15 +94,3 @@ class PlanStats:
         d["hit_rate"] = self.hits / self.unique_rows if self.unique_rows else 0.0
         d["planning_ms_per_step"] = 1000 * self.seconds / self.steps if self.steps else 0.0
         return d
-
-
-def planner_stats(planner) -> dict:
-    """A planner's figures for the summary's ``cache`` section, the same keys wherever it
-    runs (in the trainer or as the oracle role): its :class:`PlanStats` and, for
-    planners that report it, the memory of their state (``planner_state_mb``)."""
-    if planner is None:
-        return {}
-    out = planner.stats.as_dict()
-    if hasattr(planner, "state_bytes"):
-        out["planner_state_mb"] = planner.state_bytes / 2**20
-    return out

@@ -27,7 +27,7 @@ from bagpipe.cache.slots import SlotCache
 from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
 from bagpipe.oracle.lookahead import LookaheadOracle
-from bagpipe.oracle.plan import Plan, planner_stats
+from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.policies import LRUPlanner, NoCachePlanner
 from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
 from bagpipe.store.init import RowInitializer
@@ -162,7 +162,10 @@ class LocalPlanner:
         return self.planner.plans(stream.numbered(start, stop))
 
     def stats(self) -> dict:
-        return planner_stats(self.planner) | ({"hot": self.hot.report()} if self.hot is not None else {})
+        out = self.planner.stats.as_dict() if self.planner else {}
+        if hasattr(self.planner, "state_bytes"):
+            out["planner_state_mb"] = self.planner.state_bytes / 2**20
+        return out | ({"hot": self.hot.report()} if self.hot is not None else {})
 
 
 class CachedBackend:
