@@ -128,7 +128,7 @@ def summarise(b: MLPerfBench, runs: list[dict], meta, data_s: float) -> dict:
         "read_mb_per_step": io.get("read_bytes", float("nan")) / 2**20,
         "written_mb_per_step": io.get("write_bytes", float("nan")) / 2**20,
         "hit_rate": cache.get("hit_rate"), "forced_evictions": cache.get("forced_evictions"),
-        "planner_state_mb": cache.get("planner_state_mb"), "per_row_map_mb": meta.total_rows * 4 / 2**20,
+        "planner_state_mb": cache.get("state_mb"), "per_row_map_mb": meta.total_rows * 4 / 2**20,
         "time_per_step_ms": step_times(runs), "eval_auc": r.get("eval_auc"), "train_logloss": r.get("train_logloss"),
     }
     rows = [[f"{meta.total_rows:,} rows ({table_gb:,.0f} GB with state)", sps, res["step_s"], res["steps_seconds"],

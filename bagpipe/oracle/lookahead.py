@@ -278,6 +278,7 @@ class LookaheadOracle:
             buffer.append((step, batch) + self._read(step, batch))
             plan = self._plan(*buffer.popleft()) if len(buffer) > self.L else None
             self.stats.seconds += time.perf_counter() - t0
+            self.stats.state_mb = max(self.stats.state_mb, self.state_bytes / 2**20)
             if plan is not None:
                 yield plan
         while buffer:

@@ -78,6 +78,7 @@ class PlanStats:
     forced_evictions: int = 0
     max_occupied: int = 0
     seconds: float = 0.0  # the planner's own time (reading the batches excluded)
+    state_mb: float = 0.0  # the lookahead oracle's state at its largest (row map, ring, free slots), MiB
 
     def add(self, plan: Plan, occupied: int) -> None:
         self.steps += 1

@@ -163,8 +163,6 @@ class LocalPlanner:
 
     def stats(self) -> dict:
         out = self.planner.stats.as_dict() if self.planner else {}
-        if hasattr(self.planner, "state_bytes"):
-            out["planner_state_mb"] = self.planner.state_bytes / 2**20
         return out | ({"hot": self.hot.report()} if self.hot is not None else {})
 
 
