@@ -21,9 +21,9 @@ import pytest
 
 from bagpipe.config import settings
 from bagpipe.config.options import flag
+from bagpipe.config.train import TrainConfig, load_config
 from bagpipe.config.typed import choices, field_types, strip_optional
 from bagpipe.errors import ConfigError
-from bagpipe.train.config import TrainConfig, load_config
 
 pytestmark = pytest.mark.unit
 

@@ -72,22 +72,19 @@ def test_every_figure_in_metrics_summary_and_eval(two_runs, run_cli, tiny_data):
     assert f"NE {s['eval_ne']:.4f}, calibration {s['eval_calibration']:.3f}, accuracy {s['eval_accuracy']:.4f}" in stdout
 
 
-def test_the_eval_note_shows_every_figure(tiny_data, tmp_path):
-    from bagpipe.train.config import TrainConfig
+def test_the_eval_note_shows_every_figure(tiny_data, tmp_path, caplog):
+    from bagpipe.config.train import TrainConfig
     from bagpipe.train.loop import train
     from bagpipe.train.topology import SingleProcess
-
-    lines: list[str] = []
 
     class Lines(SingleProcess):
         def progress_kind(self, progress):
             return "lines"
 
-        def say(self, line):
-            lines.append(line)
-
+    caplog.set_level("INFO", logger="bagpipe")
     train(TrainConfig.of(data=tiny_data, out=str(tmp_path / "r"), steps=20, batch_size=128, eval_every=10,
                          eval_samples=500), topology=Lines())
+    lines = [r.getMessage() for r in caplog.records]
     note = [x for x in lines if x.startswith("step 10: ")]
     assert len(note) == 1 and all(k in note[0] for k in ("eval logloss", "eval AUC", "NE", "calibration", "accuracy")), lines
 

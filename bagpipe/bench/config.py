@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 from bagpipe.config import Section, need
 from bagpipe.config.options import flag
 from bagpipe.config.typed import field_types, strip_optional
-from bagpipe.data.synthetic import PROFILES
+from bagpipe.data.profiles import PROFILES
 from bagpipe.models import MODEL_NAMES, RECIPE_SIZES
 
 Profile = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
@@ -94,7 +94,9 @@ class BenchConfig(Section):
     @classmethod
     def own_fields(cls) -> tuple[str, ...]:
         """The fields this scenario adds to the ones it shares with others."""
-        inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+        inherited = {
+            f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)
+        }
         return tuple(f.name for f in dataclasses.fields(cls) if f.name not in inherited)
 
 

@@ -62,8 +62,18 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
         store_dir = out / "store-run"
         fresh_cold_copy(out / "store-template", store_dir)
     # the table file holds every row's initial value: the same starting tables as a fresh store
-    return launch(b, data, run_dir, f"{mode}/{store}", mode=mode, store=store, cache_rows=cache_rows,
-                  lookahead=b.lookahead, store_dir=store_dir, init_from_store=store_dir is not None or None)
+    return launch(
+        b,
+        data,
+        run_dir,
+        f"{mode}/{store}",
+        mode=mode,
+        store=store,
+        cache_rows=cache_rows,
+        lookahead=b.lookahead,
+        store_dir=store_dir,
+        init_from_store=store_dir is not None or None,
+    )
 
 
 def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int) -> None:
@@ -151,22 +161,54 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
     for key, runs in results.items():
         sps, spread = throughput(runs)
         anon, peak = median(runs, "peak_anon_rss_mb"), median(runs, "peak_rss_mb")
-        cache = runs[0].get("cache", {})
+        cache = runs[0].get("cache") or {}
         hit = cache.get("hit_rate", float("nan"))
         digests = sorted({r.get("params_sha256") for r in runs})
         out[key] = {
-            "samples_per_s": sps, "spread": spread, "ratio_to_full": sps / full_sps,
-            "peak_anon_rss_mb": anon, "peak_rss_mb": peak, "anon_rss_ratio_to_full": anon / full_rss,
-            "time_per_step_ms": step_times(runs), "hit_rate": hit, "cache": cache, "params_sha256": digests,
+            "samples_per_s": sps,
+            "spread": spread,
+            "ratio_to_full": sps / full_sps,
+            "peak_anon_rss_mb": anon,
+            "peak_rss_mb": peak,
+            "anon_rss_ratio_to_full": anon / full_rss,
+            "time_per_step_ms": step_times(runs),
+            "hit_rate": hit,
+            "cache": cache,
+            "params_sha256": digests,
             "runs": [r["samples_per_s"] for r in runs],
         }
-        rows.append([key, sps, f"{spread:.0%}", f"{sps / full_sps:.2f}x", anon, f"{anon / full_rss:.0%}", peak,
-                     "-" if hit != hit else f"{hit:.1%}", cache.get("forced_evictions", "-")])
-    headers = ["mode/store", "samples/s", "spread", "vs full", "peak anon RSS MiB", "vs full", "peak RSS MiB (incl. mapped file)", "hit rate", "forced evictions"]
+        rows.append(
+            [
+                key,
+                sps,
+                f"{spread:.0%}",
+                f"{sps / full_sps:.2f}x",
+                anon,
+                f"{anon / full_rss:.0%}",
+                peak,
+                "-" if hit != hit else f"{hit:.1%}",
+                cache.get("forced_evictions", "-"),
+            ]
+        )
+    headers = [
+        "mode/store",
+        "samples/s",
+        "spread",
+        "vs full",
+        "peak anon RSS MiB",
+        "vs full",
+        "peak RSS MiB (incl. mapped file)",
+        "hit rate",
+        "forced evictions",
+    ]
     table = markdown_table(headers, rows)
     return {
-        **header(b), "total_rows": total_rows,
-        "cache_rows": cache_rows, "cache_fraction_of_rows": cache_rows / total_rows, "results": out, "table": table,
+        **header(b),
+        "total_rows": total_rows,
+        "cache_rows": cache_rows,
+        "cache_fraction_of_rows": cache_rows / total_rows,
+        "results": out,
+        "table": table,
     }
 
 

@@ -84,8 +84,9 @@ def _parse_tuple(item: type):
     return parse
 
 
-def add_options(parser: argparse.ArgumentParser, root: type, titles: dict[str, str] | None = None,
-                skip: tuple[str, ...] = ()) -> None:
+def add_options(
+    parser: argparse.ArgumentParser, root: type, titles: dict[str, str] | None = None, skip: tuple[str, ...] = ()
+) -> None:
     """One option per setting of ``root``, grouped by section (``titles``: attr -> group title).
 
     Every option defaults to None, meaning "not given": :func:`build` then keeps the
@@ -183,7 +184,9 @@ def build(root: type, values: dict, source: str = "configuration"):
             raise ConfigError(f"{source}: {key} must be {describe(tp)}, got {value!r}") from None
         parts[attr][key] = value
     for attr, cls in sections(root).items():
-        missing = [f.name for f in dataclasses.fields(cls) if _default(f) is dataclasses.MISSING and f.name not in parts[attr]]
+        missing = [
+            f.name for f in dataclasses.fields(cls) if _default(f) is dataclasses.MISSING and f.name not in parts[attr]
+        ]
         if missing:
             raise ConfigError(f"{flag(missing[0])} is required (on the command line or in the config file)")
     try:

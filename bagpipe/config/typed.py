@@ -25,13 +25,13 @@ import math
 import textwrap
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any, Literal, Union, get_args, get_origin
 
 from bagpipe.errors import ConfigError
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_docs(cls: type) -> dict[str, str]:
     """``{field: docstring}`` of a dataclass, from the string literal below each field.
 
@@ -58,7 +58,7 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_types(cls: type) -> dict[str, Any]:
     """Resolved annotations of a dataclass's fields (postponed annotations evaluated).
 
@@ -77,7 +77,7 @@ def strip_optional(tp: Any) -> Any:
     """``X | None`` -> ``X``; anything else unchanged."""
     if is_optional(tp):
         rest = [a for a in get_args(tp) if a is not type(None)]
-        return rest[0] if len(rest) == 1 else Union[tuple(rest)]
+        return rest[0] if len(rest) == 1 else Union[tuple(rest)]  # noqa: UP007 - a runtime union of a tuple
     return tp
 
 

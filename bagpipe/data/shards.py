@@ -241,11 +241,13 @@ class Dataset:
         if key in self._checked:
             return
         sh = self.shard(split, index)
-        values = {name: np.asarray(v[o[start]:o[stop]]) for name, (v, o) in sh.multihot.items()}
+        values = {name: np.asarray(v[o[start] : o[stop]]) for name, (v, o) in sh.multihot.items()}
         where = f"{self.dir / split / f'{index:05d}' / 'sparse.npy'}: samples {start}..{stop - 1}"
         problem = id_problem(self.meta, where, np.asarray(sh.sparse[start:stop]), values)
         if problem:
-            raise DataError(f"{problem}; the shard is damaged or belongs to another meta.json (`bagpipe check {self.dir}` checks every file)")
+            raise DataError(
+                f"{problem}; the shard is damaged or belongs to another meta.json (`bagpipe check {self.dir}` checks every file)"
+            )
         self._checked.add(key)
 
     def has_split(self, split: str) -> bool:

@@ -95,7 +95,9 @@ class EmbeddingServer:
         self.report = ServerReport()
 
     def serve(self) -> ServerReport:
-        threads = [threading.Thread(target=self._client_loop, args=(c,), name=f"serve-{c}", daemon=True) for c in self.clients]
+        threads = [
+            threading.Thread(target=self._client_loop, args=(c,), name=f"serve-{c}", daemon=True) for c in self.clients
+        ]
         for th in threads:
             th.start()
         for th in threads:
@@ -203,7 +205,11 @@ class EmbeddingServer:
         if op == "checkpoint":
             return self._checkpoint(client, msg)
         if op == "stats":
-            return {"store": self.store.stats.as_dict(), "requests": dict(self.report.requests), "waited_s": self.report.waited_s}
+            return {
+                "store": self.store.stats.as_dict(),
+                "requests": dict(self.report.requests),
+                "waited_s": self.report.waited_s,
+            }
         raise BagpipeError(f"unknown request {op!r} from rank {client}")
 
 
@@ -351,7 +357,13 @@ class RemoteStore(EmbeddingStore):
 def setup_message(init: RowInitializer, state_dim: int, restore: str | None = None) -> dict:
     """What trainer 0 tells every server at start-up: the row space, its optimizer state,
     and the checkpoint folder whose rows to start from (None: the initial tables)."""
-    return {"table_sizes": init.table_sizes, "dim": init.dim, "seed": init.seed, "state_dim": state_dim, "restore": restore}
+    return {
+        "table_sizes": init.table_sizes,
+        "dim": init.dim,
+        "seed": init.seed,
+        "state_dim": state_dim,
+        "restore": restore,
+    }
 
 
 def receive_setup(transport: Transport, trainer0: int) -> tuple[RowInitializer, int, str | None]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 

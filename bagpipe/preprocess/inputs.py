@@ -20,8 +20,8 @@ from __future__ import annotations
 import gzip
 import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 

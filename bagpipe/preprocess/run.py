@@ -28,10 +28,10 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -239,7 +239,6 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
     finally:
         if spill is not None:
             spill.remove()
-
 
 
 def _write(fmt, opts, out, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0) -> Result:

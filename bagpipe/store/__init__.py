@@ -15,8 +15,9 @@ def holds_store(directory: str | Path) -> bool:
     return (Path(directory) / "header.json").exists()
 
 
-def open_store(kind: str, init: RowInitializer, state_dim: int, directory: str | Path | None, *,
-               owned: bool, reuse: bool = False) -> EmbeddingStore:
+def open_store(
+    kind: str, init: RowInitializer, state_dim: int, directory: str | Path | None, *, owned: bool, reuse: bool = False
+) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
     ``owned``: ``directory`` is the run's own (RUN/store): it is emptied first, since a

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -79,7 +79,9 @@ class EmbeddingStore(ABC):
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:
             return
-        self._write(rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim))
+        self._write(
+            rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim)
+        )
         with self._stats_lock:
             self.stats.writes += 1
             self.stats.rows_written += len(rows)
@@ -93,7 +95,9 @@ class EmbeddingStore(ABC):
         need not repeat (the checkpoint it came from holds it)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows):
-            self._write(rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim))
+            self._write(
+                rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim)
+            )
 
     def take_dirty(self) -> np.ndarray:
         """Rows written since the last call (ascending), and forget them."""

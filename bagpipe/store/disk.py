@@ -188,9 +188,7 @@ class DiskStore(EmbeddingStore):
                 "kept them in weights.f32 and state.f32); recreate the store"
             )
         diffs = [
-            f"{k}={have.get(k)!r} (asked for {v!r})"
-            for k, v in want.items()
-            if k != "table_sizes" and have.get(k) != v
+            f"{k}={have.get(k)!r} (asked for {v!r})" for k, v in want.items() if k != "table_sizes" and have.get(k) != v
         ]
         if not diffs and have.get("table_sizes") != want["table_sizes"]:
             diffs.append(f"table_sizes={have.get('table_sizes')!r} (asked for {want['table_sizes']!r})")
