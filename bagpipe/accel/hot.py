@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -136,7 +137,7 @@ def popular_inputs(batch: Batch, lookup_hot: np.ndarray) -> np.ndarray:
     B, F = batch.batch_size, batch.num_features
     offsets = batch.offsets.numpy()
     if len(lookup_hot) == F * B and np.array_equal(offsets, np.arange(F * B + 1)):  # one id per bag: a (F, B) grid
-        return lookup_hot.reshape(F, B).all(axis=0)
+        return np.asarray(lookup_hot.reshape(F, B).all(axis=0))
     bag = np.repeat(np.arange(F * B, dtype=np.int64), np.diff(offsets))
     return np.bincount(bag[~lookup_hot] % B, minlength=B) == 0
 
@@ -195,7 +196,7 @@ class HotSplit:
     def _merge(self, plans: Iterable[Plan]) -> Iterator[HotPlan]:
         for plan in plans:
             t0 = time.perf_counter()
-            part: _ColdLookups = plan.batch
+            part = cast(_ColdLookups, plan.batch)  # what _split handed the planner as the batch
             hot, cold = part.hot, ~part.hot
             slots = np.empty(len(part.uniq), dtype=np.int64)
             slots[cold] = plan.slots  # plan.rows == part.uniq[cold]: the same ascending order

@@ -48,6 +48,7 @@ from bagpipe.bench.report import (
     write_results,
 )
 from bagpipe.bench.runner import data_samples, ensure_synth, launch
+from bagpipe.config.modes import mode_spec
 
 CONFIGS = ("nocache", "lru", "fae", "fae-split", "hotline", "lookahead", "lookahead+hot")
 CRITEO_KAGGLE_SAMPLES = 45_840_617
@@ -124,7 +125,7 @@ def run(b: AccelBench) -> dict:
     from bagpipe.data.shards import Dataset
     from bagpipe.models import recipe
 
-    out = Path(b.out)
+    out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
     if ensure_synth(data, b.profile, b.samples or data_samples(b.batch_size, b.steps), b.scale, seed=1):
@@ -208,6 +209,7 @@ def summarise(b: AccelBench, results: dict[str, list[dict]], settings: dict, pro
             "ratio_to_lookahead": med / ref,
             "peak_anon_rss_mb": median(runs, "peak_anon_rss_mb"),
             "time_per_step_ms": step_times(runs),
+            "mode": runs[0]["mode"],
             "hit_rate": cache.get("hit_rate"),
             "hot_lookup_share": hot.get("lookup_share"),
             "hot_rows": hot.get("rows", 0),
@@ -231,7 +233,7 @@ def summarise(b: AccelBench, results: dict[str, list[dict]], settings: dict, pro
                 r["peak_anon_rss_mb"],
                 r["hot_rows"],
                 r["cache_rows"],
-                _pct(r["hit_rate"]) if key not in ("nocache", "fae", "fae-split", "hotline") else "-",
+                _pct(r["hit_rate"]) if mode_spec(r["mode"]).sized_cache else "-",
                 _pct(r["hot_lookup_share"]),
                 plan_ms,
                 split_ms if hot else "-",

@@ -23,6 +23,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bagpipe.bench.config import CriteoSample, Throughput
 from bagpipe.bench.convergence import CRITEO_SAMPLE, SHARED_DATA, _preprocess_criteo
@@ -92,12 +93,13 @@ class ApproxBench(CriteoSample, Throughput):
 
 def _settings(b: ApproxBench, key: str) -> dict:
     dist = dict(mode="lookahead", trainers=b.trainers, servers=b.servers, cache_rows=b.cache_rows or None)
-    return {
+    table: dict[str, dict[str, Any]] = {
         "exact": dict(mode="full"),
         "skip-stale": dict(mode="full", skip_stale=True, stale_start=b.stale_start),
         "dist-exact": dict(dist, cache_sync="partitioned"),
         "periodic": dict(dist, cache_sync=f"periodic:{b.period}"),
-    }[key]
+    }
+    return table[key]
 
 
 def _curve(run_dir: Path) -> list[dict]:
@@ -110,7 +112,7 @@ def _curve(run_dir: Path) -> list[dict]:
 
 
 def _dataset(b: ApproxBench, name: str, data: Path, steps: int, batch: int, eval_every: int, out: Path) -> dict:
-    common = dict(
+    common: dict[str, Any] = dict(
         steps=steps,
         batch_size=batch,
         eval_samples=b.eval_samples if name == "generated" else None,
@@ -122,7 +124,7 @@ def _dataset(b: ApproxBench, name: str, data: Path, steps: int, batch: int, eval
         for key in b.configs:
             run_dir = out / "runs" / f"{name}-{key}-{rep}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            extra = dict(eval_every=eval_every) if rep == 0 else {}
+            extra: dict[str, Any] = dict(eval_every=eval_every) if rep == 0 else {}
             args = train_args(b, data, run_dir, **common, **_settings(b, key), **extra)
             label = "curve" if rep == 0 else f"rep {rep}/{b.reps}"
             print(f"{name} [{label}] {key} ...", flush=True)
@@ -170,7 +172,7 @@ def _dataset(b: ApproxBench, name: str, data: Path, steps: int, batch: int, eval
 
 
 def run(b: ApproxBench) -> dict:
-    out = Path(b.out)
+    out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     datasets: dict[str, dict] = {}
     data = out / "data-generated"

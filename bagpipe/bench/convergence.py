@@ -27,6 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bagpipe.bench.config import CachePoint, CriteoSample, TrainBench
 from bagpipe.bench.report import header, markdown_table, pyplot, save_png, write_results
@@ -37,6 +38,7 @@ from bagpipe.bench.runner import (
     train_args,
     widest_batch,
 )
+from bagpipe.config.modes import mode_spec
 
 #: ``../shared/data`` next to the repository (real data samples, not part of the repo).
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -106,7 +108,7 @@ def _compare(b: ConvergenceBench, name: str, data: Path, steps: int, batch: int,
         eval_every=eval_every,
         eval_samples=b.eval_samples if name == "generated" else None,
     )
-    res = {
+    res: dict[str, Any] = {
         "dataset": name,
         "data": str(data),
         "total_rows": total,
@@ -121,7 +123,7 @@ def _compare(b: ConvergenceBench, name: str, data: Path, steps: int, batch: int,
         run_dir = out / "runs" / f"{name}-{mode}"
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        cache = dict(cache_rows=cache_rows, lookahead=b.lookahead) if mode == "lookahead" else {}
+        cache = dict(cache_rows=cache_rows, lookahead=b.lookahead) if mode_spec(mode).looks_ahead else {}
         args = train_args(b, data, run_dir, digest=True, mode=mode, **common, **cache)
         print(f"{name}: {mode} ...", flush=True)
         s = run_train(args, run_dir / "summary.json", f"convergence {name}/{mode}", timeout=b.run_timeout_s or None)
@@ -172,7 +174,7 @@ def _preprocess_criteo(src: Path, dest: Path) -> list[str]:
 
 
 def run(b: ConvergenceBench) -> dict:
-    out = Path(b.out)
+    out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     datasets: dict[str, dict] = {}
     commands: list[str] = []
@@ -270,7 +272,7 @@ def _plot(out: Path, datasets: dict) -> None:
     for row, (name, d) in zip(axes, datasets.items()):
         for mode, m in d["modes"].items():
             steps = [p["step"] for p in m["curve"]]
-            label = mode if mode == "full" else f"lookahead ({d['cache_rows']:,} rows, L={d['lookahead']})"
+            label = mode if not mode_spec(mode).store else f"{mode} ({d['cache_rows']:,} rows, L={d['lookahead']})"
             row[0].plot(steps, [p["eval_auc"] for p in m["curve"]], label=label, **styles[mode])
             row[1].plot(steps, [p["eval_logloss"] for p in m["curve"]], label=label, **styles[mode])
         same = "identical" if d["identical"] else "DIFFERENT"

@@ -28,6 +28,7 @@ from bagpipe.bench.report import (
     write_results,
 )
 from bagpipe.bench.runner import launch, prepare
+from bagpipe.config.modes import mode_spec
 from bagpipe.optim.names import row_state_dim
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
@@ -58,7 +59,7 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
     """One ``bagpipe train --mode MODE --store STORE`` run (modes, peers); a disk store
     starts from a cold copy of OUT/store-template (:func:`fresh_cold_copy`)."""
     store_dir = None
-    if store == "disk" and mode != "full":
+    if store == "disk" and mode_spec(mode).store:
         store_dir = out / "store-run"
         fresh_cold_copy(out / "store-template", store_dir)
     # the table file holds every row's initial value: the same starting tables as a fresh store
@@ -130,11 +131,11 @@ def run(b: ModesBench) -> dict:
     configs = []
     for store in b.stores:
         for mode in b.modes:
-            if mode == "full" and store == "disk":
-                continue  # full is always in memory: the limit the others are held to
-            configs.append((mode, store))
-    if "full" in b.modes and ("full", "memory") not in configs:
-        configs.insert(0, ("full", "memory"))
+            if mode_spec(mode).store or store == "memory":  # the full tables are always in memory
+                configs.append((mode, store))
+    for mode in b.modes:  # the reference, held to no store's limit, even when only disk is measured
+        if not mode_spec(mode).store and (mode, "memory") not in configs:
+            configs.insert(0, (mode, "memory"))
     results: dict[str, list[dict]] = {f"{m}/{s}": [] for m, s in configs}
     for rep in range(b.reps):
         for mode, store in configs:
@@ -163,7 +164,7 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
         anon, peak = median(runs, "peak_anon_rss_mb"), median(runs, "peak_rss_mb")
         cache = runs[0].get("cache") or {}
         hit = cache.get("hit_rate", float("nan"))
-        digests = sorted({r.get("params_sha256") for r in runs})
+        digests = sorted({r.get("params_sha256") for r in runs}, key=str)
         out[key] = {
             "samples_per_s": sps,
             "spread": spread,

@@ -75,7 +75,7 @@ def run(b: OracleBench) -> dict:
     from bagpipe.data.synthetic import SynthConfig, generate
 
     torch.set_num_threads(1)
-    out = Path(b.out)
+    out = b.out_dir
     data = out / "data"
     need = max(b.batch_sizes) * (b.batches + 1)
     profiled = b.profile_samples if b.hot_budget_mb > 0 else 0

@@ -101,7 +101,8 @@ def _topology(b: RecoveryBench, topo: str) -> dict:
 
 def _checkpoint_bytes(run_dir: Path) -> tuple[list[int], list[int]]:
     """Bytes of the full and of the incremental checkpoints still in ``run_dir``."""
-    full, delta = [], []
+    full: list[int] = []
+    delta: list[int] = []
     for m in (run_dir / "checkpoints").glob("step-*/MANIFEST.json"):
         man = json.loads(m.read_text())
         (full if man["kind"] == "full" else delta).append(sum(p["bytes"] for p in man["parts"]))

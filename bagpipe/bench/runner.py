@@ -129,7 +129,7 @@ def prepare(b, progress: bool = True):
     table file (OUT/store-template) written for other data is removed."""
     from bagpipe.data.schema import DatasetMeta
 
-    out = Path(b.out)
+    out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
     if make_data(b, data, progress):

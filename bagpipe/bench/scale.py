@@ -154,7 +154,7 @@ def run(b: ScaleBench) -> dict:
         why = f"bench scale: skipped: no memory cgroup can be used here ({where})"
         print(why, flush=True)
         payload = {**header(b), "skipped": why, "table": why}
-        write_results(Path(b.out), "scale", payload, why)
+        write_results(b.out_dir, "scale", payload, why)
         return payload
     print(f"memory limit through the {where}", flush=True)
     out, data, meta = prepare(b)
@@ -225,7 +225,7 @@ def run(b: ScaleBench) -> dict:
                 flush=True,
             )
             shutil.rmtree(run_dir, ignore_errors=True)
-        if b.probe and "lookahead" in configs:
+        if b.probe and "lookahead" in configs:  # a configuration of this scenario (the probe reads as it does)
             print(f"[rep {rep + 1}/{b.reps}] {PROBE} ...", flush=True)
             drop_cached(store_dir)  # the probe only reads: the file stays as the last run left it
             probes.append(run_probe(b, controller, limit, out, data, store_dir, cache_rows, dim, state_dim))
@@ -306,7 +306,7 @@ def summarise(
         for k, runs in results.items()
     }
     ref = {k: sps.get(k, (float("nan"),))[0] for k in ("full", "nocache", "lru")}
-    digests = {k: sorted({r.get("params_sha256") for r in runs}) for k, runs in results.items()}
+    digests = {k: sorted({r.get("params_sha256") for r in runs}, key=str) for k, runs in results.items()}
     full_digest = digests.get("full", [None])
     rows, res = [], {}
     for key, runs in results.items():

@@ -73,7 +73,7 @@ def _copy_dense_init(tr_dlrm, bp_dlrm) -> None:
         dst_top[0].weight.copy_(torch.cat([w[:, :D], w[:, D:].index_select(1, perm)], dim=1))
 
 
-def _table_shards(sharded_ebc) -> list:
+def _table_shards(sharded_ebc) -> dict:
     """The local (whole-table, table-wise on one rank) weight tensor of each table, in table order."""
     out = {}
     for name, t in sharded_ebc.state_dict().items():

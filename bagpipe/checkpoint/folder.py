@@ -145,7 +145,8 @@ class CheckpointFolder:
         latest = self.latest_name()
         complete = sorted(p.name for p in self.root.glob("step-*") if (p / "MANIFEST.json").exists())
         needed: set[str] = set()
-        for name in complete[-keep:] + ([latest] if latest else []):
+        for top in complete[-keep:] + ([latest] if latest else []):
+            name: str | None = top
             while name and name not in needed:  # the checkpoint and the chain under it
                 needed.add(name)
                 try:

@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             name,
             help=s.about,
             formatter_class=argparse.RawDescriptionHelpFormatter,
-            description=f"bagpipe bench {name}: {s.about}.\n\n{inspect.cleandoc(cls.__doc__)}\n\n"
+            description=f"bagpipe bench {name}: {s.about}.\n\n{inspect.cleandoc(cls.__doc__ or '')}\n\n"
             f"--quick runs it in under a minute: {quick}",
         )
         sp.add_argument("--quick", action="store_true", help="the small size of this scenario (see above)")

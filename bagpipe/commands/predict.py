@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 on_error=args.on_error,
                 block_bytes=args.block_kb << 10,
             )
-        if tmp is not None:
+        if tmp is not None and out is not None:
             os.replace(tmp, out)
     finally:
         if tmp is not None and tmp.exists():

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _click_rate(ds: Dataset) -> float:
-    clicks = total = 0
+    clicks, total = 0.0, 0
     for split in ds.meta.splits:
         for i in range(len(ds.shard_sizes(split))):
             labels = np.asarray(ds.shard(split, i).labels)

@@ -74,10 +74,11 @@ def run(args: argparse.Namespace) -> int:
     if cfg.distributed:
         from bagpipe.distributed.launch import launch
 
-        s = launch(cfg)
+        launch(cfg)
     else:
-        s = train(cfg)
-        print(summary_line(s))  # the launcher already echoed trainer 0's line
+        one = train(cfg)
+        assert one is not None  # one process reports
+        print(summary_line(one))  # the launcher already echoed trainer 0's line
     print(f"run directory: {cfg.run.out}")
     return 0
 

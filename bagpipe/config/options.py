@@ -42,6 +42,7 @@ def sections(root: type) -> dict[str, type[Section]]:
     """Attribute name -> section class of a root config (``{"": root}`` for a flat one)."""
     if issubclass(root, Section):
         return {"": root}
+    assert dataclasses.is_dataclass(root), f"{root!r} is not a config dataclass"
     return {f.name: field_types(root)[f.name] for f in dataclasses.fields(root)}
 
 
@@ -63,8 +64,8 @@ def flag(name: str) -> str:
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return dataclasses.MISSING
 
 
@@ -114,9 +115,9 @@ def add_options(
                 kw["action"] = argparse.BooleanOptionalAction
                 if default is not dataclasses.MISSING:
                     kw["help"] += f" (default: {'on' if default else 'off'})"
-            elif choices(tp) is not None:
-                kw["choices"] = choices(tp)
-                kw["type"] = type(choices(tp)[0])
+            elif (allowed := choices(tp)) is not None:
+                kw["choices"] = allowed
+                kw["type"] = type(allowed[0])
             elif get_origin(base) is tuple:
                 kw["type"] = _parse_tuple(get_args(base)[0])
                 kw["metavar"] = "A,B,..."

@@ -31,12 +31,27 @@ from typing import Any, Literal, Union, get_args, get_origin
 from bagpipe.errors import ConfigError
 
 
-@cache
 def field_docs(cls: type) -> dict[str, str]:
     """``{field: docstring}`` of a dataclass, from the string literal below each field.
 
     Inherited fields are included; a class whose source is unavailable gives ``{}``.
     """
+    return _field_docs(cls)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass's fields (postponed annotations evaluated).
+
+    Each class of the MRO has its annotations evaluated in its own module, so a section
+    may subclass one from another module whose annotations use names it does not import.
+    """
+    return _field_types(cls)
+
+
+# Cached by class. (Behind a plain function: a type checker takes a dataclass whose
+# instances are unhashable for an unhashable argument of the cache.)
+@cache
+def _field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass is object or not dataclasses.is_dataclass(klass):
@@ -59,12 +74,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 @cache
-def field_types(cls: type) -> dict[str, Any]:
-    """Resolved annotations of a dataclass's fields (postponed annotations evaluated).
-
-    Each class of the MRO has its annotations evaluated in its own module, so a section
-    may subclass one from another module whose annotations use names it does not import.
-    """
+def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 

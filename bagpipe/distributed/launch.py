@@ -157,6 +157,7 @@ class Launcher:
 
     def _pump(self, role: Role) -> None:
         with open(role.log_path, "a") as log:  # a restarted role appends to its log
+            assert role.proc.stdout is not None  # started with stdout=PIPE
             for raw in role.proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
                 log.write(line + "\n")

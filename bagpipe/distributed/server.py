@@ -84,7 +84,8 @@ class EmbeddingServer:
 
     def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int]):
         self.store = store
-        self.init = store.init  # a ShardInit: which shard of how many
+        assert isinstance(store.init, ShardInit), "a server's store holds one shard of the rows"
+        self.init: ShardInit = store.init  # which shard of how many
         self.t = transport
         self.clients = list(clients)
         self._marks = {c: -1 << 62 for c in self.clients}
@@ -147,7 +148,7 @@ class EmbeddingServer:
                 with self._store_lock:  # nothing else touches the shard while its part is written
                     self.store.flush()
                     part = write_part(Path(p["dir"]), self.store, self.init.shard, self.init.num_shards, p["kind"])
-                result = {"part": asdict(part)}
+                result: dict = {"part": asdict(part)}
             except BaseException as e:  # noqa: BLE001 - reported to every trainer
                 result = {"error": f"server {self.init.shard} could not write its checkpoint part: {e}"}
             with self._cond:

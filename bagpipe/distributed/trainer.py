@@ -45,7 +45,7 @@ class RemotePlans:
 
     def __init__(self, receiver: PlanReceiver):
         self.receiver = receiver
-        self.lookahead = int(receiver.info["lookahead"])
+        self.lookahead: int | None = int(receiver.info["lookahead"])
 
     def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]:
         yield from self.receiver
@@ -60,8 +60,17 @@ class RemoteBackend(CachedBackend):
     """A trainer's backend: the rows on the embedding servers (a :class:`RemoteStore`), the
     plans from the oracle role (:class:`RemotePlans`), a cache of the size the oracle chose."""
 
-    store: RemoteStore
-    source: RemotePlans
+    @property
+    def remote(self) -> RemoteStore:
+        """The store, a :class:`RemoteStore` of the servers' rows."""
+        assert isinstance(self.store, RemoteStore)
+        return self.store
+
+    @property
+    def plans(self) -> RemotePlans:
+        """The plan source, the oracle role's stream."""
+        assert isinstance(self.source, RemotePlans)
+        return self.source
 
 
 class DataParallel:
@@ -122,7 +131,7 @@ class DataParallel:
         """A cut at step ``step``: every trainer asks every server for its part (a server
         writes once all trainers asked, so every write-back before the cut is in); trainer
         0 names the folder and the kind, and writes dense.pt meanwhile."""
-        store = self._remote(backend).store
+        store = self._remote(backend).remote
         if target is None:
             store.checkpoint({"op": "checkpoint", "step": step})
             return []
@@ -149,7 +158,7 @@ class DataParallel:
     def section(self, backend: Backend, rows) -> DistributedStats:
         remote = self._remote(backend)
         N, dim = self.layout.trainers, remote.store.dim
-        report = remote.source.receiver.report
+        report = remote.plans.receiver.report
         assert report is not None, "the oracle's last message carries its report"
         steps = max(report.plan.get("steps", 0), 1)
         return DistributedStats(
@@ -170,7 +179,7 @@ class DataParallel:
             max_plans_in_flight=report.max_in_flight,
             oracle_planning_s=report.seconds_planning,
             oracle_waiting_for_credit_s=report.seconds_waiting_for_credit,
-            servers_report=remote.store.server_stats(),
+            servers_report=remote.remote.server_stats(),
             bytes_sent_by_trainer0=self.t.bytes_sent,
             bytes_received_by_trainer0=self.t.bytes_received,
         )

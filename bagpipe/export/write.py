@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -138,7 +139,7 @@ def export_run(
     dense, naming = to_export(model.state_dict(), mcfg, meta.num_dense, meta.num_features)
     tensorfile.write(
         out / DENSE_FILE,
-        [tensorfile.Entry(k, tuple(v.shape), lambda v=v: [v.detach().contiguous().numpy()]) for k, v in dense.items()],
+        [tensorfile.Entry(k, tuple(v.shape), partial(_tensor_chunks, v)) for k, v in dense.items()],
         {"format": "pt", "producer": "bagpipe export", "naming": naming},
     )
 
@@ -157,7 +158,7 @@ def export_run(
         for i in members:
             f = meta.features[i]
             lo, hi = int(offsets[i]), int(offsets[i + 1])
-            entries.append(tensorfile.Entry(table_key(f.name), (f.num_rows, D), lambda lo=lo, hi=hi: rows(lo, hi)))
+            entries.append(tensorfile.Entry(table_key(f.name), (f.num_rows, D), partial(rows, lo, hi)))
             tables.append(
                 {
                     "name": f.name,
@@ -214,3 +215,8 @@ def export_run(
     }
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
     return Exported(str(out), ckpt.step, len(tables), meta.total_rows, len(shards) + 1, naming, has_vocab)
+
+
+def _tensor_chunks(t) -> list[np.ndarray]:
+    """A dense (torch) tensor as the one chunk of its safetensors entry."""
+    return [t.detach().contiguous().numpy()]

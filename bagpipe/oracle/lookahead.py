@@ -145,12 +145,13 @@ class LookaheadOracle:
         new_cap = self.cap
         while new_cap < need + need // 8:  # the window's size settles after 2L+1 steps: little headroom
             new_cap *= 2
-        old = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
+        old: tuple[np.ndarray, ...] = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
         old_cap = self.cap
         self._alloc_ring(new_cap)
         seqs = np.arange(self.lo, self.hi, dtype=np.int64)
         src, dst = seqs & (old_cap - 1), seqs & (new_cap - 1)
-        for new, o in zip((self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict), old):
+        arrays: tuple[np.ndarray, ...] = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
+        for new, o in zip(arrays, old):
             new[dst] = o[src]
 
     def _span(self, start: int, n: int):

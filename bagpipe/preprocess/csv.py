@@ -129,7 +129,7 @@ def header_layout(
     standard: list[str],
     required: list[str],
     optional: set[str],
-    marks: set[str],
+    marks: frozenset[str] | set[str],
     header: str,
     label: str,
 ) -> FieldLayout:

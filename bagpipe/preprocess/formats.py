@@ -225,12 +225,12 @@ class RawFormat:
             return
         step = -(-n // 8)
         for s in range(lo, hi, step):
-            e = min(s + step, hi)
-            raw = self.parse_fast(b"\n".join(lines[s:e]) + b"\n", e - s, layout)
+            end = min(s + step, hi)
+            raw = self.parse_fast(b"\n".join(lines[s:end]) + b"\n", end - s, layout)
             if raw is not None:
                 raw.rows += s
                 parts.append(raw)
             else:
-                self._bisect(lines, s, e, layout, parts, bad, stop)
+                self._bisect(lines, s, end, layout, parts, bad, stop)
             if stop and bad:
                 return

@@ -174,6 +174,7 @@ def parse_file(
     probe(fmt, f)
     parts, lines, bad = [], [], []
     for b in iter_blocks(f, block_bytes):
+        assert f.layout is not None  # probe() found it
         raw, bad_lines = fmt.parse_block(b.data, b.nlines, f.layout, stop_at_bad=False)
         parts.append(raw)
         lines.append(b.first_line + raw.rows)

@@ -154,7 +154,7 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
             with bar:
                 for f in inputs:
                     f.lines = count_data_lines(f, opts.block_bytes, bar)
-            total = sum(f.lines for f in inputs)
+            total = sum(f.lines or 0 for f in inputs)
             n_train = math.floor(Fraction(str(split)) * total)
 
     bad = BadLines(opts.on_error)
@@ -164,6 +164,7 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
         mapping = HashMapping(keyed, opts.max_rows_per_table)
 
     def parse(b: Block) -> Parsed:
+        assert b.file.layout is not None  # every input was probed first
         raw, bad_lines = fmt.parse_block(b.data, b.nlines, b.file.layout, stop)
         return Parsed(raw, fmt.transform_dense(raw.dense), bad_lines)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bagpipe.errors import ConfigError
 from bagpipe.store.base import EmbeddingStore
-from bagpipe.store.init import RowInitializer
+from bagpipe.store.init import RowValues
 
 
 def holds_store(directory: str | Path) -> bool:
@@ -16,7 +16,7 @@ def holds_store(directory: str | Path) -> bool:
 
 
 def open_store(
-    kind: str, init: RowInitializer, state_dim: int, directory: str | Path | None, *, owned: bool, reuse: bool = False
+    kind: str, init: RowValues, state_dim: int, directory: str | Path | None, *, owned: bool, reuse: bool = False
 ) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
@@ -32,6 +32,8 @@ def open_store(
         return MemoryStore(init, state_dim)
     from bagpipe.store.disk import DiskStore
 
+    if directory is None:
+        raise ValueError("a disk store needs a directory")
     path = Path(directory)
     if owned and path.exists():
         shutil.rmtree(path)

@@ -2,7 +2,7 @@
 
 Rows are addressed by global row index g in [0, num_rows). Each row has D weights and
 S optimizer-state values (S = 0 for SGD, 1 for row-wise Adagrad). A row that was never
-written reads as its deterministic initial value (:class:`RowInitializer`) and zero state.
+written reads as its deterministic initial value (:class:`~bagpipe.store.init.RowInitializer`) and zero state.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bagpipe.store.init import RowInitializer
+from bagpipe.store.init import RowValues
 
 EXPORT_CHUNK_ROWS = 1 << 20
 
@@ -47,7 +47,7 @@ class EmbeddingStore(ABC):
     #: Whether writes are remembered for incremental checkpoints (:meth:`take_dirty`).
     tracks_writes = True
 
-    def __init__(self, init: RowInitializer, state_dim: int):
+    def __init__(self, init: RowValues, state_dim: int):
         self.init = init
         self.num_rows = init.num_rows
         self.dim = init.dim

@@ -76,7 +76,11 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
     # a role restarted by torchrun --max-restarts continues from the latest checkpoint, if any
     resuming = rc.resume or elastic_restart()
     if topo.reports:
-        ckpt = resume_point(run, cfg, dataset, required=rc.resume) if resuming else refuse_overwrite(run)
+        if resuming:
+            ckpt = resume_point(run, cfg, dataset, required=rc.resume)
+        else:
+            refuse_overwrite(run)
+            ckpt = None
     else:  # trainers 1..N-1 take the checkpoint trainer 0 checked
         ckpt = CheckpointFolder(run.path).latest() if resuming else None
     meta = dataset.meta

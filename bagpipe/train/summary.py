@@ -220,7 +220,7 @@ class StepMeter:
         self.t_start = time.perf_counter()
         self._t_measure: float | None = None
         self._at_warmup: dict | None = None
-        self._io_start = io_counters()
+        self._io_start: dict = io_counters()
         self._io_end: dict | None = None
         self._t_end: float | None = None
 
@@ -255,11 +255,12 @@ class StepMeter:
         """The measured figures (warm-up excluded)."""
         t_end = self._t_end if self._t_end is not None else time.perf_counter()
         t0, at = self._t_measure, self._at_warmup
-        if t0 is None:  # no warm-up, or a resumed run shorter than it
+        if t0 is None or at is None:  # no warm-up, or a resumed run shorter than it
             t0, at = self.t_start, dict.fromkeys(TIME_KEYS, 0.0)
         measured = self.trained - (self.warmup if self.trained > self.warmup else 0)
         now = self.seconds()
         io_end = self._io_end or io_counters()
+        io_start = self._io_start
         per = max(measured, 1)
         return Timing(
             seconds=t_end - self.t_start,
@@ -267,7 +268,7 @@ class StepMeter:
             measured_steps=measured,
             samples_per_s=measured * self.batch_size / max(t_end - t0, 1e-9),
             time_per_step_ms=StepTimes(**{k: 1000 * (now[k] - at[k]) / per for k in TIME_KEYS}),
-            io_per_step=IoPerStep(**{k: (io_end[k] - self._io_start[k]) / per for k in io_end}),
+            io_per_step=IoPerStep(**{k: (io_end[k] - io_start[k]) / per for k in io_end}),
         )
 
 

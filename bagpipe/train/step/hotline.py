@@ -54,7 +54,8 @@ def hotline_step(
 ) -> float:
     """One step as two micro-batches (see the module docstring); returns the batch's mean
     loss. ``inp.plan`` is a :class:`HotPlan` (its ``hot`` rows and ``popular`` inputs)."""
-    plan: HotPlan = inp.plan
+    plan = inp.plan
+    assert isinstance(plan, HotPlan), "Hotline's step runs on the plans of a hot tier"
     hot_u, cold_u = np.flatnonzero(plan.hot), np.flatnonzero(~plan.hot)
     local = np.empty(len(plan.hot), dtype=np.int64)  # each unique row's place in cat(hot leaf, cold leaf)
     local[hot_u] = np.arange(len(hot_u))

@@ -195,14 +195,14 @@ class StaleSkip:
         drift = (second - self.first).abs().amax(dim=1).numpy().astype(np.float64) if len(self.watched) else np.zeros(0)
         self.first = None
         watched = HotSet(self.watched, self.num_rows)
-        keys = []
+        parts = []
         for batch in self.sample_batches(self.decide_at, self.decide_at + self.sample_steps):
             rows = batch.rows.numpy()
             is_w = watched.contains(rows)
             d = np.full(len(rows), np.inf)
             d[is_w] = drift[watched.position(rows[is_w])]
-            keys.append(input_keys(batch, d, self.alpha))
-        keys = np.concatenate(keys) if keys else np.zeros(0)
+            parts.append(input_keys(batch, d, self.alpha))
+        keys = np.concatenate(parts) if parts else np.zeros(0)
         T, share, iters = find_threshold(keys, self.target, self.tolerance)
         stale = drift < T
         self.stale = HotSet(self.watched[stale], self.num_rows)
