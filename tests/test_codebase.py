@@ -339,3 +339,17 @@ def test_wrong_type_in_toml_names_file_and_key(tmp_path):
     conf.write_text('data = "d"\nout = "o"\n[cache]\nlookahead = "eight"\n')
     with pytest.raises(ConfigError, match=rf"^{conf}: lookahead must be an int, got 'eight'$"):
         load_config(str(conf), {})
+
+
+def test_every_summary_field_is_documented_in_runs_md():
+    from bagpipe.config.typed import field_docs
+    from bagpipe.train import summary
+
+    text = (PACKAGE.parent / "docs" / "runs.md").read_text()
+    sections = (summary.Summary, summary.StepTimes, summary.IoPerStep, summary.CacheStats, summary.DistributedStats,
+                summary.CheckpointStats, summary.Approximation)  # fmt: skip
+    for cls in sections:
+        docs = field_docs(cls)
+        assert set(docs) == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__}: a field without a docstring"
+        missing = [k for k in docs if f"| `{k}` |" not in text]
+        assert not missing, f"docs/runs.md does not list {cls.__name__}'s {missing}"

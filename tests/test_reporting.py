@@ -118,3 +118,14 @@ def test_plot_two_runs(two_runs, run_cli, tmp_path):
     assert rc == 2 and "no metrics.jsonl" in err and len(err.strip().splitlines()) == 1
     rc, _, err = run_cli("plot", *two_runs, "--labels", "one", "--out", tmp_path / "x.png")
     assert rc == 2 and "1 labels for 2 runs" in err
+
+
+def test_summary_json_is_the_documented_schema(two_runs):
+    """summary.json holds exactly the fields of bagpipe.train.summary.Summary, each section its dataclass's."""
+    from dataclasses import fields
+
+    from bagpipe.train.summary import Summary, StepTimes
+
+    s = json.loads((two_runs[1] / "summary.json").read_text())
+    assert list(s) == [f.name for f in fields(Summary)]
+    assert list(s["time_per_step_ms"]) == [f.name for f in fields(StepTimes)]
