@@ -47,7 +47,8 @@ class ArchConfig(Section):
     """The CTR model."""
     recipe: RecipeName = "debug"
     """Model size: debug (trains in seconds on a laptop), kaggle (DLRM's Criteo Kaggle sizes) or
-    dcn-mlperf (--model dcn only: MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile)."""
+    dcn-mlperf (--model dcn only: MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile;
+    it also brings MLPerf's optimizer, adagrad at --lr 0.005, unless --optimizer or --lr is given)."""
     embedding_dim: int | None = None
     """D, overrides the recipe's embedding dimension."""
 

@@ -31,9 +31,12 @@ from bagpipe.data.shards import Dataset
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.files import atomic_write_text
+from bagpipe.phases import ENV as PHASES_ENV
+from bagpipe.phases import RESTART_ENV
 from bagpipe.store import holds_store
 from bagpipe.train.resume import finished, refuse_overwrite
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
+from bagpipe.train.space import check_checkpoint_space
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +99,13 @@ class Role:
 
 
 class RoleFailed(BagpipeError):
-    """A role of the job exited with an error (the launcher stopped the others)."""
+    """A role of the job exited with an error (the launcher stopped the others). ``times``:
+    when it was reaped (``died``), when the launcher acted (``noticed``), when every other
+    role was gone (``stopped``), wall-clock seconds."""
 
-    def __init__(self, name: str, rank: int, code: int, stopped: int, log_path: Path):
+    def __init__(self, name: str, rank: int, code: int, stopped: int, log_path: Path, times: dict | None = None):
         self.name, self.rank, self.code = name, rank, code
+        self.times = times or {}
         super().__init__(
             f"{name} (rank {rank}) failed ({describe_exit(code)}); stopped {stopped} other role(s); its log: {log_path}"
         )
@@ -108,8 +114,12 @@ class RoleFailed(BagpipeError):
 class Launcher:
     """Starts, watches and stops the roles of one job (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, stop_grace_s: float = STOP_GRACE_S):
+    def __init__(
+        self, cfg: TrainConfig, stop_grace_s: float = STOP_GRACE_S, restart: int = 0, spares: Spares | None = None
+    ):
         self.cfg = cfg
+        self.restart = restart  # 0: the first attempt; n: the n-th restart after a failure
+        self.spares = spares
         self.layout = Layout(cfg.dist.trainers, cfg.dist.servers)
         self.grace = stop_grace_s
         self.out = Path(cfg.run.out)
@@ -128,6 +138,8 @@ class Launcher:
         (self.out / "summary.json").unlink(missing_ok=True)
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        phases_dir = self.out / ".phases"  # each role's start-up marks (bagpipe.phases)
+        phases_dir.mkdir(exist_ok=True)
         job = self.out / "job.json"
         job.write_text(json.dumps(self.cfg.to_json(), indent=2))
         port = free_port()
@@ -135,14 +147,25 @@ class Launcher:
             name = self.layout.name(rank)
             threads = role_threads(self.cfg.run.threads, self.layout, rank, environ={})
             log_path = logs / f"{name.replace(' ', '-')}.log"
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
-                env=role_env(self.layout, rank, "127.0.0.1", port, threads, self.out),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the roles itself
-            )
+            env = role_env(self.layout, rank, "127.0.0.1", port, threads, self.out)
+            env[PHASES_ENV] = str(phases_dir)
+            if self.restart:
+                env[RESTART_ENV] = str(self.restart)
+            spare = self.spares.take() if self.spares is not None else None
+            if spare is not None:  # a pre-started interpreter, its imports done: it becomes this role
+                proc = spare
+                assert proc.stdin is not None
+                proc.stdin.write((json.dumps({"job": str(job), "env": env}) + "\n").encode())
+                proc.stdin.close()
+            else:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the roles itself
+                )
             role = Role(rank, name, proc, log_path)
             role.pump = threading.Thread(target=self._pump, args=(role,), daemon=True, name=f"log-{name}")
             role.pump.start()
@@ -166,7 +189,7 @@ class Launcher:
 
     def _wait(self, role: Role) -> None:
         code = role.proc.wait()
-        self._events.put((time.monotonic(), role, code))
+        self._events.put((time.time(), role, code))
 
     def run(self) -> None:
         """Start the job and wait for it; raises BagpipeError naming the first role that failed."""
@@ -174,14 +197,16 @@ class Launcher:
         try:
             done = 0
             while done < len(self.roles):
-                _, role, code = self._events.get()
+                died, role, code = self._events.get()
                 done += 1
                 if code != 0:
+                    noticed = time.time()
                     self._say(
                         f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles"
                     )
                     stopped = self.stop()
-                    raise RoleFailed(role.name, role.rank, code, stopped, role.log_path)
+                    times = {"died": died, "noticed": noticed, "stopped": time.time()}
+                    raise RoleFailed(role.name, role.rank, code, stopped, role.log_path, times)
         except KeyboardInterrupt:
             self._say("[launcher] interrupted: stopping every role")
             self.stop()
@@ -218,7 +243,8 @@ def launch(cfg: TrainConfig) -> dict:
 
     The launcher checks the data set and holds the run folder's lock for the whole job
     (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
-    Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
+    dataset = Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
+    check_checkpoint_space(cfg, dataset)  # said once, before any role starts
     if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store and not cfg.run.resume:
         for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
             shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"
@@ -227,12 +253,13 @@ def launch(cfg: TrainConfig) -> dict:
                     f"--store-dir {shard} already holds a store: its rows would become this run's "
                     "starting tables; pass --init-from-store to start from them, or give an empty directory"
                 )
-    with RunDir(cfg.run.out).claim() as run:
+    with RunDir(cfg.run.out).claim() as run, Spares(cfg, run) as spares:
         run.started()  # the roles' logs stay if the job fails
         attempt, restarts = cfg, 0
         while True:
             try:
-                Launcher(attempt).run()
+                spares.fill_when_training(time.time())
+                Launcher(attempt, restart=restarts, spares=spares if spares.count else None).run()
                 break
             except RoleFailed as failure:
                 if finished(run, cfg.run.steps):  # a role died after the job's end: nothing to redo
@@ -280,7 +307,77 @@ def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int) 
             "died_at_step": died,
             "from_checkpoint": step,
             "time": time.time(),
+            **failure.times,
         }
     )
     atomic_write_text(record, json.dumps(events, indent=2))
     return cfg.replace(resume=step is not None)
+
+
+class Spares:
+    """Pre-started ``bagpipe worker --standby`` processes: each has imported everything a
+    role needs and waits for its role on stdin, so a restart after a failure
+    (``--max-restarts``) starts no interpreter and imports nothing -- on a busy machine
+    that is most of a restart. One spare per role of the job, started once the job is
+    training (their imports would otherwise compete with its start-up), and again after
+    each restart has used them; the unused ones are stopped when the job ends.
+    """
+
+    def __init__(self, cfg: TrainConfig, run: RunDir):
+        self.count = Layout(cfg.dist.trainers, cfg.dist.servers).world_size if cfg.dist.max_restarts > 0 else 0
+        self.run = run
+        self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def __enter__(self) -> Spares:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def fill_when_training(self, since: float) -> None:
+        """Start the missing spares once the run trains a step after ``since`` (wall clock), in a thread."""
+        if self.count:
+            threading.Thread(target=self._fill, args=(since,), daemon=True, name="spares").start()
+
+    def _beat(self) -> float:
+        try:
+            return self.run.heartbeat_file.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _fill(self, since: float) -> None:
+        while not self._closed.is_set() and self._beat() <= since:
+            time.sleep(0.2)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        with self._lock:
+            self._procs = [p for p in self._procs if p.poll() is None]
+            while not self._closed.is_set() and len(self._procs) < self.count:
+                self._procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "bagpipe.cli", "worker", "--standby"],
+                        env=env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+
+    def take(self) -> subprocess.Popen | None:
+        """A live spare for a role (None: start an interpreter)."""
+        with self._lock:
+            while self._procs:
+                p = self._procs.pop(0)
+                if p.poll() is None:
+                    return p
+        return None
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            for p in self._procs:
+                _signal(p, signal.SIGKILL)
+                p.wait()
+            self._procs.clear()

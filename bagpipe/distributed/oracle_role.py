@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import bagpipe.phases as phases
 from bagpipe.cache.setup import LocalPlans, set_up_cache
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -70,6 +71,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
     }
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
+    phases.mark("ready")
     d = cfg.dist
     source = LocalPlans(setup)
     report = OracleReport(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import bagpipe.phases as phases
 from bagpipe.config import Section
 from bagpipe.config.sections import Store
 from bagpipe.config.train import TrainConfig
@@ -27,6 +28,19 @@ log = logging.getLogger(__name__)
 # every row, which can take minutes on big tables. A dead peer is noticed at once
 # (gloo reports the closed connection); this bounds only a peer that hangs alive.
 OP_TIMEOUT = timedelta(minutes=30)
+
+
+def import_role_modules() -> None:
+    """Import what every role runs (torch, the training loop, the oracle, the servers): the
+    recovery phase ``imports``, which a pre-started spare has done before it is needed."""
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    import bagpipe.distributed.oracle_role  # noqa: F401
+    import bagpipe.distributed.server  # noqa: F401
+    import bagpipe.distributed.trainer  # noqa: F401
+    import bagpipe.store.disk  # noqa: F401
+    import bagpipe.store.memory  # noqa: F401
 
 
 def env_rank(layout: Layout) -> int:
@@ -141,6 +155,7 @@ def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float)
     try:
         # every rank must create every group, in the same order
         group = dist.new_group(layout.trainer_ranks) if layout.trainers > 1 else None
+        phases.mark("joined")
         log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield Transport(layout.name), group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
@@ -213,14 +228,17 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
             owned=not scfg.store_dir,
             reuse=scfg.init_from_store or restore is not None,
         )
+        phases.mark("ready")
         log.info(
             f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store"
         )
         if restore is not None:
             t0 = time.perf_counter()
-            step = restore_shard(store, restore, shard, layout.servers)
+            step, rows = restore_shard(store, restore, shard, layout.servers)
+            phases.mark("restored")
             log.info(
-                f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s"
+                f"server {shard}: restored its rows from the checkpoint of step {step} ({rows:,} rows trained) "
+                f"in {time.perf_counter() - t0:.1f} s"
             )
         try:
             report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()

@@ -46,6 +46,7 @@ REPLY = 2  # embedding server -> client
 PLAN = 3  # oracle -> trainer
 CREDIT = 4  # trainer -> oracle
 CONTROL = 5  # trainer 0 -> other roles (setup, end)
+PART = 6  # embedding server -> trainer 0: its part of a checkpoint is durable (or failed)
 
 HEADER_BYTES = 4096
 _MAX_BUFFERS = 28  # out-of-band arrays per message; their sizes follow the 4 header fields
