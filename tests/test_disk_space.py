@@ -1,6 +1,6 @@
 """Never failing for want of disk: checked before training, survived during it.
 
-On real full filesystems (a small tmpfs; skipped where none can be mounted):
+On real full filesystems (a small tmpfs, ``small_disk``; skipped where none can be mounted):
 
 * a run whose largest checkpoint cannot fit on the disk of its run folder refuses to
   start, in one line that says how much it needs and how much is free, and trains nothing;
@@ -12,7 +12,6 @@ On real full filesystems (a small tmpfs; skipped where none can be mounted):
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -34,37 +33,8 @@ COMMON = ["--steps", STEPS, "--batch-size", BATCH, "--optimizer", "adagrad", "--
           "--no-progress"]
 
 
-def mount_tmpfs(where: Path, size: str) -> None:
-    where.mkdir(parents=True, exist_ok=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here (needs root)")
-
-
-@pytest.fixture
-def mounts():
-    made: list[Path] = []
-    yield made
-    for m in made:
-        subprocess.run(["umount", "-l", str(m)], capture_output=True)
-
-
-def fill(where: Path) -> None:
-    """Fill the filesystem of ``where`` (another program's file)."""
-    fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"x" * 512)
-    except OSError as e:
-        assert e.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
-def test_a_run_whose_checkpoints_cannot_fit_refuses_to_start_in_one_line(tiny_data, tmp_path, mounts, run_cli):
-    disk = tmp_path / "disk"
-    mount_tmpfs(disk, "64k")
-    mounts.append(disk)
-    out = disk / "run"
+def test_a_run_whose_checkpoints_cannot_fit_refuses_to_start_in_one_line(tiny_data, tmp_path, small_disk, run_cli):
+    out = small_disk(tmp_path / "disk", "64k") / "run"
     rc, stdout, stderr = run_cli("train", "--data", tiny_data, "--out", out, *COMMON)
     lines = stderr.strip().splitlines()
     assert rc == 2 and len(lines) == 1, stderr
@@ -74,12 +44,11 @@ def test_a_run_whose_checkpoints_cannot_fit_refuses_to_start_in_one_line(tiny_da
     assert not out.exists()  # nothing trained, nothing left behind
 
 
-def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_loses_no_row(tiny_data, tmp_path, mounts):
+def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_loses_no_row(tiny_data, tmp_path, small_disk):
     want = train(TrainConfig.of(data=tiny_data, out=str(tmp_path / "full"), steps=STEPS, batch_size=BATCH,
                                 optimizer="adagrad", lr=0.05, threads=1, progress=False))["params_sha256"]
     out = tmp_path / "run"
-    mount_tmpfs(out / "checkpoints", "2m")  # room for the estimate (~0.7 MB), filled before the final checkpoint
-    mounts.append(out / "checkpoints")
+    small_disk(out / "checkpoints", "2m")  # room for the estimate (~0.7 MB), filled before the final checkpoint
     flag = tmp_path / "paused"
     cmd = [sys.executable, "-m", "bagpipe.cli", "train", "--data", tiny_data, "--out", str(out), *map(str, COMMON),
            "--mode", "lookahead", "--store", "disk", "--cache-rows", "1000", "--lookahead", "4",
@@ -91,7 +60,7 @@ def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_l
         while not flag.exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        fill(out / "checkpoints")  # the disk fills up during the last steps
+        small_disk.fill(out / "checkpoints")  # the disk fills up during the last steps
         Path(str(flag) + ".go").touch()
         stdout, stderr = proc.communicate(timeout=200)
     finally:

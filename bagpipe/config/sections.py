@@ -293,6 +293,9 @@ class DistConfig(Section):
     max_restarts: int = 0
     """When a role dies, stop the others and restart every role from the latest complete
     checkpoint, up to this many times (the local launcher; torchrun has its own)."""
+    spares: bool = True
+    """With --max-restarts: keep one pre-started process per role, its imports done, so a
+    restart starts no interpreter (each costs its imports' CPU once and ~300 MiB)."""
 
     def validate(self) -> None:
         need(self.trainers >= 1, f"trainers must be >= 1, got {self.trainers}")

@@ -324,7 +324,8 @@ class Spares:
     """
 
     def __init__(self, cfg: TrainConfig, run: RunDir):
-        self.count = Layout(cfg.dist.trainers, cfg.dist.servers).world_size if cfg.dist.max_restarts > 0 else 0
+        d = cfg.dist
+        self.count = Layout(d.trainers, d.servers).world_size if d.max_restarts > 0 and d.spares else 0
         self.run = run
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()

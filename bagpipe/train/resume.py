@@ -51,6 +51,7 @@ MAY_CHANGE = (
     "plans_in_flight",
     "rendezvous_timeout",
     "max_restarts",
+    "spares",
     "checkpoint_compact_every",
     "hot_budget_mb",
     "hot_rows",

@@ -233,10 +233,13 @@ def dense_digest(model: torch.nn.Module):
 def changed(init: RowValues, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> np.ndarray:
     """(n,) bool: which of global ``rows`` differ, bit for bit, from their initial value
     (the initialiser's weights and zero optimizer state)."""
-    w = np.ascontiguousarray(weights, dtype=np.float32).view(np.int32)
-    differ = (w != init.rows(rows).view(np.int32)).any(axis=1)
-    if state.shape[1]:
-        differ |= (np.ascontiguousarray(state, dtype=np.float32).view(np.int32) != 0).any(axis=1)
+    differ = np.zeros(len(rows), dtype=bool)
+    if state.shape[1]:  # a row whose optimizer state moved differs: its initial value need not be computed
+        differ = (np.ascontiguousarray(state, dtype=np.float32).view(np.int32) != 0).any(axis=1)
+    same = np.flatnonzero(~differ)
+    if len(same):
+        w = np.ascontiguousarray(np.asarray(weights)[same], dtype=np.float32).view(np.int32)
+        differ[same] = (w != init.rows(np.asarray(rows)[same]).view(np.int32)).any(axis=1)
     return differ
 
 
