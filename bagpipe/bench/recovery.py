@@ -72,6 +72,7 @@ class RecoveryBench(CachePoint, Throughput):
         kill_at=35,
         kill_roles=("server 1",),
         recovery_tail=10,
+        spares=("on",),
     )
 
     steps: int = 1100
@@ -90,11 +91,14 @@ class RecoveryBench(CachePoint, Throughput):
     """Roles killed, one recovery run each per topology (server 1, trainer 0, trainer 1, oracle)."""
     recovery_tail: int = 100
     """Steps a recovery run trains after ``kill_at`` (its --steps is kill_at + this)."""
+    spares: tuple[str, ...] = ("on", "off")
+    """Recovery runs with the launcher's pre-started spares (on: --spares, the default) and without (off)."""
 
     def validate(self) -> None:
         super().validate()
         self.check_subset("topologies", tuple(TOPOLOGIES))
         self.check_subset("kill_roles", ROLES)
+        self.check_subset("spares", ("on", "off"))
         self.check(
             "intervals",
             bool(self.intervals) and all(0 < i < self.steps for i in self.intervals),
@@ -122,7 +126,7 @@ def _heartbeat(run_dir: Path) -> int:
         return 0
 
 
-def _recover(b: RecoveryBench, data: Path, run_dir: Path, topo: str, role: str, cache_rows: int) -> dict:
+def _recover(b: RecoveryBench, data: Path, run_dir: Path, topo: str, role: str, spares: str, cache_rows: int) -> dict:
     """One run whose ``role`` is killed at ``kill_at``: kill -> first step after the restart."""
     args = train_args(
         b,
@@ -131,6 +135,7 @@ def _recover(b: RecoveryBench, data: Path, run_dir: Path, topo: str, role: str, 
         cache_rows=cache_rows,
         checkpoint_every=b.kill_interval,
         max_restarts=1,
+        spares=spares == "on",
         **_topology(b, topo) | {"steps": b.kill_at + b.recovery_tail},
     )
     proc = subprocess.Popen(train_command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -159,6 +164,7 @@ def _recover(b: RecoveryBench, data: Path, run_dir: Path, topo: str, role: str, 
     phases = dict(event.get("phases") or {})
     return {
         "role": role,
+        "spares": spares,
         "kill_to_training_s": t_again - t_kill,
         "kill_to_reaped_s": event["died"] - t_kill if "died" in event else None,
         "phases_s": phases,
@@ -192,13 +198,13 @@ def run(b: RecoveryBench) -> dict:
             shutil.rmtree(run_dir, ignore_errors=True)
     recovery: dict[str, list[dict]] = {}
     for topo in b.topologies:
-        for role in b.kill_roles:
+        for role, spares in ((r, sp) for r in b.kill_roles for sp in b.spares):
             if role == "trainer 1" and TOPOLOGIES[topo][0] < 2:
                 continue
-            print(f"recovery: {topo}, {role} killed at step {b.kill_at} ...", flush=True)
+            print(f"recovery: {topo}, {role} killed at step {b.kill_at}, spares {spares} ...", flush=True)
             run_dir = out / "runs" / f"{topo}-recovery"
             shutil.rmtree(run_dir, ignore_errors=True)
-            r = _recover(b, data, run_dir, topo, role, cache_rows)
+            r = _recover(b, data, run_dir, topo, role, spares, cache_rows)
             recovery.setdefault(topo, []).append(r)
             load.append(os.getloadavg()[0])
             print(
@@ -298,6 +304,7 @@ def summarise(
         [
             topo,
             r["role"],
+            r["spares"],
             r["died_at_step"],
             r["from_checkpoint"],
             r["steps_replayed"],
@@ -308,7 +315,16 @@ def summarise(
         for r in rs
     ]
     table += "\n\nRecovery (the role killed with SIGKILL; the launcher restarts every role):\n\n" + markdown_table(
-        ["topology", "killed", "at step", "from checkpoint", "replayed", "kill to training again (s)", *names],
+        [
+            "topology",
+            "killed",
+            "spares",
+            "at step",
+            "from checkpoint",
+            "replayed",
+            "kill to training again (s)",
+            *names,
+        ],
         rec_rows,
     )
     table += f"\n\nLoad average (1 min) during the runs: {min(load):.1f}-{max(load):.1f}."
@@ -342,7 +358,7 @@ def _plot(out: Path, payload: dict) -> None:
     ax2.set_ylabel("MiB")
     ax2.set_title("checkpoint size against rows trained")
     ax2.legend()
-    rec = [(f"{t}\n{r['role']}", r) for t, rs in payload["recovery"].items() for r in rs]
+    rec = [(f"{t}\n{r['role']}\nspares {r['spares']}", r) for t, rs in payload["recovery"].items() for r in rs]
     bottom = [0.0] * len(rec)
     for name, _ in PHASES:
         vals = [r["phases_s"].get(name, 0.0) for _, r in rec]

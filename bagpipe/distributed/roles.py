@@ -31,16 +31,26 @@ OP_TIMEOUT = timedelta(minutes=30)
 
 
 def import_role_modules() -> None:
-    """Import what every role runs (torch, the training loop, the oracle, the servers): the
-    recovery phase ``imports``, which a pre-started spare has done before it is needed."""
+    """Import what every role runs (torch, the training loop, the oracle, the servers) and
+    take one step of each dense optimizer (its first step imports much of torch, ~1 s on
+    an idle core, sympy included): the recovery phase ``imports``, which a pre-started
+    spare has done before it is needed."""
+    import torch
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
     import bagpipe.distributed.oracle_role  # noqa: F401
     import bagpipe.distributed.server  # noqa: F401
     import bagpipe.distributed.trainer  # noqa: F401
+    import bagpipe.optim.build  # noqa: F401
     import bagpipe.store.disk  # noqa: F401
     import bagpipe.store.memory  # noqa: F401
+
+    layer = torch.nn.Linear(2, 1)
+    for opt in (torch.optim.Adagrad, torch.optim.Adam, torch.optim.SGD):
+        layer.zero_grad()
+        layer(torch.ones(1, 2)).sum().backward()
+        opt(layer.parameters(), lr=0.1).step()
 
 
 def env_rank(layout: Layout) -> int:
