@@ -206,19 +206,28 @@ def test_resume_after_crash_is_exact(run_cli, tiny_data, tmp_path, straight, mon
 
 
 def test_a_loss_that_explodes_stops_the_run_in_one_line_naming_the_step(run_cli, tiny_data, tmp_path):
+    from bagpipe.train.divergence import Diverged, LossGuard
+
     out = tmp_path / "run"
     rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, "--batch-size", 64, "--optimizer", "sgd",
                          "--lr", 1000, "--steps", 30, "--checkpoint-every", 1, "--no-progress")  # fmt: skip
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, err
-    assert re.fullmatch(
-        r"bagpipe train: error: training diverged at step 2: the loss reached \S+ \(a mean log loss above 100: the "
-        r"parameters blew up\); stopped without checkpointing it \(the run's latest checkpoint, if any, is from "
-        r"before\); lower --lr / --embedding-lr",
+    found = re.fullmatch(
+        r"bagpipe train: error: training diverged at step (\d+): the loss (is nan|has stayed above 100 for 5 steps "
+        r"\(it is \S+\)); stopped without checkpointing it \(the run's latest checkpoint, if any, is from before\); "
+        r"lower --lr / --embedding-lr",
         lines[0],
-    ), lines[0]
-    assert (out / "checkpoints" / "LATEST").read_text().strip() == "step-00000001"  # step 1's, the last good one
+    )
+    assert found, lines[0]
+    step = int(found.group(1))
+    assert (out / "checkpoints" / "LATEST").read_text().strip() == f"step-{step - 1:08d}"  # the last good one
     assert not (out / "summary.json").exists()
+    guard = LossGuard()  # a spike that training recovers from is no divergence (DLRM, Adagrad: 1,752 at step 2)
+    for k, loss in enumerate([0.69, 1752.0, 0.71, 7.9, 0.83, 0.61] + [150.0] * 4, start=1):
+        guard.check(k, loss)
+    with pytest.raises(Diverged, match="^training diverged at step 11: the loss has stayed above 100 for 5 steps"):
+        guard.check(11, 7.7e11)
 
 
 def test_resume_without_checkpoint_fails_cleanly(run_cli, tiny_data, tmp_path):

@@ -108,9 +108,16 @@ def commit_checkpoint(
 
     dense.pt first, then ``write_parts`` (the process's own part, or waiting for every
     embedding server's), then the manifest and the commit. Nothing counts until
-    :meth:`CheckpointFolder.commit`."""
-    folder.write_dense(target.staging, dense)
+    :meth:`CheckpointFolder.commit`. ``write_parts`` runs even when dense.pt could not be
+    written: parts under way elsewhere still report, and their reports must be taken."""
+    failed: BaseException | None = None
+    try:
+        folder.write_dense(target.staging, dense)
+    except BaseException as e:  # noqa: BLE001 - raised once the parts are in
+        failed = e
     parts = write_parts()
+    if failed is not None:
+        raise failed
     pause_at("commit", target.step)  # a test kills us here: every part written, nothing committed
     manifest = Manifest(
         step=target.step,

@@ -27,7 +27,7 @@ from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.divergence import check_loss
+from bagpipe.train.divergence import LossGuard
 from bagpipe.train.evaluate import eval_line, evaluate
 from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
@@ -241,6 +241,7 @@ class _Run:
         if skipper is not None:  # Slipstream: the stale inputs are left out of the step
             run_step = skipper.wrap(run_step)
         step = start
+        guard = LossGuard()
         try:
             for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
                 # the rows' optimizer scales its own rate by inp.step
@@ -248,7 +249,7 @@ class _Run:
                 loss = run_step(self.net, self.dense_opt, rows, inp, meter.times)
                 backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
                 step = inp.step + 1
-                check_loss(step, loss)
+                guard.check(step, loss)
                 meter.record(step, loss)
                 if topo.reports:
                     run.heartbeat(step)
