@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from bagpipe.checkpoint import latest
@@ -142,6 +143,21 @@ def two_by_two(tiny_data, tmp_path_factory) -> str:
     return digest(out)
 
 
+def spares(launcher: subprocess.Popen) -> int:
+    """The launcher's pre-started spare processes (``bagpipe worker --standby``) now."""
+    try:
+        kids = psutil.Process(launcher.pid).children()
+    except psutil.NoSuchProcess:
+        return 0
+    n = 0
+    for k in kids:
+        try:
+            n += "--standby" in k.cmdline()
+        except psutil.Error:
+            pass
+    return n
+
+
 def kill(out: Path, role: str) -> int:
     pid = {r["role"]: r["pid"] for r in json.loads((out / "roles.json").read_text())}[role]
     os.kill(pid, signal.SIGKILL)
@@ -149,12 +165,13 @@ def kill(out: Path, role: str) -> int:
 
 
 def test_a_killed_trainer_and_then_a_killed_oracle_are_recovered_exactly(tiny_data, tmp_path, two_by_two):
-    """2 trainers + 2 servers: trainer 1, then the oracle, SIGKILLed at random steps."""
+    """2 trainers + 2 servers: trainer 1, then the oracle, SIGKILLed at random steps; the
+    roles restart into new interpreters (--no-spares; the test below uses the spares)."""
     out, seeds = tmp_path / "job", []
     pick_step(seeds)
     first = random.Random(seeds[0]).randint(EVERY + 2, STEPS - 18)
     second = random.Random(seeds[0] + 1).randint(first + EVERY + 3, STEPS - 2)
-    proc = launch(tiny_data, out, 2, 2, "--max-restarts", 2)
+    proc = launch(tiny_data, out, 2, 2, "--max-restarts", 2, "--no-spares")  # restarts into new interpreters
     wait_for(lambda: heartbeat(out) >= first, proc, f"step {first}")
     pids = {kill(out, "trainer 1")}
     wait_for(lambda: (out / "recovery.json").exists() and heartbeat(out) >= second, proc, f"step {second} after a restart")
@@ -172,24 +189,27 @@ def test_a_killed_trainer_and_then_a_killed_oracle_are_recovered_exactly(tiny_da
 
 def test_a_killed_server_and_a_server_killed_while_writing_are_recovered_bitwise(tiny_data, tmp_path, full_digest):
     """1 trainer + 2 servers: server 1 SIGKILLed at a random step, then a server killed
-    while it writes its part of the checkpoint of step 30 (which therefore never
-    completes: the job falls back to step 25's); ends bitwise equal to --mode full."""
+    while it writes its part of the checkpoint of step 30 in the background, training
+    having gone on (the checkpoint therefore never completes: the job falls back to step
+    25's); the restarts go into the launcher's pre-started spares; ends bitwise equal to
+    --mode full."""
     out, flag, seeds = tmp_path / "job", tmp_path / "paused", []
     pick_step(seeds)
     at = random.Random(seeds[0]).randint(EVERY + 2, 20)
     env = dict(os.environ, BAGPIPE_TEST_PAUSE=f"checkpoint:30:{flag}")
     proc = launch(tiny_data, out, 1, 2, "--max-restarts", 2, env=env)
-    wait_for(lambda: heartbeat(out) >= at, proc, f"step {at}")
+    wait_for(lambda: heartbeat(out) >= at and spares(proc) == 4, proc, f"step {at} and the spares")
     pids = {kill(out, "server 1")}
     wait_for(flag.exists, proc, "a server pausing inside its checkpoint write")
     pids.add(int(flag.read_text()))
-    wait_for(lambda: heartbeat(out) >= 33, proc, "training going on while the part is written")
+    wait_for(lambda: heartbeat(out) >= 33 and spares(proc) == 4, proc, "training going on while the part is written")
     assert (out / "checkpoints" / ".tmp-step-00000030").is_dir()  # the write is under way
     os.kill(int(flag.read_text()), signal.SIGKILL)
     stdout, _ = finish(proc)
     events = json.loads((out / "recovery.json").read_text())
     assert [e["role"] for e in events][0] == "server 1" and len(events) == 2, seeds
     assert events[1]["from_checkpoint"] == 25 and "restarting all roles from the checkpoint of step 25" in stdout
+    assert stdout.count("[launcher] 4 of 4 roles start in pre-started spare processes") == 2
     for e in events:  # where the seconds went: consecutive phases that add up to the whole
         ph = e["phases"]
         assert list(ph) == [*PHASE_NAMES, "total"] and all(v >= 0 for v in ph.values()), ph

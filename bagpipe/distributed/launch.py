@@ -143,6 +143,7 @@ class Launcher:
         job = self.out / "job.json"
         job.write_text(json.dumps(self.cfg.to_json(), indent=2))
         port = free_port()
+        in_spares = 0
         for rank in range(self.layout.world_size):
             name = self.layout.name(rank)
             threads = role_threads(self.cfg.run.threads, self.layout, rank, environ={})
@@ -152,6 +153,7 @@ class Launcher:
             if self.restart:
                 env[RESTART_ENV] = str(self.restart)
             spare = self.spares.take() if self.spares is not None else None
+            in_spares += spare is not None
             if spare is not None:  # a pre-started interpreter, its imports done: it becomes this role
                 proc = spare
                 assert proc.stdin is not None
@@ -171,6 +173,8 @@ class Launcher:
             role.pump.start()
             threading.Thread(target=self._wait, args=(role,), daemon=True, name=f"wait-{name}").start()
             self.roles.append(role)
+        if in_spares:
+            self._say(f"[launcher] {in_spares} of {len(self.roles)} roles start in pre-started spare processes")
         (self.out / "roles.json").write_text(
             json.dumps(
                 [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles],
@@ -258,7 +262,8 @@ def launch(cfg: TrainConfig) -> dict:
         attempt, restarts = cfg, 0
         while True:
             try:
-                spares.fill_when_training(time.time())
+                if restarts < cfg.dist.max_restarts:  # a restart may still come: have its spares ready
+                    spares.fill_when_training(time.time())
                 Launcher(attempt, restart=restarts, spares=spares if spares.count else None).run()
                 break
             except RoleFailed as failure:
