@@ -19,8 +19,6 @@ import torch
 
 from bagpipe.device.base import Device, Event, HostDevice, Stream
 
-DeviceName = str  # one of DEVICES
-
 
 def _cuda(index: int | None, deterministic: bool) -> Device:
     from bagpipe.device.cuda import CudaDevice
