@@ -182,9 +182,10 @@ def test_a_checkpoint_written_on_a_gpu_is_evaluated_on_the_host(tiny_data, tmp_p
     s = train(cfg(tiny_data, out, mode="lookahead", device="cuda", cache_rows=2000, lookahead=4))
     ck = latest(out)
     assert ck is not None and all(v.device.type == "cpu" for v in ck.dense["model"].values())
-    rc, stdout, err = run_cli("eval", "--run", out, "--data", tiny_data, "--json", "--eval-samples", 2048)
+    rc, stdout, err = run_cli("eval", "--run", out, "--data", tiny_data, "--json", "--max-samples", 2048,
+                              "--batch-size", BATCH)  # fmt: skip
     assert rc == 0, err
-    assert json.loads(stdout)["eval_logloss"] == pytest.approx(s["eval_logloss"], abs=1e-5)
+    assert json.loads(stdout)["eval_logloss"] == pytest.approx(s["eval_logloss"], abs=1e-4)  # the host's kernels
 
 
 def bagpipe(*args, timeout=600) -> subprocess.CompletedProcess:

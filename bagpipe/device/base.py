@@ -88,8 +88,9 @@ class Device(Protocol):
         ...
 
     def put(self, t: torch.Tensor) -> torch.Tensor:
-        """A host tensor's value on the device, ordered on the compute stream (the batch,
-        index and inverse of a step; small). The host tensor may change after the call."""
+        """A host tensor's value on the device, ordered on the compute stream (a step's
+        index and inverse; small). Where the device is host memory it is the tensor itself;
+        on CUDA a copy, and the host tensor may change after the call."""
         ...
 
     def close(self) -> None:

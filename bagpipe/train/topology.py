@@ -20,7 +20,7 @@ from bagpipe.checkpoint import Checkpoint, Part, PartsTarget, write_part
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
-from bagpipe.device import Device
+from bagpipe.device import Device, HostDevice
 from bagpipe.faults import pause_at
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
@@ -32,12 +32,13 @@ from bagpipe.train.step import LocalRowUpdate
 
 
 class SingleProcess:
-    """One trainer with its store (memory or disk) in the same process, computing on ``device``."""
+    """One trainer with its store (memory or disk) in the same process, computing on
+    ``device`` (default: the host, ``--device cpu``)."""
 
     reports = True
 
-    def __init__(self, device: Device):
-        self.device = device
+    def __init__(self, device: Device | None = None):
+        self.device = HostDevice() if device is None else device
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
