@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.config import CachePoint, Throughput
+from bagpipe.bench.config import CachePoint, OnDevice, Throughput
 from bagpipe.bench.report import (
     header,
     markdown_table,
@@ -36,10 +36,12 @@ STORES = ("memory", "disk")
 
 
 @dataclass(kw_only=True)
-class ModesBench(CachePoint, Throughput):
+class ModesBench(OnDevice, CachePoint, Throughput):
     """Every mode (full, nocache, lru, lookahead) side by side on generated Criteo-Kaggle-sized
     data (33.8M rows at the default --scale 1; DLRM Kaggle recipe, batch 2048, Adagrad), with
-    the memory and the disk store; full always runs in memory, the reference of the ratios."""
+    the memory and the disk store; full always runs in memory, the reference of the ratios.
+    With --device cuda every run computes on the GPU: full with every table in GPU memory,
+    the others with the cache on the GPU and the store in host memory or on disk."""
 
     name = "modes"
     QUICK = dict(scale=0.01, batch_size=256, recipe="debug", steps=8, warmup=2, reps=1, lookahead=8, stores=("memory",))

@@ -21,6 +21,7 @@ from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
 from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
 Store = Literal["memory", "disk"]
+DeviceName = Literal["cpu", "cuda", "cpu-async"]  # the keys of bagpipe.device.DEVICES
 
 
 @dataclass(kw_only=True)
@@ -324,6 +325,21 @@ class DistConfig(Section):
     @property
     def distributed(self) -> bool:
         return self.servers > 0 or self.trainers > 1
+
+
+@dataclass(kw_only=True)
+class DeviceConfig(Section):
+    """device (where the model and the cache compute; docs/gpu.md)"""
+
+    device: DeviceName = "cpu"
+    """cpu; cuda: the dense model, the cache (C, D) and its optimizer state on the GPU, the
+    store in host memory or on disk, the oracle on the CPU (--mode full: every table on the
+    GPU); a distributed trainer takes GPU LOCAL_RANK. cpu-async: the CPU, with every copy
+    between host buffers and the cache run late and out of order on a worker thread, as a
+    GPU may (a missing wait then shows as a wrong result; for tests)."""
+    deterministic: bool = True
+    """cuda: torch's deterministic algorithms, which make every cached mode bitwise equal to
+    --mode full on the GPU (off: may be faster; results then differ in the last bits)."""
 
 
 @dataclass(kw_only=True)

@@ -21,6 +21,7 @@ from bagpipe.config.sections import (
     ArchConfig,
     CacheConfig,
     DataConfig,
+    DeviceConfig,
     DistConfig,
     HotConfig,
     OptimConfig,
@@ -41,6 +42,7 @@ class TrainConfig:
     hot: HotConfig
     dist: DistConfig
     approx: ApproxConfig
+    device: DeviceConfig
     run: RunConfig
 
     def __post_init__(self) -> None:
@@ -84,6 +86,14 @@ class TrainConfig:
                 self.data.batch_size % d.trainers == 0,
                 f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers",
             )
+        need(
+            self.device.device != "cuda" or spec.cuda,
+            f"--device cuda runs --mode {modes_with('cuda')}, got --mode {mode} (it runs on --device cpu)",
+        )
+        need(
+            self.device.device != "cuda" or not skip,
+            "--skip-stale runs on --device cpu: its snapshots of the hot rows are not built for a GPU",
+        )
         need(
             not d.sync_period or d.trainers >= 2,
             f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)",

@@ -68,6 +68,7 @@ def role_env(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         RANK=str(rank),
+        LOCAL_RANK=str(rank),  # one machine: trainer i takes GPU i on --device cuda (bagpipe.device.placement)
         WORLD_SIZE=str(layout.world_size),
         OMP_NUM_THREADS=str(threads),
         PYTHONUNBUFFERED="1",

@@ -19,6 +19,7 @@ import bagpipe.phases as phases
 from bagpipe.config import Section
 from bagpipe.config.sections import Store
 from bagpipe.config.train import TrainConfig
+from bagpipe.device.placement import TrainerPlacement, local_rank, place_trainer, trainer_backend
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
 
@@ -151,8 +152,14 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
 
 
 @contextmanager
-def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float):
-    """Join the job's process group; yields (transport, trainer group); always leaves it."""
+def joined(
+    layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float, placement: TrainerPlacement | None = None
+):
+    """Join the job's process group; yields (transport, trainer group); always leaves it.
+
+    ``placement``: a trainer's GPU (None on a server or the oracle); the trainers' group
+    runs NCCL when every trainer has a GPU of its own, gloo otherwise
+    (:mod:`bagpipe.device.placement`)."""
     import torch
     import torch.distributed as dist
 
@@ -163,8 +170,11 @@ def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
     name = layout.name(rank)
     try:
-        # every rank must create every group, in the same order
-        group = dist.new_group(layout.trainer_ranks) if layout.trainers > 1 else None
+        # every rank must create every group, in the same order and with the same backend
+        if placement is not None:
+            store.set(f"trainer-gpu/{rank}", placement.tag)
+        backend = trainer_backend([store.get(f"trainer-gpu/{r}").decode() for r in layout.trainer_ranks])
+        group = dist.new_group(layout.trainer_ranks, backend=backend) if layout.trainers > 1 else None
         phases.mark("joined")
         log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield Transport(layout.name), group
@@ -192,14 +202,20 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     if role == "server":
         serve(ServerConfig.of(cfg, layout, rank), layout, rank)
         return None
-    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout) as (
-        transport,
-        group,
-    ):
-        if role == "trainer":
-            from bagpipe.distributed.trainer import run_trainer
+    threads, timeout = role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout
+    if role == "trainer":
+        from bagpipe.device import open_device
+        from bagpipe.distributed.trainer import run_trainer
 
-            return run_trainer(cfg, layout, rank, transport, group)
+        placement = trainer_placement(cfg.device.device)
+        # opened before joining: a trainer without its GPU fails at once, naming why
+        device = open_device(cfg.device.device, placement.index, cfg.device.deterministic)
+        try:
+            with joined(layout, rank, threads, timeout, placement) as (transport, group):
+                return run_trainer(cfg, layout, rank, transport, group, device)
+        finally:
+            device.close()
+    with joined(layout, rank, threads, timeout) as (transport, group):
         from bagpipe.distributed.oracle_role import run_oracle
 
         report = run_oracle(cfg, layout, transport)
@@ -208,6 +224,13 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
             f"{report.seconds_planning:.1f} s planning, at most {report.max_in_flight} plans in flight per trainer"
         )
         return None
+
+
+def trainer_placement(device: str) -> TrainerPlacement:
+    """This trainer process's GPU: ``cuda:LOCAL_RANK`` (see :mod:`bagpipe.device.placement`)."""
+    import torch
+
+    return place_trainer(device, local_rank(), torch.cuda.device_count() if device == "cuda" else 0)
 
 
 def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:

@@ -22,6 +22,7 @@ from bagpipe.checkpoint import CheckpointFolder, CheckpointWriter, InitialRows, 
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
+from bagpipe.device import on_host, open_device
 from bagpipe.faults import pause_at
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
@@ -63,8 +64,17 @@ def train(cfg: TrainConfig, topology: Topology | None = None) -> dict | None:
     (one run per folder), the data set's files are checked, a resumed run must
     continue what the folder holds; if start-up fails in a folder this call created,
     the folder is removed again.
+
+    Without a ``topology`` the run is one process on the device ``cfg.device`` names
+    (opened here, and closed at the end).
     """
-    topo = topology if topology is not None else SingleProcess()
+    if topology is None:
+        device = open_device(cfg.device.device, deterministic=cfg.device.deterministic)
+        try:
+            return train(cfg, SingleProcess(device))
+        finally:
+            device.close()
+    topo = topology
     rc = cfg.run
     if not topo.reports:  # trainers 1..N-1 write nothing to the run folder
         return _start(cfg, topo, RunDir(rc.out))
@@ -92,7 +102,8 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
     stream = train_stream(dataset, cfg.data, rc.seed)
     mcfg = cfg.arch.model_config()
     torch.manual_seed(rc.seed)
-    model = build_model(mcfg, meta.num_dense, meta.num_features)
+    # built on the host (the same initial values on every device), then moved
+    model = build_model(mcfg, meta.num_dense, meta.num_features).to(topo.device.torch)
     net = topo.wrap(model)
     dense_opt = cfg.optim.dense_optimizer(model.parameters())
     sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
@@ -189,8 +200,8 @@ class _Run:
         assert target is not None and write_parts is not None
         dense = dense_copy(
             step=step,
-            model=self.model.state_dict(),
-            dense_optimizer=self.dense_opt.state_dict(),
+            model=on_host(self.model.state_dict()),  # loadable on any machine
+            dense_optimizer=on_host(self.dense_opt.state_dict()),
             torch_rng=torch.get_rng_state(),
             lr_schedule=self.schedule.state(step, self.bases),
         )
@@ -309,6 +320,7 @@ class _Run:
             summary = Summary.of(
                 mode=cfg.cache.mode,
                 model=cfg.arch.model,
+                device=topo.device.describe(),
                 optimizer=cfg.optim.optimizer,
                 batch_size=cfg.data.batch_size,
                 steps=step,
