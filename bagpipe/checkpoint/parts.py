@@ -142,24 +142,24 @@ def write_part(
     d = snap.weights.shape[1]
     cols = d + snap.state.shape[1]
     mine = snap.rows * shards + shard  # global rows, ascending
-    ids = mine if base is None or kind == "delta" else np.union1d(base.stored_ids(shard, shards), mine)
-
-    def values() -> Iterator[np.ndarray]:
-        for a in range(0, len(ids), CHUNK):
-            chunk = ids[a : a + CHUNK]
-            out = np.empty((len(chunk), cols), np.float32)
-            if ids is mine:
-                out[:, :d], out[:, d:] = snap.weights[a : a + CHUNK], snap.state[a : a + CHUNK]
-            else:
-                assert base is not None
-                out[:, :d], out[:, d:] = base.values(chunk)
-                at = np.searchsorted(mine, chunk)
-                at[at >= len(mine)] = 0
-                hit = np.flatnonzero(mine[at] == chunk) if len(mine) else np.zeros(0, np.int64)
-                out[hit, :d], out[hit, d:] = snap.weights[at[hit]], snap.state[at[hit]]
-            yield out
-
     ids_name, values_name = part_names(kind, shard, shards)
+    if base is None or kind == "delta":
+        ids = mine
+
+        def values() -> Iterator[np.ndarray]:
+            for a in range(0, len(ids), CHUNK):
+                out = np.empty((len(ids[a : a + CHUNK]), cols), np.float32)
+                out[:, :d], out[:, d:] = snap.weights[a : a + CHUNK], snap.state[a : a + CHUNK]
+                yield out
+
+    else:  # compaction: the base chain's rows of this shard, the snapshot's winning
+        merged = base.merged(shard, shards, over=(mine, np.concatenate([snap.weights, snap.state], axis=1)))
+        ids = merged.ids
+
+        def values() -> Iterator[np.ndarray]:
+            for _, out in merged.chunks(CHUNK):
+                yield out
+
     size = write_npy(folder / ids_name, (len(ids),), np.int64, iter([ids]))
     size += write_npy(folder / values_name, (len(ids), cols), np.float32, values())
     return Part(shard, shards, kind, len(ids), size)

@@ -98,27 +98,51 @@ class CheckpointReader:
                 out[hit] = vals[at[hit]]
         return np.ascontiguousarray(out[:, : self.dim]), np.ascontiguousarray(out[:, self.dim :])
 
-    def stored_ids(self, shard: int = 0, shards: int = 1) -> np.ndarray:
-        """The global rows g with g % ``shards`` == ``shard`` that the checkpoint holds
-        (those that may differ from their initial value), ascending. Its cost is the rows
-        the parts hold (every row of the shard for a version-2 checkpoint)."""
-        if self._dense is not None:
+    def merged(self, shard: int = 0, shards: int = 1, over: tuple[np.ndarray, np.ndarray] | None = None) -> Merged:
+        """The rows of shard ``shard`` of ``shards`` (g % shards == shard) that the checkpoint
+        holds -- those that may differ from their initial value -- each from the latest part
+        that has it; ``over``: (ascending global rows (m,), their values (m, D + S)) that win
+        over the checkpoint's (a compaction's new rows). One sort of the parts' ids, then
+        reads in part order: its cost is the rows the parts hold (every row of the shard for
+        a version-2 checkpoint), not the tables."""
+        if self._dense is not None:  # version 2: every row of the shard, read by row
             n = max(0, (self.num_rows - shard + shards - 1) // shards)
-            return np.arange(n, dtype=np.int64) * shards + shard
-        mine = []
-        for ids, _ in self._sparse:
-            a = np.asarray(ids)
-            mine.append(a if shards == 1 else a[a % shards == shard])
-        return np.unique(np.concatenate(mine)) if mine else np.zeros(0, np.int64)
+            return Merged.by_row(self, np.arange(n, dtype=np.int64) * shards + shard, over)
+        sources: list[np.ndarray] = [vals for _, vals in self._sparse]
+        ids, part, pos = [], [], []
+        for k, (a, _) in enumerate(self._sparse):
+            a = np.asarray(a)
+            keep = np.flatnonzero(a % shards == shard) if shards > 1 else np.arange(len(a))
+            ids.append(a[keep] if shards > 1 else a)
+            part.append(np.full(len(keep), k, np.int32))
+            pos.append(keep)
+        if over is not None:
+            ids.append(np.asarray(over[0], np.int64))
+            part.append(np.full(len(over[0]), len(sources), np.int32))
+            pos.append(np.arange(len(over[0])))
+            sources.append(over[1])
+        if not ids:
+            return Merged(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), sources, self.cols)
+        all_ids, all_part, all_pos = np.concatenate(ids), np.concatenate(part), np.concatenate(pos)
+        # by row, and (stable: the parts are concatenated in chain order) by part within a row,
+        # so a row's latest part is its last entry
+        order = np.argsort(all_ids, kind="stable")
+        sorted_ids = all_ids[order]
+        last = np.ones(len(order), dtype=bool)
+        last[:-1] = sorted_ids[1:] != sorted_ids[:-1]
+        pick = order[last]
+        return Merged(all_ids[pick], all_part[pick], all_pos[pick], sources, self.cols)
+
+    def stored_ids(self, shard: int = 0, shards: int = 1) -> np.ndarray:
+        """The global rows of shard ``shard`` of ``shards`` the checkpoint holds, ascending."""
+        return self.merged(shard, shards).ids
 
     def stored(
         self, shard: int = 0, shards: int = 1, chunk_rows: int = CHUNK
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """The rows :meth:`stored_ids` names, as (global rows, weights, state) chunks."""
-        ids = self.stored_ids(shard, shards)
-        for a in range(0, len(ids), chunk_rows):
-            w, s = self.values(ids[a : a + chunk_rows])
-            yield ids[a : a + chunk_rows], w, s
+        for ids, vals in self.merged(shard, shards).chunks(chunk_rows):
+            yield ids, np.ascontiguousarray(vals[:, : self.dim]), np.ascontiguousarray(vals[:, self.dim :])
 
     def chunks(self, chunk_rows: int = CHUNK) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """Every row in global order as (start, weights, state) (small tables: tests, tools)."""
@@ -144,6 +168,46 @@ class CheckpointReader:
         for a, cw, cs in self.chunks():
             w[a : a + len(cw)], s[a : a + len(cs)] = cw, cs
         return w, s
+
+
+class Merged:
+    """Rows merged from a checkpoint's parts: ``ids`` (n,) ascending global rows, and for
+    each the part (``part``) and the position in it (``pos``) its value comes from."""
+
+    def __init__(
+        self, ids: np.ndarray, part: np.ndarray, pos: np.ndarray, sources: list[np.ndarray], cols: int
+    ) -> None:
+        self.ids, self.part, self.pos, self.sources, self.cols = ids, part, pos, sources, cols
+        self._reader: CheckpointReader | None = None
+        self._over: tuple[np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def by_row(cls, reader: CheckpointReader, ids: np.ndarray, over: tuple[np.ndarray, np.ndarray] | None) -> Merged:
+        """Rows read one by one through ``reader.values`` (a version-2 checkpoint), ``over`` winning."""
+        if over is not None:
+            ids = np.union1d(ids, over[0])
+        m = cls(ids, np.zeros(0, np.int32), np.zeros(0, np.int64), [], reader.cols)
+        m._reader, m._over = reader, over
+        return m
+
+    def chunks(self, chunk_rows: int = CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(global rows (m,), values (m, D + S)) in ascending row order."""
+        for a in range(0, len(self.ids), chunk_rows):
+            ids = self.ids[a : a + chunk_rows]
+            out = np.empty((len(ids), self.cols), np.float32)
+            if self._reader is not None:
+                w, s = self._reader.values(ids)
+                out[:, : w.shape[1]], out[:, w.shape[1] :] = w, s
+                if self._over is not None and len(self._over[0]):
+                    at = np.minimum(np.searchsorted(self._over[0], ids), len(self._over[0]) - 1)
+                    hit = np.flatnonzero(self._over[0][at] == ids)
+                    out[hit] = self._over[1][at[hit]]
+            else:
+                part, pos = self.part[a : a + chunk_rows], self.pos[a : a + chunk_rows]
+                for k in np.unique(part):
+                    sel = np.flatnonzero(part == k)
+                    out[sel] = self.sources[k][pos[sel]]  # positions ascend: a part is read in order
+            yield ids, out
 
 
 class RowTarget(Protocol):

@@ -219,7 +219,8 @@ class CachedBackend:
             self.executor.drain()
         snap = take_snapshot(self.store, everything)
         slots, rows = self.cache.occupied()
-        if len(slots):  # through the copy path every write-back takes (the cache may be on a device)
+        if len(slots) and not self._finished:  # (after finish the store holds them too)
+            # through the copy path every write-back takes (the cache may be on a device)
             w, st = self.transfers.download(*self.cache.read(slots)).result()
             snap = snap.overlay(rows, w, st)
         return snap
