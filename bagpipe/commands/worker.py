@@ -31,18 +31,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import os
     import sys
 
     from bagpipe.config import given
     from bagpipe.distributed.layout import Layout
-    from bagpipe.distributed.roles import env_rank, run_role
+    from bagpipe.distributed.roles import env_rank, report_error, run_role
     from bagpipe.errors import BagpipeError
     from bagpipe.train.config import TrainConfig, load_config
 
     if args.job:
-        cfg = TrainConfig.from_json(json.loads(open(args.job).read()), source=args.job)
+        from bagpipe.data.schema import read_json
+
+        cfg = TrainConfig.from_json(read_json(args.job), source=args.job)
     else:
         cfg = load_config(args.config, given(args, TrainConfig))
     layout = Layout(cfg.dist.trainers, cfg.dist.servers)
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         # A role that lost a peer may still have threads blocked inside gloo on that
         # peer; the interpreter's normal teardown would then abort in C++. Report and
         # leave at once: this process has nothing left to save.
-        print(f"bagpipe worker: error: {e}", file=sys.stderr, flush=True)
+        report_error(e)
         sys.stdout.flush()
         os._exit(2)
     if summary is not None:

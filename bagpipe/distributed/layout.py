@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from bagpipe.config.environ import env_int
 from bagpipe.errors import ConfigError
 
 
@@ -67,8 +68,9 @@ def role_threads(threads: int, layout: Layout, rank: int, environ: dict | None =
     env = os.environ if environ is None else environ
     if threads:
         return threads
-    if env.get("OMP_NUM_THREADS"):
-        return max(1, int(env["OMP_NUM_THREADS"]))
+    omp = env_int("OMP_NUM_THREADS", 0, lo=0, hi=4096, environ=env)
+    if omp:
+        return omp
     if layout.role(rank)[0] == "trainer":
         return max(1, (os.cpu_count() or 1) // layout.trainers)
     return 1

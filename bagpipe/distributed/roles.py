@@ -7,7 +7,9 @@ launcher both set it: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from bagpipe.config import Section
+from bagpipe.config.environ import MAX_PORT, env_int
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.train.config import Store, TrainConfig
@@ -23,6 +26,9 @@ from bagpipe.train.config import Store, TrainConfig
 # every row, which can take minutes on big tables. A dead peer is noticed at once
 # (gloo reports the closed connection); this bounds only a peer that hangs alive.
 OP_TIMEOUT = timedelta(minutes=30)
+# Beyond --rendezvous-timeout, how long a rendezvous may take to report its own time-out
+# before the role stops waiting for it.
+RENDEZVOUS_GRACE_S = 2.0
 
 
 def env_rank(layout: Layout) -> int:
@@ -33,15 +39,14 @@ def env_rank(layout: Layout) -> int:
             f"a distributed role needs {', '.join(missing)} in its environment "
             "(set by torchrun or by `bagpipe train --trainers N --servers S`)"
         )
-    world = int(os.environ["WORLD_SIZE"])
+    world = env_int("WORLD_SIZE", lo=1)
     if world != layout.world_size:
         raise ConfigError(
             f"WORLD_SIZE is {world} but {layout.trainers} trainers + {layout.servers} servers + 1 oracle "
             f"make {layout.world_size} processes"
         )
-    rank = int(os.environ["RANK"])
-    layout.role(rank)  # range check
-    return rank
+    env_int("MASTER_PORT", lo=1, hi=MAX_PORT)  # checked here, before the role does anything
+    return env_int("RANK", lo=0, hi=layout.world_size - 1)
 
 
 @dataclass(kw_only=True)
@@ -79,40 +84,91 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     import torch.distributed as dist
 
     name, world = layout.name(rank), layout.world_size
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    addr, port = os.environ["MASTER_ADDR"], env_int("MASTER_PORT", lo=1, hi=MAX_PORT)
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"{name}: cannot resolve the master host {addr!r} ({getattr(e, 'strerror', None) or e}); "
+                          "check MASTER_ADDR / --master-addr") from None
     _log(f"{name} (rank {rank} of {world}): waiting for the job's other processes at {addr}:{port} "
          f"(up to {timeout_s:.0f} s)")
     # Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT (every
     # rank is its client, as torch's own env:// rendezvous does), and it keeps it across
     # restarts: each attempt counts its arrivals under its own prefix.
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    prefix = f"bagpipe/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    try:
+    prefix = f"bagpipe/attempt-{env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
+    deadline = time.monotonic() + timeout_s
+
+    def meet():
         store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=not agent)
         store = dist.PrefixStore(prefix, store)
         store.add("arrived", 1)
-        deadline = time.monotonic() + timeout_s
         while store.add("arrived", 0) < world:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Timed out: {store.add('arrived', 0)} of {world} arrived")
             time.sleep(0.05)
         return store
+
+    timed_out = BagpipeError(
+        f"{name}: the job's other processes did not all arrive at {addr}:{port} within {timeout_s:.0f} s "
+        f"(rank {rank} of {world}); start every role with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+        "or raise --rendezvous-timeout"
+    )
+    try:
+        return bounded(meet, timeout_s + RENDEZVOUS_GRACE_S, BagpipeError(
+            f"{name}: nothing answered as a bagpipe job at {addr}:{port} within {timeout_s:.0f} s (is another "
+            "program listening on that port?); choose another MASTER_PORT / --master-port, or raise --rendezvous-timeout"))
     except RuntimeError as e:  # DistNetworkError, DistStoreError
         text = str(e)
         if "EADDRINUSE" in text or "address already in use" in text:
             raise ConfigError(f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
                               "choose another MASTER_PORT / --master-port") from None
-        raise BagpipeError(
-            f"{name}: the job's other processes did not all arrive at {addr}:{port} within {timeout_s:.0f} s "
-            f"(rank {rank} of {world}); start every role with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
-            "or raise --rendezvous-timeout"
-        ) from None
+        raise timed_out from None
+
+
+def bounded(fn, seconds: float, timeout_error: BaseException):
+    """``fn()`` on a daemon thread, waited for at most ``seconds``: its result, its
+    exception, or ``timeout_error`` when it has not returned by then. A TCPStore client
+    connected to a listener that is not a store (any program can hold the port) waits
+    for an answer that never comes, whatever its own time-out says; the thread is left
+    behind blocked (the process is about to report and exit)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True, name="bagpipe-rendezvous")
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise timeout_error
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+#: How a role of a launched job prints the error it stops with; the launcher looks for it.
+ERROR_PREFIX = "bagpipe worker: error: "
+
+
+def report_error(e: BaseException) -> None:
+    """Print the one line a role stops with, at once: leaving the process group can
+    take a while (or be cut short by the launcher stopping the job), and this line is
+    the reason the launcher and the role's log must show."""
+    if not getattr(e, "reported", False):
+        text = " ".join(str(e).split("\n")).encode("utf-8", "backslashreplace").decode("utf-8")
+        print(ERROR_PREFIX + text, file=sys.stderr, flush=True)
+        e.reported = True  # type: ignore[attr-defined]
 
 
 @contextmanager
-def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float):
-    """Join the job's process group; yields (transport, trainer group); always leaves it."""
+def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float, report: bool = False):
+    """Join the job's process group; yields (transport, trainer group); always leaves it.
+    ``report``: print an error this role stops with (:func:`report_error`) before leaving."""
     import torch
     import torch.distributed as dist
 
@@ -128,7 +184,14 @@ def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float)
         _log(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield Transport(layout.name), group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
-        raise BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})") from e
+        lost = BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})")
+        if report:
+            report_error(lost)
+        raise lost from e
+    except BagpipeError as e:
+        if report:
+            report_error(e)
+        raise
     finally:
         try:
             dist.destroy_process_group()
@@ -147,9 +210,10 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
         _log(f"{layout.name(rank)}: restarted after the job had ended (its summary and final checkpoint are written); nothing to do")
         return None
     if role == "server":
-        serve(ServerConfig.of(cfg, layout, rank), layout, rank)
+        serve(ServerConfig.of(cfg, layout, rank), layout, rank, report=True)
         return None
-    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout) as (transport, group):
+    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout,
+                report=True) as (transport, group):
         if role == "trainer":
             from bagpipe.distributed.trainer import run_trainer
 
@@ -164,8 +228,9 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
         return None
 
 
-def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
-    """Run embedding server ``rank`` until every trainer has said goodbye."""
+def serve(scfg: ServerConfig, layout: Layout, rank: int, report: bool = False) -> None:
+    """Run embedding server ``rank`` until every trainer has said goodbye (``report``:
+    as :func:`joined`)."""
     from bagpipe.distributed.server import (
         EmbeddingServer,
         ShardInit,
@@ -177,7 +242,7 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
-    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout) as (transport, _):
+    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, report) as (transport, _):
         init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
         directory = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"

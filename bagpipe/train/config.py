@@ -5,7 +5,12 @@ command line. Every setting is declared once, below, with its type and a docstri
 ``bagpipe train --help`` and the TOML keys are generated from these declarations
 (:mod:`bagpipe.config`), so the option ``--batch-size`` is the key ``batch_size``,
 at the top level of the file or in its section's table (``[data]``). Every bad value
-raises ConfigError with one line at start-up.
+raises ConfigError with one line at start-up, and so does a setting the chosen mode,
+store, topology or schedule does not read (:func:`_refuse_inapplicable`).
+
+This module is long because every setting is declared here once, each with the
+docstring that is its ``--help``, and the rules of which settings apply where sit
+beside them.
 """
 
 from __future__ import annotations
@@ -397,6 +402,7 @@ class TrainConfig:
                  f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers")
         need(not d.sync_period or d.trainers >= 2,
              f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)")
+        _refuse_inapplicable(self)
 
     @property
     def approximations(self) -> list[str]:
@@ -430,6 +436,77 @@ class TrainConfig:
     @classmethod
     def from_json(cls, values: dict, source: str = "config.json") -> "TrainConfig":
         return build(cls, flatten(cls, values, source), source)
+
+
+#: The cache settings each mode reads; any other given a value is refused (:func:`_refuse_inapplicable`).
+CACHE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "full": (),
+    "nocache": (),  # stages exactly one batch's rows: no cache to size, nothing ahead
+    "lru": ("cache_rows", "cache_budget_mb"),
+    "lookahead": ("cache_rows", "lookahead", "cache_budget_mb"),
+    "fae": (),  # cold rows are read per batch, as nocache; the hot tier has its own settings
+    "hotline": (),
+}
+#: The settings only a store mode reads, and those only the disk store reads.
+STORE_SETTINGS = ("store",)
+DISK_SETTINGS = ("store_dir", "init_from_store")
+#: The settings only a distributed run (--trainers/--servers) reads.
+DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts")
+#: The settings of the hot tier's start-up profile (not read when --hot-rows gives the rows).
+PROFILE_SETTINGS = ("hot_sample_rate",)
+#: The schedule settings each --lr-schedule reads (beyond --lr-warmup-steps, which both others read).
+SCHEDULE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "constant": (),
+    "warmup-poly": ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "lr_decay_power", "lr_min"),
+    "step": ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "lr_gamma", "lr_min"),
+}
+
+
+def _refuse_inapplicable(cfg: TrainConfig) -> None:
+    """Every setting given a value that the chosen mode, store, topology or schedule
+    does not read is refused in one line naming it, never silently ignored
+    (``--mode full --store disk`` would train in memory; ``--mode fae --cache-rows``
+    would size nothing). "Given" means other than its default, so a TOML file may state
+    a default explicitly. One place for all these checks (the modes' rules are data:
+    :data:`CACHE_SETTINGS`, ...).
+    """
+    flat = {f.name: (getattr(sec, f.name), f.default) for sec in (cfg.cache, cfg.hot, cfg.dist, cfg.optim)
+            for f in dataclasses.fields(sec)}
+
+    def given(name: str) -> bool:
+        value, default = flat[name]
+        return value != default
+
+    def refuse(names, why: str) -> None:
+        for name in names:
+            need(not given(name), f"--{name.replace('_', '-')} {why}")
+
+    c, mode = cfg.cache, cfg.cache.mode
+    modes_of = lambda name: ", ".join(m for m, s in CACHE_SETTINGS.items() if name in s)  # noqa: E731
+    for name in ("cache_rows", "lookahead", "cache_budget_mb"):
+        if name not in CACHE_SETTINGS[mode]:
+            refuse([name], f"does not apply to --mode {mode} (it sizes the cache of --mode {modes_of(name)})")
+    if mode == "full":
+        refuse(STORE_SETTINGS + DISK_SETTINGS, "does not apply to --mode full: every row is in this process's memory")
+    elif c.store == "memory":
+        refuse(DISK_SETTINGS, "needs --store disk (the memory store keeps no files)")
+    if not cfg.dist.distributed:
+        for name in DIST_SETTINGS:
+            need(not given(name) or (name == "cache_sync" and cfg.dist.sync_period),  # periodic:K has its own message
+                 f"--{name.replace('_', '-')} applies to distributed runs (--trainers N --servers S), not one process")
+    profiled = (mode in ("fae", "hotline") or cfg.hot.hot_budget_mb > 0 or cfg.approx.skip_stale) and not cfg.hot.hot_rows
+    if not profiled:
+        refuse(PROFILE_SETTINGS, "applies when the hot rows are profiled at start-up (--hot-budget-mb, "
+                                 "or --mode fae/hotline without --hot-rows)")
+    o = cfg.optim
+    for name in ("lr_decay_power", "lr_gamma", "lr_min"):
+        if name not in SCHEDULE_SETTINGS[o.lr_schedule]:
+            users = " or ".join(k for k, v in SCHEDULE_SETTINGS.items() if name in v)
+            refuse([name], f"applies to --lr-schedule {users}, not {o.lr_schedule}")
+    if o.lr_schedule == "warmup-poly" and o.lr_decay_steps == 0:
+        refuse(("lr_decay_start", "lr_decay_power", "lr_min"),
+               "shapes warmup-poly's decay, which needs its length: give --lr-decay-steps N > 0 "
+               "(without it the rate never decays)")
 
 
 def load_config(file: str | None, overrides: dict) -> TrainConfig:

@@ -92,10 +92,9 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir, say: Callable[[str], N
             start = restore_dense(ckpt, model, dense_opt, init, sparse_opt.state_dim)
             topo.restore_rows(ckpt, backend)
             say(f"resumed from step {start}")
-        if topo.reports:
-            run.write_config(cfg.to_json(), mcfg, {"dir": str(dataset.dir), "fingerprint": dataset.fingerprint(),
-                                                   "table_sizes": meta.table_sizes, "num_dense": meta.num_dense})
-            run.started()
+        if topo.reports:  # written by the first step's heartbeat: a refusal before it leaves the folder as it was
+            run.write_config_later(cfg.to_json(), mcfg, {"dir": str(dataset.dir), "fingerprint": dataset.fingerprint(),
+                                                         "table_sizes": meta.table_sizes, "num_dense": meta.num_dense})
         summary = _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start)
         failed = False
         return summary
