@@ -26,12 +26,17 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, metavar="DIR", help="run directory written by bagpipe train (its latest checkpoint)")
-    p.add_argument("--out", required=True, metavar="DIR", help="export directory (must be new or empty)")
-    p.add_argument("--data", metavar="DIR", help="the dataset the run trained on (default: the one in RUN/config.json)")
-    p.add_argument("--shard-mb", type=float, default=2048.0, metavar="MB",
+    from bagpipe.config.argtypes import path, real
+
+    p.add_argument("--run", required=True, type=path, metavar="DIR",
+                   help="run directory written by bagpipe train (its latest checkpoint)")
+    p.add_argument("--out", required=True, type=path, metavar="DIR", help="export directory (must be new or empty)")
+    p.add_argument("--data", type=path, metavar="DIR", help="the dataset the run trained on (default: the one in RUN/config.json)")
+    p.add_argument("--shard-mb", type=real(0, 1 << 30, lo_open=True), default=2048.0, metavar="MB",
                    help="largest embedding file in MiB; whole tables are packed up to it (default: 2048)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier export in --out (built beside it and swapped in when complete; "
+                        "only if every file there is the export's)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,16 +23,18 @@ Example (the other roles started with torchrun / bagpipe worker, see docs/distri
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # $RANK, $MASTER_ADDR and $MASTER_PORT are read by run(), not here: a bad value in the
     # environment must not break the parsing of every command (--version, --help)
-    p.add_argument("--rank", type=int, help="this process's rank (default $RANK)")
-    p.add_argument("--trainers", type=int, required=True, help="N trainers in the job")
-    p.add_argument("--servers", type=int, required=True, help="S servers in the job")
-    p.add_argument("--master-addr", help="rendezvous host (default $MASTER_ADDR or 127.0.0.1)")
+    from bagpipe.config.argtypes import count, path, real, text
+
+    p.add_argument("--rank", type=count(0), help="this process's rank (default $RANK)")
+    p.add_argument("--trainers", type=count(1, 4096), required=True, help="N trainers in the job")
+    p.add_argument("--servers", type=count(1, 4096), required=True, help="S servers in the job")
+    p.add_argument("--master-addr", type=text, help="rendezvous host (default $MASTER_ADDR or 127.0.0.1)")
     p.add_argument("--master-port", help="rendezvous port, 1..65535 (default $MASTER_PORT or 29500)")
     p.add_argument("--bind", default="127.0.0.1", help="address of the interface to serve on (default 127.0.0.1)")
     p.add_argument("--store", choices=("memory", "disk"), default="memory", help="where the shard's rows live (default memory)")
-    p.add_argument("--store-dir", help="directory of the disk store (a shard-K-of-S folder is made in it)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--rendezvous-timeout", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--store-dir", type=path, help="directory of the disk store (a shard-K-of-S folder is made in it)")
+    p.add_argument("--threads", type=count(1, 4096), default=1, help="torch threads (default 1)")
+    p.add_argument("--rendezvous-timeout", type=real(0, lo_open=True), default=300.0, metavar="SECONDS",
                    help="how long to wait for the job's other processes to start (default 300)")
     p.add_argument("--init-from-store", action="store_true",
                    help="start from the rows --store-dir already holds (otherwise a non-empty store is refused)")
@@ -56,8 +58,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         master_port = env_int("MASTER_PORT", 29500, lo=1, hi=MAX_PORT)
     master_addr = args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    if args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     iface = interface_of(args.bind)
     if iface is None:
         raise ConfigError(f"--bind {args.bind}: no network interface of this machine has that address")

@@ -61,7 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config import add_options
     from bagpipe.train.config import TrainConfig
 
-    p.add_argument("--config", metavar="FILE", help="TOML file with settings (command-line options win)")
+    from bagpipe.config.argtypes import path
+
+    p.add_argument("--config", type=path, metavar="FILE", help="TOML file with settings (command-line options win)")
     add_options(p, TrainConfig)
 
 

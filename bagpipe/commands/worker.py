@@ -26,7 +26,9 @@ the roles should talk over. See docs/distributed.md.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.commands.train import add_arguments as train_arguments
 
-    p.add_argument("--job", help="JSON of the whole configuration (written by the launcher); replaces the options below")
+    from bagpipe.config.argtypes import path
+
+    p.add_argument("--job", type=path, help="JSON of the whole configuration (written by the launcher); replaces the options below")
     train_arguments(p)
 
 

@@ -163,7 +163,10 @@ INT_LIMIT = 2**63
 
 def in_range(name: str, value: Any) -> None:
     """The checks every setting of a type gets: a float is finite (NaN and infinity
-    mean nothing as a rate, a size or a time-out), an int fits in 64 bits."""
+    mean nothing as a rate, a size or a time-out), an int fits in 64 bits, a string is
+    not empty (an empty path would silently mean the current folder)."""
+    if isinstance(value, str) and not value:
+        raise ConfigError(f"{name} must not be empty")
     values = value if isinstance(value, tuple) else (value,)
     for v in values:
         if isinstance(v, float) and not math.isfinite(v):

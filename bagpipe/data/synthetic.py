@@ -478,7 +478,7 @@ def generate(
         overwrite=overwrite,
     )
     n_train = cfg.num_train
-    with tqdm(total=cfg.samples, unit="samples", unit_scale=True, disable=not progress, desc="synth") as bar:
+    with writer, tqdm(total=cfg.samples, unit="samples", unit_scale=True, disable=not progress, desc="synth") as bar:
         for index, lo in enumerate(range(0, cfg.samples, CHUNK_SAMPLES)):
             hi = min(lo + CHUNK_SAMPLES, cfg.samples)
             labels, dense, ids = _chunk(plan, cfg.seed, index, lo, hi)
@@ -487,12 +487,12 @@ def generate(
                 if part.stop > part.start:
                     writer.append(split, labels[part], dense[part], *_split_bags(features, bags, ids[part]))
             bar.update(hi - lo)
-    source = {
-        "tool": "bagpipe synth",
-        "profile": cfg.profile,
-        "seed": cfg.seed,
-        "scale": cfg.scale,
-        "zipf_exponent": cfg.zipf_exponent,
-        "samples": cfg.samples,
-    }
-    return writer.close(source=source)
+        source = {
+            "tool": "bagpipe synth",
+            "profile": cfg.profile,
+            "seed": cfg.seed,
+            "scale": cfg.scale,
+            "zipf_exponent": cfg.zipf_exponent,
+            "samples": cfg.samples,
+        }
+        return writer.close(source=source)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from bagpipe.config import Section
+from bagpipe.config import Section, need
 from bagpipe.config.environ import MAX_PORT, env_int
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
@@ -46,6 +46,8 @@ def env_rank(layout: Layout) -> int:
             f"make {layout.world_size} processes"
         )
     env_int("MASTER_PORT", lo=1, hi=MAX_PORT)  # checked here, before the role does anything
+    env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    env_int("OMP_NUM_THREADS", 0, lo=0, hi=4096)
     return env_int("RANK", lo=0, hi=layout.world_size - 1)
 
 
@@ -65,6 +67,10 @@ class ServerConfig(Section):
     """torch threads."""
     rendezvous_timeout: float = 300.0
     """Seconds to wait for the job's other processes to start."""
+
+    def validate(self) -> None:
+        need(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        need(self.rendezvous_timeout > 0, f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}")
 
     @classmethod
     def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> "ServerConfig":

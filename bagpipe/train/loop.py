@@ -26,6 +26,7 @@ from bagpipe.optim.schedule import set_lr
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.config import TrainConfig
 from bagpipe.train.evaluate import eval_line, evaluate
+from bagpipe.train.guards import check_step
 from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
 from bagpipe.train.resume import (
@@ -160,6 +161,7 @@ def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, i
             loss = run_step(net, dense_opt, rows, inp, meter.times)
             backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
             step = inp.step + 1
+            check_step(step, loss, model, inp)  # a NaN or infinite loss, gradient or row stops the run here
             meter.record(step, loss)
             if topo.reports:
                 run.heartbeat(step)

@@ -21,14 +21,10 @@ row's weights and optimizer state in global row order.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-import socket
-import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -37,7 +33,9 @@ import numpy as np
 import torch
 
 from bagpipe.errors import ConfigError
-from bagpipe.files import atomic_write_text
+from bagpipe.files import RunLock, atomic_write_text
+
+__all__ = ["LOCK_HELD_ENV", "MetricsLog", "RunDir", "RunLock", "dense_digest", "digest_of", "hashed"]
 
 #: Set by the local launcher in its roles' environment: the launcher holds the run's lock.
 LOCK_HELD_ENV = "BAGPIPE_RUN_LOCK_HELD"
@@ -73,60 +71,6 @@ class MetricsLog:
     def close(self) -> None:
         if self.f is not None:
             self.f.close()
-
-
-class RunLock:
-    """One user of a folder at a time: an exclusive ``flock`` on a lock file for the life
-    of the run (the run folder's RUN/.lock, a store directory's DIR/.lock, the lock beside
-    a dataset or export being built).
-
-    The kernel drops a ``flock`` when its holder dies however it dies (even SIGKILL), so
-    a lock left by a dead process never blocks the next run; the file keeps the last
-    holder's pid, host and start time, which a refused run names. ``what`` and ``hint``
-    make the refusal's message (``runs/a is in use by another run (...); wait for it to
-    end or choose another --out``).
-    """
-
-    def __init__(self, path: Path, what: str | None = None, hint: str = "wait for it to end or choose another --out"):
-        self.path = Path(path)
-        self.what = what if what is not None else str(self.path.parent)
-        self.hint = hint
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise ConfigError(f"{self.what} is in use by another run ({holder}); {self.hint}") from None
-        os.ftruncate(fd, 0)
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "command": " ".join(sys.argv[:3])}
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-    def __enter__(self) -> "RunLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
-    except (ValueError, KeyError, OSError):
-        return "holder unknown"
 
 
 class RunDir:
