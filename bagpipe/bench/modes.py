@@ -29,7 +29,7 @@ from bagpipe.bench.report import (
 )
 from bagpipe.bench.runner import launch, prepare
 from bagpipe.optim.names import row_state_dim
-from bagpipe.train.config import CACHE_SETTINGS
+from bagpipe.train.config import only_applicable
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
 STORES = ("memory", "disk")
@@ -63,9 +63,9 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
         store_dir = out / "store-run"
         fresh_cold_copy(out / "store-template", store_dir)
     # the table file holds every row's initial value: the same starting tables as a fresh store
-    cache = {k: v for k, v in (("cache_rows", cache_rows), ("lookahead", b.lookahead)) if k in CACHE_SETTINGS[mode]}
-    return launch(b, data, run_dir, f"{mode}/{store}", mode=mode, store=None if mode == "full" else store, **cache,
-                  store_dir=store_dir, init_from_store=store_dir is not None or None)
+    return launch(b, data, run_dir, f"{mode}/{store}", **only_applicable(dict(
+        mode=mode, store=store, cache_rows=cache_rows, lookahead=b.lookahead, store_dir=store_dir,
+        init_from_store=store_dir is not None or None)))
 
 
 def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int) -> None:

@@ -31,22 +31,22 @@ Example:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bagpipe.config.argtypes import count, path, real
+    from bagpipe.config.argtypes import path
 
     p.add_argument("--profile", required=True, choices=sorted(PROFILES), help="dataset shape to imitate")
     p.add_argument(
-        "--samples", type=count(1), default=100_000, metavar="N",
+        "--samples", type=int, default=100_000, metavar="N",
         help="total samples over both splits (default: 100000)",
     )  # fmt: skip
     p.add_argument(
-        "--scale", type=real(0, lo_open=True), default=1.0, metavar="F",
+        "--scale", type=float, default=1.0, metavar="F",
         help="multiply every table's row count by F, at least 1 row each (default: 1.0)",
     )  # fmt: skip
     p.add_argument(
-        "--seed", type=count(0), default=0, metavar="S", help="random seed; same seed, same bytes (default: 0)"
+        "--seed", type=int, default=0, metavar="S", help="random seed; same seed, same bytes (default: 0)"
     )
     p.add_argument(
-        "--eval-fraction", type=real(0, 1, hi_open=True), default=0.1, metavar="F",
+        "--eval-fraction", type=float, default=0.1, metavar="F",
         help="the last fraction F of the samples form the eval split, in [0, 1) (default: 0.1)",
     )  # fmt: skip
     p.add_argument("--out", required=True, type=path, metavar="DIR", help="output dataset directory")

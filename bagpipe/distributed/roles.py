@@ -28,7 +28,7 @@ from bagpipe.train.config import Store, TrainConfig
 OP_TIMEOUT = timedelta(minutes=30)
 # Beyond --rendezvous-timeout, how long a rendezvous may take to report its own time-out
 # before the role stops waiting for it.
-RENDEZVOUS_GRACE_S = 2.0
+RENDEZVOUS_GRACE_S = 3.0
 
 
 def env_rank(layout: Layout) -> int:
@@ -122,9 +122,14 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
         "or raise --rendezvous-timeout"
     )
     try:
-        return bounded(meet, timeout_s + RENDEZVOUS_GRACE_S, BagpipeError(
+        return bounded(meet, timeout_s + RENDEZVOUS_GRACE_S)
+    except TimeoutError:  # still waiting for an answer: a stranger holds the port, or nobody does
+        if not _listening(addr, port):
+            raise timed_out from None
+        raise BagpipeError(
             f"{name}: nothing answered as a bagpipe job at {addr}:{port} within {timeout_s:.0f} s (is another "
-            "program listening on that port?); choose another MASTER_PORT / --master-port, or raise --rendezvous-timeout"))
+            "program listening on that port?); choose another MASTER_PORT / --master-port, or raise "
+            "--rendezvous-timeout") from None
     except RuntimeError as e:  # DistNetworkError, DistStoreError
         text = str(e)
         if "EADDRINUSE" in text or "address already in use" in text:
@@ -133,9 +138,18 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
         raise timed_out from None
 
 
-def bounded(fn, seconds: float, timeout_error: BaseException):
+def _listening(addr: str, port: int) -> bool:
+    """Whether something accepts TCP connections at addr:port."""
+    try:
+        with socket.create_connection((addr, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def bounded(fn, seconds: float):
     """``fn()`` on a daemon thread, waited for at most ``seconds``: its result, its
-    exception, or ``timeout_error`` when it has not returned by then. A TCPStore client
+    exception, or TimeoutError when it has not returned by then. A TCPStore client
     connected to a listener that is not a store (any program can hold the port) waits
     for an answer that never comes, whatever its own time-out says; the thread is left
     behind blocked (the process is about to report and exit)."""
@@ -151,7 +165,7 @@ def bounded(fn, seconds: float, timeout_error: BaseException):
     t.start()
     t.join(seconds)
     if t.is_alive():
-        raise timeout_error
+        raise TimeoutError
     if "error" in box:
         raise box["error"]
     return box["result"]

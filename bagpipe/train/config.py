@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bagpipe.config import Section, build, flatten, need, read_toml, to_flat
-from bagpipe.config.typed import finite
+from bagpipe.config.typed import field_types, finite
 from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
 from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
@@ -472,45 +472,61 @@ def _refuse_inapplicable(cfg: TrainConfig) -> None:
     (``--mode full --store disk`` would train in memory; ``--mode fae --cache-rows``
     would size nothing). "Given" means other than its default, so a TOML file may state
     a default explicitly. One place for all these checks (the modes' rules are data:
-    :data:`CACHE_SETTINGS`, ...).
+    :data:`CACHE_SETTINGS`, ...; :func:`inapplicable` applies them).
     """
-    flat = {f.name: (getattr(sec, f.name), f.default) for sec in (cfg.cache, cfg.hot, cfg.dist, cfg.optim)
-            for f in dataclasses.fields(sec)}
+    flat = to_flat(cfg)
+    defaults = _defaults()
+    for name, why in inapplicable(flat):
+        need(flat[name] == defaults[name], f"--{name.replace('_', '-')} {why}")
 
-    def given(name: str) -> bool:
-        value, default = flat[name]
-        return value != default
 
-    def refuse(names, why: str) -> None:
-        for name in names:
-            need(not given(name), f"--{name.replace('_', '-')} {why}")
+def _defaults() -> dict:
+    return {f.name: f.default for cls in dataclasses.fields(TrainConfig)
+            for f in dataclasses.fields(field_types(TrainConfig)[cls.name])}
 
-    c, mode = cfg.cache, cfg.cache.mode
-    modes_of = lambda name: ", ".join(m for m, s in CACHE_SETTINGS.items() if name in s)  # noqa: E731
+
+def inapplicable(flat: dict) -> list[tuple[str, str]]:
+    """(setting, why) of every setting that the mode, store, topology and schedule of
+    the flat settings ``flat`` (missing ones at their defaults) do not read."""
+    v = _defaults() | flat
+    mode, out = v["mode"], []
+
+    def add(names, why: str) -> None:
+        out.extend((n, why) for n in names)
+
     for name in ("cache_rows", "lookahead", "cache_budget_mb"):
         if name not in CACHE_SETTINGS[mode]:
-            refuse([name], f"does not apply to --mode {mode} (it sizes the cache of --mode {modes_of(name)})")
+            users = ", ".join(m for m, s in CACHE_SETTINGS.items() if name in s)
+            add([name], f"does not apply to --mode {mode} (it sizes the cache of --mode {users})")
     if mode == "full":
-        refuse(STORE_SETTINGS + DISK_SETTINGS, "does not apply to --mode full: every row is in this process's memory")
-    elif c.store == "memory":
-        refuse(DISK_SETTINGS, "needs --store disk (the memory store keeps no files)")
-    if not cfg.dist.distributed:
-        for name in DIST_SETTINGS:
-            need(not given(name) or (name == "cache_sync" and cfg.dist.sync_period),  # periodic:K has its own message
-                 f"--{name.replace('_', '-')} applies to distributed runs (--trainers N --servers S), not one process")
-    profiled = (mode in ("fae", "hotline") or cfg.hot.hot_budget_mb > 0 or cfg.approx.skip_stale) and not cfg.hot.hot_rows
+        add(STORE_SETTINGS + DISK_SETTINGS, "does not apply to --mode full: every row is in this process's memory")
+    elif v["store"] == "memory":
+        add(DISK_SETTINGS, "needs --store disk (the memory store keeps no files)")
+    if not (v["servers"] > 0 or v["trainers"] > 1):
+        periodic = str(v["cache_sync"]).startswith("periodic")  # has its own message (it needs --trainers N >= 2)
+        add([n for n in DIST_SETTINGS if not (n == "cache_sync" and periodic)],
+            "applies to distributed runs (--trainers N --servers S), not one process")
+    profiled = (mode in ("fae", "hotline") or v["hot_budget_mb"] > 0 or v["skip_stale"]) and not v["hot_rows"]
     if not profiled:
-        refuse(PROFILE_SETTINGS, "applies when the hot rows are profiled at start-up (--hot-budget-mb, "
-                                 "or --mode fae/hotline without --hot-rows)")
-    o = cfg.optim
+        add(PROFILE_SETTINGS, "applies when the hot rows are profiled at start-up (--hot-budget-mb, "
+                              "or --mode fae/hotline without --hot-rows)")
+    schedule = v["lr_schedule"]
     for name in ("lr_decay_power", "lr_gamma", "lr_min"):
-        if name not in SCHEDULE_SETTINGS[o.lr_schedule]:
-            users = " or ".join(k for k, v in SCHEDULE_SETTINGS.items() if name in v)
-            refuse([name], f"applies to --lr-schedule {users}, not {o.lr_schedule}")
-    if o.lr_schedule == "warmup-poly" and o.lr_decay_steps == 0:
-        refuse(("lr_decay_start", "lr_decay_power", "lr_min"),
-               "shapes warmup-poly's decay, which needs its length: give --lr-decay-steps N > 0 "
-               "(without it the rate never decays)")
+        if name not in SCHEDULE_SETTINGS[schedule]:
+            users = " or ".join(k for k, s in SCHEDULE_SETTINGS.items() if name in s)
+            add([name], f"applies to --lr-schedule {users}, not {schedule}")
+    if schedule == "warmup-poly" and v["lr_decay_steps"] == 0:
+        add(("lr_decay_start", "lr_decay_power", "lr_min"),
+            "shapes warmup-poly's decay, which needs its length: give --lr-decay-steps N > 0 "
+            "(without it the rate never decays)")
+    return out
+
+
+def only_applicable(settings: dict) -> dict:
+    """``settings`` without those their own mode, store, topology and schedule do not
+    read: for code that runs several modes with shared settings (benchmarks, tests)."""
+    drop = {name for name, _ in inapplicable(settings)}
+    return {k: v for k, v in settings.items() if k not in drop}
 
 
 def load_config(file: str | None, overrides: dict) -> TrainConfig:
