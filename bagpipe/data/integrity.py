@@ -189,7 +189,7 @@ def values_problem(d: Path, labels: np.ndarray, dense: np.ndarray, start: int = 
         lab = np.asarray(labels[a:b])
         bad = np.flatnonzero((lab != 0) & (lab != 1))
         if len(bad):
-            return f"{d / 'labels.npy'}: samples {a}..{b - 1}: labels other than 0 and 1 (sample {a + int(bad[0])}: {lab[bad[0]]!r})"
+            return f"{d / 'labels.npy'}: samples {a}..{b - 1}: labels other than 0 and 1 (sample {a + int(bad[0])}: {float(lab[bad[0]])!r})"
         dense_ab = np.asarray(dense[a:b])
         if not np.isfinite(dense_ab).all():
             first = a + int(np.flatnonzero(~np.isfinite(dense_ab).all(axis=1))[0])
