@@ -22,7 +22,8 @@ import argparse  # noqa: E402
 import importlib  # noqa: E402
 import sys  # noqa: E402
 
-from bagpipe.errors import BagpipeError
+from bagpipe.errors import BagpipeError  # noqa: E402
+from bagpipe.log import to_terminal  # noqa: E402
 
 # name -> (module, one-line summary). Each module defines add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _tolerate_unencodable_output()
+    # the library's notices reach the terminal (a role's with the time, for its log)
+    to_terminal(timestamps=args.command in ("worker", "serve"))
     try:
         return int(args._run(args) or 0)
     except BagpipeError as e:
@@ -125,10 +128,12 @@ def _tolerate_unencodable_output() -> None:
     """A path that is not UTF-8 (surrogates in Python) printed to stdout must not end a
     finished command with a UnicodeEncodeError: write it escaped instead."""
     for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(errors="backslashreplace")
-        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper (a test's capture, a pipe wrapper)
-            pass
+        reconfigure = getattr(stream, "reconfigure", None)  # a TextIOWrapper's; not every stand-in has it
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
 
 
 if __name__ == "__main__":

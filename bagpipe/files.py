@@ -74,7 +74,9 @@ def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = Non
             r = os.path.realpath(p)
             if real == r or (os.path.isdir(r) and real.startswith(r.rstrip(os.sep) + os.sep)):
                 what = "is" if real == r else "lies inside"
-                raise ConfigError(f"{flag} {path} {what} {opt} {p}: writing it would destroy an input; choose another {flag}")
+                raise ConfigError(
+                    f"{flag} {path} {what} {opt} {p}: writing it would destroy an input; choose another {flag}"
+                )
     return path
 
 
@@ -126,8 +128,12 @@ class RunLock:
         else:
             raise ConfigError(f"{self.what}: its lock file {self.path} keeps changing; {self.hint}")
         os.ftruncate(fd, 0)
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "command": " ".join(sys.argv[:3])}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv[:3]),
+        }
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         self.fd = fd
 
@@ -137,7 +143,7 @@ class RunLock:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         self.acquire()
         return self
 
@@ -151,4 +157,3 @@ def _read_holder(fd: int) -> str:
         return f"pid {info['pid']} on {info['host']}, started {info['started']}"
     except (ValueError, KeyError, OSError):
         return "holder unknown"
-

@@ -30,8 +30,8 @@ import ctypes.util
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from bagpipe.errors import ConfigError, DataError
 from bagpipe.files import RunLock, atomic_write_text, fsync_dir
@@ -62,8 +62,16 @@ class OutputDir:
     ``flag``: the option that names the target, for messages (``--out``).
     """
 
-    def __init__(self, target: str | os.PathLike, kind: str, finished_file: str, *, overwrite: bool = False,
-                 inputs: dict[str, Iterable] | None = None, flag: str = "--out"):
+    def __init__(
+        self,
+        target: str | os.PathLike,
+        kind: str,
+        finished_file: str,
+        *,
+        overwrite: bool = False,
+        inputs: dict[str, Iterable] | None = None,
+        flag: str = "--out",
+    ):
         self.target = Path(target)
         self.kind, self.finished_file, self.overwrite, self.flag = kind, finished_file, overwrite, flag
         self.inputs = {k: [Path(p) for p in v if p] for k, v in (inputs or {}).items()}
@@ -80,21 +88,29 @@ class OutputDir:
         for opt, paths in self.inputs.items():
             for p in paths:
                 if t.exists() and inside(p, t):
-                    raise ConfigError(f"{opt} {p} lies inside {flag} {t}, which this command replaces as a whole; "
-                                      f"move it out or choose another {flag}")
+                    raise ConfigError(
+                        f"{opt} {p} lies inside {flag} {t}, which this command replaces as a whole; "
+                        f"move it out or choose another {flag}"
+                    )
         if not t.exists() or not any(t.iterdir()):
             return
         if not (t / self.finished_file).exists():
-            raise DataError(f"{t}: directory is not empty and holds no {self.kind}; refusing to write into it "
-                            f"(choose another {flag})")
+            raise DataError(
+                f"{t}: directory is not empty and holds no {self.kind}; refusing to write into it "
+                f"(choose another {flag})"
+            )
         if not self.overwrite:
-            raise DataError(f"{t}: already holds a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind} "
-                            "(pass --overwrite to replace it)")
+            raise DataError(
+                f"{t}: already holds a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind} "
+                "(pass --overwrite to replace it)"
+            )
         foreign = self.foreign()
         if foreign:
             more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-            raise DataError(f"{t}: --overwrite replaces only what bagpipe wrote there, and {foreign[0]}{more} is not "
-                            f"part of the {self.kind}; move it out (or remove the folder yourself) and run again")
+            raise DataError(
+                f"{t}: --overwrite replaces only what bagpipe wrote there, and {foreign[0]}{more} is not "
+                f"part of the {self.kind}; move it out (or remove the folder yourself) and run again"
+            )
 
     def foreign(self) -> list[str]:
         """What the target holds that its manifest does not list (everything, without one)."""
@@ -114,8 +130,11 @@ class OutputDir:
         except OSError as e:
             raise ConfigError(f"{self.flag} {self.target}: cannot create {parent} ({e.strerror})") from None
         name = self.target.name
-        self._lock = RunLock(parent / f".{name}.lock", what=f"{self.flag} {self.target}",
-                             hint=f"wait for it to end or choose another {self.flag}")
+        self._lock = RunLock(
+            parent / f".{name}.lock",
+            what=f"{self.flag} {self.target}",
+            hint=f"wait for it to end or choose another {self.flag}",
+        )
         self._lock.acquire()
         try:
             self.check()  # again, now that no other writer of this target can change it

@@ -27,9 +27,9 @@ import pytest
 
 from bagpipe.accel.profile import profile
 from bagpipe.checkpoint import latest
+from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
-from bagpipe.train.config import TrainConfig, only_applicable
 from bagpipe.train.loop import train
 
 pytestmark = pytest.mark.integration

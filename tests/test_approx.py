@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bagpipe.train.config import TrainConfig, only_applicable
+from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.train.loop import train
 
 pytestmark = pytest.mark.integration

@@ -258,7 +258,7 @@ TOML_MAY_ACCEPT: dict = {}
 def test_every_toml_setting_refuses_bad_values_in_one_line(guarded, world, tmp_path):
     from bagpipe.config.options import settings
     from bagpipe.config.typed import field_types
-    from bagpipe.train.config import TrainConfig
+    from bagpipe.config.train import TrainConfig
 
     base = ["train", "--data", world["data"], "--out", str(tmp_path / "o")]
     found, walked = [], 0

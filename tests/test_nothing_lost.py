@@ -103,7 +103,7 @@ class Interrupt:
     def __init__(self, monkeypatch, owner, name: str, at: int = 2):
         if isinstance(owner, str):
             owner = importlib.import_module(owner)
-        real = getattr(owner, name)
+        real = owner[name] if isinstance(owner, dict) else getattr(owner, name)
         self.calls = 0
 
         def wrapper(*a, **k):
@@ -112,7 +112,10 @@ class Interrupt:
                 raise KeyboardInterrupt
             return real(*a, **k)
 
-        monkeypatch.setattr(owner, name, wrapper)
+        if isinstance(owner, dict):
+            monkeypatch.setitem(owner, name, wrapper)
+        else:
+            monkeypatch.setattr(owner, name, wrapper)
 
 
 @pytest.fixture(autouse=True)
@@ -200,8 +203,11 @@ def test_train_leaves_foreign_files_alone_and_a_refused_resume_changes_nothing(r
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
+    from bagpipe.train.step import STEPS
+
     with monkeypatch.context() as m:  # a run into a folder of one's own files, interrupted midway
-        Interrupt(m, "bagpipe.train.loop", "train_step", at=4)
+        m.setitem(STEPS, "plain", STEPS["plain"])  # restored afterwards; Interrupt wraps it in place
+        Interrupt(m, STEPS, "plain", at=4)
         rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, "--steps", 8, *COMMON)
     assert rc == 130 and (out / "notes.txt").read_text() == "mine"
     run = tmp_path / "run"
@@ -319,9 +325,9 @@ def test_options_that_do_not_apply_are_refused_naming_them(run_cli, tiny_data, t
 
 
 def test_a_diverging_step_stops_training_keeping_the_last_good_checkpoint(run_cli, tiny_data, tmp_path, monkeypatch):
-    import bagpipe.train.loop as loop
+    from bagpipe.train.step import STEPS
 
-    real = loop.train_step
+    real = STEPS["plain"]
 
     def poisoned(model, opt, rows, inp, times):  # step 7 sees a NaN input, as a bug upstream would hand it
         if inp.step == 6:
@@ -332,7 +338,7 @@ def test_a_diverging_step_stops_training_keeping_the_last_good_checkpoint(run_cl
 
     run = tmp_path / "run"
     with monkeypatch.context() as m:
-        m.setattr(loop, "train_step", poisoned)
+        m.setitem(STEPS, "plain", poisoned)
         one_line(*run_cli("train", "--data", tiny_data, "--out", run, "--steps", 12, "--checkpoint-every", 5, *COMMON)[::2],
                  "training diverged at step 7", "stopped without checkpointing it")
     assert (run / "checkpoints" / "LATEST").read_text().strip() == "step-00000005"

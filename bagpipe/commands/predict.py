@@ -28,22 +28,42 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bagpipe.config.argtypes import count, path
     from bagpipe.preprocess.registry import FORMATS
 
-    from bagpipe.config.argtypes import count, path
-
-    p.add_argument("--model", required=True, type=path, metavar="DIR", help="export directory written by bagpipe export")
+    p.add_argument(
+        "--model", required=True, type=path, metavar="DIR", help="export directory written by bagpipe export"
+    )
     p.add_argument("--input", required=True, type=path, metavar="FILE", help="raw log file (plain or gzip)")
-    p.add_argument("--format", choices=list(FORMATS), help="raw format of --input (default: the model's training data's)")
-    p.add_argument("--out", default="-", type=path, metavar="FILE",
-                   help="where the probabilities go, one per line (default: stdout); never the input or inside the model")
-    p.add_argument("--labelled", action="store_true",
-                   help="the lines start with a label column, as training lines do; also report the eval figures")
+    p.add_argument(
+        "--format", choices=list(FORMATS), help="raw format of --input (default: the model's training data's)"
+    )
+    p.add_argument(
+        "--out",
+        default="-",
+        type=path,
+        metavar="FILE",
+        help="where the probabilities go, one per line (default: stdout); never the input or inside the model",
+    )
+    p.add_argument(
+        "--labelled",
+        action="store_true",
+        help="the lines start with a label column, as training lines do; also report the eval figures",
+    )
     p.add_argument("--no-header", action="store_true", help="CSV formats: the first line is data, never a header")
-    p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
-                   help="a bad line stops the run naming file and line (fail, default) or is skipped, writing nan (skip)")
-    p.add_argument("--block-kb", type=count(1, 1 << 20), default=1024, metavar="KB",
-                   help="input read and scored per batch, in KiB of text (default: 1024)")
+    p.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a bad line stops the run naming file and line (fail, default) or is skipped, writing nan (skip)",
+    )
+    p.add_argument(
+        "--block-kb",
+        type=count(1, 1 << 20),
+        default=1024,
+        metavar="KB",
+        help="input read and scored per batch, in KiB of text (default: 1024)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,14 +75,25 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.export.score import predict_file
     from bagpipe.files import atomic_file, check_out_file
 
-    out = None if args.out == "-" else check_out_file(args.out, "--out", {"--input": [args.input], "--model": [args.model]})
+    out = (
+        None
+        if args.out == "-"
+        else check_out_file(args.out, "--out", {"--input": [args.input], "--model": [args.model]})
+    )
     model = load(args.model)
     if args.format is not None and args.format != model.raw_format_name:
         raise ConfigError(f"{args.model} was trained on {model.raw_format_name} data, not {args.format}")
     # a file appears only complete: written under a temporary name, renamed at the end
     with contextlib.ExitStack() as stack:
         stream = sys.stdout if out is None else stack.enter_context(atomic_file(out))
-        result = predict_file(model, args.input, stream, labelled=args.labelled, header="no" if args.no_header else "auto",
-                              on_error=args.on_error, block_bytes=args.block_kb << 10)
+        result = predict_file(
+            model,
+            args.input,
+            stream,
+            labelled=args.labelled,
+            header="no" if args.no_header else "auto",
+            on_error=args.on_error,
+            block_bytes=args.block_kb << 10,
+        )
     print(result.line(args.input), file=sys.stderr if out is None else sys.stdout)
     return 0

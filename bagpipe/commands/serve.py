@@ -31,13 +31,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master-addr", type=text, help="rendezvous host (default $MASTER_ADDR or 127.0.0.1)")
     p.add_argument("--master-port", help="rendezvous port, 1..65535 (default $MASTER_PORT or 29500)")
     p.add_argument("--bind", default="127.0.0.1", help="address of the interface to serve on (default 127.0.0.1)")
-    p.add_argument("--store", choices=("memory", "disk"), default="memory", help="where the shard's rows live (default memory)")
+    p.add_argument(
+        "--store", choices=("memory", "disk"), default="memory", help="where the shard's rows live (default memory)"
+    )
     p.add_argument("--store-dir", type=path, help="directory of the disk store (a shard-K-of-S folder is made in it)")
     p.add_argument("--threads", type=count(1, 4096), default=1, help="torch threads (default 1)")
-    p.add_argument("--rendezvous-timeout", type=real(0, lo_open=True), default=300.0, metavar="SECONDS",
-                   help="how long to wait for the job's other processes to start (default 300)")
-    p.add_argument("--init-from-store", action="store_true",
-                   help="start from the rows --store-dir already holds (otherwise a non-empty store is refused)")
+    p.add_argument(
+        "--rendezvous-timeout",
+        type=real(0, lo_open=True),
+        default=300.0,
+        metavar="SECONDS",
+        help="how long to wait for the job's other processes to start (default 300)",
+    )
+    p.add_argument(
+        "--init-from-store",
+        action="store_true",
+        help="start from the rows --store-dir already holds (otherwise a non-empty store is refused)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.errors import ConfigError
 
     layout = Layout(args.trainers, args.servers)
-    rank = args.rank if args.rank is not None else env_int("RANK", -1, lo=0, hi=layout.world_size - 1)
+    rank: int = args.rank if args.rank is not None else env_int("RANK", -1, lo=0, hi=layout.world_size - 1)
     if rank < 0:
         raise ConfigError("--rank is required (or $RANK): servers are ranks N .. N+S-1")
     if args.master_port is not None:
@@ -63,9 +73,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bind {args.bind}: no network interface of this machine has that address")
     if args.store == "disk" and not args.store_dir:
         raise ConfigError("--store disk needs --store-dir")
-    scfg = ServerConfig(store=args.store, store_dir=args.store_dir, threads=args.threads,
-                        rendezvous_timeout=args.rendezvous_timeout, init_from_store=args.init_from_store)
-    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
-                      RANK=str(rank), WORLD_SIZE=str(layout.world_size), GLOO_SOCKET_IFNAME=iface)
+    scfg = ServerConfig(
+        store=args.store,
+        store_dir=args.store_dir,
+        threads=args.threads,
+        rendezvous_timeout=args.rendezvous_timeout,
+        init_from_store=args.init_from_store,
+    )
+    os.environ.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(layout.world_size),
+        GLOO_SOCKET_IFNAME=iface,
+    )
     serve(scfg, layout, rank)
     return 0

@@ -25,10 +25,11 @@ the roles should talk over. See docs/distributed.md.
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.commands.train import add_arguments as train_arguments
-
     from bagpipe.config.argtypes import path
 
-    p.add_argument("--job", type=path, help="JSON of the whole configuration (written by the launcher); replaces the options below")
+    p.add_argument(
+        "--job", type=path, help="JSON of the whole configuration (written by the launcher); replaces the options below"
+    )
     train_arguments(p)
 
 
@@ -37,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from bagpipe.config import given
+    from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.distributed.layout import Layout
     from bagpipe.distributed.roles import env_rank, report_error, run_role
     from bagpipe.errors import BagpipeError
-    from bagpipe.train.config import TrainConfig, load_config
 
     if args.job:
         from bagpipe.data.schema import read_json

@@ -43,7 +43,11 @@ def real(lo: float = 0.0, hi: float = math.inf, *, lo_open: bool = False, hi_ope
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+        ok = (
+            math.isfinite(value)
+            and (value > lo if lo_open else value >= lo)
+            and (value < hi if hi_open else value <= hi)
+        )
         if not ok:
             left, right = "(" if lo_open else "[", ")" if hi_open or hi == math.inf else "]"
             raise argparse.ArgumentTypeError(f"must be a finite number in {left}{lo:g}, {hi:g}{right}, got {text}")

@@ -10,6 +10,7 @@ work whatever the environment holds).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from bagpipe.errors import ConfigError
 
@@ -17,12 +18,21 @@ from bagpipe.errors import ConfigError
 MAX_PORT = 65535
 
 
-def env_int(name: str, default: int | None = None, *, lo: int = 0, hi: int = 2**31 - 1,
-            environ: dict | None = None) -> int | None:
-    """``$name`` as an int in [lo, hi]; ``default`` when it is unset or empty."""
+def env_int(
+    name: str,
+    default: int | None = None,
+    *,
+    lo: int = 0,
+    hi: int = 2**31 - 1,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """``$name`` as an int in [lo, hi]; ``default`` when it is unset or empty (a
+    ConfigError naming the variable when there is no default)."""
     env = os.environ if environ is None else environ
     text = env.get(name, "")
     if not text.strip():
+        if default is None:
+            raise ConfigError(f"environment variable {name} is not set")
         return default
     return parse_int(text, f"environment variable {name}", lo=lo, hi=hi)
 

@@ -160,13 +160,18 @@ def _content_problems(d: Path, meta: DatasetMeta, n: int, block: int) -> list[st
     labels = np.load(d / "labels.npy", mmap_mode="r")
     dense = np.load(d / "dense.npy", mmap_mode="r")
     sparse = np.load(d / "sparse.npy", mmap_mode="r")
-    mh = {f.name: (np.load(d / f"{f.name}.values.npy", mmap_mode="r"), np.load(d / f"{f.name}.offsets.npy", mmap_mode="r"))
-          for f in meta.multihot_features}
+    mh = {
+        f.name: (
+            np.load(d / f"{f.name}.values.npy", mmap_mode="r"),
+            np.load(d / f"{f.name}.offsets.npy", mmap_mode="r"),
+        )
+        for f in meta.multihot_features
+    }
     out = []
     for a in range(0, n, block):
         b = min(n, a + block)
         where = f"{d / 'sparse.npy'}: samples {a}..{b - 1}"
-        values = {k: np.asarray(v[o[a]:o[b]]) for k, (v, o) in mh.items()}
+        values = {k: np.asarray(v[o[a] : o[b]]) for k, (v, o) in mh.items()}
         p = id_problem(meta, where, np.asarray(sparse[a:b]), values)
         if p:
             out.append(p)
@@ -179,7 +184,9 @@ def _content_problems(d: Path, meta: DatasetMeta, n: int, block: int) -> list[st
 VALUES_BLOCK = 1 << 18  # samples checked at a time (bounds the temporary arrays)
 
 
-def values_problem(d: Path, labels: np.ndarray, dense: np.ndarray, start: int = 0, stop: int | None = None) -> str | None:
+def values_problem(
+    d: Path, labels: np.ndarray, dense: np.ndarray, start: int = 0, stop: int | None = None
+) -> str | None:
     """The first problem of samples [start, stop) of a shard's labels (n,) and dense
     values (n, Dd): a label other than 0 or 1, a NaN or infinite dense value (None when
     there is none)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ class ShardWriter:
             col = sparse[:, j]
             if n and (col.min() < 0 or col.max() >= f.num_rows):
                 raise DataError(f"feature {f.name!r}: ids outside [0, {f.num_rows})")
-        chunk = {
+        chunk: dict[str, Any] = {
             "labels": np.asarray(labels, dtype=np.float32),
             "dense": dense,
             "sparse": sparse.astype(self.id_dtype, copy=False),
@@ -132,7 +133,7 @@ class ShardWriter:
                 chunks[0] = tail
             need -= k
         self._pending_rows[split] -= n
-        merged = {key: np.concatenate(out[key]) for key in ("labels", "dense", "sparse")}
+        merged: dict[str, Any] = {key: np.concatenate(out[key]) for key in ("labels", "dense", "sparse")}
         for f in self._multihot:
             parts = out[f.name]
             merged[f.name] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
@@ -183,7 +184,7 @@ class ShardWriter:
         self._closed = True
         self.output.close()
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -240,11 +241,13 @@ class Dataset:
         if key in self._checked:
             return
         sh = self.shard(split, index)
-        values = {name: np.asarray(v[o[start]:o[stop]]) for name, (v, o) in sh.multihot.items()}
+        values = {name: np.asarray(v[o[start] : o[stop]]) for name, (v, o) in sh.multihot.items()}
         where = f"{self.dir / split / f'{index:05d}' / 'sparse.npy'}: samples {start}..{stop - 1}"
         problem = id_problem(self.meta, where, np.asarray(sh.sparse[start:stop]), values)
         if problem:
-            raise DataError(f"{problem}; the shard is damaged or belongs to another meta.json (`bagpipe check {self.dir}` checks every file)")
+            raise DataError(
+                f"{problem}; the shard is damaged or belongs to another meta.json (`bagpipe check {self.dir}` checks every file)"
+            )
         self._checked.add(key)
 
     def has_split(self, split: str) -> bool:
@@ -275,8 +278,10 @@ class Dataset:
                 raise DataError(f"{d}: holds {len(shard.labels)} samples, meta.json says {expected}")
             problem = values_problem(d, shard.labels, shard.dense)
             if problem:
-                raise DataError(f"{problem}; training on it would give NaN or meaningless parameters "
-                                f"(`bagpipe check {self.dir}` lists every problem)")
+                raise DataError(
+                    f"{problem}; training on it would give NaN or meaningless parameters "
+                    f"(`bagpipe check {self.dir}` lists every problem)"
+                )
             self._cache[key] = shard
         return self._cache[key]
 

@@ -12,6 +12,7 @@ lists the roles' ranks and pids while the job runs.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import shutil
@@ -23,18 +24,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from bagpipe.checkpoint import CheckpointFolder, Manifest
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.distributed.roles import ERROR_PREFIX
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.files import atomic_write_text
 from bagpipe.store import holds_store
-from bagpipe.train.config import TrainConfig
 from bagpipe.train.resume import finished, refuse_overwrite, resume_point
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 
@@ -55,7 +57,9 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, threads: int, run_dir: Path | None = None) -> dict:
+def role_env(
+    layout: Layout, rank: int, master_addr: str, master_port: int, threads: int, run_dir: Path | None = None
+) -> dict:
     """The environment of one role: torchrun's variables plus loopback-only gloo."""
     env = dict(os.environ)
     env.update(
@@ -112,10 +116,9 @@ class RoleFailed(BagpipeError):
 class Launcher:
     """Starts, watches and stops the roles of one job (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, echo: Callable[[str], None] = print, stop_grace_s: float = STOP_GRACE_S):
+    def __init__(self, cfg: TrainConfig, stop_grace_s: float = STOP_GRACE_S):
         self.cfg = cfg
         self.layout = Layout(cfg.dist.trainers, cfg.dist.servers)
-        self.echo = echo
         self.grace = stop_grace_s
         self.out = Path(cfg.run.out)
         self.roles: list[Role] = []
@@ -124,8 +127,8 @@ class Launcher:
         self._errors: list[tuple[Role, str]] = []  # (role, its error line), in the order they were printed
 
     def _say(self, line: str) -> None:
-        with self._echo_lock:
-            self.echo(line)
+        with self._echo_lock:  # the roles' reader threads: one line at a time
+            log.info(line)
 
     def start(self) -> None:
         """Start every role; the caller holds the run folder's lock and has checked
@@ -152,19 +155,24 @@ class Launcher:
             role.pump.start()
             threading.Thread(target=self._wait, args=(role,), daemon=True, name=f"wait-{name}").start()
             self.roles.append(role)
-        (self.out / "roles.json").write_text(json.dumps(
-            [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles], indent=2))
+        (self.out / "roles.json").write_text(
+            json.dumps(
+                [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles],
+                indent=2,
+            )
+        )
 
     def _pump(self, role: Role) -> None:
-        with open(role.log_path, "a") as log:  # a restarted role appends to its log
+        with open(role.log_path, "a") as role_log:  # a restarted role appends to its log
+            assert role.proc.stdout is not None  # started with stdout=PIPE
             for raw in role.proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
-                log.write(line + "\n")
-                log.flush()
-                with self._echo_lock:
-                    if line.startswith(ERROR_PREFIX):
-                        self._errors.append((role, line[len(ERROR_PREFIX):]))
-                    self.echo(f"[{role.name}, rank {role.rank}] {line}")
+                role_log.write(line + "\n")
+                role_log.flush()
+                if line.startswith(ERROR_PREFIX):
+                    with self._echo_lock:
+                        self._errors.append((role, line[len(ERROR_PREFIX) :]))
+                self._say(f"[{role.name}, rank {role.rank}] {line}")
 
     def _wait(self, role: Role) -> None:
         code = role.proc.wait()
@@ -179,7 +187,9 @@ class Launcher:
                 _, role, code = self._events.get()
                 done += 1
                 if code != 0:
-                    self._say(f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles")
+                    self._say(
+                        f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles"
+                    )
                     stopped = self.stop()
                     self._join_pumps()
                     raise self._failure(role, code, stopped)
@@ -230,7 +240,7 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
+def launch(cfg: TrainConfig) -> dict:
     """Run a distributed job on this machine; returns trainer 0's summary.
 
     The launcher checks the data set and holds the run folder's lock for the whole job
@@ -240,8 +250,10 @@ def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
         for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
             shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"
             if holds_store(shard):
-                raise ConfigError(f"--store-dir {shard} already holds a store: its rows would become this run's "
-                                  "starting tables; pass --init-from-store to start from them, or give an empty directory")
+                raise ConfigError(
+                    f"--store-dir {shard} already holds a store: its rows would become this run's "
+                    "starting tables; pass --init-from-store to start from them, or give an empty directory"
+                )
     with RunDir(cfg.run.out).claim() as run:
         # what trainer 0 would refuse (a finished run, a changed setting, another run's
         # checkpoints), said here in one line before anything in the folder changes
@@ -255,16 +267,18 @@ def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
         attempt, restarts = cfg, 0
         while True:
             try:
-                Launcher(attempt, echo).run()
+                Launcher(attempt).run()
                 break
             except RoleFailed as failure:
                 if finished(run, cfg.run.steps) and _stamp(summary) != before:  # a role died after the job's end
-                    echo(f"[launcher] {failure.name} failed after the run had ended; its summary and final checkpoint are written")
+                    log.info(
+                        f"[launcher] {failure.name} failed after the run had ended; its summary and final checkpoint are written"
+                    )
                     break
                 if restarts >= cfg.dist.max_restarts:
                     raise
                 restarts += 1
-                attempt = _restart(cfg, run, failure, restarts, echo)
+                attempt = _restart(cfg, run, failure, restarts)
         if _stamp(summary) == before:
             raise BagpipeError(f"every role exited cleanly but trainer 0 wrote no new {summary}")
     return json.loads(summary.read_text())
@@ -279,7 +293,7 @@ def _stamp(path: Path) -> tuple | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int, echo: Callable[[str], None]) -> TrainConfig:
+def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int) -> TrainConfig:
     """The configuration that restarts every role after ``failure``: from the latest
     complete checkpoint, or from the start when there is none yet. Says so, and adds the
     event to RUN/recovery.json."""
@@ -287,17 +301,29 @@ def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int, 
     step = Manifest.load(run.path / "checkpoints" / ckpt).step if ckpt else None
     died = run.last_heartbeat()
     where = f"the checkpoint of step {step}" if step is not None else "the start (no checkpoint yet)"
-    echo(f"[launcher] {failure.name} died at step {died if died is not None else '?'}; restarting all roles "
-         f"from {where} (restart {restarts} of {cfg.dist.max_restarts})")
+    log.info(
+        f"[launcher] {failure.name} died at step {died if died is not None else '?'}; restarting all roles "
+        f"from {where} (restart {restarts} of {cfg.dist.max_restarts})"
+    )
     if step is None and cfg.cache.store == "disk" and cfg.cache.store_dir:
         if cfg.cache.init_from_store:
-            raise BagpipeError(f"cannot restart {failure.name}'s job: it started from the rows of --store-dir "
-                               f"{cfg.cache.store_dir}, which the failed attempt changed, and no checkpoint was written")
+            raise BagpipeError(
+                f"cannot restart {failure.name}'s job: it started from the rows of --store-dir "
+                f"{cfg.cache.store_dir}, which the failed attempt changed, and no checkpoint was written"
+            )
         for k in range(cfg.dist.servers):  # rows of the failed attempt, in shards this job made
             shutil.rmtree(Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}", ignore_errors=True)
-    log = run.path / "recovery.json"
-    events = json.loads(log.read_text()) if log.exists() else []
-    events.append({"restart": restarts, "role": failure.name, "exit": describe_exit(failure.code),
-                   "died_at_step": died, "from_checkpoint": step, "time": time.time()})
-    atomic_write_text(log, json.dumps(events, indent=2))
+    record = run.path / "recovery.json"
+    events = json.loads(record.read_text()) if record.exists() else []
+    events.append(
+        {
+            "restart": restarts,
+            "role": failure.name,
+            "exit": describe_exit(failure.code),
+            "died_at_step": died,
+            "from_checkpoint": step,
+            "time": time.time(),
+        }
+    )
+    atomic_write_text(record, json.dumps(events, indent=2))
     return cfg.replace(resume=step is not None)

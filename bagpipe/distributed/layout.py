@@ -8,6 +8,7 @@ same layout holds under the local launcher and under ``torchrun``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bagpipe.config.environ import env_int
@@ -60,7 +61,7 @@ class Layout:
         return "oracle" if role == "oracle" else f"{role} {index}"
 
 
-def role_threads(threads: int, layout: Layout, rank: int, environ: dict | None = None) -> int:
+def role_threads(threads: int, layout: Layout, rank: int, environ: Mapping[str, str] | None = None) -> int:
     """torch threads of a role: ``threads`` if given (--threads), else OMP_NUM_THREADS
     (torchrun sets it; the local launcher sets it from this function), else the
     machine's cores split among the trainers (they compute) and one for each server

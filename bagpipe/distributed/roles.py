@@ -6,6 +6,7 @@ launcher both set it: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -18,9 +19,12 @@ from pathlib import Path
 
 from bagpipe.config import Section, need
 from bagpipe.config.environ import MAX_PORT, env_int
+from bagpipe.config.sections import Store
+from bagpipe.config.train import TrainConfig
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
-from bagpipe.train.config import Store, TrainConfig
+
+log = logging.getLogger(__name__)
 
 # Generous: a server waits for the next request while trainer 0 evaluates or hashes
 # every row, which can take minutes on big tables. A dead peer is noticed at once
@@ -70,17 +74,21 @@ class ServerConfig(Section):
 
     def validate(self) -> None:
         need(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
-        need(self.rendezvous_timeout > 0, f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}")
+        need(
+            self.rendezvous_timeout > 0,
+            f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}",
+        )
 
     @classmethod
-    def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> "ServerConfig":
-        return cls(store=cfg.cache.store, store_dir=cfg.cache.store_dir, init_from_store=cfg.cache.init_from_store, run_dir=cfg.run.out,
-                   threads=role_threads(cfg.run.threads, layout, rank), rendezvous_timeout=cfg.dist.rendezvous_timeout)
-
-
-def _log(line: str) -> None:
-    """A role's log line, with the wall-clock time so the roles' logs can be read side by side."""
-    print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+    def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> ServerConfig:
+        return cls(
+            store=cfg.cache.store,
+            store_dir=cfg.cache.store_dir,
+            init_from_store=cfg.cache.init_from_store,
+            run_dir=cfg.run.out,
+            threads=role_threads(cfg.run.threads, layout, rank),
+            rendezvous_timeout=cfg.dist.rendezvous_timeout,
+        )
 
 
 def rendezvous(layout: Layout, rank: int, timeout_s: float):
@@ -94,10 +102,14 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     try:
         socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as e:
-        raise ConfigError(f"{name}: cannot resolve the master host {addr!r} ({getattr(e, 'strerror', None) or e}); "
-                          "check MASTER_ADDR / --master-addr") from None
-    _log(f"{name} (rank {rank} of {world}): waiting for the job's other processes at {addr}:{port} "
-         f"(up to {timeout_s:.0f} s)")
+        raise ConfigError(
+            f"{name}: cannot resolve the master host {addr!r} ({getattr(e, 'strerror', None) or e}); "
+            "check MASTER_ADDR / --master-addr"
+        ) from None
+    log.info(
+        f"{name} (rank {rank} of {world}): waiting for the job's other processes at {addr}:{port} "
+        f"(up to {timeout_s:.0f} s)"
+    )
     # Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT (every
     # rank is its client, as torch's own env:// rendezvous does), and it keeps it across
     # restarts: each attempt counts its arrivals under its own prefix.
@@ -106,8 +118,15 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     deadline = time.monotonic() + timeout_s
 
     def meet():
-        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
-                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=not agent)
+        store = dist.TCPStore(
+            addr,
+            port,
+            world,
+            is_master=rank == 0 and not agent,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            multi_tenant=not agent,
+        )
         store = dist.PrefixStore(prefix, store)
         store.add("arrived", 1)
         while store.add("arrived", 0) < world:
@@ -129,12 +148,15 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
         raise BagpipeError(
             f"{name}: nothing answered as a bagpipe job at {addr}:{port} within {timeout_s:.0f} s (is another "
             "program listening on that port?); choose another MASTER_PORT / --master-port, or raise "
-            "--rendezvous-timeout") from None
+            "--rendezvous-timeout"
+        ) from None
     except RuntimeError as e:  # DistNetworkError, DistStoreError
         text = str(e)
         if "EADDRINUSE" in text or "address already in use" in text:
-            raise ConfigError(f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
-                              "choose another MASTER_PORT / --master-port") from None
+            raise ConfigError(
+                f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
+                "choose another MASTER_PORT / --master-port"
+            ) from None
         raise timed_out from None
 
 
@@ -186,9 +208,9 @@ def report_error(e: BaseException) -> None:
 
 
 @contextmanager
-def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float, report: bool = False):
+def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float, report_errors: bool = False):
     """Join the job's process group; yields (transport, trainer group); always leaves it.
-    ``report``: print an error this role stops with (:func:`report_error`) before leaving."""
+    ``report_errors``: print an error this role stops with (:func:`report_error`) before leaving."""
     import torch
     import torch.distributed as dist
 
@@ -201,15 +223,15 @@ def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float,
     try:
         # every rank must create every group, in the same order
         group = dist.new_group(layout.trainer_ranks) if layout.trainers > 1 else None
-        _log(f"{name} (rank {rank} of {layout.world_size}) joined")
+        log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield Transport(layout.name), group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
         lost = BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})")
-        if report:
+        if report_errors:
             report_error(lost)
         raise lost from e
     except BagpipeError as e:
-        if report:
+        if report_errors:
             report_error(e)
         raise
     finally:
@@ -227,29 +249,31 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     from bagpipe.train.rundir import RunDir
 
     if elastic_restart() and finished(RunDir(cfg.run.out), cfg.run.steps):
-        _log(f"{layout.name(rank)}: restarted after the job had ended (its summary and final checkpoint are written); nothing to do")
+        log.info(
+            f"{layout.name(rank)}: restarted after the job had ended (its summary and final checkpoint are written); nothing to do"
+        )
         return None
     if role == "server":
-        serve(ServerConfig.of(cfg, layout, rank), layout, rank, report=True)
+        serve(ServerConfig.of(cfg, layout, rank), layout, rank, report_errors=True)
         return None
-    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout,
-                report=True) as (transport, group):
+    threads = role_threads(cfg.run.threads, layout, rank)
+    with joined(layout, rank, threads, cfg.dist.rendezvous_timeout, report_errors=True) as (transport, group):
         if role == "trainer":
             from bagpipe.distributed.trainer import run_trainer
 
-            return run_trainer(cfg, layout, rank, transport, group, _log)
+            return run_trainer(cfg, layout, rank, transport, group)
         from bagpipe.distributed.oracle_role import run_oracle
 
-        report = run_oracle(cfg, layout, transport, _log)
-        _log(
+        report = run_oracle(cfg, layout, transport)
+        log.info(
             f"oracle: planned {report.plan.get('steps', 0)} steps, hit rate {report.plan.get('hit_rate', 0):.1%}, "
             f"{report.seconds_planning:.1f} s planning, at most {report.max_in_flight} plans in flight per trainer"
         )
         return None
 
 
-def serve(scfg: ServerConfig, layout: Layout, rank: int, report: bool = False) -> None:
-    """Run embedding server ``rank`` until every trainer has said goodbye (``report``:
+def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = False) -> None:
+    """Run embedding server ``rank`` until every trainer has said goodbye (``report_errors``:
     as :func:`joined`)."""
     from bagpipe.distributed.server import (
         EmbeddingServer,
@@ -262,20 +286,34 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report: bool = False) -
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
-    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, report) as (transport, _):
+    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, report_errors) as (transport, _):
         init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
-        directory = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"
+        directory = (
+            Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store"
+        ) / f"shard-{shard}-of-{layout.servers}"
         # the run's own store starts fresh, as in one process; a checkpoint overwrites every row
-        store = open_store(scfg.store, sinit, state_dim, directory, owned=not scfg.store_dir,
-                           reuse=scfg.init_from_store or restore is not None)
-        _log(f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store")
+        store = open_store(
+            scfg.store,
+            sinit,
+            state_dim,
+            directory,
+            owned=not scfg.store_dir,
+            reuse=scfg.init_from_store or restore is not None,
+        )
+        log.info(
+            f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store"
+        )
         if restore is not None:
             t0 = time.perf_counter()
             step = restore_shard(store, restore, shard, layout.servers)
-            _log(f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s")
+            log.info(
+                f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s"
+            )
         try:
             report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()
         finally:
             store.close()
-        _log(f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' write-backs")
+        log.info(
+            f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' write-backs"
+        )

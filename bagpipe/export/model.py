@@ -16,8 +16,8 @@ construction and model forward as ``bagpipe eval``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -59,14 +59,18 @@ class ExportedModel(nn.Module):
             files = [(t["file"], t["key"], (int(t["num_embeddings"]), int(t["embedding_dim"]))) for t in m["tables"]]
             dense_file, naming = m["dense"]["file"], m["dense"]["naming"]
         except (KeyError, TypeError, ValueError) as e:
-            raise DataError(f"{path}: a damaged export manifest ({type(e).__name__}: {e}); export the run again") from None
+            raise DataError(
+                f"{path}: a damaged export manifest ({type(e).__name__}: {e}); export the run again"
+            ) from None
         self._load_dense(dense_file, naming)
         self.tables = []
         for name, key, shape in files:
             t = tensorfile.open_tensor(self.directory / name, key)
             if t.shape != shape:
-                raise DataError(f"{self.directory / name}: {key} has shape {t.shape}, {MANIFEST} says {shape}; "
-                                "a damaged export: export the run again")
+                raise DataError(
+                    f"{self.directory / name}: {key} has shape {t.shape}, {MANIFEST} says {shape}; "
+                    "a damaged export: export the run again"
+                )
             self.tables.append(t)
         self.table_offsets = np.array(offsets + [sum(f.num_rows for f in self.features)], np.int64)
         self._mapping = None
@@ -86,7 +90,9 @@ class ExportedModel(nn.Module):
             raise DataError(f"{path}: missing; a damaged export: export the run again") from None
         except (SafetensorError, OSError, KeyError, RuntimeError, ValueError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise DataError(f"{path}: unreadable or not this model's ({first}); a damaged export: export the run again") from None
+            raise DataError(
+                f"{path}: unreadable or not this model's ({first}); a damaged export: export the run again"
+            ) from None
 
     # -- ids ---------------------------------------------------------------------------
     def embedding(self, name: str) -> np.ndarray:
@@ -116,8 +122,10 @@ class ExportedModel(nn.Module):
         one_hot = [f for f in self.features if not f.multi_hot]
         B = len(ids)
         if dense.shape != (B, len(self.dense_names)) or ids.shape != (B, len(one_hot)):
-            raise ConfigError(f"expected dense ({B}, {len(self.dense_names)}) and ids ({B}, {len(one_hot)}), "
-                              f"got {dense.shape} and {ids.shape}")
+            raise ConfigError(
+                f"expected dense ({B}, {len(self.dense_names)}) and ids ({B}, {len(one_hot)}), "
+                f"got {dense.shape} and {ids.shape}"
+            )
         for j, f in enumerate(one_hot):
             if B and (ids[:, j].min() < 0 or ids[:, j].max() >= f.num_rows):
                 raise DataError(f"table {f.name}: ids must be in [0, {f.num_rows})")
@@ -134,7 +142,9 @@ class ExportedModel(nn.Module):
         """The raw format the training data was preprocessed from."""
         pre = self.manifest.get("preprocessing")
         if pre is None:
-            raise DataError(f"{self.directory}: trained on data without a raw format (bagpipe synth); score ids with model(dense, ids)")
+            raise DataError(
+                f"{self.directory}: trained on data without a raw format (bagpipe synth); score ids with model(dense, ids)"
+            )
         return pre["format"]
 
     def raw_format(self, labelled: bool = True, header: str = "auto"):
@@ -151,9 +161,13 @@ class ExportedModel(nn.Module):
             if not path.exists():
                 pre = self.manifest.get("preprocessing") or {}
                 if pre.get("vocab"):  # the export wrote one: its folder is damaged, not the data
-                    raise DataError(f"{path}: missing, though {MANIFEST} lists the vocabulary; a damaged export: "
-                                    "export the run again")
-                raise DataError(f"{self.directory}: the export has no vocab/ (its dataset had none); raw lines cannot be mapped")
+                    raise DataError(
+                        f"{path}: missing, though {MANIFEST} lists the vocabulary; a damaged export: "
+                        "export the run again"
+                    )
+                raise DataError(
+                    f"{self.directory}: the export has no vocab/ (its dataset had none); raw lines cannot be mapped"
+                )
             self._mapping = read_mapping(path, self.raw_format())
         return self._mapping
 

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import shutil
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -65,8 +66,10 @@ class Exported:
 
     def line(self) -> str:
         vocab = "with the preprocessing vocabulary" if self.vocab else "no preprocessing vocabulary (synthetic data)"
-        return (f"exported step {self.step}: {self.tables} tables ({self.rows:,} rows) in {self.files} file(s), "
-                f"dense layers with {self.naming} names, {vocab} -> {self.out}")
+        return (
+            f"exported step {self.step}: {self.tables} tables ({self.rows:,} rows) in {self.files} file(s), "
+            f"dense layers with {self.naming} names, {vocab} -> {self.out}"
+        )
 
 
 def plan_shards(sizes: list[int], limit: int) -> list[list[int]]:
@@ -83,8 +86,28 @@ def plan_shards(sizes: list[int], limit: int) -> list[list[int]]:
     return shards
 
 
-def export_run(run: str | Path, out: str | Path, *, data: str | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES,
-               chunk_rows: int = CHUNK_ROWS, overwrite: bool = False) -> Exported:
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    """An empty ``out``; an earlier export there is replaced only with ``overwrite``."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not (out / MANIFEST).exists():
+            raise DataError(f"{out}: directory is not empty and holds no export; choose another --out")
+        if not overwrite:
+            raise DataError(f"{out}: already holds an export (pass --overwrite to replace it)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def export_run(
+    run: str | Path,
+    out: str | Path,
+    *,
+    data: str | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    chunk_rows: int = CHUNK_ROWS,
+    overwrite: bool = False,
+) -> Exported:
     """Export ``run``'s latest checkpoint into ``out`` (see the module docstring).
 
     ``data``: the dataset whose tables the run trained (default: the one in its
@@ -101,19 +124,24 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
         raise CheckpointError(f"{run}: the run has no checkpoint to export")
     data_dir = Path(data or conf["train"]["data"]["data"])
     if not (data_dir / "meta.json").exists():
-        raise DataError(f"{data_dir}: the run's dataset is not there (moved?); give --data DIR, a dataset with the same tables")
+        raise DataError(
+            f"{data_dir}: the run's dataset is not there (moved?); give --data DIR, a dataset with the same tables"
+        )
     meta = DatasetMeta.load(data_dir)
     reader = ckpt.reader()
     if reader.num_rows != meta.total_rows:
-        raise DataError(f"{data_dir} has {meta.total_rows:,} embedding rows but the run was trained with {reader.num_rows:,}")
+        raise DataError(
+            f"{data_dir} has {meta.total_rows:,} embedding rows but the run was trained with {reader.num_rows:,}"
+        )
     try:
         mcfg = ModelConfig(**conf["model"])
         model = build_model(mcfg, meta.num_dense, meta.num_features)
         model.load_state_dict(ckpt.dense["model"])
     except (TypeError, KeyError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{ckpt.path}: does not fit the model of {run}/config.json and the tables of {data_dir} "
-                              f"({first})") from None
+        raise CheckpointError(
+            f"{ckpt.path}: does not fit the model of {run}/config.json and the tables of {data_dir} ({first})"
+        ) from None
     output = OutputDir(out, "export", MANIFEST, overwrite=overwrite, inputs={"--run": [run], "--data": [data_dir]})
     with output as staging:  # built beside --out, swapped in whole: a failed export leaves the old one
         result = _write(run, staging, conf, mcfg, model, ckpt, reader, data_dir, meta, shard_bytes, chunk_rows)
@@ -121,13 +149,26 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
     return dataclasses.replace(result, out=str(out))
 
 
-def _write(run: Path, out: Path, conf: dict, mcfg: ModelConfig, model, ckpt, reader, data_dir: Path,
-           meta: DatasetMeta, shard_bytes: int, chunk_rows: int) -> Exported:
+def _write(
+    run: Path,
+    out: Path,
+    conf: dict,
+    mcfg: ModelConfig,
+    model,
+    ckpt,
+    reader,
+    data_dir: Path,
+    meta: DatasetMeta,
+    shard_bytes: int,
+    chunk_rows: int,
+) -> Exported:
     """Every file of the export into the (staging) folder ``out``."""
     dense, naming = to_export(model.state_dict(), mcfg, meta.num_dense, meta.num_features)
-    tensorfile.write(out / DENSE_FILE, [
-        tensorfile.Entry(k, tuple(v.shape), lambda v=v: [v.detach().contiguous().numpy()]) for k, v in dense.items()
-    ], {"format": "pt", "producer": "bagpipe export", "naming": naming})
+    tensorfile.write(
+        out / DENSE_FILE,
+        [tensorfile.Entry(k, tuple(v.shape), partial(_tensor_chunks, v)) for k, v in dense.items()],
+        {"format": "pt", "producer": "bagpipe export", "naming": naming},
+    )
 
     D = reader.dim
     offsets = np.concatenate([[0], np.cumsum(meta.table_sizes)]).astype(np.int64)
@@ -144,10 +185,20 @@ def _write(run: Path, out: Path, conf: dict, mcfg: ModelConfig, model, ckpt, rea
         for i in members:
             f = meta.features[i]
             lo, hi = int(offsets[i]), int(offsets[i + 1])
-            entries.append(tensorfile.Entry(table_key(f.name), (f.num_rows, D), lambda lo=lo, hi=hi: rows(lo, hi)))
-            tables.append({"name": f.name, "num_embeddings": f.num_rows, "embedding_dim": D, "row_offset": lo,
-                           "multi_hot": f.multi_hot, "pooling": "sum", "feature_names": [f.name],
-                           "key": table_key(f.name), "file": name})
+            entries.append(tensorfile.Entry(table_key(f.name), (f.num_rows, D), partial(rows, lo, hi)))
+            tables.append(
+                {
+                    "name": f.name,
+                    "num_embeddings": f.num_rows,
+                    "embedding_dim": D,
+                    "row_offset": lo,
+                    "multi_hot": f.multi_hot,
+                    "pooling": "sum",
+                    "feature_names": [f.name],
+                    "key": table_key(f.name),
+                    "file": name,
+                }
+            )
             weight_map[table_key(f.name)] = name
         tensorfile.write(out / name, entries, {"format": "pt", "producer": "bagpipe export"})
 
@@ -155,7 +206,9 @@ def _write(run: Path, out: Path, conf: dict, mcfg: ModelConfig, model, ckpt, rea
     if has_vocab:
         shutil.copytree(data_dir / "vocab", out / "vocab")
     total = sum(v.numel() * 4 for v in dense.values()) + meta.total_rows * D * 4
-    atomic_write_text(out / INDEX, json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2))
+    atomic_write_text(
+        out / INDEX, json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2)
+    )
     summary = RunDir(run).summary_file
     digest = None
     if summary.exists():
@@ -164,9 +217,13 @@ def _write(run: Path, out: Path, conf: dict, mcfg: ModelConfig, model, ckpt, rea
     source = meta.source
     preprocessing = None
     if source.get("tool") == "bagpipe preprocess":
-        preprocessing = {"format": source["format"], "labelled": source.get("labelled", True),
-                         "categorical": source.get("categorical"), "dense": source.get("dense"),
-                         "vocab": "vocab" if has_vocab else None}
+        preprocessing = {
+            "format": source["format"],
+            "labelled": source.get("labelled", True),
+            "categorical": source.get("categorical"),
+            "dense": source.get("dense"),
+            "vocab": "vocab" if has_vocab else None,
+        }
     manifest = {
         "format": FORMAT,
         "version": VERSION,
@@ -174,9 +231,19 @@ def _write(run: Path, out: Path, conf: dict, mcfg: ModelConfig, model, ckpt, rea
         "dense_features": list(meta.dense_names),
         "tables": tables,
         "dense": {"file": DENSE_FILE, "naming": naming},
-        "training": {"run": str(run.resolve()), "step": ckpt.step, "optimizer": conf["train"]["optim"]["optimizer"],
-                     "params_sha256": digest, "dataset": str(data_dir.resolve())},
+        "training": {
+            "run": str(run.resolve()),
+            "step": ckpt.step,
+            "optimizer": conf["train"]["optim"]["optimizer"],
+            "params_sha256": digest,
+            "dataset": str(data_dir.resolve()),
+        },
         "preprocessing": preprocessing,
     }
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
     return Exported(str(out), ckpt.step, len(tables), meta.total_rows, len(shards) + 1, naming, has_vocab)
+
+
+def _tensor_chunks(t) -> list[np.ndarray]:
+    """A dense (torch) tensor as the one chunk of its safetensors entry."""
+    return [t.detach().contiguous().numpy()]

@@ -28,10 +28,10 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -131,8 +131,13 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
             raise ConfigError(f"{f.path}: given twice")
         seen.add(key)
     out = Path(opts.out)
-    output = OutputDir(out, "dataset", META_FILE, overwrite=opts.overwrite,
-                       inputs={"--input": opts.inputs, "--eval-files": opts.eval_files})
+    output = OutputDir(
+        out,
+        "dataset",
+        META_FILE,
+        overwrite=opts.overwrite,
+        inputs={"--input": opts.inputs, "--eval-files": opts.eval_files},
+    )
     output.check()  # every refusal of the output before the input is read
     for f in files:
         probe(fmt, f)
@@ -161,7 +166,7 @@ def _convert(fmt, opts, files, output, mapping, split, workers, t0) -> Result:
             with bar:
                 for f in inputs:
                     f.lines = count_data_lines(f, opts.block_bytes, bar)
-            total = sum(f.lines for f in inputs)
+            total = sum(f.lines or 0 for f in inputs)
             n_train = math.floor(Fraction(str(split)) * total)
 
     bad = BadLines(opts.on_error)
@@ -171,6 +176,7 @@ def _convert(fmt, opts, files, output, mapping, split, workers, t0) -> Result:
         mapping = HashMapping(keyed, opts.max_rows_per_table)
 
     def parse(b: Block) -> Parsed:
+        assert b.file.layout is not None  # every input was probed first
         raw, bad_lines = fmt.parse_block(b.data, b.nlines, b.file.layout, stop)
         return Parsed(raw, fmt.transform_dense(raw.dense), bad_lines)
 
@@ -242,14 +248,17 @@ def _convert(fmt, opts, files, output, mapping, split, workers, t0) -> Result:
             keys = {n: r[0] for n, r in results.items()}
             counts_ = {n: r[1] for n, r in results.items()}
             mapping = Vocabulary(keys, counts_, min_count, workers)
-        return _write(fmt, opts, output, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0)
+        return _write(
+            fmt, opts, output, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0
+        )
     finally:
         if spill is not None:
             spill.remove()
 
 
-
-def _write(fmt, opts, output, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0) -> Result:
+def _write(
+    fmt, opts, output, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0
+) -> Result:
     """Pass 2: map categorical keys to ids and append every valid line to its split."""
     features = []
     fixed_rows = dict(fmt.fixed_features)

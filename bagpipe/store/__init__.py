@@ -8,8 +8,7 @@ from pathlib import Path
 from bagpipe.errors import ConfigError
 from bagpipe.files import RunLock
 from bagpipe.store.base import EmbeddingStore
-from bagpipe.store.init import RowInitializer
-
+from bagpipe.store.init import RowValues
 
 LOCK = ".lock"  # the store directory's lock file (one run at a time)
 
@@ -19,8 +18,9 @@ def holds_store(directory: str | Path) -> bool:
     return (Path(directory) / "header.json").exists()
 
 
-def open_store(kind: str, init: RowInitializer, state_dim: int, directory: str | Path | None, *,
-               owned: bool, reuse: bool = False) -> EmbeddingStore:
+def open_store(
+    kind: str, init: RowValues, state_dim: int, directory: str | Path | None, *, owned: bool, reuse: bool = False
+) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
     ``owned``: ``directory`` is the run's own (RUN/store): it is emptied first, since a
@@ -35,6 +35,8 @@ def open_store(kind: str, init: RowInitializer, state_dim: int, directory: str |
         return MemoryStore(init, state_dim)
     from bagpipe.store.disk import DiskStore
 
+    if directory is None:
+        raise ValueError("a disk store needs a directory")
     path = Path(directory)
     if not owned and reuse and not holds_store(path):  # said before a folder is made for it
         raise ConfigError(f"--init-from-store: {path} holds no store to start from")

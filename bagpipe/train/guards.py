@@ -39,13 +39,20 @@ def check_step(step: int, loss: float, model: torch.nn.Module, inp) -> None:
     if rows is not None:
         flags.append(torch.isfinite(rows).all())
     if flags and not bool(torch.stack(flags).all()):
-        names = [n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-        what = (f"the gradient of {names[0]} holds NaN or infinite values" if names
-                else "an embedding row's gradient made the row NaN or infinite")
+        names = [
+            n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+        ]
+        what = (
+            f"the gradient of {names[0]} holds NaN or infinite values"
+            if names
+            else "an embedding row's gradient made the row NaN or infinite"
+        )
         raise Diverged(_message(step, what))
 
 
 def _message(step: int, what: str) -> str:
-    return (f"training diverged at step {step}: {what}; stopped without checkpointing it (the run's latest "
-            "checkpoint, if any, is from before); start again with a lower --lr / --embedding-lr, or check the data "
-            "with `bagpipe check`")
+    return (
+        f"training diverged at step {step}: {what}; stopped without checkpointing it (the run's latest "
+        "checkpoint, if any, is from before); start again with a lower --lr / --embedding-lr, or check the data "
+        "with `bagpipe check`"
+    )

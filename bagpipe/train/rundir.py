@@ -8,7 +8,7 @@ Layout of ``RUN/``::
                     "embedding_lr"} every few steps (the rates of the step just done),
                     {"step", "eval_logloss", "eval_auc", "eval_ne", "eval_calibration",
                     "eval_accuracy", "eval_samples"} at each evaluation
-    summary.json    the finished run (:func:`bagpipe.train.summary.build_summary`)
+    summary.json    the finished run (:class:`bagpipe.train.summary.Summary`)
     checkpoints/    :mod:`bagpipe.checkpoint`
     .lock           who holds the run (pid, host, start time); see :class:`RunLock`
 
@@ -25,9 +25,10 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TextIO
 
 import numpy as np
 import torch
@@ -53,20 +54,24 @@ class MetricsLog:
 
     def __init__(self, path: Path, since: int = 0):
         self.path, self.since = path, since
-        self.f = None
+        self.f: TextIO | None = None
 
-    def _open(self):
+    def _open(self) -> TextIO:
         if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and self.since and json.loads(line).get("step", 0) <= self.since]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and self.since and json.loads(line).get("step", 0) <= self.since
+            ]
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         return open(self.path, "a")
 
     def write(self, **record) -> None:
         if self.f is None:
             self.f = self._open()
-        self.f.write(json.dumps(record) + "\n")
-        self.f.flush()
+        f = self.f
+        f.write(json.dumps(record) + "\n")
+        f.flush()
 
     def close(self) -> None:
         if self.f is not None:

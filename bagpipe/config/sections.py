@@ -1,16 +1,12 @@
-"""The typed, validated configuration of a training run, in seven sections.
+"""The sections of a training run's configuration, one typed dataclass per component.
 
-Sources, later ones winning: the dataclass defaults, a TOML file (``--config``), the
-command line. Every setting is declared once, below, with its type and a docstring;
-``bagpipe train --help`` and the TOML keys are generated from these declarations
-(:mod:`bagpipe.config`), so the option ``--batch-size`` is the key ``batch_size``,
-at the top level of the file or in its section's table (``[data]``). Every bad value
-raises ConfigError with one line at start-up, and so does a setting the chosen mode,
-store, topology or schedule does not read (:func:`_refuse_inapplicable`).
-
-This module is long because every setting is declared here once, each with the
-docstring that is its ``--help``, and the rules of which settings apply where sit
-beside them.
+Each section is what one component reads (the data stream, the model, the optimizers, the
+embedding placement, the hot tier, the distributed job, the approximations, the run), so a
+function below ``bagpipe.train`` takes the sections it reads, not the whole
+:class:`~bagpipe.config.train.TrainConfig`. Every setting is declared once, with its type
+and a docstring; ``bagpipe train --help`` and the TOML keys are generated from these
+declarations (:mod:`bagpipe.config.options`). Every bad value raises ConfigError with one
+line at start-up.
 """
 
 from __future__ import annotations
@@ -19,15 +15,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from bagpipe.config import Section, build, flatten, need, read_toml, to_flat
-from bagpipe.config.typed import field_types, finite
+from bagpipe.config.modes import Mode, ModeSpec, mode_spec
+from bagpipe.config.typed import Section, finite, need
 from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
 from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
-Mode = Literal["full", "nocache", "lru", "lookahead", "fae", "hotline"]
+Store = Literal["memory", "disk"]
 MAX_DIM = 1 << 16  # D beyond this is a typo, not a model (a row of 256 KiB)
 MAX_THREADS = 4096
-Store = Literal["memory", "disk"]
 
 
 @dataclass(kw_only=True)
@@ -59,8 +54,10 @@ class ArchConfig(Section):
     """D, overrides the recipe's embedding dimension."""
 
     def validate(self) -> None:
-        need(self.embedding_dim is None or 0 < self.embedding_dim <= MAX_DIM,
-             f"embedding dim must be in [1, {MAX_DIM}], got {self.embedding_dim}")
+        need(
+            self.embedding_dim is None or 0 < self.embedding_dim <= MAX_DIM,
+            f"embedding dim must be in [1, {MAX_DIM}], got {self.embedding_dim}",
+        )
 
     def model_config(self) -> ModelConfig:
         """The recipe's architecture, with ``embedding_dim`` applied."""
@@ -114,19 +111,32 @@ class OptimConfig(Section):
         need(finite(self.lr) and self.lr > 0, f"learning rate must be > 0, got {self.lr}")
         e = self.embedding_lr
         need(e is None or (finite(e) and e > 0), f"embedding learning rate must be > 0, got {e}")
-        need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"Adam betas must be in [0, 1), got {self.beta1} and {self.beta2}")
+        need(
+            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+            f"Adam betas must be in [0, 1), got {self.beta1} and {self.beta2}",
+        )
         need(finite(self.eps) and self.eps > 0, f"eps must be > 0, got {self.eps}")
-        need(finite(self.weight_decay) and self.weight_decay >= 0, f"weight decay must be >= 0, got {self.weight_decay}")
+        need(
+            finite(self.weight_decay) and self.weight_decay >= 0, f"weight decay must be >= 0, got {self.weight_decay}"
+        )
         adam = (self.beta1, self.beta2, self.eps, self.weight_decay)
-        need(self.optimizer in ADAM_FAMILY or adam == (0.9, 0.999, 1e-8, 0.0),
-             f"--beta1, --beta2, --eps and --weight-decay apply to adam and partial_rowwise_adam, not {self.optimizer}")
+        need(
+            self.optimizer in ADAM_FAMILY or adam == (0.9, 0.999, 1e-8, 0.0),
+            f"--beta1, --beta2, --eps and --weight-decay apply to adam and partial_rowwise_adam, not {self.optimizer}",
+        )
         W, S, N = self.lr_warmup_steps, self.lr_decay_start, self.lr_decay_steps
         need(min(W, S, N) >= 0, f"schedule steps must be >= 0, got warm-up {W}, decay start {S}, decay steps {N}")
         need(finite(self.lr_min) and self.lr_min >= 0, f"lr-min must be >= 0, got {self.lr_min}")
-        need(finite(self.lr_decay_power) and self.lr_decay_power > 0, f"lr-decay-power must be > 0, got {self.lr_decay_power}")
+        need(
+            finite(self.lr_decay_power) and self.lr_decay_power > 0,
+            f"lr-decay-power must be > 0, got {self.lr_decay_power}",
+        )
         need(finite(self.lr_gamma) and 0 < self.lr_gamma <= 1, f"lr-gamma must be in (0, 1], got {self.lr_gamma}")
         if self.lr_schedule == "constant":
-            need(W == S == N == 0, "--lr-warmup-steps, --lr-decay-start and --lr-decay-steps need --lr-schedule warmup-poly or step")
+            need(
+                W == S == N == 0,
+                "--lr-warmup-steps, --lr-decay-start and --lr-decay-steps need --lr-schedule warmup-poly or step",
+            )
         elif N > 0:
             need(S >= W, f"the decay must start after the warm-up: --lr-decay-start {S} < --lr-warmup-steps {W}")
         if self.lr_schedule == "step":
@@ -136,8 +146,15 @@ class OptimConfig(Section):
         """The :class:`~bagpipe.optim.schedule.LRSchedule` of these settings."""
         from bagpipe.optim.schedule import LRSchedule
 
-        return LRSchedule(kind=self.lr_schedule, warmup_steps=self.lr_warmup_steps, decay_start=self.lr_decay_start,
-                          decay_steps=self.lr_decay_steps, power=self.lr_decay_power, gamma=self.lr_gamma, lr_min=self.lr_min)
+        return LRSchedule(
+            kind=self.lr_schedule,
+            warmup_steps=self.lr_warmup_steps,
+            decay_start=self.lr_decay_start,
+            decay_steps=self.lr_decay_steps,
+            power=self.lr_decay_power,
+            gamma=self.lr_gamma,
+            lr_min=self.lr_min,
+        )
 
     @property
     def row_lr(self) -> float:
@@ -148,15 +165,28 @@ class OptimConfig(Section):
         """The row-wise optimizer for rows of D = ``dim``, with the schedule."""
         from bagpipe.optim.build import build_sparse_optimizer
 
-        return build_sparse_optimizer(self.optimizer, self.row_lr, dim, betas=(self.beta1, self.beta2), eps=self.eps,
-                                      weight_decay=self.weight_decay, schedule=self.schedule())
+        return build_sparse_optimizer(
+            self.optimizer,
+            self.row_lr,
+            dim,
+            betas=(self.beta1, self.beta2),
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            schedule=self.schedule(),
+        )
 
     def dense_optimizer(self, params):
         """torch's optimizer for the dense parameters ``params`` (the loop sets its rate each step)."""
         from bagpipe.optim.build import build_dense_optimizer
 
-        return build_dense_optimizer(self.optimizer, self.lr, params, betas=(self.beta1, self.beta2), eps=self.eps,
-                                     weight_decay=self.weight_decay)
+        return build_dense_optimizer(
+            self.optimizer,
+            self.lr,
+            params,
+            betas=(self.beta1, self.beta2),
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+        )
 
 
 @dataclass(kw_only=True)
@@ -192,8 +222,10 @@ class CacheConfig(Section):
             finite(self.cache_budget_mb) and self.cache_budget_mb >= 0,
             f"cache budget must be a finite number of MiB >= 0, got {self.cache_budget_mb}",
         )
-        need(not self.init_from_store or (self.store == "disk" and self.store_dir is not None),
-             "--init-from-store needs --store disk and the --store-dir to start from")
+        need(
+            not self.init_from_store or (self.store == "disk" and self.store_dir is not None),
+            "--init-from-store needs --store disk and the --store-dir to start from",
+        )
         need(
             not (self.cache_budget_mb > 0 and self.cache_rows > 0),
             "--cache-budget-mb and --cache-rows are mutually exclusive: give the cache's memory budget "
@@ -201,10 +233,9 @@ class CacheConfig(Section):
         )
 
     @property
-    def planner(self) -> str:
-        """The planner of the rows the hot tier does not hold: fae and hotline read them
-        per batch, as nocache does."""
-        return "nocache" if self.mode in ("fae", "hotline") else self.mode
+    def spec(self) -> ModeSpec:
+        """The mode's row of the table of modes (:mod:`bagpipe.config.modes`)."""
+        return mode_spec(self.mode)
 
 
 @dataclass(kw_only=True)
@@ -226,11 +257,15 @@ class HotConfig(Section):
     others as FAE does (changes the data order: an approximation)."""
 
     def validate(self) -> None:
-        need(finite(self.hot_budget_mb) and self.hot_budget_mb >= 0,
-             f"hot budget must be a finite number of MiB >= 0, got {self.hot_budget_mb}")
+        need(
+            finite(self.hot_budget_mb) and self.hot_budget_mb >= 0,
+            f"hot budget must be a finite number of MiB >= 0, got {self.hot_budget_mb}",
+        )
         need(0 < self.hot_sample_rate <= 1, f"hot sample rate must be in (0, 1], got {self.hot_sample_rate}")
-        need(not (self.hot_budget_mb > 0 and self.hot_rows),
-             "--hot-budget-mb and --hot-rows are mutually exclusive: profile at start-up for a budget, or read a file")
+        need(
+            not (self.hot_budget_mb > 0 and self.hot_rows),
+            "--hot-budget-mb and --hot-rows are mutually exclusive: profile at start-up for a budget, or read a file",
+        )
 
     @property
     def on(self) -> bool:
@@ -266,9 +301,11 @@ class DistConfig(Section):
         need(self.servers >= 0, f"servers must be >= 0, got {self.servers}")
         need(self.plans_in_flight >= 1, f"plans in flight must be >= 1, got {self.plans_in_flight}")
         need(self.max_restarts >= 0, f"max restarts must be >= 0, got {self.max_restarts}")
-        need(finite(self.rendezvous_timeout) and self.rendezvous_timeout > 0,
-             f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}")
-        self.sync_period  # checks the --cache-sync value
+        need(
+            finite(self.rendezvous_timeout) and self.rendezvous_timeout > 0,
+            f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}",
+        )
+        _ = self.sync_period  # checks the --cache-sync value
 
     @property
     def sync_period(self) -> int:
@@ -277,8 +314,10 @@ class DistConfig(Section):
         if v in ("partitioned", "replicated"):
             return 0
         kind, _, k = v.partition(":")
-        need(kind == "periodic" and k.isdigit() and int(k) >= 1,
-             f"--cache-sync must be partitioned, replicated or periodic:K with K >= 1 steps, got {v!r}")
+        need(
+            kind == "periodic" and k.isdigit() and int(k) >= 1,
+            f"--cache-sync must be partitioned, replicated or periodic:K with K >= 1 steps, got {v!r}",
+        )
         return int(k)
 
     @property
@@ -310,16 +349,30 @@ class ApproxConfig(Section):
 
     def validate(self) -> None:
         need(self.stale_start >= 0, f"stale start must be a step >= 0, got {self.stale_start}")
-        need(finite(self.stale_sampling_share) and 0 < self.stale_sampling_share <= 1,
-             f"stale sampling share must be in (0, 1], got {self.stale_sampling_share}")
-        need(finite(self.stale_target) and 0 < self.stale_target < 1, f"stale target must be in (0, 1), got {self.stale_target}")
-        need(finite(self.stale_tolerance) and 0 < self.stale_tolerance < 1,
-             f"stale tolerance must be in (0, 1), got {self.stale_tolerance}")
+        need(
+            finite(self.stale_sampling_share) and 0 < self.stale_sampling_share <= 1,
+            f"stale sampling share must be in (0, 1], got {self.stale_sampling_share}",
+        )
+        need(
+            finite(self.stale_target) and 0 < self.stale_target < 1,
+            f"stale target must be in (0, 1), got {self.stale_target}",
+        )
+        need(
+            finite(self.stale_tolerance) and 0 < self.stale_tolerance < 1,
+            f"stale tolerance must be in (0, 1), got {self.stale_tolerance}",
+        )
         need(self.stale_alpha >= 0, f"stale alpha must be >= 0 lookups (0: all of an input's), got {self.stale_alpha}")
-        need(finite(self.stale_sample_rate) and 0 < self.stale_sample_rate <= 1,
-             f"stale sample rate must be in (0, 1], got {self.stale_sample_rate}")
-        changed = [f.name for f in dataclasses.fields(self) if f.name != "skip_stale" and getattr(self, f.name) != f.default]
-        need(self.skip_stale or not changed, f"--{changed[0].replace('_', '-') if changed else ''} applies to --skip-stale, which is off")
+        need(
+            finite(self.stale_sample_rate) and 0 < self.stale_sample_rate <= 1,
+            f"stale sample rate must be in (0, 1], got {self.stale_sample_rate}",
+        )
+        changed = [
+            f.name for f in dataclasses.fields(self) if f.name != "skip_stale" and getattr(self, f.name) != f.default
+        ]
+        need(
+            self.skip_stale or not changed,
+            f"--{changed[0].replace('_', '-') if changed else ''} applies to --skip-stale, which is off",
+        )
 
 
 @dataclass(kw_only=True)
@@ -365,183 +418,9 @@ class RunConfig(Section):
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}")
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
-        need(self.checkpoint_compact_every >= 1, f"checkpoint_compact_every must be >= 1, got {self.checkpoint_compact_every}")
+        need(
+            self.checkpoint_compact_every >= 1,
+            f"checkpoint_compact_every must be >= 1, got {self.checkpoint_compact_every}",
+        )
         need(0 <= self.threads <= MAX_THREADS, f"threads must be in [0, {MAX_THREADS}], got {self.threads}")
         need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")
-
-
-@dataclass(kw_only=True)
-class TrainConfig:
-    """Every setting of ``bagpipe train``, by section."""
-
-    data: DataConfig
-    arch: ArchConfig
-    optim: OptimConfig
-    cache: CacheConfig
-    hot: HotConfig
-    dist: DistConfig
-    approx: ApproxConfig
-    run: RunConfig
-
-    def __post_init__(self) -> None:
-        mode = self.cache.mode
-        skip = self.approx.skip_stale
-        need(not (self.hot.on and mode == "full") or skip,
-             "--mode full holds every row already: a hot tier (--hot-budget-mb, --hot-rows) needs a store mode")
-        if skip:
-            need(not self.dist.distributed,
-                 "--skip-stale runs on one process: distributed trainers would all have to skip the same inputs, "
-                 "which is not built; drop --trainers/--servers or --skip-stale")
-            need(mode in ("full", "lookahead"), f"--skip-stale works with --mode full or lookahead, got --mode {mode}")
-            need(mode == "full" or self.hot.on,
-                 "--skip-stale with --mode lookahead watches the hot tier's rows: add --hot-budget-mb M or --hot-rows FILE")
-            need(not self.run.resume, "--skip-stale runs cannot be resumed (the rows' snapshots are not checkpointed): "
-                                      "start the run again without --resume")
-        need(self.hot.fae_schedule == "keep" or mode == "fae", f"--fae-schedule applies to --mode fae, got --mode {mode}")
-        d = self.dist
-        if d.distributed:
-            need(d.servers >= 1, f"{d.trainers} trainers need embedding servers to share the rows: add --servers S (S >= 1)")
-            need(self.cache.mode == "lookahead", f"distributed runs (--trainers/--servers) use --mode lookahead, got --mode {self.cache.mode}")
-            need(self.data.batch_size % d.trainers == 0,
-                 f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers")
-        need(not d.sync_period or d.trainers >= 2,
-             f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)")
-        _refuse_inapplicable(self)
-
-    @property
-    def approximations(self) -> list[str]:
-        """The approximations this run makes (empty: exact, the result of synchronous training)."""
-        out = []
-        if self.approx.skip_stale:
-            out.append("skip-stale")
-        if self.dist.sync_period:
-            out.append(f"cache-sync {self.dist.cache_sync}")
-        if self.hot.fae_schedule == "split":
-            out.append("fae-schedule split")
-        return out
-
-    @property
-    def distributed(self) -> bool:
-        return self.dist.distributed
-
-    @classmethod
-    def of(cls, **settings) -> "TrainConfig":
-        """A config from settings by name (``TrainConfig.of(data=..., out=..., steps=10)``)."""
-        return build(cls, settings)
-
-    def replace(self, **settings) -> "TrainConfig":
-        """A copy with some settings changed (by name, whatever their section)."""
-        return build(type(self), to_flat(self) | settings)
-
-    def to_json(self) -> dict:
-        """Nested by section: what RUN/config.json holds and :meth:`from_json` reads."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, values: dict, source: str = "config.json") -> "TrainConfig":
-        return build(cls, flatten(cls, values, source), source)
-
-
-#: The cache settings each mode reads; any other given a value is refused (:func:`_refuse_inapplicable`).
-CACHE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "full": (),
-    "nocache": (),  # stages exactly one batch's rows: no cache to size, nothing ahead
-    "lru": ("cache_rows", "cache_budget_mb"),
-    "lookahead": ("cache_rows", "lookahead", "cache_budget_mb"),
-    "fae": (),  # cold rows are read per batch, as nocache; the hot tier has its own settings
-    "hotline": (),
-}
-#: The settings only a store mode reads, and those only the disk store reads.
-STORE_SETTINGS = ("store",)
-DISK_SETTINGS = ("store_dir", "init_from_store")
-#: The settings only a distributed run (--trainers/--servers) reads.
-DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts")
-#: The settings of the hot tier's start-up profile (not read when --hot-rows gives the rows).
-PROFILE_SETTINGS = ("hot_sample_rate",)
-#: The schedule settings each --lr-schedule reads (beyond --lr-warmup-steps, which both others read).
-SCHEDULE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "constant": (),
-    "warmup-poly": ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "lr_decay_power", "lr_min"),
-    "step": ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps", "lr_gamma", "lr_min"),
-}
-
-
-def _refuse_inapplicable(cfg: TrainConfig) -> None:
-    """Every setting given a value that the chosen mode, store, topology or schedule
-    does not read is refused in one line naming it, never silently ignored
-    (``--mode full --store disk`` would train in memory; ``--mode fae --cache-rows``
-    would size nothing). "Given" means other than its default, so a TOML file may state
-    a default explicitly. One place for all these checks (the modes' rules are data:
-    :data:`CACHE_SETTINGS`, ...; :func:`inapplicable` applies them).
-    """
-    flat = to_flat(cfg)
-    defaults = _defaults()
-    for name, why in inapplicable(flat):
-        need(flat[name] == defaults[name], f"--{name.replace('_', '-')} {why}")
-
-
-def _defaults() -> dict:
-    return {f.name: f.default for cls in dataclasses.fields(TrainConfig)
-            for f in dataclasses.fields(field_types(TrainConfig)[cls.name])}
-
-
-def inapplicable(flat: dict) -> list[tuple[str, str]]:
-    """(setting, why) of every setting that the mode, store, topology and schedule of
-    the flat settings ``flat`` (missing ones at their defaults) do not read."""
-    v = _defaults() | flat
-    mode, out = v["mode"], []
-
-    def add(names, why: str) -> None:
-        out.extend((n, why) for n in names)
-
-    for name in ("cache_rows", "lookahead", "cache_budget_mb"):
-        if name not in CACHE_SETTINGS[mode]:
-            users = ", ".join(m for m, s in CACHE_SETTINGS.items() if name in s)
-            add([name], f"does not apply to --mode {mode} (it sizes the cache of --mode {users})")
-    if mode == "full":
-        add(STORE_SETTINGS + DISK_SETTINGS, "does not apply to --mode full: every row is in this process's memory")
-    elif v["store"] == "memory":
-        add(DISK_SETTINGS, "needs --store disk (the memory store keeps no files)")
-    if not (v["servers"] > 0 or v["trainers"] > 1):
-        periodic = str(v["cache_sync"]).startswith("periodic")  # has its own message (it needs --trainers N >= 2)
-        add([n for n in DIST_SETTINGS if not (n == "cache_sync" and periodic)],
-            "applies to distributed runs (--trainers N --servers S), not one process")
-    profiled = (mode in ("fae", "hotline") or v["hot_budget_mb"] > 0 or v["skip_stale"]) and not v["hot_rows"]
-    if not profiled:
-        add(PROFILE_SETTINGS, "applies when the hot rows are profiled at start-up (--hot-budget-mb, "
-                              "or --mode fae/hotline without --hot-rows)")
-    schedule = v["lr_schedule"]
-    for name in ("lr_decay_power", "lr_gamma", "lr_min"):
-        if name not in SCHEDULE_SETTINGS[schedule]:
-            users = " or ".join(k for k, s in SCHEDULE_SETTINGS.items() if name in s)
-            add([name], f"applies to --lr-schedule {users}, not {schedule}")
-    if schedule == "warmup-poly" and v["lr_decay_steps"] == 0:
-        add(("lr_decay_start", "lr_decay_power", "lr_min"),
-            "shapes warmup-poly's decay, which needs its length: give --lr-decay-steps N > 0 "
-            "(without it the rate never decays)")
-    return out
-
-
-def only_applicable(settings: dict) -> dict:
-    """``settings`` without those their own mode, store, topology and schedule do not
-    read: for code that runs several modes with shared settings (benchmarks, tests)."""
-    drop = {name for name, _ in inapplicable(settings)}
-    return {k: v for k, v in settings.items() if k not in drop}
-
-
-def load_config(file: str | None, overrides: dict) -> TrainConfig:
-    """Merge a TOML file (may be None) and command-line overrides (None values ignored).
-
-    The file's keys are setting names, at the top level, in their section's table, or
-    (as older files have them) inside a ``[train]`` table.
-    """
-    values: dict = {}
-    source = "command line"
-    if file:
-        raw = read_toml(file)
-        if set(raw) == {"train"} and isinstance(raw["train"], dict):
-            raw = raw["train"]
-        values = flatten(TrainConfig, raw, str(file))
-        source = str(file)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return build(TrainConfig, values, source)

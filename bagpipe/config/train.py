@@ -1,0 +1,233 @@
+"""The typed, validated configuration of a training run: its sections, and the checks
+between them.
+
+Sources, later ones winning: the dataclass defaults, a TOML file (``--config``), the
+command line. Every setting is declared once, in its section (:mod:`bagpipe.config.sections`),
+with its type and a docstring; ``bagpipe train --help`` and the TOML keys are generated
+from these declarations (:mod:`bagpipe.config.options`), so the option ``--batch-size``
+is the key ``batch_size``, at the top level of the file or in its section's table
+(``[data]``). Every bad value raises ConfigError with one line at start-up, and so does a
+setting the chosen mode, store, topology or schedule does not read (:func:`inapplicable`,
+which reads the table of modes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from bagpipe.config.modes import mode_spec, modes_with
+from bagpipe.config.options import build, flatten, read_toml, sections, to_flat
+from bagpipe.config.sections import (
+    ApproxConfig,
+    ArchConfig,
+    CacheConfig,
+    DataConfig,
+    DistConfig,
+    HotConfig,
+    OptimConfig,
+    RunConfig,
+)
+from bagpipe.config.typed import need
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Every setting of ``bagpipe train``, by section."""
+
+    data: DataConfig
+    arch: ArchConfig
+    optim: OptimConfig
+    cache: CacheConfig
+    hot: HotConfig
+    dist: DistConfig
+    approx: ApproxConfig
+    run: RunConfig
+
+    def __post_init__(self) -> None:
+        mode, spec = self.cache.mode, self.cache.spec
+        skip = self.approx.skip_stale
+        need(
+            not (self.hot.on and not spec.store) or skip,
+            f"--mode {mode} holds every row already: a hot tier (--hot-budget-mb, --hot-rows) needs a store mode",
+        )
+        if skip:
+            need(
+                not self.dist.distributed,
+                "--skip-stale runs on one process: distributed trainers would all have to skip the same inputs, "
+                "which is not built; drop --trainers/--servers or --skip-stale",
+            )
+            need(spec.skip_stale, f"--skip-stale works with --mode {modes_with('skip_stale')}, got --mode {mode}")
+            need(
+                not spec.store or self.hot.on,
+                f"--skip-stale with --mode {mode} watches the hot tier's rows: add --hot-budget-mb M or --hot-rows FILE",
+            )
+            need(
+                not self.run.resume,
+                "--skip-stale runs cannot be resumed (the rows' snapshots are not checkpointed): "
+                "start the run again without --resume",
+            )
+        need(
+            self.hot.fae_schedule == "keep" or spec.fae_schedule,
+            f"--fae-schedule applies to --mode {modes_with('fae_schedule')}, got --mode {mode}",
+        )
+        d = self.dist
+        if d.distributed:
+            need(
+                d.servers >= 1,
+                f"{d.trainers} trainers need embedding servers to share the rows: add --servers S (S >= 1)",
+            )
+            need(
+                spec.distributed,
+                f"distributed runs (--trainers/--servers) use --mode {modes_with('distributed')}, got --mode {mode}",
+            )
+            need(
+                self.data.batch_size % d.trainers == 0,
+                f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers",
+            )
+        need(
+            not d.sync_period or d.trainers >= 2,
+            f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)",
+        )
+        _refuse_inapplicable(self)
+
+    @property
+    def approximations(self) -> list[str]:
+        """The approximations this run makes (empty: exact, the result of synchronous training)."""
+        out = []
+        if self.approx.skip_stale:
+            out.append("skip-stale")
+        if self.dist.sync_period:
+            out.append(f"cache-sync {self.dist.cache_sync}")
+        if self.hot.fae_schedule == "split":
+            out.append("fae-schedule split")
+        return out
+
+    @property
+    def distributed(self) -> bool:
+        return self.dist.distributed
+
+    @classmethod
+    def of(cls, **settings) -> TrainConfig:
+        """A config from settings by name (``TrainConfig.of(data=..., out=..., steps=10)``)."""
+        return build(cls, settings)
+
+    def replace(self, **settings) -> TrainConfig:
+        """A copy with some settings changed (by name, whatever their section)."""
+        return build(type(self), to_flat(self) | settings)
+
+    def to_json(self) -> dict:
+        """Nested by section: what RUN/config.json holds and :meth:`from_json` reads."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, values: dict, source: str = "config.json") -> TrainConfig:
+        return build(cls, flatten(cls, values, source), source)
+
+
+#: The settings only a store mode reads, and those only the disk store reads.
+STORE_SETTINGS = ("store",)
+DISK_SETTINGS = ("store_dir", "init_from_store")
+#: The settings only a distributed run (--trainers/--servers) reads.
+DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts")
+#: The settings of the hot tier's start-up profile (not read when --hot-rows gives the rows).
+PROFILE_SETTINGS = ("hot_sample_rate",)
+#: The schedule terms each --lr-schedule reads.
+SCHEDULE_TERMS: dict[str, tuple[str, ...]] = {
+    "constant": (),
+    "warmup-poly": ("lr_decay_power", "lr_min"),
+    "step": ("lr_gamma", "lr_min"),
+}
+
+
+def _refuse_inapplicable(cfg: TrainConfig) -> None:
+    """Every setting given a value that the chosen mode, store, topology or schedule
+    does not read is refused in one line naming it, never silently ignored
+    (``--mode full --store disk`` would train in memory; ``--mode fae --cache-rows``
+    would size nothing). "Given" means other than its default, so a TOML file may state
+    a default explicitly."""
+    flat = to_flat(cfg)
+    defaults = _defaults()
+    for name, why in inapplicable(flat):
+        need(flat[name] == defaults[name], f"--{name.replace('_', '-')} {why}")
+
+
+def _defaults() -> dict:
+    return {f.name: f.default for cls in sections(TrainConfig).values() for f in dataclasses.fields(cls)}
+
+
+def inapplicable(flat: dict) -> list[tuple[str, str]]:
+    """(setting, why) of every setting that the mode (its row of the table of modes),
+    store, topology and schedule of the flat settings ``flat`` (missing ones at their
+    defaults) do not read."""
+    v = _defaults() | flat
+    spec = mode_spec(v["mode"])
+    out: list[tuple[str, str]] = []
+
+    def add(names, why: str) -> None:
+        out.extend((n, why) for n in names)
+
+    if not spec.sized_cache:
+        add(
+            ("cache_rows", "cache_budget_mb"),
+            f"does not apply to --mode {spec.name} (it sizes the cache of --mode {modes_with('sized_cache')})",
+        )
+    if not spec.looks_ahead:
+        add(("lookahead",), f"does not apply to --mode {spec.name} (the window of --mode {modes_with('looks_ahead')})")
+    if not spec.store:
+        add(
+            STORE_SETTINGS + DISK_SETTINGS,
+            f"does not apply to --mode {spec.name}: every row is in this process's memory",
+        )
+    elif v["store"] == "memory":
+        add(DISK_SETTINGS, "needs --store disk (the memory store keeps no files)")
+    if not (v["servers"] > 0 or v["trainers"] > 1):
+        periodic = str(v["cache_sync"]).startswith("periodic")  # has its own message (it needs --trainers N >= 2)
+        add(
+            [n for n in DIST_SETTINGS if not (n == "cache_sync" and periodic)],
+            "applies to distributed runs (--trainers N --servers S), not one process",
+        )
+    profiled = (spec.has_hot_tier or v["hot_budget_mb"] > 0 or v["skip_stale"]) and not v["hot_rows"]
+    if not profiled:
+        add(
+            PROFILE_SETTINGS,
+            "applies when the hot rows are profiled at start-up (--hot-budget-mb, "
+            f"or --mode {modes_with('has_hot_tier')} without --hot-rows)",
+        )
+    schedule = v["lr_schedule"]
+    for name in ("lr_decay_power", "lr_gamma", "lr_min"):
+        if name not in SCHEDULE_TERMS[schedule]:
+            users = " or ".join(k for k, terms in SCHEDULE_TERMS.items() if name in terms)
+            add([name], f"applies to --lr-schedule {users}, not {schedule}")
+    if schedule == "warmup-poly" and v["lr_decay_steps"] == 0:
+        add(
+            ("lr_decay_start", "lr_decay_power", "lr_min"),
+            "shapes warmup-poly's decay, which needs its length: give --lr-decay-steps N > 0 "
+            "(without it the rate never decays)",
+        )
+    return out
+
+
+def only_applicable(settings: dict) -> dict:
+    """``settings`` without those their own mode, store, topology and schedule do not
+    read: for code that runs several modes with shared settings (benchmarks, tests)."""
+    drop = {name for name, _ in inapplicable(settings)}
+    return {k: v for k, v in settings.items() if k not in drop}
+
+
+def load_config(file: str | None, overrides: dict) -> TrainConfig:
+    """Merge a TOML file (may be None) and command-line overrides (None values ignored).
+
+    The file's keys are setting names, at the top level, in their section's table, or
+    (as older files have them) inside a ``[train]`` table.
+    """
+    values: dict = {}
+    source = "command line"
+    if file:
+        raw = read_toml(file)
+        if set(raw) == {"train"} and isinstance(raw["train"], dict):
+            raw = raw["train"]
+        values = flatten(TrainConfig, raw, str(file))
+        source = str(file)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return build(TrainConfig, values, source)
