@@ -206,15 +206,18 @@ class Launcher:
                 r.pump.join(timeout=5)
 
     def _failure(self, first: Role, code: int, stopped: int) -> RoleFailed:
-        """The job's failure, blamed on the role whose own error came first: the role
-        that exited first may only have lost contact with it (a trainer that refuses a
-        resume closes its connections; a server notices and exits before it)."""
+        """The job's failure: the role that exited first, with the line it stopped with
+        -- unless that line says it only lost contact with another role (a trainer that
+        refuses a resume closes its connections; a server notices and may exit before
+        it): then the first role whose own error is another one, with that error. A
+        role killed by a signal printed nothing and is blamed as it is."""
         with self._echo_lock:
             errors = list(self._errors)
-        own = [(r, line) for r, line in errors if SECONDARY not in line] or errors
-        if not own:
-            return RoleFailed(first.name, first.rank, code, stopped, first.log_path)
-        role, line = own[0]
+        mine = [line for r, line in errors if r is first]
+        if not mine or SECONDARY not in mine[0]:
+            return RoleFailed(first.name, first.rank, code, stopped, first.log_path, reason=mine[0] if mine else None)
+        cause = next(((r, line) for r, line in errors if SECONDARY not in line), (first, mine[0]))
+        role, line = cause
         role_code = role.proc.returncode if role.proc.returncode is not None else code
         return RoleFailed(role.name, role.rank, role_code, stopped, role.log_path, reason=line)
 
