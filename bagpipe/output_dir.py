@@ -16,7 +16,10 @@ The life of ``OutputDir(target, ...)``:
    swaps the staging folder in: an atomic exchange (``renameat2(RENAME_EXCHANGE)``)
    where the kernel has it, else the old folder renamed aside and the new one renamed
    in (a crash between the two leaves the old one beside, whole); the old folder is
-   removed last.
+   removed last. Into an empty target folder (which may be the current one) the
+   entries move one by one, the file that marks the output finished last. Replacing a
+   folder that holds the current one is refused (it would leave the shell in a removed
+   folder).
 3. :meth:`OutputDir.close` (or leaving the ``with`` block) removes the staging folder
    if the output was not committed: a failed or interrupted build leaves the target as
    it was. A staging folder left by a killed process is removed by the next writer of
@@ -72,7 +75,9 @@ class OutputDir:
         inputs: dict[str, Iterable] | None = None,
         flag: str = "--out",
     ):
-        self.target = Path(target)
+        self.target = Path(target)  # as the user named it, for messages
+        # where it is, for renames: "." or a symbolic link is swapped at the folder it names
+        self.path = Path(os.path.realpath(target))
         self.kind, self.finished_file, self.overwrite, self.flag = kind, finished_file, overwrite, flag
         self.inputs = {k: [Path(p) for p in v if p] for k, v in (inputs or {}).items()}
         self.staging: Path | None = None
@@ -104,6 +109,11 @@ class OutputDir:
                 f"{t}: already holds a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind} "
                 "(pass --overwrite to replace it)"
             )
+        if inside(os.getcwd(), self.path):
+            raise ConfigError(
+                f"{flag} {t} is (or holds) the current folder, which --overwrite replaces as a whole; "
+                "run the command from outside it"
+            )
         foreign = self.foreign()
         if foreign:
             more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
@@ -124,12 +134,12 @@ class OutputDir:
     def open(self) -> Path:
         """Check, lock, and make the staging folder; returns it (write everything there)."""
         self.check()
-        parent = self.target.parent
+        parent = self.path.parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"{self.flag} {self.target}: cannot create {parent} ({e.strerror})") from None
-        name = self.target.name
+        name = self.path.name
         self._lock = RunLock(
             parent / f".{name}.lock",
             what=f"{self.flag} {self.target}",
@@ -152,9 +162,14 @@ class OutputDir:
         assert self.staging is not None, "open() first"
         files = [p for p in listing(self.staging) if p != MANIFEST]
         atomic_write_text(self.staging / MANIFEST, json.dumps({"kind": self.kind, "files": files}, indent=1))
-        t = self.target
+        t = self.path
         if not t.exists():
             os.rename(self.staging, t)
+        elif not any(t.iterdir()):  # an empty folder (perhaps the current one) is kept: the entries move in
+            entries = sorted(self.staging.iterdir(), key=lambda p: p.name == self.finished_file)  # finished last
+            for p in entries:
+                os.rename(p, t / p.name)
+            self.staging.rmdir()
         elif _exchange(self.staging, t):
             shutil.rmtree(self.staging)  # now the old folder
         else:
