@@ -103,6 +103,27 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``bagpipe ARGV`` (``sys.argv`` when None: the program itself) and return its exit code."""
+    rc = _main(argv)
+    if argv is None:
+        _leave_past_stuck_threads(rc)
+    return rc
+
+
+def _leave_past_stuck_threads(rc: int) -> None:
+    """End the process now if a thread is still blocked inside torch's C++ code (a rendezvous
+    given up on: a TCPStore client waiting for an answer that never comes). Left to the
+    interpreter's shutdown, such a thread is unwound through C++ frames that do not allow
+    it, and the process aborts (SIGABRT) after its one-line error instead of exiting with it."""
+    import threading
+
+    if any(t.name == "bagpipe-rendezvous" and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
