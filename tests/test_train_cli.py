@@ -206,7 +206,7 @@ def test_resume_after_crash_is_exact(run_cli, tiny_data, tmp_path, straight, mon
 
 
 def test_a_loss_that_explodes_stops_the_run_in_one_line_naming_the_step(run_cli, tiny_data, tmp_path):
-    from bagpipe.train.divergence import Diverged, LossGuard
+    from bagpipe.train.guards import Diverged, StepGuard
 
     out = tmp_path / "run"
     rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, "--batch-size", 64, "--optimizer", "sgd",
@@ -216,14 +216,14 @@ def test_a_loss_that_explodes_stops_the_run_in_one_line_naming_the_step(run_cli,
     found = re.fullmatch(
         r"bagpipe train: error: training diverged at step (\d+): the loss (is nan|has stayed above 100 for 5 steps "
         r"\(it is \S+\)); stopped without checkpointing it \(the run's latest checkpoint, if any, is from before\); "
-        r"lower --lr / --embedding-lr",
+        r"start again with a lower --lr / --embedding-lr, or check the data with `bagpipe check`",
         lines[0],
     )
     assert found, lines[0]
     step = int(found.group(1))
     assert (out / "checkpoints" / "LATEST").read_text().strip() == f"step-{step - 1:08d}"  # the last good one
     assert not (out / "summary.json").exists()
-    guard = LossGuard()  # a spike that training recovers from is no divergence (DLRM, Adagrad: 1,752 at step 2)
+    guard = StepGuard()  # a spike that training recovers from is no divergence (DLRM, Adagrad: 1,752 at step 2)
     for k, loss in enumerate([0.69, 1752.0, 0.71, 7.9, 0.83, 0.61] + [150.0] * 4, start=1):
         guard.check(k, loss)
     with pytest.raises(Diverged, match="^training diverged at step 11: the loss has stayed above 100 for 5 steps"):

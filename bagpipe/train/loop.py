@@ -28,8 +28,8 @@ from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.divergence import LossGuard
 from bagpipe.train.evaluate import eval_line, evaluate
+from bagpipe.train.guards import StepGuard
 from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import Backend, StepFn, Topology
@@ -119,8 +119,8 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
             phases.mark("restored")
             if topo.reports:
                 log.info(f"resumed from step {start}")
-        if topo.reports:
-            run.write_config(
+        if topo.reports:  # written by the first step's heartbeat: a refusal before it leaves the folder as it was
+            run.write_config_later(
                 cfg.to_json(),
                 mcfg,
                 {
@@ -130,7 +130,6 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
                     "num_dense": meta.num_dense,
                 },
             )
-            run.started()
         run_ = _Run(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start)
         summary = run_.train()
         failed = False
@@ -252,7 +251,7 @@ class _Run:
         if skipper is not None:  # Slipstream: the stale inputs are left out of the step
             run_step = skipper.wrap(run_step)
         step = start
-        guard = LossGuard()
+        guard = StepGuard()
         try:
             for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
                 # the rows' optimizer scales its own rate by inp.step
@@ -260,7 +259,9 @@ class _Run:
                 loss = run_step(self.net, self.dense_opt, rows, inp, meter.times)
                 backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
                 step = inp.step + 1
-                guard.check(step, loss)
+                guard.check(
+                    step, loss, self.model, inp
+                )  # a NaN or infinite loss, gradient or row, or an exploded loss, stops the run here
                 meter.record(step, loss)
                 if topo.reports:
                     run.heartbeat(step)

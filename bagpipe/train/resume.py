@@ -16,6 +16,7 @@ import torch
 
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.config import to_flat
+from bagpipe.config.environ import env_int
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
@@ -64,7 +65,7 @@ def elastic_restart() -> bool:
     the local launcher's): then it continues from the run's latest checkpoint, as if given
     --resume, and a run whose training had ended (its final checkpoint written, not yet its
     summary) only finishes (evaluation, digest, summary)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 or bool(os.environ.get(RESTART_ENV))
+    return env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0 or bool(os.environ.get(RESTART_ENV))
 
 
 def resume_point(
