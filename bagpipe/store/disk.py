@@ -42,8 +42,10 @@ page faults alone from 1 / 8 / 32 threads gave 8.6k / 23k / 33k rows/s, coalesce
 threads cannot keep a deeper queue). Hints + 8 threads is the default: the deep queue
 comes from the kernel, not from threads competing with the trainer for the cores.
 Earlier, on a table that fit the page cache, 32 faulting threads ran at ~90-120k rows/s
-cold against ~30-40k from one thread. A row's weights and state sit side by side
-(version 2): a cold row costs one page (version 1 needed two with S > 0).
+cold against ~30-40k from one thread.
+
+This module is long because one class holds the files, the hinted read and write paths and the
+presence bitmap (its written rows and their reset for a restore), which share its locks.
 
 Which rows are present is kept in memory as a bitmap (num_rows / 8 bytes), loaded
 from ``present.u8`` at open (only its allocated extents are read), so deciding
