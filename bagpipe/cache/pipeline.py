@@ -37,9 +37,19 @@ _DONE = object()
 
 @dataclass
 class PipelineTimes:
-    """Seconds the trainer's thread spent on embedding traffic."""
+    """Seconds the trainer's thread spent on embedding traffic.
+
+    ``wait_plan`` is the part of ``wait_embeddings`` during which the step's plan did not
+    exist yet (the trainer waited for the planner, not for rows), over every step but the
+    first (whose plan needs the first L+1 batches read: the pipeline filling);
+    ``plan_waits`` counts those steps, ``first_plan_wait`` is the first step's share.
+    Synchronous execution plans in the trainer's thread: all its planning counts.
+    """
 
     wait_embeddings: float = 0.0
+    wait_plan: float = 0.0
+    plan_waits: int = 0
+    first_plan_wait: float = 0.0
     writeback: float = 0.0
     fetch_busy: float = 0.0  # background fetch thread, for reference
     writeback_busy: float = 0.0  # background write-back thread
@@ -98,6 +108,8 @@ class PlanExecutor:
         self._closed = False
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="bagpipe-read") if defer_install and not pipelined else None
         self._pending: tuple[Plan, Future] | None = None
+        self._planned_at: dict[int, float] = {}  # step -> when the planner handed its plan over
+        self._first = True
         if pipelined:
             self._plan_q: queue.Queue = queue.Queue(maxsize=max(2, depth))
             self._ready_q: queue.Queue = queue.Queue(maxsize=max(1, depth))
@@ -120,6 +132,7 @@ class PlanExecutor:
     def _plan_loop(self) -> None:
         try:
             for plan in self.plans:
+                self._planned_at[plan.step] = time.perf_counter()
                 if not self._put(self._plan_q, plan):
                     return
             self._put(self._plan_q, _DONE)
@@ -204,7 +217,9 @@ class PlanExecutor:
                 plan = next(self.plans, None)
                 if plan is None:
                     return
-            self.times.wait_embeddings += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.times.wait_embeddings += t1 - t0
+            self._count_plan_wait(t0, min(self._planned_at.pop(plan.step, t1), t1))
             if self.before_evict is not None:
                 self.before_evict(plan)
             # write-backs labelled step-1: the previous step's expired rows, then this step's forced-out rows
@@ -222,6 +237,16 @@ class PlanExecutor:
             self.cache.install(plan.fetch_slots, plan.fetch_rows, w, s)
             self.times.wait_embeddings += time.perf_counter() - t0
             yield plan
+
+    def _count_plan_wait(self, t0: float, planned: float) -> None:
+        """The trainer began waiting for the next step at ``t0``; its plan existed from ``planned``."""
+        waited = max(0.0, planned - t0)
+        if self._first:
+            self._first = False
+            self.times.first_plan_wait = waited
+        elif waited > 0:
+            self.times.wait_plan += waited
+            self.times.plan_waits += 1
 
     def install(self) -> None:
         """The current plan's fetched rows are in the cache: waits for a deferred read (a no-op otherwise)."""
