@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.data.synthetic import SynthConfig, generate
-from bagpipe.train.config import TrainConfig
 from bagpipe.train.loop import train
 
 # tiny models: one torch thread is faster, above all on a busy machine (tests/README.md)

@@ -42,8 +42,9 @@ class OracleBench(Repeated, BenchConfig):
     """The oracle's planning throughput alone (one thread) vs batch size and lookahead L."""
 
     name = "oracle"
-    QUICK = dict(scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1, hot_budget_mb=0.5,
-                 profile_samples=20_000)
+    QUICK = dict(
+        scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1, hot_budget_mb=0.5, profile_samples=20_000
+    )
 
     reps: int = 3
     batch_sizes: tuple[int, ...] = (1024, 2048, 4096)
@@ -87,13 +88,23 @@ def run(b: OracleBench) -> dict:
     from bagpipe.data.synthetic import SynthConfig, generate
 
     torch.set_num_threads(1)
-    out = Path(b.out)
+    out = b.out_dir
     data = out / "data"
     need = max(b.batch_sizes) * (b.batches + 1)
     profiled = b.profile_samples if b.hot_budget_mb > 0 else 0
     # the planned batches come from the eval split; the hot rows are profiled on the train split
-    generate(SynthConfig(profile=b.profile, samples=need + profiled + 1, scale=b.scale, seed=2,
-                         eval_fraction=need / (need + profiled + 1)), str(data), overwrite=True, progress=False)
+    generate(
+        SynthConfig(
+            profile=b.profile,
+            samples=need + profiled + 1,
+            scale=b.scale,
+            seed=2,
+            eval_fraction=need / (need + profiled + 1),
+        ),
+        str(data),
+        overwrite=True,
+        progress=False,
+    )
     ds = Dataset(data)
     total = ds.meta.total_rows
     hot = None
@@ -112,36 +123,57 @@ def run(b: OracleBench) -> dict:
         lookups = sum(int(x.rows.shape[0]) for _, x in batches)
         cache = max(int(b.cache_fraction * total), B * ds.meta.num_features)
         for L in b.lookaheads:
-            runs = [_plan(batches, total, cache, L, h, fast) for _ in range(b.reps)
-                    for h in ([None, hot] if hot else [None]) for fast in paths]
+            runs = [
+                _plan(batches, total, cache, L, h, fast)
+                for _ in range(b.reps)
+                for h in ([None, hot] if hot else [None])
+                for fast in paths
+            ]
             plain = [r for r in runs if r["hot"] is None and r["fast"]]
             med, spread = median_spread([lookups / r["seconds"] for r in plain])
             key = f"B={B},L={L}"
             o = plain[-1]
-            res[key] = {"batch_size": B, "lookahead": L, "lookups_per_s": med, "spread": spread,
-                        "runs_lookups_per_s": [round(lookups / r["seconds"]) for r in plain],
-                        "ms_per_batch": 1000 * lookups / med / len(batches), "state_mb": o["state_mb"],
-                        "hit_rate": o["hit_rate"], "forced_evictions": o["forced_evictions"]}
+            res[key] = {
+                "batch_size": B,
+                "lookahead": L,
+                "lookups_per_s": med,
+                "spread": spread,
+                "runs_lookups_per_s": [round(lookups / r["seconds"]) for r in plain],
+                "ms_per_batch": 1000 * lookups / med / len(batches),
+                "state_mb": o["state_mb"],
+                "hit_rate": o["hit_rate"],
+                "forced_evictions": o["forced_evictions"],
+            }
             row = [B, L, med / 1e6, f"{spread:.0%}"]
             if b.reference:
                 ref_runs = [lookups / r["seconds"] for r in runs if r["hot"] is None and not r["fast"]]
                 ref, ref_spread = median_spread(ref_runs)
                 same = _same_plans(batches, total, cache, L)
-                res[key]["reference"] = {"lookups_per_s": ref, "spread": ref_spread, "speedup": med / ref,
-                                         "runs_lookups_per_s": [round(x) for x in ref_runs],
-                                         "identical_plans": same}
+                res[key]["reference"] = {
+                    "lookups_per_s": ref,
+                    "spread": ref_spread,
+                    "speedup": med / ref,
+                    "runs_lookups_per_s": [round(x) for x in ref_runs],
+                    "identical_plans": same,
+                }
                 row += [ref / 1e6, f"{ref_spread:.0%}", f"{med / ref:.2f}x", "yes" if same else "**NO**"]
             row += [res[key]["ms_per_batch"], o["state_mb"], f"{o['hit_rate']:.1%}"]
             if hot is not None:
                 with_hot = [r for r in runs if r["hot"] is not None and r["fast"]]
                 ms, ms_spread = median_spread([1000 * r["seconds"] / len(batches) for r in with_hot])
                 own, _ = median_spread([1000 * r["oracle_s"] / len(batches) for r in with_hot])
-                res[key]["hot"] = {"ms_per_batch": ms, "spread": ms_spread, "oracle_ms_per_batch": own,
-                                   "speedup": res[key]["ms_per_batch"] / ms, "lookup_share": with_hot[-1]["hot"]}
+                res[key]["hot"] = {
+                    "ms_per_batch": ms,
+                    "spread": ms_spread,
+                    "oracle_ms_per_batch": own,
+                    "speedup": res[key]["ms_per_batch"] / ms,
+                    "lookup_share": with_hot[-1]["hot"],
+                }
                 row += [ms, f"{ms_spread:.0%}", own, f"{res[key]['ms_per_batch'] / ms:.2f}x"]
                 if b.reference:
-                    ref_ms, _ = median_spread([1000 * r["seconds"] / len(batches) for r in runs
-                                               if r["hot"] is not None and not r["fast"]])
+                    ref_ms, _ = median_spread(
+                        [1000 * r["seconds"] / len(batches) for r in runs if r["hot"] is not None and not r["fast"]]
+                    )
                     res[key]["hot"]["reference_ms_per_batch"] = ref_ms
                     row += [ref_ms]
                 row += [f"{with_hot[-1]['hot']:.1%}"]
@@ -157,9 +189,18 @@ def run(b: OracleBench) -> dict:
         headers += ["reference ms/batch with hot tier"] if b.reference else []
         headers += ["lookups served hot"]
     load = {"start": load_start, "end": _load()}
-    table = markdown_table(headers, rows) + f"\n\nload average (1, 5, 15 min): {load['start']} at the start, {load['end']} at the end"
-    payload = {**header(b), "total_rows": total, "load_average": load,
-               "hot": hot.report if hot is not None else None, "results": res, "table": table}
+    table = (
+        markdown_table(headers, rows)
+        + f"\n\nload average (1, 5, 15 min): {load['start']} at the start, {load['end']} at the end"
+    )
+    payload = {
+        **header(b),
+        "total_rows": total,
+        "load_average": load,
+        "hot": hot.report if hot is not None else None,
+        "results": res,
+        "table": table,
+    }
     if payload["hot"] is not None:
         payload["hot"] = {k: v for k, v in payload["hot"].items() if k not in ("tables", "table_sizes")}
     _plot(out, res, b)
@@ -175,13 +216,19 @@ def _plan(batches: list, total: int, cache: int, L: int, hot, fast: bool = True)
     o = LookaheadOracle(total, cache, L, fast=fast)
     split = HotSplit(hot, cache) if hot is not None else None
     t0 = time.perf_counter()
-    for _p in (split.wrap(o, batches) if split is not None else o.plans(batches)):
+    for _p in split.wrap(o, batches) if split is not None else o.plans(batches):
         pass
     dt = time.perf_counter() - t0
     st = o.stats.as_dict()
-    return {"seconds": dt, "oracle_s": o.stats.seconds, "state_mb": oracle_state_mb(o), "hit_rate": st["hit_rate"],
-            "forced_evictions": st["forced_evictions"], "fast": fast,
-            "hot": split.report()["lookup_share"] if split is not None else None}
+    return {
+        "seconds": dt,
+        "oracle_s": o.stats.seconds,
+        "state_mb": oracle_state_mb(o),
+        "hit_rate": st["hit_rate"],
+        "forced_evictions": st["forced_evictions"],
+        "fast": fast,
+        "hot": split.report()["lookup_share"] if split is not None else None,
+    }
 
 
 def _same_plans(batches: list, total: int, cache: int, L: int) -> bool:
@@ -198,12 +245,21 @@ def _plot(out: Path, res: dict, b: OracleBench) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for B in b.batch_sizes:
-        pts = [(v["lookahead"], v["lookups_per_s"] / 1e6, v.get("reference", {}).get("lookups_per_s", 0) / 1e6)
-               for v in res.values() if v["batch_size"] == B]
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {B}")
+        pts = [
+            (v["lookahead"], v["lookups_per_s"] / 1e6, v.get("reference", {}).get("lookups_per_s", 0) / 1e6)
+            for v in res.values()
+            if v["batch_size"] == B
+        ]
+        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {B}")
         if b.reference:
-            ax.plot([p[0] for p in pts], [p[2] for p in pts], marker="x", linestyle="--", color=line.get_color(),
-                    label=f"batch {B}, reference read")
+            ax.plot(
+                [p[0] for p in pts],
+                [p[2] for p in pts],
+                marker="x",
+                linestyle="--",
+                color=line.get_color(),
+                label=f"batch {B}, reference read",
+            )
     ax.set_xscale("log")
     ax.set_xlabel("lookahead L (batches)")
     ax.set_ylabel("million lookups planned / s (1 thread)")

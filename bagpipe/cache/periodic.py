@@ -113,5 +113,7 @@ class PeriodicRowUpdate:
 
     def stats(self) -> dict:
         mean = float(np.mean(self.bytes_synced)) if self.bytes_synced else 0.0
-        return {"sync_bytes_per_step": mean,
-                "periodic": {"period": self.K, "averagings": self.averages, "sync_bytes_per_step": mean}}
+        return {
+            "sync_bytes_per_step": mean,
+            "periodic": {"period": self.K, "averagings": self.averages, "sync_bytes_per_step": mean},
+        }

@@ -59,7 +59,7 @@ Examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config import add_options
-    from bagpipe.train.config import TrainConfig
+    from bagpipe.config.train import TrainConfig
 
     p.add_argument("--config", metavar="FILE", help="TOML file with settings (command-line options win)")
     add_options(p, TrainConfig)
@@ -67,17 +67,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bagpipe.config import given
-    from bagpipe.train.config import TrainConfig, load_config
+    from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.train.loop import train
 
     cfg = load_config(args.config, given(args, TrainConfig))
     if cfg.distributed:
         from bagpipe.distributed.launch import launch
 
-        s = launch(cfg, echo=lambda line: print(line, flush=True))
+        launch(cfg)
     else:
-        s = train(cfg, announce=lambda line: print(line, flush=True))
-        print(summary_line(s))  # the launcher already echoed trainer 0's line
+        one = train(cfg)
+        assert one is not None  # one process reports
+        print(summary_line(one))  # the launcher already echoed trainer 0's line
     print(f"run directory: {cfg.run.out}")
     return 0
 

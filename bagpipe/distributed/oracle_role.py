@@ -14,16 +14,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from bagpipe.accel.hot import HotSplit, hot_set_for
+from bagpipe.cache.setup import LocalPlans, set_up_cache
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
-from bagpipe.data.stream import BatchStream
+from bagpipe.data.stream import train_stream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.optim.names import row_state_dim
-from bagpipe.oracle.lookahead import LookaheadOracle
-from bagpipe.oracle.sizing import lookups_per_batch, size_cache
-from bagpipe.train.config import TrainConfig
 
 
 @dataclass
@@ -44,34 +42,46 @@ class OracleReport:
     max_in_flight: int = 0
 
 
-def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print) -> OracleReport:
+def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
+    """Plan the job's global batches and send each trainer its part, to the end of the run."""
     dataset = Dataset(cfg.data.data)
-    stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=cfg.run.seed, block_size=cfg.data.block_size)
-    total_rows = dataset.meta.total_rows
+    stream = train_stream(dataset, cfg.data, cfg.run.seed)
     start = resume_step(cfg)
-    c = cfg.cache
-    # the cache every trainer allocates: sized once, here, exactly as one process sizes it
     dim = cfg.arch.model_config().embedding_dim
-    size = size_cache(
-        c.mode, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb, total_rows=total_rows,
-        dim=dim, state_dim=row_state_dim(cfg.optim.optimizer, dim), stream=stream, steps=cfg.run.steps,
-        lookups=(lookups := lookups_per_batch(dataset.meta, stream, cfg.run.steps)),
+    # the cache every trainer allocates: set up once, here, exactly as one process sets it up
+    setup = set_up_cache(
+        cfg.cache.spec,
+        cfg.cache,
+        cfg.hot,
+        dataset=dataset,
+        stream=stream,
+        steps=cfg.run.steps,
+        dim=dim,
+        state_dim=row_state_dim(cfg.optim.optimizer, dim),
+        seed=cfg.run.seed,
     )
-    if size.tuned is not None:
-        log(f"oracle: {size.tuned.line()}")
-    hot = hot_set_for(cfg, dataset, dim, row_state_dim(cfg.optim.optimizer, dim), lambda line: log(f"oracle: {line}"))
-    info = {"cache_rows": size.rows, "lookahead": size.lookahead, "trainers": layout.trainers,
-            "autotune": size.tuned.as_dict() if size.tuned is not None else None,
-            "hot": None if hot is None else {"rows": hot.rows, "report": hot.report}}
+    hot = setup.hot
+    info = {
+        "cache_rows": setup.cache_rows,
+        "lookahead": setup.size.lookahead,
+        "trainers": layout.trainers,
+        "autotune": setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
+        "hot": None if hot is None else {"rows": hot.rows, "report": hot.report},
+    }
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
-    oracle = LookaheadOracle(total_rows, size.rows, size.lookahead, enough=min(lookups, total_rows))
-    split = HotSplit(hot, size.rows) if hot is not None else None
-    report = OracleReport(cache_rows=size.rows, lookahead=size.lookahead, cache_sync=cfg.dist.cache_sync,
-                          plans_in_flight=cfg.dist.plans_in_flight, fetched_rows=[0] * layout.trainers)
-    credits = _Credits(transport, layout.trainer_ranks, cfg.dist.plans_in_flight)
-    replicated = cfg.dist.cache_sync == "replicated"
-    plans = split.plans(oracle, stream, start, cfg.run.steps) if split is not None else oracle.plans(stream.numbered(start, cfg.run.steps))
+    d = cfg.dist
+    source = LocalPlans(setup)
+    report = OracleReport(
+        cache_rows=setup.cache_rows,
+        lookahead=setup.size.lookahead,
+        cache_sync=d.cache_sync,
+        plans_in_flight=d.plans_in_flight,
+        fetched_rows=[0] * layout.trainers,
+    )
+    credits = _Credits(transport, layout.trainer_ranks, d.plans_in_flight)
+    replicated = d.cache_sync == "replicated"
+    plans = source.plans(stream, start, cfg.run.steps)
     while True:
         t0 = time.perf_counter()
         gplan = next(plans, None)
@@ -88,7 +98,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
             report.seconds_waiting_for_credit += time.perf_counter() - t1
             transport.send(r, PLAN, p)
             report.fetched_rows[r] += len(p.fetch_rows)
-    report.plan = oracle.stats.as_dict() | ({"hot": split.report()} if split is not None else {})
+    report.plan = source.stats()
     report.max_in_flight = credits.max_in_flight
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, {"end": True, "report": report})
@@ -121,7 +131,9 @@ class _Credits:
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._stop = False
-        self._threads = [threading.Thread(target=self._receive, args=(r,), daemon=True, name=f"credits-{r}") for r in trainers]
+        self._threads = [
+            threading.Thread(target=self._receive, args=(r,), daemon=True, name=f"credits-{r}") for r in trainers
+        ]
         for th in self._threads:
             th.start()
 

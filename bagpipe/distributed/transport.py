@@ -30,8 +30,9 @@ from __future__ import annotations
 import pickle
 import re
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -93,8 +93,11 @@ class WindowMap:
 def too_small(cache_rows: int, step: int, unique: int, enough: int | None) -> str:
     """The message of a cache too small for a batch, with a size that is enough for the
     whole run when the caller knows one (else for this batch)."""
-    hint = (f"use at least {enough:,} cache rows (enough for every batch of this run)" if enough and enough >= unique
-            else f"use at least {unique:,} cache rows (more than the largest batch's unique rows)")
+    hint = (
+        f"use at least {enough:,} cache rows (enough for every batch of this run)"
+        if enough and enough >= unique
+        else f"use at least {unique:,} cache rows (more than the largest batch's unique rows)"
+    )
     return f"a cache of {cache_rows:,} rows cannot hold step {step}'s {unique:,} unique rows; {hint}"
 
 
@@ -111,8 +114,7 @@ class LookaheadOracle:
             plans are the same either way.
     """
 
-    def __init__(self, num_rows: int, cache_rows: int, lookahead: int, enough: int | None = None, *,
-                 fast: bool = True):
+    def __init__(self, num_rows: int, cache_rows: int, lookahead: int, enough: int | None = None, *, fast: bool = True):
         if lookahead < 1:
             raise ConfigError(f"lookahead must be >= 1, got {lookahead}")
         if cache_rows < 1:

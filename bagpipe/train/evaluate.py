@@ -8,7 +8,7 @@ samples, in file order.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -82,6 +82,8 @@ def eval_line(ev: dict) -> str:
     """One line of an evaluation's figures (the progress note, ``bagpipe eval``)."""
     if ev.get("eval_auc") is None:
         return "no eval split"
-    return (f"eval logloss {ev['eval_logloss']:.4f}, eval AUC {ev['eval_auc']:.4f}, NE {ev['eval_ne']:.4f}, "
-            f"calibration {ev['eval_calibration']:.3f}, accuracy {ev['eval_accuracy']:.4f} "
-            f"on {ev['eval_samples']:,} samples")
+    return (
+        f"eval logloss {ev['eval_logloss']:.4f}, eval AUC {ev['eval_auc']:.4f}, NE {ev['eval_ne']:.4f}, "
+        f"calibration {ev['eval_calibration']:.3f}, accuracy {ev['eval_accuracy']:.4f} "
+        f"on {ev['eval_samples']:,} samples"
+    )
