@@ -16,6 +16,13 @@ reference's logged rates equal the schedule's closed form.
 Each run's summary also tells the trainer's waits for a plan apart from its waits for
 rows (``cache.pipeline_s``): within the total wait, and every step after the first for
 the synchronous modes, whose planning runs in the trainer's thread.
+
+Every cached run here computes on the asynchronous CPU twin (``--device cpu-async``,
+:mod:`bagpipe.device.twin`): its rows travel between store and cache through staged
+copies that run late and out of order on a worker thread, ordered only by the events
+the CUDA path uses, so these digests also prove that path waits where it must
+(``tests/test_device_runs.py`` shows a dropped wait changing the digest). The
+references run ``--mode full`` on the plain CPU.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bagpipe.config.train import TrainConfig
+from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.data.synthetic import SynthConfig, generate
@@ -61,8 +68,9 @@ def reference(data, tmp_path_factory):
 
 def cfg(data: str, out: str, **kw) -> TrainConfig:
     base = dict(data=data, out=out, steps=STEPS, batch_size=BATCH, lr=0.05, seed=7, progress=False, eval_samples=512)
+    base["device"] = "cpu" if kw.get("mode", "full") == "full" else "cpu-async"  # cached runs: the copies through the twin
     base.update(kw)
-    return TrainConfig.of(**base)
+    return TrainConfig.of(**only_applicable(base))  # the matrix gives every mode the cache settings
 
 
 MATRIX = [

@@ -20,6 +20,7 @@ from bagpipe.checkpoint import Checkpoint, Part, PartsTarget, write_part
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
+from bagpipe.device import Device, HostDevice
 from bagpipe.faults import pause_at
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
@@ -31,9 +32,13 @@ from bagpipe.train.step import LocalRowUpdate
 
 
 class SingleProcess:
-    """One trainer with its store (memory or disk) in the same process."""
+    """One trainer with its store (memory or disk) in the same process, computing on
+    ``device`` (default: the host, ``--device cpu``)."""
 
     reports = True
+
+    def __init__(self, device: Device | None = None):
+        self.device = HostDevice() if device is None else device
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -49,7 +54,7 @@ class SingleProcess:
     ) -> Backend:
         c, spec = cfg.cache, cfg.cache.spec
         if not spec.store:
-            return FullBackend(init, state_dim)
+            return FullBackend(init, state_dim, self.device)
         setup = set_up_cache(
             spec,
             c,
@@ -78,6 +83,7 @@ class SingleProcess:
             EXECUTORS[spec.executor],
             hot=setup.hot,
             autotune=setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
+            device=self.device,
         )
 
     def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
