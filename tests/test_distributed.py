@@ -324,17 +324,21 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     servers with `bagpipe serve`), no launcher to stop them; each must notice the dead
     server (or the roles that left because of it) and exit with an error on its own,
     none hanging."""
+    from bagpipe.distributed.auth import SECRET_ENV, new_secret, write_secret_file
     from bagpipe.distributed.launch import free_port
 
     port, procs = free_port(), []
+    secret = new_secret()
+    secret_file = write_secret_file(tmp_path / "job.secret", secret)
     try:
         for rank in range(5):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                        WORLD_SIZE="5", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-            if rank in (2, 3):  # the servers as a user starts them on storage machines
+            if rank in (2, 3):  # the servers as a user starts them on storage machines, the secret in a file
                 cmd = ["serve", "--rank", str(rank), "--trainers", "2", "--servers", "2",
-                       "--master-addr", "127.0.0.1", "--master-port", str(port)]
-            else:
+                       "--master-addr", "127.0.0.1", "--master-port", str(port), "--secret-file", str(secret_file)]
+            else:  # the others as torchrun would, the secret in the environment
+                env[SECRET_ENV] = secret.decode()
                 cmd = ["worker", "--data", tiny_data, "--out", str(tmp_path / "job"), "--steps", "1000000",
                        "--batch-size", "64", "--mode", "lookahead", "--trainers", "2", "--servers", "2",
                        "--cache-rows", "2000", "--lookahead", "4"]

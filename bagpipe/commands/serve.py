@@ -16,7 +16,10 @@ the interface that holds --bind, 127.0.0.1 unless you give another address.
 
 Example (the other roles started with torchrun / bagpipe worker, see docs/distributed.md):
   bagpipe serve --rank 2 --trainers 2 --servers 2 --master-addr 10.0.0.1 \\
-      --bind 10.0.0.7 --store disk --store-dir /nvme/bagpipe-shard
+      --bind 10.0.0.7 --secret-file job.secret --store disk --store-dir /nvme/bagpipe-shard
+
+Every role of the job must hold the same secret (a file of mode 0600 or
+$BAGPIPE_JOB_SECRET); a role that cannot prove it holds it is refused.
 """
 
 
@@ -34,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--rendezvous-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long to wait for the job's other processes to start (default 300)")
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="file (mode 0600) holding the job's secret, the same on every role (default $BAGPIPE_JOB_SECRET, "
+                        "else the file named by $BAGPIPE_JOB_SECRET_FILE)")
     p.add_argument("--init-from-store", action="store_true",
                    help="start from the rows --store-dir already holds (otherwise a non-empty store is refused)")
 
@@ -57,5 +63,6 @@ def run(args: argparse.Namespace) -> int:
     os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
                       RANK=str(args.rank), WORLD_SIZE=str(layout.world_size), GLOO_SOCKET_IFNAME=iface)
     serve(ServerConfig(store=args.store, store_dir=args.store_dir, threads=args.threads,
-                       rendezvous_timeout=args.rendezvous_timeout, init_from_store=args.init_from_store), layout, args.rank)
+                       rendezvous_timeout=args.rendezvous_timeout, init_from_store=args.init_from_store,
+                       secret_file=args.secret_file), layout, args.rank)
     return 0

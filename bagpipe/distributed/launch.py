@@ -27,6 +27,7 @@ from typing import Callable
 
 from bagpipe.checkpoint import CheckpointFolder, Manifest
 from bagpipe.data.shards import Dataset
+from bagpipe.distributed.auth import SECRET_ENV, load_secret, new_secret
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.files import atomic_write_text
@@ -54,9 +55,13 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, threads: int, run_dir: Path | None = None) -> dict:
-    """The environment of one role: torchrun's variables plus loopback-only gloo."""
+def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, threads: int, run_dir: Path | None = None,
+             secret: bytes | None = None) -> dict:
+    """The environment of one role: torchrun's variables, loopback-only gloo, and the
+    job's ``secret`` (in the environment: never on a command line, never in a file)."""
     env = dict(os.environ)
+    if secret is not None:
+        env[SECRET_ENV] = secret.decode()
     env.update(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
@@ -127,13 +132,15 @@ class Launcher:
         job = self.out / "job.json"
         job.write_text(json.dumps(self.cfg.to_json(), indent=2))
         port = free_port()
+        # a new secret for every attempt (unless the job names a file): a role of an earlier attempt cannot join
+        secret = None if self.cfg.dist.secret_file else new_secret()
         for rank in range(self.layout.world_size):
             name = self.layout.name(rank)
             threads = role_threads(self.cfg.run.threads, self.layout, rank, environ={})
             log_path = logs / f"{name.replace(' ', '-')}.log"
             proc = subprocess.Popen(
                 [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
-                env=role_env(self.layout, rank, "127.0.0.1", port, threads, self.out),
+                env=role_env(self.layout, rank, "127.0.0.1", port, threads, self.out, secret),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -208,6 +215,8 @@ def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
     The launcher checks the data set and holds the run folder's lock for the whole job
     (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
     Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
+    if cfg.dist.secret_file:
+        load_secret(cfg.dist.secret_file)  # a missing or readable-by-others secret file: one line, before any role starts
     if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store and not cfg.run.resume:
         for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
             shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"

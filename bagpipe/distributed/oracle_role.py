@@ -12,36 +12,18 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
 from bagpipe.accel.hot import HotSplit, hot_set_for
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.distributed.layout import Layout
+from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.optim.names import row_state_dim
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.sizing import lookups_per_batch, size_cache
 from bagpipe.train.config import TrainConfig
-
-
-@dataclass
-class OracleReport:
-    """Counters of the whole run, sent to every trainer with the last message."""
-
-    plan: dict = field(default_factory=dict)
-    cache_rows: int = 0
-    lookahead: int = 0
-    cache_sync: str = "partitioned"
-    plans_in_flight: int = 0
-    sync_rows: int = 0  # synchronised rows, summed over steps
-    sync_urgent_rows: int = 0  # of which the next step needed (the rest overlapped its compute)
-    replicated_sync_rows: int = 0  # the same had every planned row been synchronised
-    fetched_rows: list = field(default_factory=list)  # per trainer
-    seconds_planning: float = 0.0
-    seconds_waiting_for_credit: float = 0.0
-    max_in_flight: int = 0
 
 
 def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print) -> OracleReport:

@@ -60,11 +60,14 @@ class ServerConfig(Section):
     """torch threads."""
     rendezvous_timeout: float = 300.0
     """Seconds to wait for the job's other processes to start."""
+    secret_file: str | None = None
+    """File holding the job's secret (default $BAGPIPE_JOB_SECRET or $BAGPIPE_JOB_SECRET_FILE)."""
 
     @classmethod
     def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> "ServerConfig":
         return cls(store=cfg.cache.store, store_dir=cfg.cache.store_dir, init_from_store=cfg.cache.init_from_store, run_dir=cfg.run.out,
-                   threads=role_threads(cfg.run.threads, layout, rank), rendezvous_timeout=cfg.dist.rendezvous_timeout)
+                   threads=role_threads(cfg.run.threads, layout, rank), rendezvous_timeout=cfg.dist.rendezvous_timeout,
+                   secret_file=cfg.dist.secret_file)
 
 
 def _log(line: str) -> None:
@@ -111,13 +114,16 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
 
 
 @contextmanager
-def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float):
-    """Join the job's process group; yields (transport, trainer group); always leaves it."""
+def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float, secret_file: str | None = None):
+    """Join the job's process group and prove the job's secret to every role this one
+    talks to; yields (transport, trainer group); always leaves the group."""
     import torch
     import torch.distributed as dist
 
+    from bagpipe.distributed.auth import load_secret
     from bagpipe.distributed.transport import Transport, gloo_reason
 
+    secret = load_secret(secret_file)  # before waiting for anyone: a missing secret is a one-line error now
     torch.set_num_threads(max(1, threads))  # N + S + 1 processes share the machine's cores
     store = rendezvous(layout, rank, rendezvous_timeout_s)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
@@ -125,8 +131,10 @@ def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float)
     try:
         # every rank must create every group, in the same order
         group = dist.new_group(layout.trainer_ranks) if layout.trainers > 1 else None
+        transport = Transport(layout.name, log=_log)
+        transport.join(layout.peers(rank), secret)
         _log(f"{name} (rank {rank} of {layout.world_size}) joined")
-        yield Transport(layout.name), group
+        yield transport, group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
         raise BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})") from e
     finally:
@@ -149,7 +157,8 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     if role == "server":
         serve(ServerConfig.of(cfg, layout, rank), layout, rank)
         return None
-    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout) as (transport, group):
+    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout,
+                cfg.dist.secret_file) as (transport, group):
         if role == "trainer":
             from bagpipe.distributed.trainer import run_trainer
 
@@ -177,7 +186,7 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
-    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout) as (transport, _):
+    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, scfg.secret_file) as (transport, _):
         init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
         directory = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"

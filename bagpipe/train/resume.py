@@ -26,7 +26,7 @@ MAY_CHANGE = (
     "data", "out", "steps", "eval_every", "eval_samples", "checkpoint_every", "resume", "summary_json",
     "threads", "progress", "warmup_steps", "final_checkpoint", "digest", "tensorboard",
     "mode", "store", "store_dir", "cache_rows", "lookahead", "cache_budget_mb", "init_from_store",
-    "trainers", "servers", "cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts",
+    "trainers", "servers", "cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts", "secret_file",
     "checkpoint_compact_every", "hot_budget_mb", "hot_rows", "hot_sample_rate",
 )
 
