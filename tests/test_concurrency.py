@@ -14,7 +14,9 @@ Two pieces that are otherwise reached only through multi-process jobs:
   drops the write-backs queued behind it; ``close()`` first drains every queued
   write-back; ``close()`` while the planner is still working ends every thread at
   once. Synchronous mode does the same reads and writes in the caller's thread, in
-  plan order, only when asked for the next plan. Over lookahead-oracle plans with
+  plan order, only when asked for the next plan, marking each step's label after its
+  write-backs and reading with the plan's ``fetch_after`` (what lets several trainers
+  run lru / nocache plans against shared embedding servers). Over lookahead-oracle plans with
   forced evictions (and no-cache plans synchronously), the store ends bit-identical
   to applying every step's update to a plain array, with the store in process or
   behind two embedding servers.
@@ -438,9 +440,11 @@ def test_synchronous_mode_works_in_the_callers_thread_in_plan_order(store, execu
     assert store.ops() == [Op("read", (0, 1), -1, "MainThread")]
     run_steps(ex, ref, plans=chain([first], it))
     ex.close()
-    assert [(op.kind, op.rows) for op in store.ops()] == [
-        ("read", (0, 1)), ("write", (0,)), ("read", (2,)), ("write", (1, 2)),
-        ("read", (0,)), ("write", (0,)), ("read", (1,)), ("write", (1,)),
+    # each step's write-backs, then its label marked (another trainer's read of a remote store waits for
+    # it), then the next plan's read, which carries its fetch_after
+    assert [(op.kind, op.rows, op.label) for op in store.ops()] == [
+        ("read", (0, 1), -1), ("write", (0,), None), ("mark", (), 0), ("read", (2,), -1), ("write", (1, 2), None),
+        ("mark", (), 1), ("read", (0,), 0), ("write", (0,), None), ("mark", (), 2), ("read", (1,), 1), ("write", (1,), None),
     ]
     assert {op.thread for op in store.ops()} == {"MainThread"}
     assert_store_holds(store, ref, 3)

@@ -3,7 +3,7 @@
 Over an in-memory gloo wire (``tests/fakes.py``: a shorter message fills the start of
 the receive buffer, as gloo does), with real :class:`Transport` objects in threads:
 
-* **Encoding** (``bagpipe/distributed/wire.py``): every message the roles exchange --
+* **Encoding** (``bagpipe/distributed/{wire,codec,schema}.py``): every message the roles exchange --
   each server request and reply, the set-up, the oracle's info, a partitioned
   lookahead plan with its batch's tensors, a hot-tier plan, the end with the oracle's
   report, credits, checkpoint requests -- arrives equal, field by field, dtype and shape;
@@ -50,7 +50,7 @@ import torch
 import bagpipe.distributed.transport as transport_mod
 from bagpipe.accel.hot import HotPlan
 from bagpipe.data.batch import Batch
-from bagpipe.distributed import auth, wire
+from bagpipe.distributed import auth, codec, wire
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import TrainerPlan, partition
 from bagpipe.distributed.server import EmbeddingServer, RemoteStore, ShardInit
@@ -159,8 +159,8 @@ def every_message() -> list[tuple[int, object]]:
         (REPLY, {"store": {"reads": 3, "rows_read": 40}, "requests": {"read": 3, "mark": 2}, "waited_s": 0.25}),
         (CONTROL, {"table_sizes": [5, 3, 1000], "dim": 16, "seed": 7, "state_dim": 1, "restore": None}),
         (CONTROL, {"table_sizes": [5], "dim": 4, "seed": 1, "state_dim": 2, "restore": "/runs/a/checkpoints/step-40"}),
-        (PLAN, {"cache_rows": 6, "lookahead": 2, "trainers": 2, "autotune": None, "hot": None}),
-        (PLAN, {"cache_rows": 6, "lookahead": 2, "trainers": 2, "autotune": {"cache_rows": 6, "reason": "budget"},
+        (PLAN, {"cache_rows": 6, "lookahead": 2, "trainers": 2, "pipelined": True, "autotune": None, "hot": None}),
+        (PLAN, {"cache_rows": 6, "lookahead": 2, "trainers": 2, "pipelined": False, "autotune": {"cache_rows": 6, "reason": "budget"},
                 "hot": {"rows": np.array([3, 9], np.int64), "report": {"coverage": 0.4, "tables": [0.1, 0.5]}}}),
         (PLAN, plan),
         (PLAN, hot),
@@ -181,9 +181,9 @@ def test_every_message_the_roles_exchange_arrives_equal(pair, stream, obj):
 
 def test_a_plan_carries_every_field_of_its_class():
     """A field added to Plan, TrainerPlan, HotPlan, Batch or OracleReport travels (or the record refuses to encode)."""
-    for cls in wire.RECORDS.values():
+    for cls in codec.RECORDS.values():
         for f in dataclasses.fields(cls):
-            wire._field_spec(cls, f.name)  # raises TypeError for a field type the wire cannot carry
+            codec._field_spec(cls, f.name)  # raises TypeError for a field type the wire cannot carry
 
 
 def test_arrays_arrive_as_aligned_writable_views_and_odd_arrays_travel_by_value(pair):
@@ -199,6 +199,41 @@ def test_arrays_arrive_as_aligned_writable_views_and_odd_arrays_travel_by_value(
         assert got["w"].flags.writeable and got["w"].ctypes.data % 8 == 0
     np.testing.assert_array_equal(ro, np.arange(64, dtype=np.float32).reshape(8, 8))  # the sender's array is untouched
     got["w"][0, 0] = 1.0  # the receiver owns its arrays
+
+
+@pytest.mark.parametrize("values,stored_bytes", [
+    (np.arange(1000, dtype=np.int64), 0),  # a range: its first value and step
+    (np.arange(1000, dtype=np.int64) * -3 + 7, 0),
+    (np.arange(1000, dtype=np.int64) % 200, 1000),  # uint8
+    (np.arange(1000, dtype=np.int64) % 200 - 100, 1000),  # int8
+    (np.arange(1000, dtype=np.int64) % 7 * 9000, 2000),  # uint16
+    (np.arange(1000, dtype=np.int64) % 7 * 1_000_000, 4000),  # uint32
+    (np.arange(1000, dtype=np.int64) % 7 * (1 << 40), 8000),  # as it is
+    (np.arange(1000, dtype=np.int32) % 7 * 1_000_000, 4000),  # int32 stays int32
+    (np.arange(63, dtype=np.int64) % 5, 63 * 8),  # too short to bother
+])
+def test_integer_arrays_travel_narrow_or_as_ranges_and_arrive_as_they_were(values, stored_bytes):
+    msg = {"op": "read", "rows": values.astype(np.int64), "after": 1, "count": True}
+    got = decode(REQUEST, encode(REQUEST, msg))["rows"]
+    assert got.dtype == np.int64 and got.flags.writeable
+    np.testing.assert_array_equal(got, values)
+    empty = len(encode(REQUEST, msg | {"rows": np.zeros(0, np.int64)}))
+    assert len(encode(REQUEST, msg)) - empty <= stored_bytes + 16
+
+
+def test_a_plan_is_less_than_half_its_int64_size_on_the_wire():
+    rng = np.random.default_rng(4)
+    oracle = LookaheadOracle(num_rows=2_000_000, cache_rows=40_000, lookahead=4)
+    batches = [(i, Batch(labels=torch.zeros(512), dense=torch.randn(512, 13),
+                         rows=torch.from_numpy((rng.zipf(1.2, 512 * 26) % 2_000_000).astype(np.int64)),
+                         offsets=torch.arange(512 * 26 + 1), num_features=26)) for i in range(6)]
+    plan = partition(list(oracle.plans(batches))[-1], 2)[0]
+    raw = sum(np.asarray(v).nbytes for v in [*(getattr(plan, f.name) for f in dataclasses.fields(plan)),
+                                            *(getattr(plan.batch, f.name) for f in dataclasses.fields(plan.batch))]
+              if isinstance(v, (np.ndarray, torch.Tensor)))
+    body = encode(PLAN, plan)
+    assert len(body) < 0.5 * raw, (len(body), raw)
+    assert_same(decode(PLAN, body), plan)
 
 
 @pytest.mark.parametrize("stream,obj,says", [
@@ -228,28 +263,33 @@ def _body(*parts: bytes) -> np.ndarray:
     return np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
 
 
-I64 = wire._I64.pack
-U32 = wire._U32.pack
+I64 = codec._I64.pack
+U32 = codec._U32.pack
 
 
 @pytest.mark.parametrize("body,says", [
     (_body(), r"truncated"),
-    (_body(bytes([wire.INT]), b"\x01\x02"), r"truncated"),
-    (_body(bytes([wire.NONE]), b"\x00"), r"1 bytes left over"),
+    (_body(bytes([codec.INT]), b"\x01\x02"), r"truncated"),
+    (_body(bytes([codec.NONE]), b"\x00"), r"1 bytes left over"),
     (_body(bytes([99])), r"unknown value tag 99"),
-    (_body(bytes([wire.STR]), U32(2), b"\xff\xfe"), r"not UTF-8"),
-    (_body(bytes([wire.STR]), U32(1 << 30), b"ab"), r"truncated"),
-    (_body(bytes([wire.LIST]), U32(1 << 30)), r"a list of 1073741824 values in 0 bytes"),
-    (_body(bytes([wire.DICT]), U32(1)), r"a dict of 1 items in 0 bytes"),
-    (_body(bytes([wire.DICT]), U32(1), U32(9), b"key"), r"truncated"),
-    (_body(bytes([wire.ARRAY, 200, 1]), I64(3)), r"unknown dtype code 200"),
-    (_body(bytes([wire.ARRAY, 4, 9])), r"an array of 9 dimensions"),
-    (_body(bytes([wire.ARRAY, 4, 1]), I64(-1)), r"negative shape"),
-    (_body(bytes([wire.ARRAY, 4, 2]), I64(1 << 40), I64(1 << 40)), r"longer than the message"),
-    (_body(bytes([wire.ARRAY, 4, 1]), I64(4), bytes(20)), r"longer than the message"),
-    (_body(bytes([wire.ARRAY, 4, 1]), I64(3), bytes(25)), r"truncated"),
-    (_body(bytes([wire.RECORD]), wire._U16.pack(77)), r"unknown record code 77"),
-    (_body(*([bytes([wire.LIST]), U32(1)] * 20), bytes([wire.NONE])), r"nested deeper"),
+    (_body(bytes([codec.STR]), U32(2), b"\xff\xfe"), r"not UTF-8"),
+    (_body(bytes([codec.STR]), U32(1 << 30), b"ab"), r"truncated"),
+    (_body(bytes([codec.LIST]), U32(1 << 30)), r"a list of 1073741824 values in 0 bytes"),
+    (_body(bytes([codec.DICT]), U32(1)), r"a dict of 1 items in 0 bytes"),
+    (_body(bytes([codec.DICT]), U32(1), U32(9), b"key"), r"truncated"),
+    (_body(bytes([codec.ARRAY, 200, 1]), I64(3)), r"unknown dtype code 200"),
+    (_body(bytes([codec.ARRAY, 4, 9])), r"an array of 9 dimensions"),
+    (_body(bytes([codec.ARRAY, 4, 1]), I64(-1)), r"negative shape"),
+    (_body(bytes([codec.ARRAY, 4, 2]), I64(1 << 40), I64(1 << 40), bytes([codec.RAW])), r"longer than the message"),
+    (_body(bytes([codec.ARRAY, 4, 1]), I64(3), bytes([7])), r"unknown array encoding 7"),
+    (_body(bytes([codec.ARRAY, 3, 1]), I64(3), bytes([codec.NARROW, 4])), r"int32 values stored as dtype code 4"),
+    (_body(bytes([codec.ARRAY, 10, 1]), I64(3), bytes([codec.NARROW, 1])), r"float32 values stored as dtype code 1"),
+    (_body(bytes([codec.ARRAY, 4, 1]), I64(1 << 40), bytes([codec.RANGE]), I64(0), I64(1)), r"expands to more than"),
+    (_body(bytes([codec.ARRAY, 4, 2]), I64(2), I64(2), bytes([codec.RANGE]), I64(0), I64(1)), r"a range of int64 with 2 dim"),
+    (_body(bytes([codec.ARRAY, 4, 1]), I64(4), bytes(20)), r"longer than the message"),
+    (_body(bytes([codec.ARRAY, 4, 1]), I64(3), bytes(25)), r"truncated"),
+    (_body(bytes([codec.RECORD]), codec._U16.pack(77)), r"unknown record code 77"),
+    (_body(*([bytes([codec.LIST]), U32(1)] * 20), bytes([codec.NONE])), r"nested deeper"),
 ])
 def test_decode_refuses_crafted_bodies(body, says):
     with pytest.raises(WireError, match=says):
@@ -262,7 +302,7 @@ def test_decode_of_a_well_formed_body_of_the_wrong_shape_is_refused():
     ok = {"op": "read", "rows": np.arange(3), "after": 1, "count": True}
     with pytest.raises(WireError, match=r"^Batch\.labels: expected a tensor, got int$"):
         body = bytearray(encode(PLAN, trainer_plans()[0]))
-        body[1:3] = wire._U16.pack(4)  # a Batch where a plan was: its fields no longer fit
+        body[1:3] = codec._U16.pack(4)  # a Batch where a plan was: its fields no longer fit
         decode(PLAN, np.frombuffer(bytes(body), np.uint8).copy())
     assert_same(decode(REQUEST, encode(REQUEST, ok)), ok)
 
@@ -293,9 +333,10 @@ def test_random_damage_to_real_bodies_raises_only_wire_error():
 def test_nothing_that_reads_the_wire_can_unpickle_or_evaluate():
     import ast
 
+    import bagpipe.distributed.schema as schema
     import bagpipe.distributed.transport as t
 
-    for mod in (wire, t, auth):
+    for mod in (wire, codec, schema, t, auth):
         tree = ast.parse(open(mod.__file__).read())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                     for a in (n.names if isinstance(n, ast.Import) else [ast.alias(n.module or "")])}
@@ -509,9 +550,9 @@ def test_a_well_signed_malformed_body_is_refused(pair, monkeypatch):
                    "request message: unknown op 'launch'"]
 
 
-def _unchecked(obj) -> "wire._Writer":
-    w = wire._Writer()
-    wire._put(w, obj, 0)
+def _unchecked(obj) -> "codec._Writer":
+    w = codec._Writer()
+    codec._put(w, obj, 0)
     return w
 
 

@@ -183,8 +183,11 @@ class PlanExecutor:
             if len(slots) or closes is not None:
                 self._check_wb()
                 self._wb_q.put(_WriteBack(rows, w, s, closes) if len(slots) else _WriteBack(rows, np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32), closes))
-        elif len(slots):
-            self.store.write(rows, w, s)
+        else:
+            if len(slots):
+                self.store.write(rows, w, s)
+            if closes is not None and closes >= 0:  # other trainers' reads of a remote store wait for this label
+                self.store.mark_written(closes)
         self.times.writeback += time.perf_counter() - t0
 
     def _check_wb(self) -> None:
@@ -218,7 +221,7 @@ class PlanExecutor:
                 continue
             t0 = time.perf_counter()
             if not self.pipelined:
-                w, s = self.store.read(plan.fetch_rows)
+                w, s = self.store.read(plan.fetch_rows, after=plan.fetch_after)
             self.cache.install(plan.fetch_slots, plan.fetch_rows, w, s)
             self.times.wait_embeddings += time.perf_counter() - t0
             yield plan

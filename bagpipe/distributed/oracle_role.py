@@ -21,8 +21,8 @@ from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.optim.names import row_state_dim
-from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.sizing import lookups_per_batch, size_cache
+from bagpipe.train.backends import LocalPlanner
 from bagpipe.train.config import TrainConfig
 
 
@@ -42,18 +42,19 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
     if size.tuned is not None:
         log(f"oracle: {size.tuned.line()}")
     hot = hot_set_for(cfg, dataset, dim, row_state_dim(cfg.optim.optimizer, dim), lambda line: log(f"oracle: {line}"))
-    info = {"cache_rows": size.rows, "lookahead": size.lookahead, "trainers": layout.trainers,
+    # lookahead plans are executed pipelined; the baselines' (lru, nocache) depend on the previous step: synchronously
+    planner = LocalPlanner(c.mode, total_rows, size.rows, size.lookahead, HotSplit(hot, size.rows) if hot is not None else None,
+                           enough=min(lookups, total_rows))
+    info = {"cache_rows": size.rows, "lookahead": size.lookahead, "trainers": layout.trainers, "pipelined": planner.pipelined,
             "autotune": size.tuned.as_dict() if size.tuned is not None else None,
             "hot": None if hot is None else {"rows": hot.rows, "report": hot.report}}
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
-    oracle = LookaheadOracle(total_rows, size.rows, size.lookahead, enough=min(lookups, total_rows))
-    split = HotSplit(hot, size.rows) if hot is not None else None
     report = OracleReport(cache_rows=size.rows, lookahead=size.lookahead, cache_sync=cfg.dist.cache_sync,
                           plans_in_flight=cfg.dist.plans_in_flight, fetched_rows=[0] * layout.trainers)
     credits = _Credits(transport, layout.trainer_ranks, cfg.dist.plans_in_flight)
     replicated = cfg.dist.cache_sync == "replicated"
-    plans = split.plans(oracle, stream, start, cfg.run.steps) if split is not None else oracle.plans(stream.numbered(start, cfg.run.steps))
+    plans = planner.plans(stream, start, cfg.run.steps)
     while True:
         t0 = time.perf_counter()
         gplan = next(plans, None)
@@ -70,7 +71,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
             report.seconds_waiting_for_credit += time.perf_counter() - t1
             transport.send(r, PLAN, p)
             report.fetched_rows[r] += len(p.fetch_rows)
-    report.plan = oracle.stats.as_dict() | ({"hot": split.report()} if split is not None else {})
+    report.plan = planner.stats()
     report.max_in_flight = credits.max_in_flight
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, {"end": True, "report": report})

@@ -40,11 +40,11 @@ from bagpipe.train.progress import ProgressKind
 class RemotePlans:
     """The plan source of a trainer: its part of every global plan, from the oracle role."""
 
-    pipelined = True
-
     def __init__(self, receiver: PlanReceiver):
         self.receiver = receiver
-        self.lookahead = int(receiver.info["lookahead"])
+        # the baselines' plans (lru, nocache) depend on the previous step: executed synchronously
+        self.pipelined = bool(receiver.info["pipelined"])
+        self.lookahead = int(receiver.info["lookahead"]) if self.pipelined else None
 
     def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]:
         yield from self.receiver

@@ -396,7 +396,8 @@ class TrainConfig:
         d = self.dist
         if d.distributed:
             need(d.servers >= 1, f"{d.trainers} trainers need embedding servers to share the rows: add --servers S (S >= 1)")
-            need(self.cache.mode == "lookahead", f"distributed runs (--trainers/--servers) use --mode lookahead, got --mode {self.cache.mode}")
+            need(self.cache.mode in ("lookahead", "lru", "nocache"),
+                 f"distributed runs (--trainers/--servers) use --mode lookahead (or the baselines lru, nocache), got --mode {self.cache.mode}")
             need(self.data.batch_size % d.trainers == 0,
                  f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers")
         need(not d.sync_period or d.trainers >= 2,
