@@ -87,6 +87,25 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where each role runs when not every role is a process on this machine's loopback
+    (``bagpipe bench cluster``: each role in a network namespace of its own).
+
+    Attributes:
+        master_addr: the rendezvous, trainer 0's address.
+        prefix: the command prefix that runs a rank's process where it belongs (e.g.
+            ``ip netns exec NS``).
+        iface: the interface gloo binds to (GLOO_SOCKET_IFNAME) in every role's host.
+        port: the rendezvous port (each host has its own ports: no need to find a free one).
+    """
+
+    master_addr: str
+    prefix: Callable[[int], list[str]]
+    iface: str
+    port: int = 29500
+
+
 @dataclass
 class Role:
     rank: int
@@ -108,8 +127,10 @@ class RoleFailed(BagpipeError):
 class Launcher:
     """Starts, watches and stops the roles of one job (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, echo: Callable[[str], None] = print, stop_grace_s: float = STOP_GRACE_S):
+    def __init__(self, cfg: TrainConfig, echo: Callable[[str], None] = print, stop_grace_s: float = STOP_GRACE_S,
+                 placement: Placement | None = None):
         self.cfg = cfg
+        self.placement = placement
         self.layout = Layout(cfg.dist.trainers, cfg.dist.servers)
         self.echo = echo
         self.grace = stop_grace_s
@@ -131,16 +152,20 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         job = self.out / "job.json"
         job.write_text(json.dumps(self.cfg.to_json(), indent=2))
-        port = free_port()
+        place = self.placement
+        port = place.port if place else free_port()
         # a new secret for every attempt (unless the job names a file): a role of an earlier attempt cannot join
         secret = None if self.cfg.dist.secret_file else new_secret()
         for rank in range(self.layout.world_size):
             name = self.layout.name(rank)
             threads = role_threads(self.cfg.run.threads, self.layout, rank, environ={})
             log_path = logs / f"{name.replace(' ', '-')}.log"
+            env = role_env(self.layout, rank, place.master_addr if place else "127.0.0.1", port, threads, self.out, secret)
+            if place:
+                env["GLOO_SOCKET_IFNAME"] = place.iface
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
-                env=role_env(self.layout, rank, "127.0.0.1", port, threads, self.out, secret),
+                [*(place.prefix(rank) if place else []), sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -209,8 +234,9 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
-    """Run a distributed job on this machine; returns trainer 0's summary.
+def launch(cfg: TrainConfig, echo: Callable[[str], None] = print, placement: Placement | None = None) -> dict:
+    """Run a distributed job on this machine (every role on loopback, or where
+    ``placement`` puts it); returns trainer 0's summary.
 
     The launcher checks the data set and holds the run folder's lock for the whole job
     (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
@@ -228,7 +254,7 @@ def launch(cfg: TrainConfig, echo: Callable[[str], None] = print) -> dict:
         attempt, restarts = cfg, 0
         while True:
             try:
-                Launcher(attempt, echo).run()
+                Launcher(attempt, echo, placement=placement).run()
                 break
             except RoleFailed as failure:
                 if finished(run, cfg.run.steps):  # a role died after the job's end: nothing to redo

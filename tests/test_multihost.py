@@ -1,0 +1,205 @@
+"""Real multi-host jobs: two network namespaces as two hosts, torchrun on each.
+
+Each host is a network namespace with its own address on a bridge
+(``bagpipe/bench/netns.py``); on each, ``torchrun --nnodes 2 --rdzv-backend static``
+starts two roles of a job of 1 trainer + 2 embedding servers + the oracle, the
+rendezvous at host 0's address (never loopback), gloo bound to ``eth0``, the job's
+secret in a file of mode 0600. Proves:
+
+* the job ends with ``params_sha256`` equal to the one-host run's (for one trainer,
+  bitwise ``--mode full``'s on one process); meanwhile a *stranger* -- a third host on
+  the same bridge that knows no secret -- connects to every port the roles listen on
+  that another host can reach (the rendezvous store, gloo's) and sends garbage, a
+  forged message header, an oversized length, and writes keys into the rendezvous
+  store as a client: nothing changes (same digest), nothing crashes. (The roles are
+  held with SIGSTOP while the stranger works, so that a loaded machine cannot let the
+  job finish first; its connections wait in the kernel and are read on SIGCONT.)
+* every role of host 1 (server 1 and the oracle) SIGKILLed mid-run: both torchruns
+  (``--max-restarts 1``) restart their roles, which continue from the latest checkpoint,
+  and the job ends with the uninterrupted digest; no process is left in any namespace;
+
+Skipped, with the reason in one line, where namespaces cannot be made (not root, no
+``ip``/``tc``); CI runs as root. Every namespace is removed at the end of each test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bagpipe.bench.netns import EmulatedNet, unavailable
+from bagpipe.distributed.auth import new_secret, write_secret_file
+from bagpipe.train.config import TrainConfig
+from bagpipe.train.loop import train
+
+REASON = unavailable()
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300),
+              pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")]
+
+STEPS, BATCH, EVERY = 24, 64, 6
+STRANGER_STEPS = 40
+PORT = 29600
+JOB_TIMEOUT = 150
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+def job_args(data: str, out: Path, secret: Path, steps: int, *extra) -> list[str]:
+    return ["--data", data, "--out", str(out), "--steps", str(steps), "--batch-size", str(BATCH), "--optimizer", "adagrad",
+            "--lr", "0.05", "--threads", "1", "--no-progress", "--mode", "lookahead", "--cache-rows", "1000",
+            "--lookahead", "4", "--trainers", "1", "--servers", "2", "--secret-file", str(secret), *map(str, extra)]
+
+
+@pytest.fixture(scope="module")
+def full_digest(tiny_data, tmp_path_factory):
+    """--mode full on one process for ``steps``: what a one-trainer job on any number of hosts ends with, bitwise."""
+    done: dict[int, str] = {}
+
+    def get(steps: int) -> str:
+        if steps not in done:
+            out = tmp_path_factory.mktemp("full") / "run"
+            cfg = TrainConfig.of(data=tiny_data, out=str(out), steps=steps, batch_size=BATCH, optimizer="adagrad", lr=0.05,
+                                 threads=1, progress=False)
+            done[steps] = train(cfg)["params_sha256"]
+        return done[steps]
+
+    return get
+
+
+def start_hosts(net: EmulatedNet, data: str, out: Path, steps: int, *extra) -> list[subprocess.Popen]:
+    """torchrun on two hosts; host 0 (trainer 0, server 0) also serves the rendezvous."""
+    secret = write_secret_file(out.parent / "job.secret", new_secret())
+    hosts = [net.add("h0"), net.add("h1")]
+    procs = []
+    for k, h in enumerate(hosts):
+        cmd = [TORCHRUN, "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "2", "--rdzv-backend", "static",
+               "--master-addr", hosts[0].addr, "--master-port", str(PORT), "--max-restarts", "1",
+               "-m", "bagpipe.cli", "worker", *job_args(data, out, secret, steps, *extra)]
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+        env.pop("BAGPIPE_JOB_SECRET", None)
+        procs.append(net.popen(h, cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out.parent))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen]) -> list[str]:
+    outs = []
+    deadline = time.monotonic() + JOB_TIMEOUT
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0])
+            raise AssertionError(f"a host's torchrun did not finish within {JOB_TIMEOUT} s:\n" + outs[-1][-3000:])
+    return outs
+
+
+def heartbeat(run: Path) -> int:
+    try:
+        return int.from_bytes((run / ".step").read_bytes()[:8], "little")
+    except (OSError, ValueError):
+        return 0
+
+
+def wait_for(cond, procs, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if any(p.poll() is not None for p in procs):
+            raise AssertionError(f"a host's torchrun ended before {what}: " + "".join(p.communicate()[0][-2000:] for p in procs))
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def digest(run: Path) -> str:
+    return json.loads((run / "summary.json").read_text())["params_sha256"]
+
+
+def workers(net: EmulatedNet, host, agent: subprocess.Popen) -> list[int]:
+    """The role processes inside ``host`` (torchrun's children), not torchrun itself."""
+    return [p for p in net.pids(host) if p != agent.pid and "bagpipe.cli" in " ".join(psutil.Process(p).cmdline())]
+
+
+STRANGER = r"""
+import os, socket, struct, sys, time
+targets = [(a, int(p)) for a, p in (t.split(":") for t in sys.argv[1:])]
+magic = b"BPW1"
+payloads = [os.urandom(7), os.urandom(4096), (8).to_bytes(8, "little") + os.urandom(200),
+            magic + struct.pack("<HHQQ", 1, 0, 0, 1 << 40) + bytes(32),  # a bagpipe header announcing 1 TiB
+            magic + struct.pack("<HHQQ", 1, 1, 0, 20) + os.urandom(232),  # a forged inline message
+            b"\x00" * 64, b"\xff" * 100000]
+hits = 0
+for addr, port in targets:
+    for data in payloads:
+        try:
+            with socket.create_connection((addr, port), timeout=2) as s:
+                s.sendall(data)
+                time.sleep(0.005)
+            hits += 1
+        except OSError as e:
+            print(f"stranger: {addr}:{port}: {e}", flush=True)
+print(f"stranger: {hits} connections", flush=True)
+# the rendezvous store, as a client: a key of its own, and bagpipe's arrival counter
+import datetime
+import torch.distributed as dist
+store = dist.TCPStore(targets[0][0], int(os.environ["STORE_PORT"]), is_master=False, timeout=datetime.timedelta(seconds=5))
+store.set("stranger", "was here")
+store.add("bagpipe/attempt-0/arrived", 100)
+print("stranger: wrote to the store", flush=True)
+"""
+
+def test_a_two_host_job_ends_with_the_one_host_digest_whatever_a_stranger_sends(tiny_data, tmp_path, full_digest):
+    out = tmp_path / "job"
+    out.mkdir()
+    with EmulatedNet("mh") as net:
+        procs = start_hosts(net, tiny_data, out, STRANGER_STEPS)
+        wait_for(lambda: heartbeat(out) >= 2, procs, "step 2")
+        roles = [pid for h, agent in zip(net.hosts.values(), procs) for pid in workers(net, h, agent)]
+        for pid in roles:  # hold the job still (its sockets stay open) while the stranger works at its own pace
+            os.kill(pid, signal.SIGSTOP)
+        # every port another host can reach: on the host's address or any address (not its loopback)
+        targets = sorted(f"{h.addr}:{port}" for h in net.hosts.values() for ip, port in net.listening(h)
+                         if ip in (h.addr, "0.0.0.0", "::"))
+        assert f"{net.hosts['h0'].addr}:{PORT}" in targets
+        stranger = net.add("x")
+        r = net.run(stranger, [sys.executable, "-c", STRANGER, *targets], capture_output=True, text=True, timeout=60,
+                    env=dict(os.environ, STORE_PORT=str(PORT)))
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"stranger: {7 * len(targets)} connections" in r.stdout and "wrote to the store" in r.stdout, r.stdout
+        assert heartbeat(out) < STRANGER_STEPS and all(p.poll() is None for p in procs), "the job ended before the stranger did"
+        for pid in roles:
+            os.kill(pid, signal.SIGCONT)
+        logs = finish(procs)
+        assert [p.returncode for p in procs] == [0, 0], logs
+        assert digest(out) == full_digest(STRANGER_STEPS)
+        for h in net.hosts.values():
+            assert net.pids(h) == []
+    assert f"lookahead: {STRANGER_STEPS} steps" in logs[0]
+
+
+def test_killing_one_hosts_roles_recovers_with_the_uninterrupted_digest(tiny_data, tmp_path, full_digest):
+    out = tmp_path / "job"
+    out.mkdir()
+    with EmulatedNet("mk") as net:
+        procs = start_hosts(net, tiny_data, out, STEPS, "--checkpoint-every", EVERY)
+        wait_for(lambda: heartbeat(out) >= EVERY + 3, procs, f"step {EVERY + 3}")
+        h1 = net.hosts["h1"]
+        victims = workers(net, h1, procs[1])
+        assert len(victims) == 2, victims  # server 1 and the oracle
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        logs = finish(procs)
+        assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+        assert digest(out) == full_digest(STEPS)
+        assert f"resumed from step {EVERY}" in logs[0] or f"resumed from step {2 * EVERY}" in logs[0], logs[0][-3000:]
+        for h in net.hosts.values():
+            assert net.pids(h) == []
+
