@@ -277,6 +277,18 @@ class EmulatedNet:
                     found.add((ip, int(port, 16)))
         return found
 
+    def all_counters(self) -> dict[str, tuple[int, int]]:
+        """(bytes sent, bytes received) so far of every host, read at one instant from the
+        bridge's ports (what a port receives, its host sent)."""
+        ports = {h.port: name for name, h in self.hosts.items()}
+        out = {}
+        for link in json.loads(_run("ip", "-n", self.switch, "-s", "-j", "link", "show").stdout):
+            name = ports.get(link.get("ifname", "").split("@")[0])
+            if name is not None:
+                st = link["stats64"]
+                out[name] = (int(st["rx"]["bytes"]), int(st["tx"]["bytes"]))
+        return out
+
     def counters(self, host: Host) -> tuple[int, int]:
         """(bytes sent, bytes received) on ``host``'s eth0 so far (Ethernet frames, headers included)."""
         info = json.loads(_run("ip", "-n", host.ns, "-s", "-j", "link", "show", IFACE).stdout)[0]["stats64"]

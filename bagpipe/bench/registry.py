@@ -14,6 +14,7 @@ from typing import Callable
 from bagpipe.bench import (
     accel,
     approx,
+    cluster,
     convergence,
     distributed,
     mlperf,
@@ -54,6 +55,8 @@ SCENARIOS: dict[str, Scenario] = {
                  "exact vs Slipstream's stale-input skip and cDLRM's periodic averaging: speed, AUC, bytes synchronised"),
         Scenario(mlperf.MLPerfBench, mlperf.run,
                  "MLPerf DLRM-DCNv2 at full size (204M rows, 105 GB) for a bounded number of steps on the disk store"),
+        Scenario(cluster.ClusterBench, cluster.run,
+                 "an emulated cluster: every role in its own network namespace, shaped links; nocache/lru/lookahead vs link rate and trainers"),
         Scenario(scale.ScaleBench, scale.run,
                  "tables larger than memory: the disk store's modes inside a cgroup memory limit, full unlimited"),
     )
