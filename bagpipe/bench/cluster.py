@@ -248,6 +248,7 @@ def run(b: ClusterBench) -> dict:
     results: dict[tuple[int, float, str], list[dict]] = {}
     probes: dict[float, dict] = {}
     logs = open(out / "roles.log", "w")
+    (out / "runs.jsonl").unlink(missing_ok=True)
 
     def log(line: str) -> None:
         logs.write(line + "\n")
@@ -268,6 +269,9 @@ def run(b: ClusterBench) -> dict:
                         shutil.rmtree(run_dir, ignore_errors=True)
                         r = _job(b, net, hosts, data, run_dir, n, mode, L, cache_rows, log)
                         results.setdefault((n, rate, key), []).append(r)
+                        with open(out / "runs.jsonl", "a") as f:  # what a long sweep has measured so far
+                            f.write(json.dumps({"rate": rate, "trainers": n, "config": key, "rep": rep, "wall_s": r["wall_s"],
+                                                "summary": r["summary"], "window": r["window"]}) + "\n")
                         print(f"    {r['summary']['samples_per_s']:,.0f} samples/s ({r['wall_s']:.0f} s)", flush=True)
                         if not (rep == b.reps - 1 and rate == rates[-1]):
                             shutil.rmtree(run_dir, ignore_errors=True)
