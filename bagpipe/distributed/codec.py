@@ -68,15 +68,20 @@ _U8, _U16, _U32, _I64, _F64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<q"
 
 # encoding ----------------------------------------------------------------------------
 class _Writer:
-    """Collects a body as small byte strings and array buffers; :meth:`join` copies them once."""
+    """Collects a body as small byte strings and arrays; :meth:`join` writes them into one
+    buffer, casting a narrowed array on the way (each array is copied once)."""
 
     def __init__(self):
-        self.parts: list[bytes | memoryview] = []
+        self.parts: list[bytes | tuple[np.ndarray, np.dtype]] = []
         self.size = 0
 
-    def put(self, b: bytes | memoryview) -> None:
+    def put(self, b: bytes) -> None:
         self.parts.append(b)
         self.size += len(b)
+
+    def put_array(self, a: np.ndarray, stored: np.dtype) -> None:
+        self.parts.append((a, stored))
+        self.size += a.size * stored.itemsize
 
     def pad(self) -> None:
         if self.size % 8:
@@ -86,8 +91,13 @@ class _Writer:
         out = np.empty(self.size, dtype=np.uint8)
         at = 0
         for p in self.parts:
-            n = len(p)
-            out[at : at + n] = np.frombuffer(p, dtype=np.uint8)
+            if isinstance(p, tuple):
+                a, stored = p
+                n = a.size * stored.itemsize
+                out[at : at + n].view(stored).reshape(a.shape)[...] = a  # C order, cast to the stored dtype
+            else:
+                n = len(p)
+                out[at : at + n] = np.frombuffer(p, dtype=np.uint8)
             at += n
         return out
 
@@ -153,7 +163,7 @@ def _put_array(w: _Writer, tag: int, a: np.ndarray) -> None:
     if dt.kind == "i" and dt.itemsize > 1 and a.size >= NARROW_MIN:
         flat = a.reshape(-1)
         first, step = int(flat[0]), int(flat[1]) - int(flat[0])
-        if a.ndim == 1 and int(flat[-1]) == first + (a.size - 1) * step and bool(np.all(np.diff(flat) == step)):
+        if a.ndim == 1 and int(flat[-1]) == first + (a.size - 1) * step and bool(np.all(flat[1:] - flat[:-1] == step)):
             w.put(bytes((RANGE,)) + _I64.pack(first) + _I64.pack(step))
             return
         stored = _narrowest(int(flat.min()), int(flat.max()), dt)
@@ -162,19 +172,19 @@ def _put_array(w: _Writer, tag: int, a: np.ndarray) -> None:
     else:
         w.put(bytes((NARROW, _DTYPE_CODE[stored])))
     w.pad()
-    data = np.ascontiguousarray(a, dtype=stored.newbyteorder("<"))
-    if data.nbytes:
-        w.put(memoryview(data.reshape(-1).view(np.uint8)))
+    if a.size:
+        w.put_array(a, stored.newbyteorder("<"))
     w.pad()
 
 
 _NARROWER = [np.dtype(t) for t in ("uint8", "int8", "uint16", "int16", "uint32", "int32")]
+_BOUNDS = [(n, int(np.iinfo(n).min), int(np.iinfo(n).max)) for n in _NARROWER]
 
 
 def _narrowest(lo: int, hi: int, dt: np.dtype) -> np.dtype:
     """The smallest integer dtype holding every value in [lo, hi] (``dt`` itself if none is narrower)."""
-    for n in _NARROWER:
-        if n.itemsize < dt.itemsize and np.iinfo(n).min <= lo and hi <= np.iinfo(n).max:
+    for n, nlo, nhi in _BOUNDS:
+        if n.itemsize < dt.itemsize and nlo <= lo and hi <= nhi:
             return n
     return dt
 

@@ -255,9 +255,9 @@ class Transport:
 
     def _recv_message(self, peer: int, stream: int, key: bytes) -> Any:
         """One message, or Refused saying why it is not taken."""
-        header = torch.zeros(HEADER_BYTES, dtype=torch.uint8)  # a shorter message leaves zeros: its MAC fails
-        self.wire.recv(header, peer, stream)
-        h = header.numpy()
+        # numpy's zeros, not torch's: calloc'd pages, where torch fills them on its thread pool (ms on a busy machine)
+        h = np.zeros(HEADER_BYTES, dtype=np.uint8)  # a shorter message leaves zeros: its MAC fails
+        self.wire.recv(torch.from_numpy(h), peer, stream)
         magic, kind, flags, seq, n = _FIXED.unpack_from(h)
         self._count("bytes_received", HEADER_BYTES)
         if magic != MAGIC:
@@ -270,9 +270,8 @@ class Transport:
         if inline:
             body = h[_BODY_AT : _BODY_AT + n]
         else:
-            t = torch.zeros(n, dtype=torch.uint8)  # a shorter message leaves zeros: its MAC fails
-            self.wire.recv(t, peer, stream)
-            body = t.numpy()
+            body = np.zeros(n, dtype=np.uint8)  # a shorter message leaves zeros: its MAC fails
+            self.wire.recv(torch.from_numpy(body), peer, stream)
             self._count("bytes_received", n)
         if not auth.same(bytes(h[_MAC_AT:_BODY_AT]), _mac(key, bytes(h[:_MAC_AT]), body)):
             raise Refused("bad MAC: not signed with this job's key (forged, damaged or truncated)")
