@@ -11,7 +11,8 @@
   ``--mode full`` too, and all-reduces the exact partitioned cache's bytes; it is marked
   approximate in the summary.
 * The baselines across servers: ``--mode nocache`` (2 trainers x 1 server) and
-  ``--mode lru`` (2 x 2), whose plans run synchronously, are within 1e-5 of ``--mode full``.
+  ``--mode lru`` (2 x 2, under ``slow``), whose plans run synchronously, are within
+  1e-5 of ``--mode full``.
 * Two identical distributed runs end with the same params_sha256.
 * Killing one server mid-run stops every other role within 30 s with an error naming
   it; Ctrl-C (SIGINT to the launcher) stops them all; no process is left behind.
@@ -179,7 +180,7 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
         [f"trainer-{i}.log" for i in range(trainers)] + [f"server-{k}.log" for k in range(servers)] + ["oracle.log"])
 
 
-@pytest.mark.parametrize("mode,trainers,servers", [("nocache", 2, 1), ("lru", 2, 2)])
+@pytest.mark.parametrize("mode,trainers,servers", [("nocache", 2, 1), pytest.param("lru", 2, 2, marks=pytest.mark.slow)])
 def test_the_baselines_across_servers_match_full(tiny_data, full_runs, tmp_path, mode, trainers, servers):
     """lru and nocache plans, executed synchronously against the servers (each step's
     label marked after its write-backs, each read held for it): the maths of --mode full,

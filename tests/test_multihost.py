@@ -6,17 +6,18 @@ starts two roles of a job of 1 trainer + 2 embedding servers + the oracle, the
 rendezvous at host 0's address (never loopback), gloo bound to ``eth0``, the job's
 secret in a file of mode 0600. Proves:
 
-* the job ends with ``params_sha256`` equal to the one-host run's (for one trainer,
-  bitwise ``--mode full``'s on one process); meanwhile a *stranger* -- a third host on
-  the same bridge that knows no secret -- connects to every port the roles listen on
-  that another host can reach (the rendezvous store, gloo's) and sends garbage, a
-  forged message header, an oversized length, and writes keys into the rendezvous
-  store as a client: nothing changes (same digest), nothing crashes. (The roles are
-  held with SIGSTOP while the stranger works, so that a loaded machine cannot let the
-  job finish first; its connections wait in the kernel and are read on SIGCONT.)
-* every role of host 1 (server 1 and the oracle) SIGKILLed mid-run: both torchruns
-  (``--max-restarts 1``) restart their roles, which continue from the latest checkpoint,
-  and the job ends with the uninterrupted digest; no process is left in any namespace;
+* one job, two things: a *stranger* -- a third host on the same bridge that knows no
+  secret -- connects to every port of the roles another host can reach (the
+  rendezvous store, gloo's listeners) and sends garbage, a forged message header, an
+  oversized length and 100 kB of 0xff, and writes keys into the rendezvous store as a
+  client; no role notices (none restarts). (The roles are held with SIGSTOP while the
+  stranger works, so that a loaded machine cannot let the job finish first; its
+  connections wait in the kernel and are read on SIGCONT.) Then every role of host 1
+  (server 1 and the oracle) is SIGKILLed after the first checkpoint: both torchruns
+  (``--max-restarts 1``) restart their roles, which continue from the latest
+  checkpoint. The job ends with ``params_sha256`` equal to the one-host run's, the
+  uninterrupted digest (for one trainer, bitwise ``--mode full``'s on one process), and
+  no process is left in any namespace;
 * ``bagpipe bench cluster --quick`` (every role in its own namespace, links shaped at
   20 / 50 Mbit/s): nocache and lookahead both end with ``--mode full``'s digest, the
   probe achieves the shaped rate within 15%, lookahead is faster than nocache, the
@@ -55,7 +56,6 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300),
               pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")]
 
 STEPS, BATCH, EVERY = 24, 64, 6
-STRANGER_STEPS = 40
 PORT = 29600
 JOB_TIMEOUT = 150
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -148,12 +148,17 @@ hits = 0
 for addr, port in targets:
     for data in payloads:
         try:
-            with socket.create_connection((addr, port), timeout=2) as s:
+            s = socket.create_connection((addr, port), timeout=2)
+        except OSError as e:
+            print(f"stranger: could not connect to {addr}:{port}: {e}", flush=True)
+            continue
+        hits += 1
+        try:
+            with s:
                 s.sendall(data)
                 time.sleep(0.005)
-            hits += 1
-        except OSError as e:
-            print(f"stranger: {addr}:{port}: {e}", flush=True)
+        except OSError as e:  # the peer hung up on the garbage: fine
+            print(f"stranger: {addr}:{port} hung up: {e}", flush=True)
 print(f"stranger: {hits} connections", flush=True)
 # the rendezvous store, as a client: a key of its own, and bagpipe's arrival counter
 import datetime
@@ -164,44 +169,35 @@ store.add("bagpipe/attempt-0/arrived", 100)
 print("stranger: wrote to the store", flush=True)
 """
 
-def test_a_two_host_job_ends_with_the_one_host_digest_whatever_a_stranger_sends(tiny_data, tmp_path, full_digest):
+def test_a_two_host_job_shrugs_off_a_stranger_and_recovers_from_losing_a_host(tiny_data, tmp_path, full_digest):
     out = tmp_path / "job"
     out.mkdir()
     with EmulatedNet("mh") as net:
-        procs = start_hosts(net, tiny_data, out, STRANGER_STEPS)
+        procs = start_hosts(net, tiny_data, out, STEPS, "--checkpoint-every", EVERY)
         wait_for(lambda: heartbeat(out) >= 2, procs, "step 2")
+        # 1. a stranger, while the job runs
         roles = [pid for h, agent in zip(net.hosts.values(), procs) for pid in workers(net, h, agent)]
+        assert len(roles) == 4, roles
         for pid in roles:  # hold the job still (its sockets stay open) while the stranger works at its own pace
             os.kill(pid, signal.SIGSTOP)
         # every port another host can reach: on the host's address or any address (not its loopback)
         targets = sorted(f"{h.addr}:{port}" for h in net.hosts.values() for ip, port in net.listening(h)
                          if ip in (h.addr, "0.0.0.0", "::"))
-        assert f"{net.hosts['h0'].addr}:{PORT}" in targets
+        assert f"{net.hosts['h0'].addr}:{PORT}" in targets and len(targets) > 1  # the store and gloo's listeners
         stranger = net.add("x")
         r = net.run(stranger, [sys.executable, "-c", STRANGER, *targets], capture_output=True, text=True, timeout=60,
                     env=dict(os.environ, STORE_PORT=str(PORT)))
         assert r.returncode == 0, r.stderr[-2000:]
         assert f"stranger: {7 * len(targets)} connections" in r.stdout and "wrote to the store" in r.stdout, r.stdout
-        assert heartbeat(out) < STRANGER_STEPS and all(p.poll() is None for p in procs), "the job ended before the stranger did"
+        assert heartbeat(out) < STEPS and all(p.poll() is None for p in procs), "the job ended before the stranger did"
         for pid in roles:
             os.kill(pid, signal.SIGCONT)
-        logs = finish(procs)
-        assert [p.returncode for p in procs] == [0, 0], logs
-        assert digest(out) == full_digest(STRANGER_STEPS)
-        for h in net.hosts.values():
-            assert net.pids(h) == []
-    assert f"lookahead: {STRANGER_STEPS} steps" in logs[0]
-
-
-def test_killing_one_hosts_roles_recovers_with_the_uninterrupted_digest(tiny_data, tmp_path, full_digest):
-    out = tmp_path / "job"
-    out.mkdir()
-    with EmulatedNet("mk") as net:
-        procs = start_hosts(net, tiny_data, out, STEPS, "--checkpoint-every", EVERY)
+        # 2. every role of host 1 (server 1, the oracle) killed after the first checkpoint
         wait_for(lambda: heartbeat(out) >= EVERY + 3, procs, f"step {EVERY + 3}")
-        h1 = net.hosts["h1"]
-        victims = workers(net, h1, procs[1])
-        assert len(victims) == 2, victims  # server 1 and the oracle
+        assert sorted(p for h, agent in zip(net.hosts.values(), procs) for p in workers(net, h, agent)) == sorted(roles), \
+            "a role was restarted before the kill: the stranger did something"
+        victims = workers(net, net.hosts["h1"], procs[1])
+        assert len(victims) == 2, victims
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         logs = finish(procs)
