@@ -8,7 +8,7 @@ DEMO_TRAIN = $(BIN)/bagpipe train --data $(DEMO_DIR)/data --model dlrm --steps 4
 DEMO_DIST = $(BIN)/bagpipe train --data $(DEMO_DIR)/data --model dlrm --steps 400 --batch-size 128 \
 	--optimizer sgd --lr 0.05 --seed 1 --no-progress
 
-.PHONY: setup demo test test-slow bench bench-quick clean
+.PHONY: setup demo test test-slow lint bench bench-quick clean
 
 $(BIN)/bagpipe: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,12 @@ demo: setup
 # Everything that runs on a CPU machine, in under 10 minutes on 2 cores (tests/README.md).
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# The checks the test suite also runs (tests/test_codebase.py): ruff's lint and format, mypy.
+lint: setup
+	$(BIN)/ruff check bagpipe
+	$(BIN)/ruff format --check bagpipe
+	$(BIN)/mypy
 
 # The long variants (fault injection at many moments, bigger runs); not part of CI.
 test-slow: setup

@@ -22,7 +22,8 @@ import argparse  # noqa: E402
 import importlib  # noqa: E402
 import sys  # noqa: E402
 
-from bagpipe.errors import BagpipeError
+from bagpipe.errors import BagpipeError  # noqa: E402
+from bagpipe.log import to_terminal  # noqa: E402
 
 # name -> (module, one-line summary). Each module defines add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    # the library's notices reach the terminal (a role's with the time, for its log)
+    to_terminal(timestamps=args.command in ("worker", "serve"))
     try:
         return int(args._run(args) or 0)
     except BagpipeError as e:

@@ -27,9 +27,9 @@ import pytest
 
 from bagpipe.accel.profile import profile
 from bagpipe.checkpoint import latest
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
-from bagpipe.train.config import TrainConfig
 from bagpipe.train.loop import train
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bagpipe.train.config import TrainConfig
+from bagpipe.config.train import TrainConfig
 from bagpipe.train.loop import train
 
 pytestmark = pytest.mark.integration

@@ -15,11 +15,11 @@ import json
 import pytest
 import torch
 
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.errors import CapacityError, ConfigError
 from bagpipe.oracle.autotune import DEFAULT_CANDIDATES, bytes_per_cached_row, choose
-from bagpipe.train.config import TrainConfig
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,14 @@
 
 * No import cycle inside ``bagpipe/``: the graph of every ``import`` statement (lazy
   ones inside functions included, ``if TYPE_CHECKING:`` blocks excluded) has no
-  strongly connected component larger than one module.
+  strongly connected component larger than one module, and the graph of its folders
+  (each module counted in its top-level folder; a module at the top is its own node)
+  has none either: every arrow between concepts runs one way.
+* "Mode" has one home: no module but ``bagpipe/config/modes.py`` compares a mode's name
+  (a string of the table of modes compared with something named like a mode or a
+  planner); every mode's planner, step and executor are registered.
+* The linter, the formatter and the type checker are clean on ``bagpipe/`` (ruff check,
+  ruff format --check, mypy: what ``make lint`` runs).
 * No module under ``bagpipe/`` is longer than 500 lines unless its docstring says why
   (the phrase "long because").
 * ``bagpipe train --help`` and the TOML loader agree setting for setting: every
@@ -15,15 +22,17 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bagpipe.config import settings
 from bagpipe.config.options import flag
+from bagpipe.config.train import TrainConfig, load_config
 from bagpipe.config.typed import choices, field_types, strip_optional
 from bagpipe.errors import ConfigError
-from bagpipe.train.config import TrainConfig, load_config
 
 pytestmark = pytest.mark.unit
 
@@ -134,6 +143,108 @@ def test_no_import_cycle_inside_bagpipe():
     assert cycles(graph) == []
 
 
+def folder_of(module: str) -> str:
+    """``bagpipe.train.step.plain`` -> ``train``; a module at the top is its own node."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else module
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for a, bs in graph.items():
+        out.setdefault(folder_of(a), set()).update(folder_of(b) for b in bs if folder_of(b) != folder_of(a))
+    for targets in list(out.values()):
+        for t in targets:
+            out.setdefault(t, set())
+    return out
+
+
+def test_no_import_cycle_between_folders():
+    graph = folder_graph(import_graph(PACKAGE))
+    assert "oracle" in graph["train"] and "train" in graph["distributed"]  # the graph sees the folders
+    assert cycles({"a.x": {"b"}, "b": {"a.x"}}) == [["a.x", "b"]]
+    assert cycles(graph) == [], "folders that import each other (an arrow that runs back up)"
+
+
+def mode_comparisons(path: Path) -> list[str]:
+    """Comparisons in ``path`` of a mode's name with something named like a mode or a planner."""
+    from bagpipe.config.modes import MODES
+
+    def strings(node: ast.AST) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        return set()
+
+    def names(node: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+            n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+        }
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if set().union(*map(strings, sides)) & set(MODES) and any(
+                "mode" in n or "planner" in n for n in set().union(*map(names, sides))
+            ):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_mode_comparison_finder_finds_one(tmp_path):
+    sample = PACKAGE / "config" / "_sample_for_test.py"
+    try:
+        sample.write_text('if cfg.cache.mode in ("fae", "hotline"):\n    pass\nif kind == "full":\n    pass\n')
+        assert mode_comparisons(sample) == [
+            "bagpipe/config/_sample_for_test.py:1: cfg.cache.mode in ('fae', 'hotline')"
+        ]
+    finally:
+        sample.unlink()
+
+
+def test_no_mode_name_comparisons_outside_the_mode_table():
+    found = [
+        hit
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p != PACKAGE / "config" / "modes.py"
+        for hit in mode_comparisons(p)
+    ]
+    assert not found, "compare the mode's ModeSpec (cfg.cache.spec), not its name: " + "; ".join(found)
+
+
+def test_every_mode_is_registered():
+    from typing import get_args
+
+    from bagpipe.cache import EXECUTORS
+    from bagpipe.config.modes import MODE_TABLE, MODES, Mode
+    from bagpipe.oracle.planners import PLANNERS
+    from bagpipe.train.step import STEPS
+
+    assert get_args(Mode) == tuple(MODES) == tuple(m.name for m in MODE_TABLE)
+    for m in MODE_TABLE:
+        assert m.planner is None or m.planner in PLANNERS, m
+        assert m.step in STEPS and m.executor in EXECUTORS, m
+        assert not m.pipelined or m.looks_ahead, f"{m.name}: only plans made ahead can be executed ahead"
+
+
+def _tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=240)
+
+
+def test_lint_and_format_are_clean():
+    lint = _tool("ruff", "check", "--no-cache", "bagpipe")
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    fmt = _tool("ruff", "format", "--no-cache", "--check", "bagpipe")
+    assert fmt.returncode == 0, "run `ruff format bagpipe`: " + fmt.stdout + fmt.stderr
+
+
+def test_type_check_is_clean():
+    check = _tool("mypy")
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_no_long_module_without_a_reason():
     long = []
     for p in sorted(PACKAGE.rglob("*.py")):
@@ -228,3 +339,17 @@ def test_wrong_type_in_toml_names_file_and_key(tmp_path):
     conf.write_text('data = "d"\nout = "o"\n[cache]\nlookahead = "eight"\n')
     with pytest.raises(ConfigError, match=rf"^{conf}: lookahead must be an int, got 'eight'$"):
         load_config(str(conf), {})
+
+
+def test_every_summary_field_is_documented_in_runs_md():
+    from bagpipe.config.typed import field_docs
+    from bagpipe.train import summary
+
+    text = (PACKAGE.parent / "docs" / "runs.md").read_text()
+    sections = (summary.Summary, summary.StepTimes, summary.IoPerStep, summary.CacheStats, summary.DistributedStats,
+                summary.CheckpointStats, summary.Approximation)  # fmt: skip
+    for cls in sections:
+        docs = field_docs(cls)
+        assert set(docs) == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__}: a field without a docstring"
+        missing = [k for k in docs if f"| `{k}` |" not in text]
+        assert not missing, f"docs/runs.md does not list {cls.__name__}'s {missing}"

@@ -2,7 +2,8 @@
 
 Two pieces that are otherwise reached only through multi-process jobs:
 
-* :class:`PlanExecutor` (``bagpipe/cache/pipeline.py``), over a store that logs every
+* :class:`PlanExecutor` and :class:`PipelinedExecutor` (``bagpipe/cache/executor.py``,
+  ``bagpipe/cache/pipelined.py``), over a store that logs every
   read, write and ``mark_written`` in the order they reach it (and can hold writes at
   a gate, or fail on the n-th call). Pipelined, it never issues a plan's fetch before
   every write-back labelled <= ``fetch_after`` has reached the store (a fetch waits
@@ -40,15 +41,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import chain, islice
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
 
-from bagpipe.cache.pipeline import PlanExecutor
+from bagpipe.cache.executor import PlanExecutor
+from bagpipe.cache.pipelined import PipelinedExecutor
 from bagpipe.cache.slots import SlotCache
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.server import FINAL, EmbeddingServer, RemoteStore, ShardInit
@@ -275,7 +278,8 @@ def executors(store) -> Iterator[Callable[..., PlanExecutor]]:
     made: list[PlanExecutor] = []
 
     def make(plans, *, pipelined: bool = True, depth: int = 2, cache_rows: int = 4, on=None) -> PlanExecutor:
-        ex = PlanExecutor(store if on is None else on, SlotCache(cache_rows, D, S_DIM), iter(plans), pipelined=pipelined, depth=depth)
+        kind = PipelinedExecutor if pipelined else PlanExecutor
+        ex = kind(store if on is None else on, SlotCache(cache_rows, D, S_DIM), iter(plans), depth=depth)
         made.append(ex)
         return ex
 

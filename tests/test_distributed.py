@@ -3,7 +3,10 @@
 * N in {1, 2} trainers x S in {1, 2} embedding servers, SGD and Adagrad: the final
   parameters (dense + every embedding row + optimizer state) are within 1e-5 relative
   of ``--mode full`` on one process with the same global batch; with one trainer they
-  are bitwise equal (nothing is averaged, the same float operations run). Row-wise Adam
+  are bitwise equal (nothing is averaged, the same float operations run). The trainers
+  of this matrix compute on the asynchronous CPU twin (``--device cpu-async``): their
+  rows reach and leave the cache through the GPU path's staged copies, and the summary
+  names the device and the trainers' collectives' backend (gloo here). Row-wise Adam
   (2D state floats per row on the servers, in the caches and the checkpoint) with a
   warm-up schedule on 2 x 2 too. So is a 2 x 2
   job with a hot tier (hot rows on every trainer, planned by nobody), within tolerance.
@@ -35,7 +38,7 @@ import numpy as np
 import pytest
 
 from bagpipe.checkpoint import latest
-from bagpipe.train.config import TrainConfig
+from bagpipe.config.train import TrainConfig
 from bagpipe.train.loop import train
 
 STEPS = 24
@@ -157,8 +160,9 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
     ref = full_runs(optimizer)
     out = tmp_path / "dist"
     extra = ("--eval-every", EVAL_EVERY) if (trainers, servers) == (2, 2) else ()
-    s = run_distributed(tiny_data, out, optimizer, trainers, servers, *extra)
+    s = run_distributed(tiny_data, out, optimizer, trainers, servers, "--device", "cpu-async", *extra)
     assert s["steps"] == STEPS and s["distributed"]["trainers"] == trainers and s["distributed"]["servers"] == servers
+    assert s["device"].startswith("cpu-async") and s["distributed"]["trainer_backend"] == ("gloo" if trainers > 1 else "none")
     assert_close(params(out), params(ref))
     full = json.loads((ref / "summary.json").read_text())
     if (trainers, servers) == (2, 2):  # the run directory is a normal one: bagpipe eval reads it

@@ -67,7 +67,7 @@ def test_window_map_plans_equal_the_per_row_map(seed, monkeypatch):
 
 
 def test_criteo_1tb_profile_is_mlperf_dcnv2():
-    from bagpipe.data.synthetic import PROFILES, profile_tables
+    from bagpipe.data.profiles import PROFILES, profile_tables
 
     p = PROFILES["criteo-1tb"]
     assert len(p.cardinalities) == len(p.bag_sizes) == 26 and max(p.cardinalities) == 40_000_000

@@ -48,7 +48,7 @@ import pytest
 from bagpipe.bench.netns import EmulatedNet, run_namespaces, unavailable
 from bagpipe.cli import main
 from bagpipe.distributed.auth import new_secret, write_secret_file
-from bagpipe.train.config import TrainConfig
+from bagpipe.config.train import TrainConfig
 from bagpipe.train.loop import train
 
 REASON = unavailable()

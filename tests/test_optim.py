@@ -16,12 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bagpipe.config.train import TrainConfig
 from bagpipe.errors import ConfigError
 from bagpipe.optim.adam import PartialRowWiseAdam, RowWiseAdam
 from bagpipe.optim.build import build_dense_optimizer, build_sparse_optimizer
 from bagpipe.optim.names import row_state_dim
 from bagpipe.optim.schedule import LRSchedule
-from bagpipe.train.config import TrainConfig
 
 pytestmark = pytest.mark.unit
 

@@ -26,6 +26,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from fakes import FakeAllReduce
 
 import bagpipe.cache.sync as sync_mod
 from bagpipe.cache.periodic import PeriodicRowUpdate
@@ -35,8 +36,7 @@ from bagpipe.data.batch import Batch
 from bagpipe.distributed.partition import partition
 from bagpipe.optim.sparse import RowWiseAdagrad, RowWiseSGD
 from bagpipe.oracle.lookahead import LookaheadOracle
-from bagpipe.train.step import StepInput
-from fakes import FakeAllReduce
+from bagpipe.train.protocols import StepInput
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 

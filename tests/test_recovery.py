@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 from bagpipe.checkpoint import latest
-from bagpipe.train.config import TrainConfig
+from bagpipe.config.train import TrainConfig
 from bagpipe.train.loop import train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]

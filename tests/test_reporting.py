@@ -72,22 +72,19 @@ def test_every_figure_in_metrics_summary_and_eval(two_runs, run_cli, tiny_data):
     assert f"NE {s['eval_ne']:.4f}, calibration {s['eval_calibration']:.3f}, accuracy {s['eval_accuracy']:.4f}" in stdout
 
 
-def test_the_eval_note_shows_every_figure(tiny_data, tmp_path):
-    from bagpipe.train.config import TrainConfig
+def test_the_eval_note_shows_every_figure(tiny_data, tmp_path, caplog):
+    from bagpipe.config.train import TrainConfig
     from bagpipe.train.loop import train
     from bagpipe.train.topology import SingleProcess
-
-    lines: list[str] = []
 
     class Lines(SingleProcess):
         def progress_kind(self, progress):
             return "lines"
 
-        def say(self, line):
-            lines.append(line)
-
+    caplog.set_level("INFO", logger="bagpipe")
     train(TrainConfig.of(data=tiny_data, out=str(tmp_path / "r"), steps=20, batch_size=128, eval_every=10,
                          eval_samples=500), topology=Lines())
+    lines = [r.getMessage() for r in caplog.records]
     note = [x for x in lines if x.startswith("step 10: ")]
     assert len(note) == 1 and all(k in note[0] for k in ("eval logloss", "eval AUC", "NE", "calibration", "accuracy")), lines
 
@@ -121,3 +118,14 @@ def test_plot_two_runs(two_runs, run_cli, tmp_path):
     assert rc == 2 and "no metrics.jsonl" in err and len(err.strip().splitlines()) == 1
     rc, _, err = run_cli("plot", *two_runs, "--labels", "one", "--out", tmp_path / "x.png")
     assert rc == 2 and "1 labels for 2 runs" in err
+
+
+def test_summary_json_is_the_documented_schema(two_runs):
+    """summary.json holds exactly the fields of bagpipe.train.summary.Summary, each section its dataclass's."""
+    from dataclasses import fields
+
+    from bagpipe.train.summary import Summary, StepTimes
+
+    s = json.loads((two_runs[1] / "summary.json").read_text())
+    assert list(s) == [f.name for f in fields(Summary)]
+    assert list(s["time_per_step_ms"]) == [f.name for f in fields(StepTimes)]

@@ -1,4 +1,4 @@
-"""Slipstream's stale-row skip (``bagpipe/accel/slipstream.py``) on hand-made cases.
+"""Slipstream's stale-row skip (``bagpipe/train/step/slipstream.py``) on hand-made cases.
 
 * **Threshold search.** Four watched rows with known drifts (0, 0.1, 0.5, 2.0) and a
   sample of ten inputs of two lookups each (one of them on an unwatched row in three
@@ -20,13 +20,14 @@ import pytest
 import torch
 
 from bagpipe.accel.profile import HotSet
-from bagpipe.accel.slipstream import StaleSkip, find_threshold, input_keys, keep_inputs, skip_mask
+from bagpipe.train.step.slipstream import StaleSkip, find_threshold, input_keys, keep_inputs, skip_mask
+from bagpipe.config.sections import ApproxConfig
 from bagpipe.data.batch import Batch, make_batch, select_samples
 from bagpipe.data.schema import FeatureSpec
 from bagpipe.models import build_model, recipe
 from bagpipe.optim.build import build_dense_optimizer, build_sparse_optimizer
-from bagpipe.train.config import ApproxConfig
-from bagpipe.train.step import LocalRowUpdate, StepInput, train_step
+from bagpipe.train.protocols import StepInput
+from bagpipe.train.step import LocalRowUpdate, train_step
 
 pytestmark = pytest.mark.unit
 

@@ -25,6 +25,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from fakes import FakeAllReduce
 
 import bagpipe.cache.sync as sync_mod
 from bagpipe.cache.slots import SlotCache
@@ -36,8 +37,8 @@ from bagpipe.optim.schedule import LRSchedule
 from bagpipe.optim.sparse import RowWiseAdagrad
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.plan import Plan
-from bagpipe.train.step import LocalRowUpdate, StepInput
-from fakes import FakeAllReduce
+from bagpipe.train.protocols import StepInput
+from bagpipe.train.step import LocalRowUpdate
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 

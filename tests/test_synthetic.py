@@ -24,15 +24,14 @@ import pytest
 import torch
 
 from bagpipe.cli import main
+from bagpipe.data.profiles import PROFILES, profile_tables
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.data.shards import Dataset
 from bagpipe.data.synthetic import (
-    PROFILES,
     SKEW_MIN_ROWS,
     SynthConfig,
     generate,
     power_law_top_share,
-    profile_tables,
     table_exponents,
     top_share,
 )

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-import bagpipe.train.loop as loop
+from bagpipe.train.step import STEPS
 
 B = 128
 COMMON = ("--batch-size", B, "--optimizer", "adagrad", "--lr", 0.05, "--no-progress")
@@ -176,7 +176,7 @@ def test_resume_after_clean_stop_is_exact(run_cli, tiny_data, tmp_path, straight
 def test_resume_after_crash_is_exact(run_cli, tiny_data, tmp_path, straight, monkeypatch):
     out = tmp_path / "run"
     calls = {"n": 0}
-    real_step = loop.train_step
+    real_step = STEPS["plain"]
 
     def crashing_step(*a, **kw):
         calls["n"] += 1
@@ -184,13 +184,13 @@ def test_resume_after_crash_is_exact(run_cli, tiny_data, tmp_path, straight, mon
             raise KeyboardInterrupt  # "the machine died" between checkpoints
         return real_step(*a, **kw)
 
-    monkeypatch.setattr(loop, "train_step", crashing_step)
+    monkeypatch.setitem(STEPS, "plain", crashing_step)
     rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, *COMMON, "--model", "dcn",
                          "--steps", 2 * N, "--checkpoint-every", N)  # fmt: skip
     assert rc == 130 and "interrupted" in err
     assert not (out / "summary.json").exists()
     assert (out / "checkpoints" / "LATEST").read_text().strip() == f"step-{N:08d}"
-    monkeypatch.setattr(loop, "train_step", real_step)
+    monkeypatch.setitem(STEPS, "plain", real_step)
 
     # a fresh start in the same directory is refused, and leaves the checkpoint alone
     rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, *COMMON, "--model", "dcn", "--steps", 2 * N)

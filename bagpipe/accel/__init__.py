@@ -6,8 +6,9 @@
 * :mod:`bagpipe.accel.hot` -- the hot tier: hot rows resident in the trainer for the whole
   run; the planners (lookahead, lru, nocache, unchanged) see only the cold rows.
 * :mod:`bagpipe.accel.schedule` -- FAE's regrouped schedule (``--fae-schedule split``).
-* :mod:`bagpipe.accel.hotline` -- Hotline's step: a popular and a non-popular micro-batch,
-  the cold rows fetched while the popular one computes.
+
+The steps of the modes that use them live beside the plain step: Hotline's in
+:mod:`bagpipe.train.step.hotline`, Slipstream's skip in :mod:`bagpipe.train.step.slipstream`.
 
 What FAE and Hotline do and what bagpipe takes from each: ``docs/accel.md``.
 """

@@ -29,25 +29,26 @@ planners (``lookahead``, ``lru``, ``nocache``):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import cast
 
 import numpy as np
 import torch
 
 from bagpipe.accel.profile import HotSet, profile
 from bagpipe.accel.schedule import FaeSchedule
+from bagpipe.config.modes import ModeSpec
+from bagpipe.config.sections import HotConfig
 from bagpipe.data.batch import Batch
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.unique import unique_inverse
 
-if TYPE_CHECKING:
-    from bagpipe.train.config import TrainConfig
-
-FAE_BUDGET_MB = 256.0  # FAE's default hot-embedding budget, what fae and hotline use unless told
+log = logging.getLogger(__name__)
 _NO_BOOL = np.zeros(0, dtype=bool)
 
 
@@ -113,15 +114,20 @@ class HotStats:
     def as_dict(self) -> dict:
         steps = max(self.steps, 1)
         return {
-            "lookups": self.lookups, "hot_lookups": self.hot_lookups,
+            "lookups": self.lookups,
+            "hot_lookups": self.hot_lookups,
             "lookup_share": self.hot_lookups / max(self.lookups, 1),
-            "unique_rows": self.unique_rows, "hot_unique_rows": self.hot_unique_rows,
+            "unique_rows": self.unique_rows,
+            "hot_unique_rows": self.hot_unique_rows,
             "unique_share": self.hot_unique_rows / max(self.unique_rows, 1),
             "input_share": self.popular_inputs / max(self.inputs, 1),
             "all_hot_batches": self.all_hot_batches,
             # Hotline's micro-batch sizes: the popular one, per step (the rest is the other one)
-            "popular_inputs_per_step": {"mean": self.popular_inputs / steps, "min": self.popular_min or 0,
-                                        "max": self.popular_max},
+            "popular_inputs_per_step": {
+                "mean": self.popular_inputs / steps,
+                "min": self.popular_min or 0,
+                "max": self.popular_max,
+            },
             "split_ms_per_step": 1000 * self.seconds / steps,
         }
 
@@ -131,7 +137,7 @@ def popular_inputs(batch: Batch, lookup_hot: np.ndarray) -> np.ndarray:
     B, F = batch.batch_size, batch.num_features
     offsets = batch.offsets.numpy()
     if len(lookup_hot) == F * B and np.array_equal(offsets, np.arange(F * B + 1)):  # one id per bag: a (F, B) grid
-        return lookup_hot.reshape(F, B).all(axis=0)
+        return np.asarray(lookup_hot.reshape(F, B).all(axis=0))
     bag = np.repeat(np.arange(F * B, dtype=np.int64), np.diff(offsets))
     return np.bincount(bag[~lookup_hot] % B, minlength=B) == 0
 
@@ -190,7 +196,7 @@ class HotSplit:
     def _merge(self, plans: Iterable[Plan]) -> Iterator[HotPlan]:
         for plan in plans:
             t0 = time.perf_counter()
-            part: _ColdLookups = plan.batch
+            part = cast(_ColdLookups, plan.batch)  # what _split handed the planner as the batch
             hot, cold = part.hot, ~part.hot
             slots = np.empty(len(part.uniq), dtype=np.int64)
             slots[cold] = plan.slots  # plan.rows == part.uniq[cold]: the same ascending order
@@ -210,23 +216,21 @@ class HotSplit:
             yield merged
 
 
-def hot_set_for(cfg: "TrainConfig", dataset: Dataset, dim: int, state_dim: int,
-                announce: Callable[[str], None] | None = None) -> HotSet | None:
-    """The run's hot rows: read from ``--hot-rows``, profiled for ``--hot-budget-mb`` (FAE's
-    256 MiB for fae and hotline when neither is given), or None without a hot tier."""
-    h = cfg.hot
-    if h.hot_rows:
-        hot = HotSet.load(h.hot_rows, dataset.meta.table_sizes)
-        hot.report["source"] = str(h.hot_rows)
+def hot_set_for(hot: HotConfig, spec: ModeSpec, dataset: Dataset, dim: int, state_dim: int, seed: int) -> HotSet | None:
+    """The run's hot rows: read from ``--hot-rows``, profiled for ``--hot-budget-mb`` (the
+    mode's own budget -- FAE's 256 MiB for fae and hotline -- when neither is given), or
+    None without a hot tier. Says which (one line on the ``bagpipe`` logger)."""
+    if hot.hot_rows:
+        rows = HotSet.load(hot.hot_rows, dataset.meta.table_sizes)
+        rows.report["source"] = str(hot.hot_rows)
     else:
-        budget = h.hot_budget_mb or (FAE_BUDGET_MB if cfg.cache.mode in ("fae", "hotline") else 0.0)
+        budget = hot.hot_budget_mb or spec.hot_budget_mb
         if budget <= 0:
             return None
-        hot = profile(dataset, budget, dim=dim, state_dim=state_dim, sample_rate=h.hot_sample_rate, seed=cfg.run.seed)
-        hot.report["source"] = "profiled at start-up"
-    if announce is not None:
-        announce(hot.line())
-    return hot
+        rows = profile(dataset, budget, dim=dim, state_dim=state_dim, sample_rate=hot.hot_sample_rate, seed=seed)
+        rows.report["source"] = "profiled at start-up"
+    log.info(rows.line())
+    return rows
 
 
 def hot_section(hot: HotSet, dim: int, state_dim: int, split: dict) -> dict:

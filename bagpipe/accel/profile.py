@@ -29,8 +29,8 @@ import io
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
@@ -99,7 +99,7 @@ class HotSet:
         atomic_write_bytes(path, buf.getvalue())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, table_sizes: list[int]) -> "HotSet":
+    def load(cls, path: str | os.PathLike, table_sizes: list[int]) -> HotSet:
         """A file of :meth:`save`; it must have been made for tables of ``table_sizes``."""
         try:
             with np.load(path, allow_pickle=False) as f:
@@ -115,13 +115,16 @@ class HotSet:
     def line(self) -> str:
         """One line about the set, for the start of a run and for ``bagpipe profile``."""
         r = self.report
-        return (f"hot rows: {len(self):,} ({r.get('hot_mib', 0):.1f} MiB) serve {r.get('lookup_share', 0):.1%} of the "
-                f"{r.get('coverage_sample', '')} lookups; {r.get('input_share', 0):.1%} of the inputs are all hot "
-                f"(profiled {r.get('profiled_inputs', 0):,} inputs in {r.get('seconds', 0):.1f} s)")
+        return (
+            f"hot rows: {len(self):,} ({r.get('hot_mib', 0):.1f} MiB) serve {r.get('lookup_share', 0):.1%} of the "
+            f"{r.get('coverage_sample', '')} lookups; {r.get('input_share', 0):.1%} of the inputs are all hot "
+            f"(profiled {r.get('profiled_inputs', 0):,} inputs in {r.get('seconds', 0):.1f} s)"
+        )
 
 
-def sample_blocks(dataset: Dataset, split: str, rate: float, seed: int,
-                  exclude: list[np.ndarray] | None = None) -> tuple[list[np.ndarray], bool]:
+def sample_blocks(
+    dataset: Dataset, split: str, rate: float, seed: int, exclude: list[np.ndarray] | None = None
+) -> tuple[list[np.ndarray], bool]:
     """Per shard of ``split``: the first samples of its sampled blocks, ascending; ``rate``
     of its blocks (at least one), taken from those not in ``exclude`` while any are left.
     Also returns whether the sample is disjoint from ``exclude``."""
@@ -180,7 +183,9 @@ def table_offsets(table_sizes: list[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(table_sizes)]).astype(np.int64)
 
 
-def count_accesses(dataset: Dataset, split: str, blocks: list[np.ndarray], progress: bool = False) -> tuple[np.ndarray, int]:
+def count_accesses(
+    dataset: Dataset, split: str, blocks: list[np.ndarray], progress: bool = False
+) -> tuple[np.ndarray, int]:
     """((R,) uint32 lookups of every global row in the sampled blocks, inputs read)."""
     from tqdm import tqdm
 
@@ -198,8 +203,13 @@ def count_accesses(dataset: Dataset, split: str, blocks: list[np.ndarray], progr
                 np.add(seg, c, out=seg, casting="unsafe")
                 parts.clear()
 
-    for n, cols in tqdm(sampled_columns(dataset, split, blocks), total=len(blocks), disable=not progress,
-                        desc="profile: counting", unit="shard"):
+    for n, cols in tqdm(
+        sampled_columns(dataset, split, blocks),
+        total=len(blocks),
+        disable=not progress,
+        desc="profile: counting",
+        unit="shard",
+    ):
         inputs += n
         for t, (ids, _) in enumerate(cols):
             buffers[t].append(ids)
@@ -236,8 +246,13 @@ def coverage(dataset: Dataset, split: str, blocks: list[np.ndarray], hot: HotSet
     T = meta.num_features
     lookups, hot_lookups, hot_inputs = np.zeros(T, np.int64), np.zeros(T, np.int64), np.zeros(T, np.int64)
     inputs = all_hot = 0
-    for n, cols in tqdm(sampled_columns(dataset, split, blocks), total=len(blocks), disable=not progress,
-                        desc="profile: coverage", unit="shard"):
+    for n, cols in tqdm(
+        sampled_columns(dataset, split, blocks),
+        total=len(blocks),
+        disable=not progress,
+        desc="profile: coverage",
+        unit="shard",
+    ):
         every = np.ones(n, dtype=bool)
         for t, (ids, lengths) in enumerate(cols):
             h = hot.contains(ids.astype(np.int64) + off[t])
@@ -250,13 +265,23 @@ def coverage(dataset: Dataset, split: str, blocks: list[np.ndarray], hot: HotSet
         all_hot += int(every.sum())
     rows_per_table = np.diff(np.searchsorted(hot.rows, off))
     tables = [
-        {"table": f.name, "rows": f.num_rows, "hot_rows": int(rows_per_table[t]), "lookups": int(lookups[t]),
-         "lookup_share": float(hot_lookups[t] / max(lookups[t], 1)), "input_share": float(hot_inputs[t] / max(inputs, 1))}
+        {
+            "table": f.name,
+            "rows": f.num_rows,
+            "hot_rows": int(rows_per_table[t]),
+            "lookups": int(lookups[t]),
+            "lookup_share": float(hot_lookups[t] / max(lookups[t], 1)),
+            "input_share": float(hot_inputs[t] / max(inputs, 1)),
+        }
         for t, f in enumerate(meta.features)
     ]
-    return {"coverage_inputs": inputs, "coverage_lookups": int(lookups.sum()),
-            "lookup_share": float(hot_lookups.sum() / max(int(lookups.sum()), 1)),
-            "input_share": float(all_hot / max(inputs, 1)), "tables": tables}
+    return {
+        "coverage_inputs": inputs,
+        "coverage_lookups": int(lookups.sum()),
+        "lookup_share": float(hot_lookups.sum() / max(int(lookups.sum()), 1)),
+        "input_share": float(all_hot / max(inputs, 1)),
+        "tables": tables,
+    }
 
 
 def all_hot_inputs(dataset: Dataset, split: str, hot: HotSet) -> list[np.ndarray]:
@@ -272,8 +297,17 @@ def all_hot_inputs(dataset: Dataset, split: str, hot: HotSet) -> list[np.ndarray
     return out
 
 
-def profile(dataset: Dataset, budget_mb: float, *, dim: int, state_dim: int, sample_rate: float = 0.05,
-            seed: int = 0, split: str = "train", progress: bool = False) -> HotSet:
+def profile(
+    dataset: Dataset,
+    budget_mb: float,
+    *,
+    dim: int,
+    state_dim: int,
+    sample_rate: float = 0.05,
+    seed: int = 0,
+    split: str = "train",
+    progress: bool = False,
+) -> HotSet:
     """The hot rows of ``dataset`` for a budget of ``budget_mb`` MiB (rows of D weights and
     S optimizer-state floats), from a ``sample_rate`` sample of ``split`` drawn with ``seed``."""
     if not budget_mb > 0:
@@ -289,10 +323,19 @@ def profile(dataset: Dataset, budget_mb: float, *, dim: int, state_dim: int, sam
     held, held_out = sample_blocks(dataset, split, min(sample_rate, COVER_RATE), seed + 1, exclude=blocks)
     cover = coverage(dataset, split, held, hot, progress)
     hot.report = {
-        "budget_mb": float(budget_mb), "dim": dim, "state_dim": state_dim, "capacity_rows": capacity,
-        "hot_rows": len(hot), "hot_mib": hot.mib(dim, state_dim), "sample_rate": sample_rate, "seed": seed,
-        "split": split, "profiled_inputs": profiled,
-        "coverage_sample": "held-out" if held_out else "in-sample", **cover,
-        "table_sizes": list(meta.table_sizes), "seconds": time.perf_counter() - t0,
+        "budget_mb": float(budget_mb),
+        "dim": dim,
+        "state_dim": state_dim,
+        "capacity_rows": capacity,
+        "hot_rows": len(hot),
+        "hot_mib": hot.mib(dim, state_dim),
+        "sample_rate": sample_rate,
+        "seed": seed,
+        "split": split,
+        "profiled_inputs": profiled,
+        "coverage_sample": "held-out" if held_out else "in-sample",
+        **cover,
+        "table_sizes": list(meta.table_sizes),
+        "seconds": time.perf_counter() - t0,
     }
     return hot

@@ -16,7 +16,7 @@ Batch k is still a pure function of (seed, hot rows, k), so resumed runs replay 
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

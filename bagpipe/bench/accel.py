@@ -48,6 +48,7 @@ from bagpipe.bench.report import (
     write_results,
 )
 from bagpipe.bench.runner import data_samples, ensure_synth, launch
+from bagpipe.config.modes import mode_spec
 
 CONFIGS = ("nocache", "lru", "fae", "fae-split", "hotline", "lookahead", "lookahead+hot")
 CRITEO_KAGGLE_SAMPLES = 45_840_617
@@ -60,8 +61,19 @@ class AccelBench(Throughput):
     profile at full cardinality, DLRM Kaggle recipe, batch 2048, Adagrad, disk store."""
 
     name = "accel"
-    QUICK = dict(scale=0.01, samples=40_000, batch_size=256, recipe="debug", steps=8, warmup=2, reps=1, lookahead=8,
-                 budget_mb=0.5, eval_samples=1024, threads=1)
+    QUICK = dict(
+        scale=0.01,
+        samples=40_000,
+        batch_size=256,
+        recipe="debug",
+        steps=8,
+        warmup=2,
+        reps=1,
+        lookahead=8,
+        budget_mb=0.5,
+        eval_samples=1024,
+        threads=1,
+    )
 
     reps: int = 3
     samples: int = CRITEO_KAGGLE_SAMPLES
@@ -113,7 +125,7 @@ def run(b: AccelBench) -> dict:
     from bagpipe.data.shards import Dataset
     from bagpipe.models import recipe
 
-    out = Path(b.out)
+    out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
     if ensure_synth(data, b.profile, b.samples or data_samples(b.batch_size, b.steps), b.scale, seed=1):
@@ -135,8 +147,11 @@ def run(b: AccelBench) -> dict:
             t0 = time.perf_counter()
             hot = profile(ds, mb, dim=dim, state_dim=state_dim, sample_rate=b.hot_sample_rate, seed=0, progress=True)
             hot.save(path)
-            profiles[mb] = {"file": path, "seconds": time.perf_counter() - t0,
-                            **{k: v for k, v in hot.report.items() if k not in ("tables", "table_sizes")}}
+            profiles[mb] = {
+                "file": path,
+                "seconds": time.perf_counter() - t0,
+                **{k: v for k, v in hot.report.items() if k not in ("tables", "table_sizes")},
+            }
             print(f"profile for {mb:.1f} MiB: {hot.line()}", flush=True)
     results: dict[str, list[dict]] = {k: [] for k in b.configs}
     for rep in range(b.reps):
@@ -162,8 +177,16 @@ def _run_one(b: AccelBench, out: Path, key: str, setting: dict, profiles: dict) 
     if b.store == "disk":
         store_dir = out / "store-run"
         fresh_cold_copy(out / "store-template", store_dir)
-    s = launch(b, data=out / "data", run_dir=run_dir, label=key, store=b.store, store_dir=store_dir,
-               init_from_store=store_dir is not None or None, **opts)
+    s = launch(
+        b,
+        data=out / "data",
+        run_dir=run_dir,
+        label=key,
+        store=b.store,
+        store_dir=store_dir,
+        init_from_store=store_dir is not None or None,
+        **opts,
+    )
     shutil.rmtree(run_dir, ignore_errors=True)
     return s
 
@@ -174,25 +197,65 @@ def summarise(b: AccelBench, results: dict[str, list[dict]], settings: dict, pro
     rows, res = [], {}
     for key, runs in results.items():
         med, spread = throughput(runs)
-        cache = runs[0].get("cache", {})
+        cache = runs[0].get("cache") or {}
         hot = cache.get("hot") or {}
-        plan_ms = median([{"v": r["cache"].get("planning_ms_per_step", float("nan"))} for r in runs], "v")
-        split_ms = median([{"v": (r["cache"].get("hot") or {}).get("split_ms_per_step", 0.0)} for r in runs], "v")
+        plan_ms = median([{"v": (r["cache"] or {}).get("planning_ms_per_step", float("nan"))} for r in runs], "v")
+        split_ms = median(
+            [{"v": ((r["cache"] or {}).get("hot") or {}).get("split_ms_per_step", 0.0)} for r in runs], "v"
+        )
         res[key] = {
-            "samples_per_s": med, "spread": spread, "ratio_to_lookahead": med / ref,
-            "peak_anon_rss_mb": median(runs, "peak_anon_rss_mb"), "time_per_step_ms": step_times(runs),
-            "hit_rate": cache.get("hit_rate"), "hot_lookup_share": hot.get("lookup_share"), "hot_rows": hot.get("rows", 0),
-            "cache_rows": cache.get("cache_rows"), "planning_ms_per_step": plan_ms, "hot_split_ms_per_step": split_ms,
-            "popular_inputs_per_step": hot.get("popular_inputs_per_step"), "all_hot_batches": hot.get("all_hot_batches"),
-            "eval_auc": median(runs, "eval_auc"), "eval_logloss": median(runs, "eval_logloss"),
-            "settings": {k: str(v) for k, v in settings[key].items()}, "runs": [r["samples_per_s"] for r in runs],
+            "samples_per_s": med,
+            "spread": spread,
+            "ratio_to_lookahead": med / ref,
+            "peak_anon_rss_mb": median(runs, "peak_anon_rss_mb"),
+            "time_per_step_ms": step_times(runs),
+            "mode": runs[0]["mode"],
+            "hit_rate": cache.get("hit_rate"),
+            "hot_lookup_share": hot.get("lookup_share"),
+            "hot_rows": hot.get("rows", 0),
+            "cache_rows": cache.get("cache_rows"),
+            "planning_ms_per_step": plan_ms,
+            "hot_split_ms_per_step": split_ms,
+            "popular_inputs_per_step": hot.get("popular_inputs_per_step"),
+            "all_hot_batches": hot.get("all_hot_batches"),
+            "eval_auc": median(runs, "eval_auc"),
+            "eval_logloss": median(runs, "eval_logloss"),
+            "settings": {k: str(v) for k, v in settings[key].items()},
+            "runs": [r["samples_per_s"] for r in runs],
         }
         r = res[key]
-        rows.append([key, med, f"{spread:.0%}", f"{med / ref:.2f}x", r["peak_anon_rss_mb"], r["hot_rows"], r["cache_rows"],
-                     _pct(r["hit_rate"]) if key not in ("nocache", "fae", "fae-split", "hotline") else "-",
-                     _pct(r["hot_lookup_share"]), plan_ms, split_ms if hot else "-", r["eval_auc"], r["eval_logloss"]])
-    headers = ["config", "samples/s", "spread", "vs lookahead", "peak anon RSS MiB", "hot rows", "cache rows",
-               "hit rate (cold)", "lookups served hot", "planner ms/step", "hot split ms/step", "eval AUC", "eval log loss"]
+        rows.append(
+            [
+                key,
+                med,
+                f"{spread:.0%}",
+                f"{med / ref:.2f}x",
+                r["peak_anon_rss_mb"],
+                r["hot_rows"],
+                r["cache_rows"],
+                _pct(r["hit_rate"]) if mode_spec(r["mode"]).sized_cache else "-",
+                _pct(r["hot_lookup_share"]),
+                plan_ms,
+                split_ms if hot else "-",
+                r["eval_auc"],
+                r["eval_logloss"],
+            ]
+        )
+    headers = [
+        "config",
+        "samples/s",
+        "spread",
+        "vs lookahead",
+        "peak anon RSS MiB",
+        "hot rows",
+        "cache rows",
+        "hit rate (cold)",
+        "lookups served hot",
+        "planner ms/step",
+        "hot split ms/step",
+        "eval AUC",
+        "eval log loss",
+    ]
     table = markdown_table(headers, rows)
     targets = {}
     if "lookahead+hot" in sps:
@@ -201,11 +264,21 @@ def summarise(b: AccelBench, results: dict[str, list[dict]], settings: dict, pro
             "lookahead_hot_vs_lookahead": sps["lookahead+hot"] / ref,
             "lookahead_hot_vs_best_of_fae_hotline": sps["lookahead+hot"] / max(peers) if peers else None,
             "planning_ms_lookahead": res.get("lookahead", {}).get("planning_ms_per_step"),
-            "planning_plus_split_ms_lookahead_hot": res["lookahead+hot"]["planning_ms_per_step"] + res["lookahead+hot"]["hot_split_ms_per_step"],
+            "planning_plus_split_ms_lookahead_hot": res["lookahead+hot"]["planning_ms_per_step"]
+            + res["lookahead+hot"]["hot_split_ms_per_step"],
         }
-    profile_info = {f"{mb:.3f}": {k: (str(v) if k == "file" else v) for k, v in p.items()} for mb, p in profiles.items()}
-    return {**header(b), "total_rows": total_rows, "budget_mb": b.budget_mb, "profiles": profile_info,
-            "results": res, "targets": targets, "table": table}
+    profile_info = {
+        f"{mb:.3f}": {k: (str(v) if k == "file" else v) for k, v in p.items()} for mb, p in profiles.items()
+    }
+    return {
+        **header(b),
+        "total_rows": total_rows,
+        "budget_mb": b.budget_mb,
+        "profiles": profile_info,
+        "results": res,
+        "targets": targets,
+        "table": table,
+    }
 
 
 def _pct(x) -> str:

@@ -23,6 +23,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bagpipe.bench.config import CriteoSample, Throughput
 from bagpipe.bench.convergence import CRITEO_SAMPLE, SHARED_DATA, _preprocess_criteo
@@ -43,8 +44,20 @@ class ApproxBench(CriteoSample, Throughput):
     name = "approx"
     #: The tiny profile and the debug recipe; its distributed runs (2 trainers + a server + the
     #: oracle, each a process) make it a few minutes on two cores, not one.
-    QUICK = dict(profile="tiny", scale=1.0, recipe="debug", batch_size=128, steps=60, warmup=5, reps=1, eval_every=20,
-                 eval_samples=2048, criteo_steps=40, criteo_eval_every=20, threads=1)
+    QUICK = dict(
+        profile="tiny",
+        scale=1.0,
+        recipe="debug",
+        batch_size=128,
+        steps=60,
+        warmup=5,
+        reps=1,
+        eval_every=20,
+        eval_samples=2048,
+        criteo_steps=40,
+        criteo_eval_every=20,
+        threads=1,
+    )
 
     scale: float = 0.05
     steps: int = 600
@@ -80,9 +93,13 @@ class ApproxBench(CriteoSample, Throughput):
 
 def _settings(b: ApproxBench, key: str) -> dict:
     dist = dict(mode="lookahead", trainers=b.trainers, servers=b.servers, cache_rows=b.cache_rows or None)
-    return {"exact": dict(mode="full"), "skip-stale": dict(mode="full", skip_stale=True, stale_start=b.stale_start),
-            "dist-exact": dict(dist, cache_sync="partitioned"),
-            "periodic": dict(dist, cache_sync=f"periodic:{b.period}")}[key]
+    table: dict[str, dict[str, Any]] = {
+        "exact": dict(mode="full"),
+        "skip-stale": dict(mode="full", skip_stale=True, stale_start=b.stale_start),
+        "dist-exact": dict(dist, cache_sync="partitioned"),
+        "periodic": dict(dist, cache_sync=f"periodic:{b.period}"),
+    }
+    return table[key]
 
 
 def _curve(run_dir: Path) -> list[dict]:
@@ -95,15 +112,19 @@ def _curve(run_dir: Path) -> list[dict]:
 
 
 def _dataset(b: ApproxBench, name: str, data: Path, steps: int, batch: int, eval_every: int, out: Path) -> dict:
-    common = dict(steps=steps, batch_size=batch, eval_samples=b.eval_samples if name == "generated" else None,
-                  warmup_steps=min(b.warmup, steps - 1))
+    common: dict[str, Any] = dict(
+        steps=steps,
+        batch_size=batch,
+        eval_samples=b.eval_samples if name == "generated" else None,
+        warmup_steps=min(b.warmup, steps - 1),
+    )
     runs: dict[str, list[dict]] = {k: [] for k in b.configs}
     curves, commands = {}, {}
     for rep in range(b.reps + 1):  # rep 0: the curve runs (with evaluations); then the timed ones
         for key in b.configs:
             run_dir = out / "runs" / f"{name}-{key}-{rep}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            extra = dict(eval_every=eval_every) if rep == 0 else {}
+            extra: dict[str, Any] = dict(eval_every=eval_every) if rep == 0 else {}
             args = train_args(b, data, run_dir, **common, **_settings(b, key), **extra)
             label = "curve" if rep == 0 else f"rep {rep}/{b.reps}"
             print(f"{name} [{label}] {key} ...", flush=True)
@@ -113,8 +134,10 @@ def _dataset(b: ApproxBench, name: str, data: Path, steps: int, batch: int, eval
                 commands[key] = "bagpipe train " + " ".join(args).replace(str(out) + "/", "")
             else:
                 runs[key].append(s)
-            print(f"    {s['samples_per_s']:,.0f} samples/s, eval AUC {s['eval_auc']:.4f}, log loss {s['eval_logloss']:.4f}",
-                  flush=True)
+            print(
+                f"    {s['samples_per_s']:,.0f} samples/s, eval AUC {s['eval_auc']:.4f}, log loss {s['eval_logloss']:.4f}",
+                flush=True,
+            )
             shutil.rmtree(run_dir, ignore_errors=True)
     res = {}
     for key, rs in runs.items():
@@ -124,13 +147,20 @@ def _dataset(b: ApproxBench, name: str, data: Path, steps: int, batch: int, eval
         approx = s.get("approximation") or {}
         skip = approx.get("skip_stale") or {}
         res[key] = {
-            "samples_per_s": med, "spread": spread, "runs": [r["samples_per_s"] for r in rs],
-            "eval_auc": median(rs, "eval_auc"), "eval_logloss": median(rs, "eval_logloss"), "exact": s["exact"],
+            "samples_per_s": med,
+            "spread": spread,
+            "runs": [r["samples_per_s"] for r in rs],
+            "eval_auc": median(rs, "eval_auc"),
+            "eval_logloss": median(rs, "eval_logloss"),
+            "exact": s["exact"],
             "sync_bytes_per_step": d.get("sync_bytes_per_step"),
             "partitioned_sync_bytes_per_step": d.get("partitioned_sync_bytes_per_step"),
             "replicated_sync_bytes_per_step": d.get("replicated_sync_bytes_per_step"),
-            "threshold": skip.get("threshold"), "skipped_share": skip.get("skipped_share"),
-            "skip_stale": skip or None, "curve": curves.get(key, []), "command": commands.get(key),
+            "threshold": skip.get("threshold"),
+            "skipped_share": skip.get("skipped_share"),
+            "skip_stale": skip or None,
+            "curve": curves.get(key, []),
+            "command": commands.get(key),
         }
     for key, r in res.items():
         ref = res.get(REFERENCE[key])
@@ -142,7 +172,7 @@ def _dataset(b: ApproxBench, name: str, data: Path, steps: int, batch: int, eval
 
 
 def run(b: ApproxBench) -> dict:
-    out = Path(b.out)
+    out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     datasets: dict[str, dict] = {}
     data = out / "data-generated"
@@ -159,8 +189,9 @@ def run(b: ApproxBench) -> dict:
     else:
         cdata = out / "data-criteo"
         _preprocess_criteo(src, cdata)
-        datasets["criteo-kaggle-sample"] = _dataset(b, "criteo-kaggle-sample", cdata, b.criteo_steps, b.criteo_batch_size,
-                                                    b.criteo_eval_every, out)
+        datasets["criteo-kaggle-sample"] = _dataset(
+            b, "criteo-kaggle-sample", cdata, b.criteo_steps, b.criteo_batch_size, b.criteo_eval_every, out
+        )
     shutil.rmtree(out / "runs", ignore_errors=True)
     table = _table(datasets) + (f"\n\nCriteo sample skipped: {skipped}." if skipped else "")
     payload = {**header(b), "datasets": datasets, "criteo_skipped": skipped, "table": table}
@@ -182,14 +213,38 @@ def _table(datasets: dict) -> str:
     for name, d in datasets.items():
         for key, r in d["results"].items():
             skip = "-" if r["threshold"] is None else f"T = {r['threshold']:.3g}, {r['skipped_share']:.1%} skipped"
-            rows.append([name, key, r["samples_per_s"], f"{r['spread']:.0%}",
-                         "-" if key == r["reference"] or r["ratio"] is None else f"{r['ratio']:.2f}x vs {r['reference']}",
-                         f"{r['eval_auc']:.4f}", "-" if key == r["reference"] else _signed(r["auc_diff"]),
-                         f"{r['eval_logloss']:.4f}", "-" if key == r["reference"] else _signed(r["logloss_diff"]),
-                         _mib(r["sync_bytes_per_step"]), _mib(r["partitioned_sync_bytes_per_step"]),
-                         _mib(r["replicated_sync_bytes_per_step"]), skip])
-    headers = ["dataset", "config", "samples/s", "spread", "vs exact", "eval AUC", "AUC diff", "eval log loss",
-               "log loss diff", "MiB synced/step", "partitioned MiB/step", "replicated MiB/step", "skip-stale"]
+            rows.append(
+                [
+                    name,
+                    key,
+                    r["samples_per_s"],
+                    f"{r['spread']:.0%}",
+                    "-" if key == r["reference"] or r["ratio"] is None else f"{r['ratio']:.2f}x vs {r['reference']}",
+                    f"{r['eval_auc']:.4f}",
+                    "-" if key == r["reference"] else _signed(r["auc_diff"]),
+                    f"{r['eval_logloss']:.4f}",
+                    "-" if key == r["reference"] else _signed(r["logloss_diff"]),
+                    _mib(r["sync_bytes_per_step"]),
+                    _mib(r["partitioned_sync_bytes_per_step"]),
+                    _mib(r["replicated_sync_bytes_per_step"]),
+                    skip,
+                ]
+            )
+    headers = [
+        "dataset",
+        "config",
+        "samples/s",
+        "spread",
+        "vs exact",
+        "eval AUC",
+        "AUC diff",
+        "eval log loss",
+        "log loss diff",
+        "MiB synced/step",
+        "partitioned MiB/step",
+        "replicated MiB/step",
+        "skip-stale",
+    ]
     return markdown_table(headers, rows)
 
 
@@ -199,8 +254,14 @@ def _plot(out: Path, datasets: dict) -> None:
     for ax, (name, d) in zip(axes[0], datasets.items()):
         for key, r in d["results"].items():
             pts = r["curve"]
-            ax.plot([p["step"] for p in pts], [p["eval_auc"] for p in pts], marker="o", markersize=4,
-                    linestyle="--" if key in ("skip-stale", "periodic") else "-", label=key)
+            ax.plot(
+                [p["step"] for p in pts],
+                [p["eval_auc"] for p in pts],
+                marker="o",
+                markersize=4,
+                linestyle="--" if key in ("skip-stale", "periodic") else "-",
+                label=key,
+            )
         ax.set_title(f"{name}: eval AUC over steps")
         ax.set_xlabel("step")
         ax.set_ylabel("eval AUC")

@@ -28,9 +28,12 @@ how far compute is inflated against a machine per role (docs/distributed.md).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,11 +41,13 @@ from bagpipe.bench.cluster_report import plot, summarise
 from bagpipe.bench.config import CachePoint, Throughput
 from bagpipe.bench.netns import EmulatedNet, Host, probe_rate, terminate_as_interrupt, unavailable
 from bagpipe.bench.report import header, write_results
-from bagpipe.bench.runner import data_samples, ensure_synth, launch as launch_train
+from bagpipe.bench.runner import data_samples, ensure_synth
+from bagpipe.bench.runner import launch as launch_train
+from bagpipe.config.modes import mode_spec
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.distributed.launch import Placement, launch
 from bagpipe.distributed.layout import Layout
-from bagpipe.train.config import TrainConfig
 
 MODES = ("nocache", "lru", "lookahead")
 PORT = 29500
@@ -59,9 +64,23 @@ class ClusterBench(CachePoint, Throughput):
     without). --batch-size is the batch of each trainer."""
 
     name = "cluster"
-    QUICK = dict(scale=0.01, recipe="debug", batch_size=128, steps=10, warmup=3, reps=1, rates=(20.0,),
-                 trainers=(1,), modes=("nocache", "lookahead"), lookahead=4, large_lookahead=0, eval_samples=256, probe_s=0.3,
-                 embedding_dim=16, digest=True)
+    QUICK = dict(
+        scale=0.01,
+        recipe="debug",
+        batch_size=128,
+        steps=10,
+        warmup=3,
+        reps=1,
+        rates=(20.0,),
+        trainers=(1,),
+        modes=("nocache", "lookahead"),
+        lookahead=4,
+        large_lookahead=0,
+        eval_samples=256,
+        probe_s=0.3,
+        embedding_dim=16,
+        digest=True,
+    )
 
     batch_size: int = 1024
     steps: int = 40
@@ -91,11 +110,16 @@ class ClusterBench(CachePoint, Throughput):
         super().validate()
         self.check_subset("modes", MODES)
         self.check("rates", bool(self.rates) and all(r > 0 for r in self.rates), "must be link rates > 0 in Mbit/s")
-        self.check("trainers", bool(self.trainers) and all(n >= 1 for n in self.trainers), "must be numbers of trainers >= 1")
+        self.check(
+            "trainers", bool(self.trainers) and all(n >= 1 for n in self.trainers), "must be numbers of trainers >= 1"
+        )
         self.check("servers", 1 <= self.servers <= 8, "must be in 1..8")
         self.check("server_ratio", self.server_ratio > 0, "must be > 0")
-        self.check("large_lookahead", self.large_lookahead == 0 or self.large_lookahead > self.lookahead,
-                   f"must be 0 or larger than --lookahead ({self.lookahead})")
+        self.check(
+            "large_lookahead",
+            self.large_lookahead == 0 or self.large_lookahead > self.lookahead,
+            f"must be 0 or larger than --lookahead ({self.lookahead})",
+        )
         self.check("threads", self.threads in (0, 1), "must be 1 (or 0): every role runs one thread")
         self.check("embedding_dim", self.embedding_dim >= 1, "must be >= 1")
         self.check("probe_s", self.probe_s > 0, "must be > 0")
@@ -104,8 +128,8 @@ class ClusterBench(CachePoint, Throughput):
         """(key, mode, L) of every mode across the network."""
         out = []
         for mode in self.modes:
-            if mode == "lookahead":
-                out += [(f"lookahead-L{L}", mode, L) for L in (self.lookahead, self.large_lookahead) if L]
+            if mode_spec(mode).looks_ahead:  # one configuration per L
+                out += [(f"{mode}-L{L}", mode, L) for L in (self.lookahead, self.large_lookahead) if L]
             else:
                 out.append((mode, mode, 1))
         return out
@@ -120,7 +144,9 @@ def _hosts(net: EmulatedNet, b: ClusterBench) -> dict[str, Host]:
 
 
 def _rank_hosts(hosts: dict[str, Host], layout: Layout) -> list[Host]:
-    return [hosts[f"t{r}"] for r in layout.trainer_ranks] + [hosts[f"s{k}"] for k in range(layout.servers)] + [hosts["or"]]
+    return (
+        [hosts[f"t{r}"] for r in layout.trainer_ranks] + [hosts[f"s{k}"] for k in range(layout.servers)] + [hosts["or"]]
+    )
 
 
 def _shape(net: EmulatedNet, hosts: dict[str, Host], b: ClusterBench, rate: float) -> None:
@@ -133,8 +159,10 @@ def _probe(net: EmulatedNet, hosts: dict[str, Host], b: ClusterBench) -> dict[st
     """Mbit/s a TCP stream achieves out of and into trainer 0, server 0 and the oracle (to and from the probe host)."""
     out = {}
     for name, role in (("t0", "trainer 0"), ("s0", "server 0"), ("or", "oracle")):
-        out[role] = {"sent": probe_rate(net, hosts[name], hosts["probe"], b.probe_s),
-                     "received": probe_rate(net, hosts["probe"], hosts[name], b.probe_s)}
+        out[role] = {
+            "sent": probe_rate(net, hosts[name], hosts["probe"], b.probe_s),
+            "received": probe_rate(net, hosts["probe"], hosts[name], b.probe_s),
+        }
     return out
 
 
@@ -145,8 +173,9 @@ class _Window:
     the last step (polling trainer 0's heartbeat). ``at_end`` runs once the last step is
     done (the links are unshaped for the evaluation and the digest, which are not measured)."""
 
-    def __init__(self, net: EmulatedNet, hosts: list[Host], names: list[str], run_dir: Path, warmup: int, steps: int,
-                 at_end):
+    def __init__(
+        self, net: EmulatedNet, hosts: list[Host], names: list[str], run_dir: Path, warmup: int, steps: int, at_end
+    ):
         self.net, self.hosts, self.names, self.run = net, hosts, names, run_dir
         self.warmup, self.steps, self.at_end = max(warmup, 1), steps, at_end
         self.start = self._bytes()
@@ -190,8 +219,14 @@ class _Window:
                     polled = time.monotonic()
                 if self._stop.wait(0.005):
                     return
-            self.snaps.append({"t": time.perf_counter(), "step": self._step(), "cpu": last_cpu | self._cpu(),
-                               "bytes": self._bytes() if mark == self.steps else None})
+            self.snaps.append(
+                {
+                    "t": time.perf_counter(),
+                    "step": self._step(),
+                    "cpu": last_cpu | self._cpu(),
+                    "bytes": self._bytes() if mark == self.steps else None,
+                }
+            )
         self.at_end()
 
     def result(self) -> dict | None:
@@ -204,33 +239,98 @@ class _Window:
         steps = max(z["step"], 1)
         return {
             "steps": steps,
-            "bytes_per_step": {n: {"sent": (z["bytes"][n][0] - self.start[n][0]) / steps,
-                                   "received": (z["bytes"][n][1] - self.start[n][1]) / steps} for n in self.names},
+            "bytes_per_step": {
+                n: {
+                    "sent": (z["bytes"][n][0] - self.start[n][0]) / steps,
+                    "received": (z["bytes"][n][1] - self.start[n][1]) / steps,
+                }
+                for n in self.names
+            },
             "cpu_share": {role: (z["cpu"][role] - a["cpu"][role]) / wall for role in z["cpu"] if role in a["cpu"]},
         }
 
 
-def _job(b: ClusterBench, net: EmulatedNet, hosts: dict[str, Host], data: Path, run_dir: Path, n: int, mode: str,
-         L: int, cache_rows: int, log) -> dict:
+def _unshape(net: EmulatedNet, hosts: list[Host]) -> None:
+    for h in hosts:
+        net.unshape(h)
+
+
+@contextmanager
+def _roles_logged_to(path: Path) -> Iterator[None]:
+    """The launcher's lines (every role's output) into ``path`` instead of the bench's own output."""
+    logger = logging.getLogger("bagpipe.distributed.launch")
+    handler = logging.FileHandler(path)
+    old = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+        logger.propagate = old
+
+
+def _job(
+    b: ClusterBench,
+    net: EmulatedNet,
+    hosts: dict[str, Host],
+    data: Path,
+    run_dir: Path,
+    n: int,
+    mode: str,
+    L: int,
+    cache_rows: int,
+    log: Path,
+) -> dict:
     cfg = TrainConfig.of(
-        data=str(data), out=str(run_dir), model=b.model, recipe=b.recipe, embedding_dim=b.embedding_dim,
-        batch_size=b.batch_size * n, optimizer=b.optimizer, lr=b.lr, steps=b.steps, warmup_steps=b.warmup,
-        eval_samples=b.eval_samples, threads=1, progress=False, mode=mode, cache_rows=cache_rows, lookahead=L,
-        trainers=n, servers=b.servers, final_checkpoint=False, digest=b.digest, rendezvous_timeout=120.0)
+        data=str(data),
+        out=str(run_dir),
+        model=b.model,
+        recipe=b.recipe,
+        embedding_dim=b.embedding_dim,
+        batch_size=b.batch_size * n,
+        optimizer=b.optimizer,
+        lr=b.lr,
+        steps=b.steps,
+        warmup_steps=b.warmup,
+        eval_samples=b.eval_samples,
+        threads=1,
+        progress=False,
+        mode=mode,
+        cache_rows=cache_rows,
+        lookahead=L,
+        trainers=n,
+        servers=b.servers,
+        final_checkpoint=False,
+        digest=b.digest,
+        rendezvous_timeout=120.0,
+    )
     layout = Layout(n, b.servers)
     by_rank = _rank_hosts(hosts, layout)
-    placement = Placement(master_addr=by_rank[0].addr, prefix=lambda r: by_rank[r].exec_prefix(), iface="eth0", port=PORT)
-    window = _Window(net, by_rank, [layout.name(r) for r in range(layout.world_size)], run_dir, b.warmup, b.steps,
-                     at_end=lambda: [net.unshape(h) for h in by_rank])
+    placement = Placement(
+        master_addr=by_rank[0].addr, prefix=lambda r: by_rank[r].exec_prefix(), iface="eth0", port=PORT
+    )
+    window = _Window(
+        net,
+        by_rank,
+        [layout.name(r) for r in range(layout.world_size)],
+        run_dir,
+        b.warmup,
+        b.steps,
+        at_end=lambda: _unshape(net, by_rank),
+    )
     t0 = time.perf_counter()
     try:
-        summary = launch(cfg, echo=log, placement=placement)
+        with _roles_logged_to(log):
+            summary = launch(cfg, placement=placement)
     finally:
         measured = window.result()
     return {"summary": summary, "window": measured, "wall_s": time.perf_counter() - t0, "config": cfg}
 
 
 def run(b: ClusterBench) -> dict:
+    assert b.out is not None  # set by BenchConfig
     out = Path(b.out)
     reason = unavailable()
     if reason:
@@ -247,11 +347,9 @@ def run(b: ClusterBench) -> dict:
     ideal = _ideal_runs(b, data, out)
     results: dict[tuple[int, float, str], list[dict]] = {}
     probes: dict[float, dict] = {}
-    logs = open(out / "roles.log", "w")
+    log = out / "roles.log"  # every role's output, run after run
+    log.unlink(missing_ok=True)
     (out / "runs.jsonl").unlink(missing_ok=True)
-
-    def log(line: str) -> None:
-        logs.write(line + "\n")
 
     with terminate_as_interrupt(), EmulatedNet("cl") as net:
         hosts = _hosts(net, b)
@@ -270,12 +368,23 @@ def run(b: ClusterBench) -> dict:
                         r = _job(b, net, hosts, data, run_dir, n, mode, L, cache_rows, log)
                         results.setdefault((n, rate, key), []).append(r)
                         with open(out / "runs.jsonl", "a") as f:  # what a long sweep has measured so far
-                            f.write(json.dumps({"rate": rate, "trainers": n, "config": key, "rep": rep, "wall_s": r["wall_s"],
-                                                "summary": r["summary"], "window": r["window"]}) + "\n")
+                            f.write(
+                                json.dumps(
+                                    {
+                                        "rate": rate,
+                                        "trainers": n,
+                                        "config": key,
+                                        "rep": rep,
+                                        "wall_s": r["wall_s"],
+                                        "summary": r["summary"],
+                                        "window": r["window"],
+                                    }
+                                )
+                                + "\n"
+                            )
                         print(f"    {r['summary']['samples_per_s']:,.0f} samples/s ({r['wall_s']:.0f} s)", flush=True)
                         if not (rep == b.reps - 1 and rate == rates[-1]):
                             shutil.rmtree(run_dir, ignore_errors=True)
-    logs.close()
     payload = summarise(b, results, ideal, probes, cache_rows, meta)
     plot(out, payload)
     write_results(out, "cluster", payload, payload["table"])
@@ -289,7 +398,9 @@ def _ideal_runs(b: ClusterBench, data: Path, out: Path) -> list[dict]:
         print(f"[rep {rep + 1}/{b.reps}] full, one process, no network (the ideal) ...", flush=True)
         run_dir = out / "runs" / "full"
         shutil.rmtree(run_dir, ignore_errors=True)
-        s = launch_train(b, data, run_dir, "full", digest=b.digest, threads=1, embedding_dim=b.embedding_dim, mode="full")
+        s = launch_train(
+            b, data, run_dir, "full", digest=b.digest, threads=1, embedding_dim=b.embedding_dim, mode="full"
+        )
         runs.append(s)
         print(f"    {s['samples_per_s']:,.0f} samples/s", flush=True)
     return runs

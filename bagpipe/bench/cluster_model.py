@@ -41,17 +41,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bagpipe.cache.setup import LocalPlans, set_up_cache
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.data.shards import Dataset
-from bagpipe.data.stream import BatchStream
+from bagpipe.data.stream import train_stream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import HEADER_BYTES, INLINE_BYTES
 from bagpipe.distributed.wire import PLAN, REPLY, REQUEST, encode
 from bagpipe.optim.names import row_state_dim
-from bagpipe.oracle.sizing import lookups_per_batch
-from bagpipe.train.backends import LocalPlanner
-from bagpipe.train.config import TrainConfig
 
 MSS = 1448  # TCP payload of a full segment: MTU 1500 - IP 20 - TCP 20 - timestamps 12
 FRAME_HEADERS = 66  # Ethernet 14 + IP 20 + TCP 32 bytes per frame
@@ -130,17 +129,27 @@ class PlanTraffic:
         return out
 
 
-def plan_traffic(cfg: TrainConfig, cache_rows: int, dense_params: int, warmup: int) -> PlanTraffic:
+def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffic:
     """Replay the oracle of run ``cfg`` and count its messages (see the module docstring)."""
     dataset = Dataset(cfg.data.data)
-    stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=cfg.run.seed, block_size=cfg.data.block_size)
-    total = dataset.meta.total_rows
-    lookups = lookups_per_batch(dataset.meta, stream, cfg.run.steps)
-    planner = LocalPlanner(cfg.cache.mode, total, cache_rows, cfg.cache.lookahead, None, enough=min(lookups, total))
-    layout = Layout(cfg.dist.trainers, cfg.dist.servers)
-    N, S = layout.trainers, layout.servers
+    stream = train_stream(dataset, cfg.data, cfg.run.seed)
     D = cfg.arch.model_config().embedding_dim
     state = row_state_dim(cfg.optim.optimizer, D)
+    # the cache and planner the oracle role sets up for this run
+    setup = set_up_cache(
+        cfg.cache.spec,
+        cfg.cache,
+        cfg.hot,
+        dataset=dataset,
+        stream=stream,
+        steps=cfg.run.steps,
+        dim=D,
+        state_dim=state,
+        seed=cfg.run.seed,
+    )
+    planner = LocalPlans(setup)
+    layout = Layout(cfg.dist.trainers, cfg.dist.servers)
+    N, S = layout.trainers, layout.servers
     reply_overhead = len(encode(REPLY, {"w": np.zeros((0, D), np.float32), "s": np.zeros((0, state), np.float32)}))
     names = [layout.name(r) for r in range(layout.world_size)]
     links: dict[str, Link] = {n: Link() for n in names}
@@ -149,12 +158,15 @@ def plan_traffic(cfg: TrainConfig, cache_rows: int, dense_params: int, warmup: i
     measured = max(cfg.run.steps - warmup, 1)
 
     def rows_msg(rows: np.ndarray, values: bool) -> int:
-        body = {"op": "write", "rows": rows, "w": np.zeros((0, D), np.float32), "s": np.zeros((0, state), np.float32)} \
-            if values else {"op": "read", "rows": rows, "after": 1, "count": True}
+        body = (
+            {"op": "write", "rows": rows, "w": np.zeros((0, D), np.float32), "s": np.zeros((0, state), np.float32)}
+            if values
+            else {"op": "read", "rows": rows, "after": 1, "count": True}
+        )
         extra = _pad8(len(rows) * D * 4) + _pad8(len(rows) * state * 4) if values else 0
         return len(encode(REQUEST, body)) + extra
 
-    pipelined = planner.pipelined
+    pipelined = cfg.cache.spec.pipelined
     for gplan in planner.plans(stream, 0, cfg.run.steps):
         if gplan.step < warmup:
             continue
@@ -162,8 +174,10 @@ def plan_traffic(cfg: TrainConfig, cache_rows: int, dense_params: int, warmup: i
         for t, p in enumerate(partition(gplan, N)):
             tl, ol = links[names[t]], links["oracle"]
             body = len(encode(PLAN, p))
-            message(tl.down, body), message(ol.up, body)
-            message(tl.up, 0), message(ol.down, 0)  # the credit
+            message(tl.down, body)
+            message(ol.up, body)
+            message(tl.up, 0)  # the credit
+            message(ol.down, 0)
             plan_bytes += body / N / measured
             fetched += len(p.fetch_rows) / N / measured
             for k in range(S):
@@ -173,18 +187,23 @@ def plan_traffic(cfg: TrainConfig, cache_rows: int, dense_params: int, warmup: i
                     if not len(mine):
                         continue
                     size = rows_msg(mine, values)
-                    message(tl.up, size), message(sl.down, size)
+                    message(tl.up, size)
+                    message(sl.down, size)
                     if pipelined and last and values:  # the write-back of the last step races the counters' reading
-                        message(end[names[t]].up, size), message(end[names[N + k]].down, size)
+                        message(end[names[t]].up, size)
+                        message(end[names[N + k]].down, size)
                     if not values:  # the reply
                         reply = reply_overhead + _pad8(len(mine) * D * 4) + _pad8(len(mine) * state * 4)
-                        message(tl.down, reply), message(sl.up, reply)
+                        message(tl.down, reply)
+                        message(sl.up, reply)
                     else:
                         written += len(mine) / N / measured
-                message(tl.up, 0), message(sl.down, 0)  # the step's mark
+                message(tl.up, 0)  # the step's mark
+                message(sl.down, 0)
             if N > 1:  # ring all-reduces: 2 (N - 1) messages of 1/N of each buffer each way
                 for buffer in (len(p.sync_slots) * D * 4, dense_params * 4):
-                    tl.up.add(buffer / N, 2 * (N - 1)), tl.down.add(buffer / N, 2 * (N - 1))
+                    tl.up.add(buffer / N, 2 * (N - 1))
+                    tl.down.add(buffer / N, 2 * (N - 1))
     for link in [*links.values(), *end.values()]:  # per step
         for d in (link.up, link.down):
             d.payload /= measured
@@ -192,21 +211,25 @@ def plan_traffic(cfg: TrainConfig, cache_rows: int, dense_params: int, warmup: i
     return PlanTraffic(links, end, fetched, written, plan_bytes)
 
 
-def predict_step_ms(traffic: PlanTraffic, rates_bytes_s: dict[str, tuple[float, float]], compute_ms: float,
-                    pipelined: bool) -> dict[str, float]:
+def predict_step_ms(
+    traffic: PlanTraffic, rates_bytes_s: dict[str, tuple[float, float]], compute_ms: float, pipelined: bool
+) -> dict[str, float | str]:
     """The model's step time (ms) from the bytes of every link and the rate each achieves
     (host -> (up, down) bytes/s): ``max(compute, slowest link)`` for pipelined plans,
     ``compute + trainer 0's serial transfers`` (at least the slowest link) for synchronous ones."""
     wire = traffic.per_link()
-    link_ms = {name: max(wire[name]["sent"] / rates_bytes_s[name][0], wire[name]["received"] / rates_bytes_s[name][1]) * 1000
-               for name in wire if name in rates_bytes_s}
+    link_ms = {
+        name: max(wire[name]["sent"] / rates_bytes_s[name][0], wire[name]["received"] / rates_bytes_s[name][1]) * 1000
+        for name in wire
+        if name in rates_bytes_s
+    }
     slowest = max(link_ms.values()) if link_ms else 0.0
     if pipelined:
         step = max(compute_ms, slowest)
     else:  # every byte trainer 0 sends or receives is waited for in turn (measured so: see docs/distributed.md)
         up, down = rates_bytes_s["trainer 0"]
         step = max(compute_ms + (wire["trainer 0"]["sent"] / up + wire["trainer 0"]["received"] / down) * 1000, slowest)
-    link = max(link_ms, key=link_ms.get) if link_ms else ""
+    link = max(link_ms, key=lambda name: link_ms[name]) if link_ms else ""
     return {"step_ms": step, "slowest_link_ms": slowest, "bottleneck": link if slowest > compute_ms else "compute"}
 
 
@@ -218,8 +241,11 @@ def model_for(cfg: TrainConfig, traffic, time_per_step_ms: dict, rates: dict[str
         if role not in mbit:
             mbit[role] = mbit["trainer 0" if role.startswith("trainer") else "server 0"]
     t = time_per_step_ms
-    pred = predict_step_ms(traffic, mbit, t["forward"] + t["backward"] + t["optimizer"], pipelined=cfg.cache.mode == "lookahead")
-    return {**pred, "samples_per_s": cfg.data.batch_size / pred["step_ms"] * 1000 if pred["step_ms"] else float("nan")}
+    pred = predict_step_ms(
+        traffic, mbit, t["forward"] + t["backward"] + t["optimizer"], pipelined=cfg.cache.spec.pipelined
+    )
+    step_ms = float(pred["step_ms"])
+    return {**pred, "samples_per_s": cfg.data.batch_size / step_ms * 1000 if step_ms else float("nan")}
 
 
 def traffic_for(cfg: TrainConfig, meta: DatasetMeta, warmup: int) -> PlanTraffic:
@@ -230,4 +256,4 @@ def traffic_for(cfg: TrainConfig, meta: DatasetMeta, warmup: int) -> PlanTraffic
 
     torch.manual_seed(0)
     dense = sum(p.numel() for p in build_model(cfg.arch.model_config(), meta.num_dense, meta.num_features).parameters())
-    return plan_traffic(cfg, cfg.cache.cache_rows, dense, warmup)
+    return plan_traffic(cfg, dense, warmup)

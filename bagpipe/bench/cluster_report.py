@@ -30,14 +30,22 @@ def _split(t: dict, step_ms: float) -> dict[str, float]:
     compute = t["forward"] + t["backward"] + t["optimizer"]
     rows = t["wait_embeddings"] + t["writeback"]
     sync = t["sync_wait"]
-    return {"compute": compute, "rows": rows, "sync": sync, "other": max(step_ms - compute - rows - sync, 0.0), "step": step_ms}
+    return {
+        "compute": compute,
+        "rows": rows,
+        "sync": sync,
+        "other": max(step_ms - compute - rows - sync, 0.0),
+        "step": step_ms,
+    }
 
 
 def _med(values: list[float]) -> float:
     return median_spread(values)[0] if values else float("nan")
 
 
-def summarise(b: ClusterBench, results: dict, ideal: list[dict], probes: dict, cache_rows: int, meta: DatasetMeta) -> dict:
+def summarise(
+    b: ClusterBench, results: dict, ideal: list[dict], probes: dict, cache_rows: int, meta: DatasetMeta
+) -> dict:
     ideal_sps, ideal_spread = median_spread([s["samples_per_s"] for s in ideal])
     ideal_digest = ideal[0].get("params_sha256") if ideal else None
     traffic: dict = {}
@@ -49,10 +57,14 @@ def summarise(b: ClusterBench, results: dict, ideal: list[dict], probes: dict, c
         step_ms = 1000 * batch / sps
         t = {k: _med([s["time_per_step_ms"][k] for s in sums]) for k in sums[0]["time_per_step_ms"]}
         windows = [r["window"] for r in runs if r["window"]]
-        measured = {role: {d: _med([w["bytes_per_step"][role][d] for w in windows]) for d in ("sent", "received")}
-                    for role in (windows[0]["bytes_per_step"] if windows else {})}
-        cpu = {role: _med([w["cpu_share"].get(role, float("nan")) for w in windows]) for role in
-               (windows[0]["cpu_share"] if windows else {})}
+        measured = {
+            role: {d: _med([w["bytes_per_step"][role][d] for w in windows]) for d in ("sent", "received")}
+            for role in (windows[0]["bytes_per_step"] if windows else {})
+        }
+        cpu = {
+            role: _med([w["cpu_share"].get(role, float("nan")) for w in windows])
+            for role in (windows[0]["cpu_share"] if windows else {})
+        }
         cfg = runs[0]["config"]
         if (n, key) not in traffic:
             traffic[(n, key)] = traffic_for(cfg, meta, 0)  # every step, as the interface counters count them
@@ -60,31 +72,52 @@ def summarise(b: ClusterBench, results: dict, ideal: list[dict], probes: dict, c
         model = model_for(cfg, tr, t, probes[rate])
         model_bytes = tr.per_link()
         out[f"{rate:g}/{n}/{key}"] = {
-            "rate_mbit": rate, "server_rate_mbit": rate * b.server_ratio, "trainers": n, "config": key,
-            "mode": cfg.cache.mode, "lookahead": cfg.cache.lookahead if cfg.cache.mode == "lookahead" else None,
-            "samples_per_s": sps, "spread": spread, "runs": [s["samples_per_s"] for s in sums],
-            "ideal_samples_per_s": n * ideal_sps, "share_of_ideal": sps / (n * ideal_sps) if ideal_sps else float("nan"),
-            "step_ms": _split(t, step_ms), "embedding_share": (t["wait_embeddings"] + t["writeback"]) / step_ms,
-            "bytes_per_step": measured, "model_bytes_per_step": model_bytes,
+            "rate_mbit": rate,
+            "server_rate_mbit": rate * b.server_ratio,
+            "trainers": n,
+            "config": key,
+            "mode": cfg.cache.mode,
+            "lookahead": cfg.cache.lookahead if cfg.cache.spec.looks_ahead else None,
+            "samples_per_s": sps,
+            "spread": spread,
+            "runs": [s["samples_per_s"] for s in sums],
+            "ideal_samples_per_s": n * ideal_sps,
+            "share_of_ideal": sps / (n * ideal_sps) if ideal_sps else float("nan"),
+            "step_ms": _split(t, step_ms),
+            "embedding_share": (t["wait_embeddings"] + t["writeback"]) / step_ms,
+            "bytes_per_step": measured,
+            "model_bytes_per_step": model_bytes,
             "bytes_vs_model": tr.within(measured),
             "model_bytes_racing_the_reading": tr.per_link(tr.racing),
-            "model": model, "cpu_share": cpu, "hit_rate": sums[0].get("cache", {}).get("hit_rate"),
-            "rows_fetched_per_step": tr.rows_fetched, "plan_bytes": tr.plan_bytes,
+            "model": model,
+            "cpu_share": cpu,
+            "hit_rate": sums[0].get("cache", {}).get("hit_rate"),
+            "rows_fetched_per_step": tr.rows_fetched,
+            "plan_bytes": tr.plan_bytes,
             "digest_equals_full": (sums[0].get("params_sha256") == ideal_digest) if ideal_digest and n == 1 else None,
         }
     for v in out.values():  # speedups at the same rate and trainers
         for base in ("nocache", "lru"):
             ref = out.get(f"{v['rate_mbit']:g}/{v['trainers']}/{base}")
             v[f"speedup_over_{base}"] = v["samples_per_s"] / ref["samples_per_s"] if ref else None
-    payload = {**header(b), "cache_rows": cache_rows, "total_rows": meta.total_rows, "ideal_samples_per_s": ideal_sps,
-               "ideal_spread": ideal_spread, "probes_mbit": {f"{r:g}": p for r, p in probes.items()}, "results": out}
+    payload = {
+        **header(b),
+        "cache_rows": cache_rows,
+        "total_rows": meta.total_rows,
+        "ideal_samples_per_s": ideal_sps,
+        "ideal_spread": ideal_spread,
+        "probes_mbit": {f"{r:g}": p for r, p in probes.items()},
+        "results": out,
+    }
     payload["targets"] = targets(b, out)
     payload["table"] = tables(b, payload)
     return payload
 
 
 def _lookahead_keys(out: dict) -> list[str]:
-    return sorted({v["config"] for v in out.values() if v["mode"] == "lookahead"}, key=lambda k: int(k.split("L")[-1]))
+    return sorted(
+        {v["config"] for v in out.values() if v["lookahead"] is not None}, key=lambda k: int(k.split("L")[-1])
+    )
 
 
 def targets(b: ClusterBench, out: dict) -> list[dict]:
@@ -98,21 +131,41 @@ def targets(b: ClusterBench, out: dict) -> list[dict]:
         rate = max(bound)  # the fastest link at which nocache spends >= 75% of its step on embedding access
         best = max((out[f"{rate:g}/1/{k}"] for k in la), key=lambda v: v["samples_per_s"])
         found += [
-            {"target": f"lookahead >= 2.5x nocache at {rate:g} Mbit/s (nocache {nocache[rate]['embedding_share']:.0%} on embeddings)",
-             "value": best["speedup_over_nocache"], "met": best["speedup_over_nocache"] >= 2.5},
-            {"target": f"lookahead >= 1.3x lru at {rate:g} Mbit/s", "value": best["speedup_over_lru"],
-             "met": best["speedup_over_lru"] is not None and best["speedup_over_lru"] >= 1.3},
-            {"target": f"lookahead within 1.25x of the ideal at {rate:g} Mbit/s", "value": 1 / best["share_of_ideal"],
-             "met": 1 / best["share_of_ideal"] <= 1.25},
+            {
+                "target": f"lookahead >= 2.5x nocache at {rate:g} Mbit/s (nocache {nocache[rate]['embedding_share']:.0%} on embeddings)",
+                "value": best["speedup_over_nocache"],
+                "met": best["speedup_over_nocache"] >= 2.5,
+            },
+            {
+                "target": f"lookahead >= 1.3x lru at {rate:g} Mbit/s",
+                "value": best["speedup_over_lru"],
+                "met": best["speedup_over_lru"] is not None and best["speedup_over_lru"] >= 1.3,
+            },
+            {
+                "target": f"lookahead within 1.25x of the ideal at {rate:g} Mbit/s",
+                "value": 1 / best["share_of_ideal"],
+                "met": 1 / best["share_of_ideal"] <= 1.25,
+            },
         ]
     elif la:
-        found.append({"target": "a rate at which nocache spends >= 75% of its step on embedding access", "value": None, "met": False})
+        found.append(
+            {
+                "target": "a rate at which nocache spends >= 75% of its step on embedding access",
+                "value": None,
+                "met": False,
+            }
+        )
     if la and len(nocache) > 1:
         rates = sorted(nocache, reverse=True)
         sp = [max(out[f"{r:g}/1/{k}"]["speedup_over_nocache"] for k in la) for r in rates]
-        found.append({"target": "lookahead's speedup over nocache grows as the rate falls (1 trainer)",
-                      "value": [round(x, 2) for x in sp], "met": all(b2 >= a - 0.05 * a for a, b2 in zip(sp, sp[1:]))})
-    four = [v for v in out.values() if v["trainers"] == 4 and v["mode"] == "lookahead"]
+        found.append(
+            {
+                "target": "lookahead's speedup over nocache grows as the rate falls (1 trainer)",
+                "value": [round(x, 2) for x in sp],
+                "met": all(b2 >= a - 0.05 * a for a, b2 in zip(sp, sp[1:])),
+            }
+        )
+    four = [v for v in out.values() if v["trainers"] == 4 and v["lookahead"] is not None]
     if four:
         best = {}
         for v in four:
@@ -120,15 +173,22 @@ def targets(b: ClusterBench, out: dict) -> list[dict]:
                 best[v["rate_mbit"]] = max(best.get(v["rate_mbit"], 0.0), v["speedup_over_nocache"])
         if best:
             rate = min(best)
-            found.append({"target": f"4 trainers sharing one server's link: lookahead >= 3x nocache (at {rate:g} Mbit/s)",
-                          "value": best[rate], "met": best[rate] >= 3})
+            found.append(
+                {
+                    "target": f"4 trainers sharing one server's link: lookahead >= 3x nocache (at {rate:g} Mbit/s)",
+                    "value": best[rate],
+                    "met": best[rate] >= 3,
+                }
+            )
     worst = 0.0
     for v in out.values():
         for role, dirs in v["bytes_vs_model"].items():
             for d, ratio in dirs.items():
                 if v["model_bytes_per_step"][role][d] > 10_000:  # links with traffic (not a few ACKs)
                     worst = max(worst, abs(ratio - 1))
-    found.append({"target": "bytes per step on each link within 10% of the cost model", "value": worst, "met": worst <= 0.10})
+    found.append(
+        {"target": "bytes per step on each link within 10% of the cost model", "value": worst, "met": worst <= 0.10}
+    )
     return found
 
 
@@ -138,31 +198,81 @@ def tables(b: ClusterBench, payload: dict) -> str:
     for v in out.values():
         st = v["step_ms"]
         sx = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
-        rows.append([f"{v['rate_mbit']:g} / {v['server_rate_mbit']:g}", v["trainers"], v["config"], v["samples_per_s"],
-                     f"{v['spread']:.0%}", sx(v["speedup_over_nocache"]), sx(v["speedup_over_lru"]),
-                     f"{v['share_of_ideal']:.2f}", f"{st['compute']:.0f} / {st['rows']:.0f} / {st['sync']:.0f} / {st['other']:.0f}",
-                     f"{v['embedding_share']:.0%}", f"{v['model']['step_ms']:.0f} ({v['model']['bottleneck'] or '-'})"])
+        rows.append(
+            [
+                f"{v['rate_mbit']:g} / {v['server_rate_mbit']:g}",
+                v["trainers"],
+                v["config"],
+                v["samples_per_s"],
+                f"{v['spread']:.0%}",
+                sx(v["speedup_over_nocache"]),
+                sx(v["speedup_over_lru"]),
+                f"{v['share_of_ideal']:.2f}",
+                f"{st['compute']:.0f} / {st['rows']:.0f} / {st['sync']:.0f} / {st['other']:.0f}",
+                f"{v['embedding_share']:.0%}",
+                f"{v['model']['step_ms']:.0f} ({v['model']['bottleneck'] or '-'})",
+            ]
+        )
         m, mm = v["bytes_per_step"], v["model_bytes_per_step"]
         cells = []
         for role in ROLES:
             if role in m:
-                cells.append(f"{m[role]['sent'] / 1e6:.2f} / {m[role]['received'] / 1e6:.2f} "
-                             f"({mm[role]['sent'] / 1e6:.2f} / {mm[role]['received'] / 1e6:.2f})")
+                cells.append(
+                    f"{m[role]['sent'] / 1e6:.2f} / {m[role]['received'] / 1e6:.2f} "
+                    f"({mm[role]['sent'] / 1e6:.2f} / {mm[role]['received'] / 1e6:.2f})"
+                )
             else:
                 cells.append("-")
         cpu = " / ".join(f"{v['cpu_share'].get(r, float('nan')):.2f}" for r in ROLES)
         rows2.append([f"{v['rate_mbit']:g}", v["trainers"], v["config"], *cells, cpu])
-    t1 = markdown_table(["Mbit/s trainer / server", "trainers", "mode", "samples/s", "spread", "vs nocache", "vs lru",
-                         "of ideal", "ms/step compute / rows / sync / other", "share on embedding access",
-                         "model ms/step (bottleneck)"], rows)
-    t2 = markdown_table(["Mbit/s", "trainers", "mode", "trainer 0 MB/step sent / received (model)",
-                         "server 0 (model)", "oracle (model)", "CPU cores: trainer 0 / server 0 / oracle"], rows2)
-    probes = markdown_table(["trainer link Mbit/s", *[f"{r} sent / received" for r in ROLES]],
-                            [[r, *[f"{p[role]['sent']:.0f} / {p[role]['received']:.0f}" for role in ROLES]]
-                             for r, p in payload["probes_mbit"].items()])
-    tg = markdown_table(["target", "figure", "met"], [[t["target"], "not measured" if t["value"] is None else
-                                                       (f"{t['value']:.2f}" if isinstance(t["value"], float) else t["value"]),
-                                                       "yes" if t["met"] else "no"] for t in payload["targets"]])
+    t1 = markdown_table(
+        [
+            "Mbit/s trainer / server",
+            "trainers",
+            "mode",
+            "samples/s",
+            "spread",
+            "vs nocache",
+            "vs lru",
+            "of ideal",
+            "ms/step compute / rows / sync / other",
+            "share on embedding access",
+            "model ms/step (bottleneck)",
+        ],
+        rows,
+    )
+    t2 = markdown_table(
+        [
+            "Mbit/s",
+            "trainers",
+            "mode",
+            "trainer 0 MB/step sent / received (model)",
+            "server 0 (model)",
+            "oracle (model)",
+            "CPU cores: trainer 0 / server 0 / oracle",
+        ],
+        rows2,
+    )
+    probes = markdown_table(
+        ["trainer link Mbit/s", *[f"{r} sent / received" for r in ROLES]],
+        [
+            [r, *[f"{p[role]['sent']:.0f} / {p[role]['received']:.0f}" for role in ROLES]]
+            for r, p in payload["probes_mbit"].items()
+        ],
+    )
+    tg = markdown_table(
+        ["target", "figure", "met"],
+        [
+            [
+                t["target"],
+                "not measured"
+                if t["value"] is None
+                else (f"{t['value']:.2f}" if isinstance(t["value"], float) else t["value"]),
+                "yes" if t["met"] else "no",
+            ]
+            for t in payload["targets"]
+        ],
+    )
     ideal = f"ideal (--mode full, one process, batch {b.batch_size}, no network): {payload['ideal_samples_per_s']:,.0f} samples/s per trainer"
     return "\n\n".join([t1, t2, "probe: achieved Mbit/s on each link under the shaping\n\n" + probes, ideal, tg])
 
@@ -195,7 +305,9 @@ def plot(out: Path, payload: dict) -> None:
                 if cands:
                     pts.append((n, max(cands)))
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=f"{rate:g} Mbit/s, over {base}")
+                ax.plot(
+                    [p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=f"{rate:g} Mbit/s, over {base}"
+                )
     ax.set_xlabel("trainers")
     ax.set_ylabel("lookahead speedup")
     ax.set_xticks(ns)

@@ -10,6 +10,7 @@ overrides the defaults that differ, and states its ``--quick`` size once in ``QU
         └── Throughput (+ Repeated)  warmup (+ reps)                     modes, peers, distributed, sweep
     Repeated (mixin)                 reps                                oracle + Throughput
     CachePoint (mixin)               cache_fraction, lookahead           modes, peers, distributed, convergence
+    OnDevice (mixin)                 device                              modes, mlperf
 
 Validation messages name the option (``--reps must be >= 1, got 0``), so a bad value
 on the command line is a one-line error that says which option to fix.
@@ -19,17 +20,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from bagpipe.config import Section, need
 from bagpipe.config.options import flag
 from bagpipe.config.typed import field_types, strip_optional
-from bagpipe.data.synthetic import PROFILES
+from bagpipe.data.profiles import PROFILES
 from bagpipe.models import MODEL_NAMES, RECIPE_SIZES
 
-Profile = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
-Model = Literal[MODEL_NAMES]  # type: ignore[valid-type]
-Recipe = Literal[RECIPE_SIZES]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # the names are known at run time only: a type checker sees strings
+    Profile = str
+    Model = str
+    Recipe = str
+else:
+    Profile = Literal[tuple(PROFILES)]
+    Model = Literal[MODEL_NAMES]
+    Recipe = Literal[RECIPE_SIZES]
 
 
 def show(value: Any) -> str:
@@ -40,7 +47,22 @@ def show(value: Any) -> str:
 
 
 @dataclass(kw_only=True)
-class BenchConfig(Section):
+class Checked(Section):
+    """A settings section whose checks name the option: ``--NAME RULE, got VALUE``."""
+
+    def check(self, name: str, ok: bool, rule: str) -> None:
+        """Raise the one-line ConfigError ``--NAME RULE, got VALUE`` unless ``ok``."""
+        need(ok, f"{flag(name)} {rule}, got {show(getattr(self, name))}")
+
+    def check_subset(self, name: str, allowed: tuple[str, ...]) -> None:
+        """A comma-separated list setting must name at least one of ``allowed`` and nothing else."""
+        values = getattr(self, name)
+        ok = bool(values) and all(v in allowed for v in values)
+        self.check(name, ok, f"must be a comma-separated subset of {','.join(allowed)}")
+
+
+@dataclass(kw_only=True)
+class BenchConfig(Checked):
     """Settings of every scenario."""
 
     name: ClassVar[str] = ""
@@ -60,20 +82,15 @@ class BenchConfig(Section):
             self.out = f"bench-out/{self.name}"
         super().__post_init__()
 
+    @property
+    def out_dir(self) -> Path:
+        """The output folder (``out``, set by then)."""
+        return Path(self.out or f"bench-out/{self.name}")
+
     @classmethod
     def quick(cls, **values):
         """The scenario at its ``--quick`` size; ``values`` override it."""
         return cls(**{**cls.QUICK, **values})
-
-    def check(self, name: str, ok: bool, rule: str) -> None:
-        """Raise the one-line ConfigError ``--NAME RULE, got VALUE`` unless ``ok``."""
-        need(ok, f"{flag(name)} {rule}, got {show(getattr(self, name))}")
-
-    def check_subset(self, name: str, allowed: tuple[str, ...]) -> None:
-        """A comma-separated list setting must name at least one of ``allowed`` and nothing else."""
-        values = getattr(self, name)
-        ok = bool(values) and all(v in allowed for v in values)
-        self.check(name, ok, f"must be a comma-separated subset of {','.join(allowed)}")
 
     def validate(self) -> None:
         super().validate()
@@ -94,12 +111,14 @@ class BenchConfig(Section):
     @classmethod
     def own_fields(cls) -> tuple[str, ...]:
         """The fields this scenario adds to the ones it shares with others."""
-        inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+        inherited = {
+            f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)
+        }
         return tuple(f.name for f in dataclasses.fields(cls) if f.name not in inherited)
 
 
 @dataclass(kw_only=True)
-class Repeated(Section):
+class Repeated(Checked):
     """Scenarios that measure each configuration several times (a mixin of BenchConfig subclasses)."""
 
     reps: int = 2
@@ -112,7 +131,7 @@ class Repeated(Section):
 
 
 @dataclass(kw_only=True)
-class CachePoint(Section):
+class CachePoint(Checked):
     """Scenarios that run the cache at one size and one window (a mixin of BenchConfig subclasses)."""
 
     cache_fraction: float = 0.05
@@ -131,7 +150,24 @@ class CachePoint(Section):
 
 
 @dataclass(kw_only=True)
-class CriteoSample(Section):
+class OnDevice(Checked):
+    """Scenarios whose training processes may compute on a GPU (a mixin of TrainBench subclasses)."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the training processes compute (bagpipe train --device): cuda puts the model
+    and the cache on the GPU (--mode full: every table), the store stays in host memory or on disk."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.device == "cuda":
+            from bagpipe.device.cuda import cuda_unavailable_reason
+
+            reason = cuda_unavailable_reason()
+            need(reason is None, f"--device cuda: {reason}; use --device cpu")
+
+
+@dataclass(kw_only=True)
+class CriteoSample(Checked):
     """Scenarios that also run on the real Criteo Kaggle sample in ../shared/data (a mixin
     of BenchConfig subclasses; 9,000 train lines: 70 batches of 128 per epoch)."""
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bagpipe.bench.config import CachePoint, CriteoSample, TrainBench
 from bagpipe.bench.report import header, markdown_table, pyplot, save_png, write_results
@@ -37,6 +38,7 @@ from bagpipe.bench.runner import (
     train_args,
     widest_batch,
 )
+from bagpipe.config.modes import mode_spec
 
 #: ``../shared/data`` next to the repository (real data samples, not part of the repo).
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -53,8 +55,20 @@ class ConvergenceBench(CachePoint, CriteoSample, TrainBench):
 
     name = "convergence"
     #: Under a minute: the tiny profile and the debug recipe, a few eval points each.
-    QUICK = dict(recipe="debug", profile="tiny", scale=1.0, steps=60, batch_size=128, eval_every=10, eval_samples=2048,
-                 criteo_steps=40, criteo_eval_every=10, lookahead=16, cache_fraction=0.05, threads=1)
+    QUICK = dict(
+        recipe="debug",
+        profile="tiny",
+        scale=1.0,
+        steps=60,
+        batch_size=128,
+        eval_every=10,
+        eval_samples=2048,
+        criteo_steps=40,
+        criteo_eval_every=10,
+        lookahead=16,
+        cache_fraction=0.05,
+        threads=1,
+    )
 
     lookahead: int = 50
     cache_fraction: float = 0.02
@@ -88,25 +102,43 @@ def _compare(b: ConvergenceBench, name: str, data: Path, steps: int, batch: int,
     total = DatasetMeta.load(data).total_rows
     cache_rows = min(total, b.cache_rows(total, widest_batch(data, batch, steps)))
     # the generated data's eval samples are capped; the Criteo sample's whole eval split is used
-    common = dict(steps=steps, batch_size=batch, eval_every=eval_every, eval_samples=b.eval_samples if name == "generated" else None)
-    res = {"dataset": name, "data": str(data), "total_rows": total, "steps": steps, "batch_size": batch,
-           "eval_every": eval_every, "cache_rows": cache_rows, "lookahead": b.lookahead, "modes": {}}
+    common = dict(
+        steps=steps,
+        batch_size=batch,
+        eval_every=eval_every,
+        eval_samples=b.eval_samples if name == "generated" else None,
+    )
+    res: dict[str, Any] = {
+        "dataset": name,
+        "data": str(data),
+        "total_rows": total,
+        "steps": steps,
+        "batch_size": batch,
+        "eval_every": eval_every,
+        "cache_rows": cache_rows,
+        "lookahead": b.lookahead,
+        "modes": {},
+    }
     for mode in MODES:
         run_dir = out / "runs" / f"{name}-{mode}"
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        cache = dict(cache_rows=cache_rows, lookahead=b.lookahead) if mode == "lookahead" else {}
+        cache = dict(cache_rows=cache_rows, lookahead=b.lookahead) if mode_spec(mode).looks_ahead else {}
         args = train_args(b, data, run_dir, digest=True, mode=mode, **common, **cache)
         print(f"{name}: {mode} ...", flush=True)
         s = run_train(args, run_dir / "summary.json", f"convergence {name}/{mode}", timeout=b.run_timeout_s or None)
         curve = _curve(run_dir)
         res["modes"][mode] = {
-            "curve": curve, "params_sha256": s["params_sha256"], "eval_auc": s["eval_auc"],
-            "eval_logloss": s["eval_logloss"], "samples_per_s": s["samples_per_s"], "seconds": s["seconds"],
-            "cache": s.get("cache", {}),
+            "curve": curve,
+            "params_sha256": s["params_sha256"],
+            "eval_auc": s["eval_auc"],
+            "eval_logloss": s["eval_logloss"],
+            "samples_per_s": s["samples_per_s"],
+            "seconds": s["seconds"],
+            "cache": s.get("cache") or {},
             "command": "bagpipe train " + " ".join(args).replace(str(out) + "/", ""),
         }
-        c = s.get("cache", {})
+        c = s.get("cache") or {}
         extra = f", hit rate {c['hit_rate']:.1%}, {c['forced_evictions']:,} forced evictions" if c else ""
         print(f"    final eval AUC {s['eval_auc']:.4f}, log loss {s['eval_logloss']:.4f}{extra}", flush=True)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -114,13 +146,27 @@ def _compare(b: ConvergenceBench, name: str, data: Path, steps: int, batch: int,
     res["curves_identical"] = f["curve"] == la["curve"] and len(f["curve"]) > 0
     res["params_identical"] = f["params_sha256"] == la["params_sha256"] and f["params_sha256"] is not None
     res["identical"] = res["curves_identical"] and res["params_identical"]
-    print(f"    {name}: curves identical {res['curves_identical']}, params_sha256 equal {res['params_identical']}", flush=True)
+    print(
+        f"    {name}: curves identical {res['curves_identical']}, params_sha256 equal {res['params_identical']}",
+        flush=True,
+    )
     return res
 
 
 def _preprocess_criteo(src: Path, dest: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "bagpipe", "preprocess", "criteo", "--input", str(src), "--out", str(dest),
-           "--overwrite", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bagpipe",
+        "preprocess",
+        "criteo",
+        "--input",
+        str(src),
+        "--out",
+        str(dest),
+        "--overwrite",
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"bagpipe preprocess criteo failed:\n{proc.stderr[-3000:]}")
@@ -128,7 +174,7 @@ def _preprocess_criteo(src: Path, dest: Path) -> list[str]:
 
 
 def run(b: ConvergenceBench) -> dict:
-    out = Path(b.out)
+    out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     datasets: dict[str, dict] = {}
     commands: list[str] = []
@@ -136,7 +182,9 @@ def run(b: ConvergenceBench) -> dict:
     data = out / "data-generated"
     samples = data_samples(b.batch_size, b.steps)
     make_data(b, data, progress=False)
-    commands.append(f"bagpipe synth --profile {b.profile} --scale {b.scale:g} --samples {samples} --seed 1 --out data-generated")
+    commands.append(
+        f"bagpipe synth --profile {b.profile} --scale {b.scale:g} --samples {samples} --seed 1 --out data-generated"
+    )
     datasets["generated"] = _compare(b, "generated", data, b.steps, b.batch_size, b.eval_every, out)
 
     skipped = None
@@ -152,8 +200,9 @@ def run(b: ConvergenceBench) -> dict:
         cdata = out / "data-criteo"
         cmd = _preprocess_criteo(src, cdata)
         commands.append("bagpipe " + " ".join(cmd[3:]).replace(str(out) + "/", ""))
-        datasets["criteo-kaggle-sample"] = _compare(b, "criteo-kaggle-sample", cdata, b.criteo_steps, b.criteo_batch_size,
-                                                    b.criteo_eval_every, out)
+        datasets["criteo-kaggle-sample"] = _compare(
+            b, "criteo-kaggle-sample", cdata, b.criteo_steps, b.criteo_batch_size, b.criteo_eval_every, out
+        )
     shutil.rmtree(out / "runs", ignore_errors=True)
     for d in datasets.values():
         commands += [m["command"] for m in d["modes"].values()]
@@ -162,20 +211,51 @@ def run(b: ConvergenceBench) -> dict:
     for name, d in datasets.items():
         for mode, m in d["modes"].items():
             c = m["cache"]
-            rows.append([name, mode, d["steps"], d["batch_size"], f"{m['eval_auc']:.4f}", f"{m['eval_logloss']:.4f}",
-                         len(m["curve"]), "-" if not c else f"{d['cache_rows']:,} rows, L={d['lookahead']}",
-                         "-" if not c else f"{c['forced_evictions']:,}", m["params_sha256"][:16],
-                         "yes" if d["identical"] else "**NO**"])
-    headers = ["dataset", "mode", "steps", "batch", "final eval AUC", "final eval log loss", "eval points", "cache",
-               "forced evictions", "params_sha256", "identical curves + params"]
+            rows.append(
+                [
+                    name,
+                    mode,
+                    d["steps"],
+                    d["batch_size"],
+                    f"{m['eval_auc']:.4f}",
+                    f"{m['eval_logloss']:.4f}",
+                    len(m["curve"]),
+                    "-" if not c else f"{d['cache_rows']:,} rows, L={d['lookahead']}",
+                    "-" if not c else f"{c['forced_evictions']:,}",
+                    m["params_sha256"][:16],
+                    "yes" if d["identical"] else "**NO**",
+                ]
+            )
+    headers = [
+        "dataset",
+        "mode",
+        "steps",
+        "batch",
+        "final eval AUC",
+        "final eval log loss",
+        "eval points",
+        "cache",
+        "forced evictions",
+        "params_sha256",
+        "identical curves + params",
+    ]
     identical = all(d["identical"] for d in datasets.values())
     table = markdown_table(headers, rows)
-    table += "\n\n" + ("full and lookahead: every eval point and the final params_sha256 identical on every dataset."
-                       if identical else "**full and lookahead differ** (see results.json).")
+    table += "\n\n" + (
+        "full and lookahead: every eval point and the final params_sha256 identical on every dataset."
+        if identical
+        else "**full and lookahead differ** (see results.json)."
+    )
     if skipped:
         table += f"\n\nCriteo sample skipped: {skipped}."
-    payload = {**header(b), "datasets": datasets,
-               "identical": identical, "criteo_skipped": skipped, "commands": commands, "table": table}
+    payload = {
+        **header(b),
+        "datasets": datasets,
+        "identical": identical,
+        "criteo_skipped": skipped,
+        "commands": commands,
+        "table": table,
+    }
     _plot(out, datasets)
     write_results(out, "convergence", payload, table)
     return payload
@@ -185,12 +265,14 @@ def _plot(out: Path, datasets: dict) -> None:
     plt = pyplot()
     n = len(datasets)
     fig, axes = plt.subplots(n, 2, figsize=(11, 3.8 * n), squeeze=False)
-    styles = {"full": dict(linestyle="-", linewidth=3, alpha=0.5, color="tab:blue", marker="o", markersize=7),
-              "lookahead": dict(linestyle="--", linewidth=1.5, color="tab:red", marker="x", markersize=6)}
+    styles = {
+        "full": dict(linestyle="-", linewidth=3, alpha=0.5, color="tab:blue", marker="o", markersize=7),
+        "lookahead": dict(linestyle="--", linewidth=1.5, color="tab:red", marker="x", markersize=6),
+    }
     for row, (name, d) in zip(axes, datasets.items()):
         for mode, m in d["modes"].items():
             steps = [p["step"] for p in m["curve"]]
-            label = mode if mode == "full" else f"lookahead ({d['cache_rows']:,} rows, L={d['lookahead']})"
+            label = mode if not mode_spec(mode).store else f"{mode} ({d['cache_rows']:,} rows, L={d['lookahead']})"
             row[0].plot(steps, [p["eval_auc"] for p in m["curve"]], label=label, **styles[mode])
             row[1].plot(steps, [p["eval_logloss"] for p in m["curve"]], label=label, **styles[mode])
         same = "identical" if d["identical"] else "DIFFERENT"

@@ -80,8 +80,11 @@ def run(b: DistributedBench) -> dict:
             shutil.rmtree(run_dir, ignore_errors=True)
             s = _run(b, data, run_dir, config, cache_rows)
             results[config].append(s)
-            d = (s.get("distributed") or {})
-            print(f"    {s['samples_per_s']:,.0f} samples/s, embedding sync {d.get('sync_bytes_per_step', 0) / 2**20:.2f} MiB/step", flush=True)
+            d = s.get("distributed") or {}
+            print(
+                f"    {s['samples_per_s']:,.0f} samples/s, embedding sync {d.get('sync_bytes_per_step', 0) / 2**20:.2f} MiB/step",
+                flush=True,
+            )
             shutil.rmtree(run_dir, ignore_errors=True)
     payload = summarise(b, results, total, cache_rows)
     _plot(out, payload)
@@ -94,32 +97,56 @@ def summarise(b: DistributedBench, results: dict[str, list[dict]], total_rows: i
     rows, out = [], {}
     for config, runs in results.items():
         sps, spread = throughput(runs)
-        d = (runs[0].get("distributed") or {})
+        d = runs[0].get("distributed") or {}
         steps = runs[0]["steps"]
         sync = median_spread([(r.get("distributed") or {}).get("sync_bytes_per_step", 0.0) for r in runs])[0]
         rep_sync = d.get("replicated_sync_bytes_per_step", 0.0)
-        fetched = d.get("fetched_rows_per_trainer", [runs[0].get("cache", {}).get("rows_fetched", 0)])
+        fetched = d.get("fetched_rows_per_trainer", [(runs[0].get("cache") or {}).get("rows_fetched", 0)])
         out[config] = {
-            "samples_per_s": sps, "spread": spread, "ratio_to_in_process": sps / base_sps,
-            "sync_bytes_per_step": sync, "replicated_sync_bytes_per_step_counterfactual": rep_sync,
+            "samples_per_s": sps,
+            "spread": spread,
+            "ratio_to_in_process": sps / base_sps,
+            "sync_bytes_per_step": sync,
+            "replicated_sync_bytes_per_step_counterfactual": rep_sync,
             "sync_rows_per_step": d.get("sync_rows_per_step", 0.0),
             "sync_overlapped_share": d.get("sync_overlapped_share"),
             "fetched_rows_per_trainer_per_step": [f / steps for f in fetched],
-            "hit_rate": runs[0].get("cache", {}).get("hit_rate"),
-            "time_per_step_ms": runs[0]["time_per_step_ms"], "peak_anon_rss_mb_trainer0": runs[0]["peak_anon_rss_mb"],
+            "hit_rate": (runs[0].get("cache") or {}).get("hit_rate"),
+            "time_per_step_ms": runs[0]["time_per_step_ms"],
+            "peak_anon_rss_mb_trainer0": runs[0]["peak_anon_rss_mb"],
             "runs": [r["samples_per_s"] for r in runs],
         }
-        rows.append([
-            CONFIGS[config][0], sps, f"{spread:.0%}", f"{sps / base_sps:.2f}x",
-            "-" if not d else f"{sync / 2**20:.2f}",
-            "-" if d.get("trainers", 1) < 2 else f"{rep_sync / 2**20:.2f}",
-            "-" if d.get("trainers", 1) < 2 or not rep_sync else f"{sync / rep_sync:.0%}",
-            ", ".join(f"{f / steps:,.0f}" for f in fetched),
-            median(runs, "peak_anon_rss_mb"),
-        ])
-    headers = ["configuration", "samples/s", "spread", "vs in-process", "embedding sync MiB/step/trainer",
-               "if fully replicated", "partitioned / replicated", "rows fetched/step (per trainer)", "trainer 0 peak anon RSS MiB"]
-    return {**header(b), "total_rows": total_rows, "cache_rows": cache_rows, "results": out, "table": markdown_table(headers, rows)}
+        rows.append(
+            [
+                CONFIGS[config][0],
+                sps,
+                f"{spread:.0%}",
+                f"{sps / base_sps:.2f}x",
+                "-" if not d else f"{sync / 2**20:.2f}",
+                "-" if d.get("trainers", 1) < 2 else f"{rep_sync / 2**20:.2f}",
+                "-" if d.get("trainers", 1) < 2 or not rep_sync else f"{sync / rep_sync:.0%}",
+                ", ".join(f"{f / steps:,.0f}" for f in fetched),
+                median(runs, "peak_anon_rss_mb"),
+            ]
+        )
+    headers = [
+        "configuration",
+        "samples/s",
+        "spread",
+        "vs in-process",
+        "embedding sync MiB/step/trainer",
+        "if fully replicated",
+        "partitioned / replicated",
+        "rows fetched/step (per trainer)",
+        "trainer 0 peak anon RSS MiB",
+    ]
+    return {
+        **header(b),
+        "total_rows": total_rows,
+        "cache_rows": cache_rows,
+        "results": out,
+        "table": markdown_table(headers, rows),
+    }
 
 
 def _plot(out: Path, payload: dict) -> None:
@@ -127,11 +154,19 @@ def _plot(out: Path, payload: dict) -> None:
     keys = list(payload["results"])
     res = payload["results"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax1.bar([CONFIGS[k][0].replace(", ", "\n").replace(" + ", "\n+ ").replace(" (", "\n(") for k in keys], [res[k]["samples_per_s"] for k in keys], color="tab:green")
+    ax1.bar(
+        [CONFIGS[k][0].replace(", ", "\n").replace(" + ", "\n+ ").replace(" (", "\n(") for k in keys],
+        [res[k]["samples_per_s"] for k in keys],
+        color="tab:green",
+    )
     ax1.set_ylabel("samples/s (global batch)")
     ax1.set_title("throughput, every role on this machine")
     dp = [k for k in keys if res[k]["replicated_sync_bytes_per_step_counterfactual"]]
-    ax2.bar([CONFIGS[k][0].split(", ")[-1] for k in dp], [res[k]["sync_bytes_per_step"] / 2**20 for k in dp], color="tab:blue")
+    ax2.bar(
+        [CONFIGS[k][0].split(", ")[-1] for k in dp],
+        [res[k]["sync_bytes_per_step"] / 2**20 for k in dp],
+        color="tab:blue",
+    )
     ax2.set_ylabel("MiB all-reduced per iteration per trainer")
     ax2.set_title("embedding synchronisation, N = 2")
     save_png(fig, out / "distributed.png")

@@ -86,8 +86,10 @@ def find_memory_controller() -> tuple[Controller | None, str]:
                 return Controller(2, parent), f"cgroup v2 memory controller at {parent}"
             reasons.append(why)
     if not reasons:
-        reasons.append("no cgroup memory controller mounted (neither /sys/fs/cgroup/memory nor a unified "
-                       "/sys/fs/cgroup offering 'memory')")
+        reasons.append(
+            "no cgroup memory controller mounted (neither /sys/fs/cgroup/memory nor a unified "
+            "/sys/fs/cgroup offering 'memory')"
+        )
     return None, "; ".join(reasons)
 
 

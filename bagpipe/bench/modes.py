@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.config import CachePoint, Throughput
+from bagpipe.bench.config import CachePoint, OnDevice, Throughput
 from bagpipe.bench.report import (
     header,
     markdown_table,
@@ -28,6 +28,7 @@ from bagpipe.bench.report import (
     write_results,
 )
 from bagpipe.bench.runner import launch, prepare
+from bagpipe.config.modes import mode_spec
 from bagpipe.optim.names import row_state_dim
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
@@ -35,10 +36,12 @@ STORES = ("memory", "disk")
 
 
 @dataclass(kw_only=True)
-class ModesBench(CachePoint, Throughput):
+class ModesBench(OnDevice, CachePoint, Throughput):
     """Every mode (full, nocache, lru, lookahead) side by side on generated Criteo-Kaggle-sized
     data (33.8M rows at the default --scale 1; DLRM Kaggle recipe, batch 2048, Adagrad), with
-    the memory and the disk store; full always runs in memory, the reference of the ratios."""
+    the memory and the disk store; full always runs in memory, the reference of the ratios.
+    With --device cuda every run computes on the GPU: full with every table in GPU memory,
+    the others with the cache on the GPU and the store in host memory or on disk."""
 
     name = "modes"
     QUICK = dict(scale=0.01, batch_size=256, recipe="debug", steps=8, warmup=2, reps=1, lookahead=8, stores=("memory",))
@@ -58,12 +61,22 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
     """One ``bagpipe train --mode MODE --store STORE`` run (modes, peers); a disk store
     starts from a cold copy of OUT/store-template (:func:`fresh_cold_copy`)."""
     store_dir = None
-    if store == "disk" and mode != "full":
+    if store == "disk" and mode_spec(mode).store:
         store_dir = out / "store-run"
         fresh_cold_copy(out / "store-template", store_dir)
     # the table file holds every row's initial value: the same starting tables as a fresh store
-    return launch(b, data, run_dir, f"{mode}/{store}", mode=mode, store=store, cache_rows=cache_rows,
-                  lookahead=b.lookahead, store_dir=store_dir, init_from_store=store_dir is not None or None)
+    return launch(
+        b,
+        data,
+        run_dir,
+        f"{mode}/{store}",
+        mode=mode,
+        store=store,
+        cache_rows=cache_rows,
+        lookahead=b.lookahead,
+        store_dir=store_dir,
+        init_from_store=store_dir is not None or None,
+    )
 
 
 def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int) -> None:
@@ -120,11 +133,11 @@ def run(b: ModesBench) -> dict:
     configs = []
     for store in b.stores:
         for mode in b.modes:
-            if mode == "full" and store == "disk":
-                continue  # full is always in memory: the limit the others are held to
-            configs.append((mode, store))
-    if "full" in b.modes and ("full", "memory") not in configs:
-        configs.insert(0, ("full", "memory"))
+            if mode_spec(mode).store or store == "memory":  # the full tables are always in memory
+                configs.append((mode, store))
+    for mode in b.modes:  # the reference, held to no store's limit, even when only disk is measured
+        if not mode_spec(mode).store and (mode, "memory") not in configs:
+            configs.insert(0, (mode, "memory"))
     results: dict[str, list[dict]] = {f"{m}/{s}": [] for m, s in configs}
     for rep in range(b.reps):
         for mode, store in configs:
@@ -151,22 +164,54 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
     for key, runs in results.items():
         sps, spread = throughput(runs)
         anon, peak = median(runs, "peak_anon_rss_mb"), median(runs, "peak_rss_mb")
-        cache = runs[0].get("cache", {})
+        cache = runs[0].get("cache") or {}
         hit = cache.get("hit_rate", float("nan"))
-        digests = sorted({r.get("params_sha256") for r in runs})
+        digests = sorted({r.get("params_sha256") for r in runs}, key=str)
         out[key] = {
-            "samples_per_s": sps, "spread": spread, "ratio_to_full": sps / full_sps,
-            "peak_anon_rss_mb": anon, "peak_rss_mb": peak, "anon_rss_ratio_to_full": anon / full_rss,
-            "time_per_step_ms": step_times(runs), "hit_rate": hit, "cache": cache, "params_sha256": digests,
+            "samples_per_s": sps,
+            "spread": spread,
+            "ratio_to_full": sps / full_sps,
+            "peak_anon_rss_mb": anon,
+            "peak_rss_mb": peak,
+            "anon_rss_ratio_to_full": anon / full_rss,
+            "time_per_step_ms": step_times(runs),
+            "hit_rate": hit,
+            "cache": cache,
+            "params_sha256": digests,
             "runs": [r["samples_per_s"] for r in runs],
         }
-        rows.append([key, sps, f"{spread:.0%}", f"{sps / full_sps:.2f}x", anon, f"{anon / full_rss:.0%}", peak,
-                     "-" if hit != hit else f"{hit:.1%}", cache.get("forced_evictions", "-")])
-    headers = ["mode/store", "samples/s", "spread", "vs full", "peak anon RSS MiB", "vs full", "peak RSS MiB (incl. mapped file)", "hit rate", "forced evictions"]
+        rows.append(
+            [
+                key,
+                sps,
+                f"{spread:.0%}",
+                f"{sps / full_sps:.2f}x",
+                anon,
+                f"{anon / full_rss:.0%}",
+                peak,
+                "-" if hit != hit else f"{hit:.1%}",
+                cache.get("forced_evictions", "-"),
+            ]
+        )
+    headers = [
+        "mode/store",
+        "samples/s",
+        "spread",
+        "vs full",
+        "peak anon RSS MiB",
+        "vs full",
+        "peak RSS MiB (incl. mapped file)",
+        "hit rate",
+        "forced evictions",
+    ]
     table = markdown_table(headers, rows)
     return {
-        **header(b), "total_rows": total_rows,
-        "cache_rows": cache_rows, "cache_fraction_of_rows": cache_rows / total_rows, "results": out, "table": table,
+        **header(b),
+        "total_rows": total_rows,
+        "cache_rows": cache_rows,
+        "cache_fraction_of_rows": cache_rows / total_rows,
+        "results": out,
+        "table": table,
     }
 
 

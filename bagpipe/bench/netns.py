@@ -36,10 +36,10 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from bagpipe.errors import BagpipeError
 
@@ -96,8 +96,24 @@ def unavailable() -> str | None:
         r = _run("ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1", check=False)
         if r.returncode != 0:
             return f"cannot make a veth pair: {r.stderr.strip()}"
-        r = _run("tc", "-n", probe, "qdisc", "add", "dev", "p0", "root", "tbf", "rate", "100mbit",
-                 "burst", "64kb", "latency", "50ms", check=False)
+        r = _run(
+            "tc",
+            "-n",
+            probe,
+            "qdisc",
+            "add",
+            "dev",
+            "p0",
+            "root",
+            "tbf",
+            "rate",
+            "100mbit",
+            "burst",
+            "64kb",
+            "latency",
+            "50ms",
+            check=False,
+        )
         if r.returncode != 0:
             return f"cannot shape a link with tbf: {r.stderr.strip()}"
     finally:
@@ -155,10 +171,10 @@ def _remove(ns: str) -> None:
 class EmulatedNet:
     """Hosts on one bridge (see the module docstring). Use as a context manager::
 
-        with EmulatedNet("bench") as net:
-            a = net.add("t0", rate_mbit=1000)
-            b = net.add("s0", rate_mbit=2500)
-            net.popen(a, ["python", ...])
+    with EmulatedNet("bench") as net:
+        a = net.add("t0", rate_mbit=1000)
+        b = net.add("s0", rate_mbit=2500)
+        net.popen(a, ["python", ...])
     """
 
     def __init__(self, label: str = ""):
@@ -168,7 +184,7 @@ class EmulatedNet:
         self.hosts: dict[str, Host] = {}
         self._up = False
 
-    def __enter__(self) -> "EmulatedNet":
+    def __enter__(self) -> EmulatedNet:
         reason = unavailable()
         if reason:
             raise NetnsError(reason)
@@ -229,8 +245,23 @@ class EmulatedNet:
     def shape(self, host: Host, rate_mbit: float) -> None:
         """Shape both directions of ``host``'s link to ``rate_mbit`` (replacing any earlier shaping)."""
         for where, dev in ((host.ns, IFACE), (self.switch, host.port)):
-            _run("tc", "-n", where, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit:g}mbit",
-                 "burst", str(max(BURST_BYTES, int(rate_mbit * 1e6 / 8 / 1000))), "latency", f"{LATENCY_MS}ms")
+            _run(
+                "tc",
+                "-n",
+                where,
+                "qdisc",
+                "replace",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{rate_mbit:g}mbit",
+                "burst",
+                str(max(BURST_BYTES, int(rate_mbit * 1e6 / 8 / 1000))),
+                "latency",
+                f"{LATENCY_MS}ms",
+            )
         host.rate_mbit = rate_mbit
 
     def unshape(self, host: Host) -> None:
@@ -298,11 +329,20 @@ class EmulatedNet:
 def probe_rate(net: EmulatedNet, src: Host, dst: Host, seconds: float, port: int = 5201) -> float:
     """Mbit/s one TCP stream achieves from ``src`` to ``dst`` in ``seconds`` (what the receiver
     counts from its first byte to the last)."""
-    recv = net.popen(dst, [sys.executable, "-m", "bagpipe.bench.netns", "probe-recv", dst.addr, str(port)],
-                     stdout=subprocess.PIPE, text=True)
+    recv = net.popen(
+        dst,
+        [sys.executable, "-m", "bagpipe.bench.netns", "probe-recv", dst.addr, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        r = net.run(src, [sys.executable, "-m", "bagpipe.bench.netns", "probe-send", dst.addr, str(port), str(seconds)],
-                    timeout=seconds + 30, capture_output=True, text=True)
+        r = net.run(
+            src,
+            [sys.executable, "-m", "bagpipe.bench.netns", "probe-send", dst.addr, str(port), str(seconds)],
+            timeout=seconds + 30,
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             raise NetnsError(f"the link probe from {src.name} to {dst.name} failed: {r.stderr.strip()[-300:]}")
         got = recv.communicate(timeout=30)[0]
@@ -317,7 +357,7 @@ def _probe_recv(addr: str, port: int) -> None:
     with socket.create_server((addr, port)) as srv:
         conn, _ = srv.accept()
         with conn:
-            n, first, last = 0, None, None
+            n, first, last = 0, 0.0, 0.0
             buf = bytearray(1 << 20)
             while True:
                 k = conn.recv_into(buf)
@@ -326,7 +366,7 @@ def _probe_recv(addr: str, port: int) -> None:
                 last = time.perf_counter()
                 first = first or last
                 n += k
-    print(f"{n * 8 / max(last - first, 1e-9) / 1e6 if n and last > first else 0.0:.3f}")
+    print(f"{n * 8 / (last - first) / 1e6 if n and last > first else 0.0:.3f}")
 
 
 def _probe_send(addr: str, port: int, seconds: float) -> None:
@@ -349,6 +389,7 @@ def _probe_send(addr: str, port: int, seconds: float) -> None:
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """Within the block SIGTERM raises KeyboardInterrupt, so ``with EmulatedNet`` still cleans up."""
+
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -393,11 +434,12 @@ def main(argv: list[str]) -> int:
         for ns in remove_stale():
             print(f"removed {ns}")
         return 0
-    print("usage: python -m bagpipe.bench.netns offloads-off DEV | probe-recv ADDR PORT | probe-send ADDR PORT SECONDS | clean",
-          file=sys.stderr)
+    print(
+        "usage: python -m bagpipe.bench.netns offloads-off DEV | probe-recv ADDR PORT | probe-send ADDR PORT SECONDS | clean",
+        file=sys.stderr,
+    )
     return 2
 
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-

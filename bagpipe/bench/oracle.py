@@ -35,8 +35,9 @@ class OracleBench(Repeated, BenchConfig):
     """The oracle's planning throughput alone (one thread) vs batch size and lookahead L."""
 
     name = "oracle"
-    QUICK = dict(scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1, hot_budget_mb=0.5,
-                 profile_samples=20_000)
+    QUICK = dict(
+        scale=0.01, batch_sizes=(512,), lookaheads=(1, 8), batches=30, reps=1, hot_budget_mb=0.5, profile_samples=20_000
+    )
 
     reps: int = 3
     batch_sizes: tuple[int, ...] = (1024, 2048, 4096)
@@ -74,13 +75,23 @@ def run(b: OracleBench) -> dict:
     from bagpipe.data.synthetic import SynthConfig, generate
 
     torch.set_num_threads(1)
-    out = Path(b.out)
+    out = b.out_dir
     data = out / "data"
     need = max(b.batch_sizes) * (b.batches + 1)
     profiled = b.profile_samples if b.hot_budget_mb > 0 else 0
     # the planned batches come from the eval split; the hot rows are profiled on the train split
-    generate(SynthConfig(profile=b.profile, samples=need + profiled + 1, scale=b.scale, seed=2,
-                         eval_fraction=need / (need + profiled + 1)), str(data), overwrite=True, progress=False)
+    generate(
+        SynthConfig(
+            profile=b.profile,
+            samples=need + profiled + 1,
+            scale=b.scale,
+            seed=2,
+            eval_fraction=need / (need + profiled + 1),
+        ),
+        str(data),
+        overwrite=True,
+        progress=False,
+    )
     ds = Dataset(data)
     total = ds.meta.total_rows
     hot = None
@@ -101,25 +112,48 @@ def run(b: OracleBench) -> dict:
             med, spread = median_spread([lookups / r["seconds"] for r in plain])
             key = f"B={B},L={L}"
             o = plain[-1]
-            res[key] = {"batch_size": B, "lookahead": L, "lookups_per_s": med, "spread": spread,
-                        "ms_per_batch": 1000 * lookups / med / len(batches), "state_mb": o["state_mb"],
-                        "hit_rate": o["hit_rate"], "forced_evictions": o["forced_evictions"]}
+            res[key] = {
+                "batch_size": B,
+                "lookahead": L,
+                "lookups_per_s": med,
+                "spread": spread,
+                "ms_per_batch": 1000 * lookups / med / len(batches),
+                "state_mb": o["state_mb"],
+                "hit_rate": o["hit_rate"],
+                "forced_evictions": o["forced_evictions"],
+            }
             row = [B, L, med / 1e6, f"{spread:.0%}", res[key]["ms_per_batch"], o["state_mb"], f"{o['hit_rate']:.1%}"]
             if hot is not None:
                 with_hot = [r for r in runs if r["hot"] is not None]
                 ms, ms_spread = median_spread([1000 * r["seconds"] / len(batches) for r in with_hot])
                 own, _ = median_spread([1000 * r["oracle_s"] / len(batches) for r in with_hot])
-                res[key]["hot"] = {"ms_per_batch": ms, "spread": ms_spread, "oracle_ms_per_batch": own,
-                                   "speedup": res[key]["ms_per_batch"] / ms, "lookup_share": with_hot[-1]["hot"]}
-                row += [ms, f"{ms_spread:.0%}", own, f"{res[key]['ms_per_batch'] / ms:.2f}x",
-                        f"{with_hot[-1]['hot']:.1%}"]
+                res[key]["hot"] = {
+                    "ms_per_batch": ms,
+                    "spread": ms_spread,
+                    "oracle_ms_per_batch": own,
+                    "speedup": res[key]["ms_per_batch"] / ms,
+                    "lookup_share": with_hot[-1]["hot"],
+                }
+                row += [
+                    ms,
+                    f"{ms_spread:.0%}",
+                    own,
+                    f"{res[key]['ms_per_batch'] / ms:.2f}x",
+                    f"{with_hot[-1]['hot']:.1%}",
+                ]
             rows.append(row)
             print(f"B={B} L={L}: {med / 1e6:.1f}M lookups/s", flush=True)
     headers = ["batch", "L", "M lookups/s", "spread", "ms/batch", "oracle state MiB", "hit rate"]
     if hot is not None:
         headers += ["ms/batch with hot tier", "spread", "of which oracle", "faster", "lookups served hot"]
     table = markdown_table(headers, rows)
-    payload = {**header(b), "total_rows": total, "hot": hot.report if hot is not None else None, "results": res, "table": table}
+    payload = {
+        **header(b),
+        "total_rows": total,
+        "hot": hot.report if hot is not None else None,
+        "results": res,
+        "table": table,
+    }
     if payload["hot"] is not None:
         payload["hot"] = {k: v for k, v in payload["hot"].items() if k not in ("tables", "table_sizes")}
     _plot(out, res, b)
@@ -135,12 +169,18 @@ def _plan(batches: list, total: int, cache: int, L: int, hot) -> dict:
     o = LookaheadOracle(total, cache, L)
     split = HotSplit(hot, cache) if hot is not None else None
     t0 = time.perf_counter()
-    for _p in (split.wrap(o, batches) if split is not None else o.plans(batches)):
+    for _p in split.wrap(o, batches) if split is not None else o.plans(batches):
         pass
     dt = time.perf_counter() - t0
     st = o.stats.as_dict()
-    return {"seconds": dt, "oracle_s": o.stats.seconds, "state_mb": oracle_state_mb(o), "hit_rate": st["hit_rate"],
-            "forced_evictions": st["forced_evictions"], "hot": split.report()["lookup_share"] if split is not None else None}
+    return {
+        "seconds": dt,
+        "oracle_s": o.stats.seconds,
+        "state_mb": oracle_state_mb(o),
+        "hit_rate": st["hit_rate"],
+        "forced_evictions": st["forced_evictions"],
+        "hot": split.report()["lookup_share"] if split is not None else None,
+    }
 
 
 def _plot(out: Path, res: dict, b: OracleBench) -> None:

@@ -83,7 +83,9 @@ GOALS = {"full": 1.0, "lookahead": 0.9, "lookahead-disk": 0.9}
 MAX_GOAL_CACHE_FRACTION = 0.10
 DENSE_MAX_ROWS = 4_000_000
 SEED = 0  # ``bagpipe train``'s default seed, which bench modes' runs use
-INSTALL_HINT = "bagpipe bench peers needs TorchRec: run `make peers` (installs fbgemm-gpu-cpu 1.8.0 and torchrec 1.8.0 into .venv)"
+INSTALL_HINT = (
+    "bagpipe bench peers needs TorchRec: run `make peers` (installs fbgemm-gpu-cpu 1.8.0 and torchrec 1.8.0 into .venv)"
+)
 LABELS = {
     "full": "bagpipe full",
     "lookahead": "bagpipe lookahead",
@@ -115,7 +117,9 @@ class PeersBench(CachePoint, Throughput):
         self.modes = tuple(dict.fromkeys(self.modes))
         self.check_subset("modes", ALL_CONFIGS)
         self.check("model", self.model == "dlrm", "must be dlrm (TorchRec's DLRM is the peer)")
-        self.check("optimizer", self.optimizer == "adagrad", "must be adagrad (TorchRec's FUSED row-wise Adagrad is the peer)")
+        self.check(
+            "optimizer", self.optimizer == "adagrad", "must be adagrad (TorchRec's FUSED row-wise Adagrad is the peer)"
+        )
 
 
 def torchrec_available() -> str | None:
@@ -166,10 +170,31 @@ def _run_torchrec(b: PeersBench, data: Path, run_dir: Path, kernel: str, omp_wai
     else:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # what bagpipe.cli gives `bagpipe train`
     cmd = [
-        sys.executable, "-m", "bagpipe.bench.torchrec_worker", "--data", str(data), "--kernel", kernel,
-        "--recipe", b.recipe, "--batch-size", str(b.batch_size), "--lr", str(b.lr), "--steps", str(b.steps),
-        "--warmup", str(b.warmup), "--seed", str(SEED), "--eval-samples", str(b.eval_samples),
-        "--threads", str(b.threads), "--summary-json", str(summary),
+        sys.executable,
+        "-m",
+        "bagpipe.bench.torchrec_worker",
+        "--data",
+        str(data),
+        "--kernel",
+        kernel,
+        "--recipe",
+        b.recipe,
+        "--batch-size",
+        str(b.batch_size),
+        "--lr",
+        str(b.lr),
+        "--steps",
+        str(b.steps),
+        "--warmup",
+        str(b.warmup),
+        "--seed",
+        str(SEED),
+        "--eval-samples",
+        str(b.eval_samples),
+        "--threads",
+        str(b.threads),
+        "--summary-json",
+        str(summary),
     ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=b.run_timeout_s or None)
@@ -190,8 +215,10 @@ def run(b: PeersBench) -> dict:
     out, data, meta = prepare(b)
     total = meta.total_rows
     if "torchrec-dense" in b.modes and total > DENSE_MAX_ROWS:
-        raise ConfigError(f"torchrec-dense makes a dense gradient of every row each step; it is for tables of at most "
-                          f"{DENSE_MAX_ROWS:,} rows (these have {total:,}: pass e.g. --scale 0.1)")
+        raise ConfigError(
+            f"torchrec-dense makes a dense gradient of every row each step; it is for tables of at most "
+            f"{DENSE_MAX_ROWS:,} rows (these have {total:,}: pass e.g. --scale 0.1)"
+        )
     cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
     if "lookahead-disk" in b.modes:  # the table file as it would exist on disk, written once
         dim = recipe("dlrm", b.recipe).embedding_dim
@@ -201,7 +228,7 @@ def run(b: PeersBench) -> dict:
     results: dict[str, list[dict]] = {c: [] for c in b.modes}
     n = len(b.modes)
     for rep in range(b.reps):
-        order = b.modes[rep % n:] + b.modes[: rep % n]  # rotate so no configuration always runs first
+        order = b.modes[rep % n :] + b.modes[: rep % n]  # rotate so no configuration always runs first
         for cfg in order:
             print(f"[rep {rep + 1}/{b.reps}] {LABELS[cfg]} ...", flush=True)
             run_dir = out / "runs" / f"{cfg}-{rep}"
@@ -212,8 +239,11 @@ def run(b: PeersBench) -> dict:
             else:
                 s = _run_torchrec(b, data, run_dir, *TORCHREC_CONFIGS[cfg])
             results[cfg].append(s)
-            print(f"    {s['samples_per_s']:,.0f} samples/s, eval log loss {s['eval_logloss']:.5f}, "
-                  f"peak anon RSS {s['peak_anon_rss_mb']:.0f} MiB", flush=True)
+            print(
+                f"    {s['samples_per_s']:,.0f} samples/s, eval log loss {s['eval_logloss']:.5f}, "
+                f"peak anon RSS {s['peak_anon_rss_mb']:.0f} MiB",
+                flush=True,
+            )
             shutil.rmtree(run_dir, ignore_errors=True)
     shutil.rmtree(out / "store-run", ignore_errors=True)
     payload = summarise(b, results, total, cache_rows)
@@ -240,23 +270,55 @@ def summarise(b: PeersBench, results: dict[str, list[dict]], total_rows: int, ca
             ok = ratio >= goal and (key == "full" or held / total_rows <= MAX_GOAL_CACHE_FRACTION)
             verdict = f"{'met' if ok else 'NOT met'} (>= {goal:.1f}x)"
         out[key] = {
-            "label": LABELS[key], "samples_per_s": sps, "spread": spread, "ratio_to_torchrec": ratio,
-            "goal_ratio": goal, "goal_met": None if goal is None or ratio != ratio else verdict.startswith("met"),
-            "eval_logloss": loss, "eval_logloss_minus_torchrec": loss - ref_loss,
+            "label": LABELS[key],
+            "samples_per_s": sps,
+            "spread": spread,
+            "ratio_to_torchrec": ratio,
+            "goal_ratio": goal,
+            "goal_met": None if goal is None or ratio != ratio else verdict.startswith("met"),
+            "eval_logloss": loss,
+            "eval_logloss_minus_torchrec": loss - ref_loss,
             "eval_auc": median(runs, "eval_auc"),
-            "rows_in_trainer": held, "rows_in_trainer_fraction": held / total_rows,
-            "peak_anon_rss_mb": anon, "peak_rss_mb": peak, "anon_rss_ratio_to_torchrec": anon / ref_rss,
+            "rows_in_trainer": held,
+            "rows_in_trainer_fraction": held / total_rows,
+            "peak_anon_rss_mb": anon,
+            "peak_rss_mb": peak,
+            "anon_rss_ratio_to_torchrec": anon / ref_rss,
             "time_per_step_ms": step_times(runs),
             "runs": [r["samples_per_s"] for r in runs],
             "eval_logloss_runs": [r["eval_logloss"] for r in runs],
-            "cache": runs[0].get("cache", {}),
+            "cache": runs[0].get("cache") or {},
             "plan": runs[0].get("plan"),
             "omp_wait_policy": runs[0].get("omp_wait_policy"),
         }
-        rows.append([LABELS[key], sps, f"{spread:.0%}", _fmt(ratio, "{:.2f}x"), verdict, f"{loss:.5f}",
-                     _fmt(loss - ref_loss, "{:+.1e}"), f"{held / total_rows:.0%}", anon, _fmt(anon / ref_rss, "{:.0%}"), peak])
-    headers = ["configuration", "samples/s", "spread", "vs TorchRec", "goal", "eval log loss", "vs TorchRec",
-               "rows in trainer", "peak anon RSS MiB", "vs TorchRec", "peak RSS MiB"]
+        rows.append(
+            [
+                LABELS[key],
+                sps,
+                f"{spread:.0%}",
+                _fmt(ratio, "{:.2f}x"),
+                verdict,
+                f"{loss:.5f}",
+                _fmt(loss - ref_loss, "{:+.1e}"),
+                f"{held / total_rows:.0%}",
+                anon,
+                _fmt(anon / ref_rss, "{:.0%}"),
+                peak,
+            ]
+        )
+    headers = [
+        "configuration",
+        "samples/s",
+        "spread",
+        "vs TorchRec",
+        "goal",
+        "eval log loss",
+        "vs TorchRec",
+        "rows in trainer",
+        "peak anon RSS MiB",
+        "vs TorchRec",
+        "peak RSS MiB",
+    ]
     table = markdown_table(headers, rows)
     ref_run = ref[0] if ref else {}
     notes = (
@@ -269,9 +331,13 @@ def summarise(b: PeersBench, results: dict[str, list[dict]], total_rows: int, ca
         f"OMP_WAIT_POLICY={ref_run.get('omp_wait_policy') or 'unset'}; same initial values as bagpipe."
     )
     return {
-        **header(b), "total_rows": total_rows,
-        "cache_rows": cache_rows, "cache_fraction_of_rows": cache_rows / total_rows, "results": out,
-        "table": table, "notes": notes,
+        **header(b),
+        "total_rows": total_rows,
+        "cache_rows": cache_rows,
+        "cache_fraction_of_rows": cache_rows / total_rows,
+        "results": out,
+        "table": table,
+        "notes": notes,
     }
 
 
@@ -300,7 +366,14 @@ def _plot(out: Path, payload: dict) -> None:
     ax2.legend(fontsize=7, ncol=3, loc="upper center")
     ax3.bar(labels, [res[k]["peak_anon_rss_mb"] for k in keys], color=colors)
     for i, k in enumerate(keys):
-        ax3.text(i, res[k]["peak_anon_rss_mb"], f"{res[k]['rows_in_trainer_fraction']:.0%}\nrows", ha="center", va="bottom", fontsize=8)
+        ax3.text(
+            i,
+            res[k]["peak_anon_rss_mb"],
+            f"{res[k]['rows_in_trainer_fraction']:.0%}\nrows",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax3.set_ylabel("peak anonymous RSS (MiB)")
     ax3.set_ylim(0, max(res[k]["peak_anon_rss_mb"] for k in keys) * 1.2)
     ax3.set_title("memory per training process")

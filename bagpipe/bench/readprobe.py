@@ -40,7 +40,9 @@ def probe(settings: dict) -> dict:
     fetches = [plan.fetch_rows.copy() for plan in oracle.plans(stream.numbered(0, steps))]
     plan_s = time.perf_counter() - t0
     init = RowInitializer(meta.table_sizes, settings["dim"], settings["seed"])
-    store = DiskStore(init, settings["state_dim"], settings["store_dir"], create=False, threads=settings.get("threads", 32))
+    store = DiskStore(
+        init, settings["state_dim"], settings["store_dir"], create=False, threads=settings.get("threads", 32)
+    )
     try:
         store.drop_page_cache()
         before = resource.getrusage(resource.RUSAGE_SELF)

@@ -51,8 +51,18 @@ class RecoveryBench(CachePoint, Throughput):
     trainers with 2 embedding servers, every role a process on this machine."""
 
     name = "recovery"
-    QUICK = dict(scale=0.01, batch_size=256, recipe="debug", steps=70, warmup=5, reps=1, lookahead=4,
-                 intervals=(10, 30), kill_interval=10, kill_at=35)
+    QUICK = dict(
+        scale=0.01,
+        batch_size=256,
+        recipe="debug",
+        steps=70,
+        warmup=5,
+        reps=1,
+        lookahead=4,
+        intervals=(10, 30),
+        kill_interval=10,
+        kill_at=35,
+    )
 
     steps: int = 1100
     warmup: int = 50
@@ -70,19 +80,29 @@ class RecoveryBench(CachePoint, Throughput):
     def validate(self) -> None:
         super().validate()
         self.check_subset("topologies", tuple(TOPOLOGIES))
-        self.check("intervals", bool(self.intervals) and all(0 < i < self.steps for i in self.intervals),
-                   f"must be checkpoint intervals in (0, --steps {self.steps})")
-        self.check("kill_at", self.kill_interval < self.kill_at < self.steps, "must be after the first checkpoint and before the end")
+        self.check(
+            "intervals",
+            bool(self.intervals) and all(0 < i < self.steps for i in self.intervals),
+            f"must be checkpoint intervals in (0, --steps {self.steps})",
+        )
+        self.check(
+            "kill_at",
+            self.kill_interval < self.kill_at < self.steps,
+            "must be after the first checkpoint and before the end",
+        )
 
 
 def _topology(b: RecoveryBench, topo: str) -> dict:
     t, s = TOPOLOGIES[topo]
-    return dict(mode="lookahead", lookahead=b.lookahead, trainers=t, servers=s, checkpoint_compact_every=b.compact_every)
+    return dict(
+        mode="lookahead", lookahead=b.lookahead, trainers=t, servers=s, checkpoint_compact_every=b.compact_every
+    )
 
 
 def _checkpoint_bytes(run_dir: Path) -> tuple[list[int], list[int]]:
     """Bytes of the full and of the incremental checkpoints still in ``run_dir``."""
-    full, delta = [], []
+    full: list[int] = []
+    delta: list[int] = []
     for m in (run_dir / "checkpoints").glob("step-*/MANIFEST.json"):
         man = json.loads(m.read_text())
         (full if man["kind"] == "full" else delta).append(sum(p["bytes"] for p in man["parts"]))
@@ -98,8 +118,9 @@ def _heartbeat(run_dir: Path) -> int:
 
 def _recover(b: RecoveryBench, data: Path, run_dir: Path, topo: str, cache_rows: int) -> dict:
     """One run whose server 1 is killed at ``kill_at``: kill -> first step after restart."""
-    args = train_args(b, data, run_dir, cache_rows=cache_rows, checkpoint_every=b.kill_interval, max_restarts=1,
-                      **_topology(b, topo))
+    args = train_args(
+        b, data, run_dir, cache_rows=cache_rows, checkpoint_every=b.kill_interval, max_restarts=1, **_topology(b, topo)
+    )
     proc = subprocess.Popen(train_command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         while _heartbeat(run_dir) < b.kill_at:
@@ -124,9 +145,13 @@ def _recover(b: RecoveryBench, data: Path, run_dir: Path, topo: str, cache_rows:
         raise RuntimeError(f"the recovery run failed: {err[-2000:]}")
     event = json.loads(log.read_text())[-1]
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"kill_to_training_s": t_again - t_kill, "died_at_step": event["died_at_step"],
-            "from_checkpoint": event["from_checkpoint"], "steps_replayed": event["died_at_step"] - event["from_checkpoint"],
-            "params_sha256": summary["params_sha256"]}
+    return {
+        "kill_to_training_s": t_again - t_kill,
+        "died_at_step": event["died_at_step"],
+        "from_checkpoint": event["from_checkpoint"],
+        "steps_replayed": event["died_at_step"] - event["from_checkpoint"],
+        "params_sha256": summary["params_sha256"],
+    }
 
 
 def run(b: RecoveryBench) -> dict:
@@ -135,7 +160,7 @@ def run(b: RecoveryBench) -> dict:
     plan = [(topo, every) for topo in b.topologies for every in (0, *b.intervals)]
     results: dict[str, list[dict]] = {f"{t}/{e}": [] for t, e in plan}
     for rep in range(b.reps):
-        for topo, every in (plan if rep % 2 == 0 else plan[::-1]):  # alternate the order: drift hits all alike
+        for topo, every in plan if rep % 2 == 0 else plan[::-1]:  # alternate the order: drift hits all alike
             key = f"{topo}/{every}"
             print(f"[rep {rep + 1}/{b.reps}] {topo}, checkpoint every {every or 'never'} ...", flush=True)
             run_dir = out / "runs" / key.replace("/", "-")
@@ -144,7 +169,10 @@ def run(b: RecoveryBench) -> dict:
             s["checkpoint_bytes"] = _checkpoint_bytes(run_dir)
             results[key].append(s)
             c = s.get("checkpoints") or {}
-            print(f"    {s['samples_per_s']:,.0f} samples/s, {c.get('written', 0)} checkpoints, {c.get('seconds', 0):.1f} s", flush=True)
+            print(
+                f"    {s['samples_per_s']:,.0f} samples/s, {c.get('written', 0)} checkpoints, {c.get('seconds', 0):.1f} s",
+                flush=True,
+            )
             shutil.rmtree(run_dir, ignore_errors=True)
     recovery = {}
     for topo in b.topologies:
@@ -152,8 +180,11 @@ def run(b: RecoveryBench) -> dict:
         run_dir = out / "runs" / f"{topo}-recovery"
         shutil.rmtree(run_dir, ignore_errors=True)
         recovery[topo] = _recover(b, data, run_dir, topo, cache_rows)
-        print(f"    training again {recovery[topo]['kill_to_training_s']:.1f} s after the kill, "
-              f"{recovery[topo]['steps_replayed']} steps replayed", flush=True)
+        print(
+            f"    training again {recovery[topo]['kill_to_training_s']:.1f} s after the kill, "
+            f"{recovery[topo]['steps_replayed']} steps replayed",
+            flush=True,
+        )
         shutil.rmtree(run_dir, ignore_errors=True)
     payload = summarise(b, results, recovery, cache_rows)
     _plot(out, payload)
@@ -172,22 +203,52 @@ def summarise(b: RecoveryBench, results: dict[str, list[dict]], recovery: dict, 
         secs = median_spread([w.get("seconds", 0.0) / max(w.get("written", 0), 1) for w in written])[0]
         full = [x for r in runs for x in r["checkpoint_bytes"][0]]
         delta = [x for r in runs for x in r["checkpoint_bytes"][1]]
-        out[key] = {"samples_per_s": sps, "spread": spread, "ratio_to_no_checkpoints": sps / base,
-                    "checkpoints": n, "seconds_per_checkpoint": secs,
-                    "full_checkpoint_mib": median_spread(full)[0] / 2**20 if full else None,
-                    "incremental_checkpoint_mib": median_spread(delta)[0] / 2**20 if delta else None,
-                    "runs": [r["samples_per_s"] for r in runs]}
+        out[key] = {
+            "samples_per_s": sps,
+            "spread": spread,
+            "ratio_to_no_checkpoints": sps / base,
+            "checkpoints": n,
+            "seconds_per_checkpoint": secs,
+            "full_checkpoint_mib": median_spread(full)[0] / 2**20 if full else None,
+            "incremental_checkpoint_mib": median_spread(delta)[0] / 2**20 if delta else None,
+            "runs": [r["samples_per_s"] for r in runs],
+        }
         v = out[key]
-        rows.append([topo, every if every != "0" else "never", sps, f"{spread:.0%}", f"{sps / base:.3f}x",
-                     int(n), "-" if every == "0" else f"{secs:.2f}",
-                     "-" if v["full_checkpoint_mib"] is None else f"{v['full_checkpoint_mib']:.1f}",
-                     "-" if v["incremental_checkpoint_mib"] is None else f"{v['incremental_checkpoint_mib']:.1f}"])
-    table = markdown_table(["topology", "checkpoint every", "samples/s", "spread", "vs none", "checkpoints",
-                            "s per checkpoint", "full MiB", "incremental MiB"], rows)
-    rec_rows = [[topo, r["died_at_step"], r["from_checkpoint"], r["steps_replayed"], f"{r['kill_to_training_s']:.1f}"]
-                for topo, r in recovery.items()]
+        rows.append(
+            [
+                topo,
+                every if every != "0" else "never",
+                sps,
+                f"{spread:.0%}",
+                f"{sps / base:.3f}x",
+                int(n),
+                "-" if every == "0" else f"{secs:.2f}",
+                "-" if v["full_checkpoint_mib"] is None else f"{v['full_checkpoint_mib']:.1f}",
+                "-" if v["incremental_checkpoint_mib"] is None else f"{v['incremental_checkpoint_mib']:.1f}",
+            ]
+        )
+    table = markdown_table(
+        [
+            "topology",
+            "checkpoint every",
+            "samples/s",
+            "spread",
+            "vs none",
+            "checkpoints",
+            "s per checkpoint",
+            "full MiB",
+            "incremental MiB",
+        ],
+        rows,
+    )
+    rec_rows = [
+        [topo, r["died_at_step"], r["from_checkpoint"], r["steps_replayed"], f"{r['kill_to_training_s']:.1f}"]
+        for topo, r in recovery.items()
+    ]
     table += "\n\nRecovery (server 1 killed with SIGKILL, the launcher restarts every role):\n\n" + markdown_table(
-        ["topology", "killed at step", "restarted from checkpoint", "steps replayed", "kill to training again (s)"], rec_rows)
+        ["topology", "killed at step", "restarted from checkpoint", "steps replayed", "kill to training again (s)"],
+        rec_rows,
+    )
     return {**header(b), "cache_rows": cache_rows, "results": out, "recovery": recovery, "table": table}
 
 
@@ -196,7 +257,9 @@ def _plot(out: Path, payload: dict) -> None:
     res = payload["results"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     keys = list(res)
-    ax1.bar([k.replace("/0", "/never") for k in keys], [res[k]["ratio_to_no_checkpoints"] for k in keys], color="tab:green")
+    ax1.bar(
+        [k.replace("/0", "/never") for k in keys], [res[k]["ratio_to_no_checkpoints"] for k in keys], color="tab:green"
+    )
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_ylabel("samples/s vs no checkpoints")
     ax1.set_title("checkpoint cost (topology / every N steps)")

@@ -8,8 +8,8 @@ a module with a :class:`~bagpipe.bench.config.BenchConfig` subclass and a ``run(
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from bagpipe.bench import (
     accel,
@@ -42,22 +42,49 @@ SCENARIOS: dict[str, Scenario] = {
     s.config.name: s
     for s in (
         Scenario(modes.ModesBench, modes.run, "full / nocache / lru / lookahead side by side, memory and disk stores"),
-        Scenario(oracle.OracleBench, oracle.run, "the lookahead oracle's planning throughput alone vs batch size and L"),
+        Scenario(
+            oracle.OracleBench, oracle.run, "the lookahead oracle's planning throughput alone vs batch size and L"
+        ),
         Scenario(peers.PeersBench, peers.run, "TorchRec's DLRM beside bagpipe full and lookahead (needs `make peers`)"),
         Scenario(sweep.SweepBench, sweep.run, "lookahead over cache size x L, and the --cache-budget-mb auto-tuner"),
-        Scenario(distributed.DistributedBench, distributed.run,
-                 "embedding servers vs the in-process store; partitioned vs replicated cache"),
-        Scenario(convergence.ConvergenceBench, convergence.run, "eval curves of full vs lookahead, which must be identical"),
-        Scenario(recovery.RecoveryBench, recovery.run,
-                 "checkpoint cost (every N steps vs none, full vs incremental bytes) and recovery time of a killed server"),
-        Scenario(accel.AccelBench, accel.run, "BagPipe (with and without a hot tier), FAE and Hotline under one memory budget"),
-        Scenario(approx.ApproxBench, approx.run,
-                 "exact vs Slipstream's stale-input skip and cDLRM's periodic averaging: speed, AUC, bytes synchronised"),
-        Scenario(mlperf.MLPerfBench, mlperf.run,
-                 "MLPerf DLRM-DCNv2 at full size (204M rows, 105 GB) for a bounded number of steps on the disk store"),
-        Scenario(cluster.ClusterBench, cluster.run,
-                 "an emulated cluster: every role in its own network namespace, shaped links; nocache/lru/lookahead vs link rate and trainers"),
-        Scenario(scale.ScaleBench, scale.run,
-                 "tables larger than memory: the disk store's modes inside a cgroup memory limit, full unlimited"),
+        Scenario(
+            distributed.DistributedBench,
+            distributed.run,
+            "embedding servers vs the in-process store; partitioned vs replicated cache",
+        ),
+        Scenario(
+            convergence.ConvergenceBench, convergence.run, "eval curves of full vs lookahead, which must be identical"
+        ),
+        Scenario(
+            recovery.RecoveryBench,
+            recovery.run,
+            "checkpoint cost (every N steps vs none, full vs incremental bytes) and recovery time of a killed server",
+        ),
+        Scenario(
+            accel.AccelBench,
+            accel.run,
+            "BagPipe (with and without a hot tier), FAE and Hotline under one memory budget",
+        ),
+        Scenario(
+            approx.ApproxBench,
+            approx.run,
+            "exact vs Slipstream's stale-input skip and cDLRM's periodic averaging: speed, AUC, bytes synchronised",
+        ),
+        Scenario(
+            mlperf.MLPerfBench,
+            mlperf.run,
+            "MLPerf DLRM-DCNv2 at full size (204M rows, 105 GB) for a bounded number of steps on the disk store",
+        ),
+        Scenario(
+            cluster.ClusterBench,
+            cluster.run,
+            "an emulated cluster: every role in its own network namespace, shaped links; "
+            "nocache/lru/lookahead vs link rate and trainers",
+        ),
+        Scenario(
+            scale.ScaleBench,
+            scale.run,
+            "tables larger than memory: the disk store's modes inside a cgroup memory limit, full unlimited",
+        ),
     )
 }

@@ -63,8 +63,10 @@ def run_train(args: list[str], summary: Path, label: str, timeout: float | None 
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     s = json.loads(Path(summary).read_text())
     s["wall_s"] = time.perf_counter() - t0
-    s["child_io"] = {"read_bytes": (after.ru_inblock - before.ru_inblock) * 512,
-                     "major_faults": after.ru_majflt - before.ru_majflt}
+    s["child_io"] = {
+        "read_bytes": (after.ru_inblock - before.ru_inblock) * 512,
+        "major_faults": after.ru_majflt - before.ru_majflt,
+    }
     return s
 
 
@@ -72,15 +74,25 @@ def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings
     """The options of one ``bagpipe train`` run of scenario settings ``b`` (a TrainBench).
 
     The shared settings (data, run directory, model, recipe, batch, optimizer, lr,
-    steps, warm-up, eval samples, threads), then ``settings``: ``bagpipe train``'s options
+    steps, warm-up, eval samples, threads, device), then ``settings``: ``bagpipe train``'s options
     in Python spelling (``cache_rows=..., store_dir=...``); one given here replaces the
     shared value, None leaves the option out. Last the benchmark switches: no progress
     bar, no final checkpoint, no params digest unless ``digest``.
     """
     opts = {
-        "data": data, "out": run_dir, "model": b.model, "recipe": b.recipe, "batch_size": b.batch_size,
-        "optimizer": b.optimizer, "lr": b.lr, "steps": b.steps, "warmup_steps": getattr(b, "warmup", None),
-        "eval_samples": b.eval_samples, "threads": b.threads or None, **settings,
+        "data": data,
+        "out": run_dir,
+        "model": b.model,
+        "recipe": b.recipe,
+        "batch_size": b.batch_size,
+        "optimizer": b.optimizer,
+        "lr": b.lr,
+        "steps": b.steps,
+        "warmup_steps": getattr(b, "warmup", None),
+        "eval_samples": b.eval_samples,
+        "threads": b.threads or None,
+        "device": getattr(b, "device", None),
+        **settings,
     }
     args = []
     for key, value in opts.items():
@@ -93,8 +105,13 @@ def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings
 
 def launch(b, data: Path, run_dir: Path, label: str, preexec_fn=None, **settings) -> dict:
     """Run ``bagpipe train`` with :func:`train_args` (bounded by ``b.run_timeout_s``); its summary."""
-    return run_train(train_args(b, data, run_dir, **settings), run_dir / "summary.json", label,
-                     timeout=b.run_timeout_s or None, preexec_fn=preexec_fn)
+    return run_train(
+        train_args(b, data, run_dir, **settings),
+        run_dir / "summary.json",
+        label,
+        timeout=b.run_timeout_s or None,
+        preexec_fn=preexec_fn,
+    )
 
 
 def data_samples(batch_size: int, steps: int) -> int:
@@ -113,7 +130,7 @@ def prepare(b, progress: bool = True):
     table file (OUT/store-template) written for other data is removed."""
     from bagpipe.data.schema import DatasetMeta
 
-    out = Path(b.out)
+    out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
     if make_data(b, data, progress):
@@ -141,8 +158,18 @@ def ensure_synth(data: Path, profile: str, samples: int, scale: float, seed: int
     meta_file = Path(data) / "meta.json"
     if meta_file.exists():
         src = json.loads(meta_file.read_text()).get("source", {})
-        same = (src.get("samples"), src.get("scale"), src.get("profile", profile), src.get("seed", seed)) == (samples, scale, profile, seed)
+        same = (src.get("samples"), src.get("scale"), src.get("profile", profile), src.get("seed", seed)) == (
+            samples,
+            scale,
+            profile,
+            seed,
+        )
         if same:
             return False
-    generate(SynthConfig(profile=profile, samples=samples, scale=scale, seed=seed), str(data), overwrite=True, progress=progress)
+    generate(
+        SynthConfig(profile=profile, samples=samples, scale=scale, seed=seed),
+        str(data),
+        overwrite=True,
+        progress=progress,
+    )
     return True

@@ -71,8 +71,20 @@ class ScaleBench(CachePoint, Throughput):
     under 2 GiB, DLRM Kaggle MLPs, batch 2048, Adagrad, a 5% cache."""
 
     name = "scale"
-    QUICK = dict(scale=0.02, batch_size=256, recipe="debug", embedding_dim=16, steps=12, warmup=3, reps=1,
-                 lookahead=4, memory_limit_mb=1024, eval_samples=512, threads=1, configs=CONFIGS[:4])
+    QUICK = dict(
+        scale=0.02,
+        batch_size=256,
+        recipe="debug",
+        embedding_dim=16,
+        steps=12,
+        warmup=3,
+        reps=1,
+        lookahead=4,
+        memory_limit_mb=1024,
+        eval_samples=512,
+        threads=1,
+        configs=CONFIGS[:4],
+    )
 
     steps: int = 40
     warmup: int = 10
@@ -142,7 +154,7 @@ def run(b: ScaleBench) -> dict:
         why = f"bench scale: skipped: no memory cgroup can be used here ({where})"
         print(why, flush=True)
         payload = {**header(b), "skipped": why, "table": why}
-        write_results(Path(b.out), "scale", payload, why)
+        write_results(b.out_dir, "scale", payload, why)
         return payload
     print(f"memory limit through the {where}", flush=True)
     out, data, meta = prepare(b)
@@ -158,8 +170,11 @@ def run(b: ScaleBench) -> dict:
     materialise_disk_store(store_dir, meta, dim, state_dim, seed=SEED)
     table_bytes = total * row_bytes
     limit = int(b.memory_limit_mb * 2**20)
-    print(f"table file {table_bytes / 2**30:.2f} GiB ({total:,} rows x {row_bytes} B) under a "
-          f"{b.memory_limit_mb:g} MiB limit ({table_bytes / limit:.1f}x)", flush=True)
+    print(
+        f"table file {table_bytes / 2**30:.2f} GiB ({total:,} rows x {row_bytes} B) under a "
+        f"{b.memory_limit_mb:g} MiB limit ({table_bytes / limit:.1f}x)",
+        flush=True,
+    )
     touched = touched_rows(data, b.batch_size, b.steps + b.lookahead + 1, SEED)
     opts = settings(b, cache_rows, row_bytes)
     configs = [c for c in CONFIGS if c in b.configs]
@@ -181,43 +196,83 @@ def run(b: ScaleBench) -> dict:
                 dirty = True
                 with MemoryGroup(controller, limit, "bagpipe-scale") as group:
                     try:
-                        s = launch(b, data, run_dir, key, preexec_fn=group.enter, digest=b.digest,
-                                   embedding_dim=dim, store="disk", store_dir=store_dir, init_from_store=True,
-                                   **opts[key])
+                        s = launch(
+                            b,
+                            data,
+                            run_dir,
+                            key,
+                            preexec_fn=group.enter,
+                            digest=b.digest,
+                            embedding_dim=dim,
+                            store="disk",
+                            store_dir=store_dir,
+                            init_from_store=True,
+                            **opts[key],
+                        )
                     except TrainFailed as e:
                         report = group.report()
                         failures.setdefault(key, []).append(f"{e.stderr.strip()[-300:]} (group: {report})")
-                        print(f"    failed: OOM kills {report['oom_kills']}, peak {report['peak_mb']:.0f} MiB", flush=True)
+                        print(
+                            f"    failed: OOM kills {report['oom_kills']}, peak {report['peak_mb']:.0f} MiB", flush=True
+                        )
                         continue
                     s["memory_group"] = group.report()
             results[key].append(s)
             g = s.get("memory_group")
-            print(f"    {s['samples_per_s']:,.0f} samples/s, {_io(s)['read_bytes'] / 2**20:.1f} MiB read/step"
-                  + (f", group peak {g['peak_mb']:.0f} MiB of {g['limit_mb']:.0f}" if g else ""), flush=True)
+            print(
+                f"    {s['samples_per_s']:,.0f} samples/s, {_io(s)['read_bytes'] / 2**20:.1f} MiB read/step"
+                + (f", group peak {g['peak_mb']:.0f} MiB of {g['limit_mb']:.0f}" if g else ""),
+                flush=True,
+            )
             shutil.rmtree(run_dir, ignore_errors=True)
-        if b.probe and "lookahead" in configs:
+        if b.probe and "lookahead" in configs:  # a configuration of this scenario (the probe reads as it does)
             print(f"[rep {rep + 1}/{b.reps}] {PROBE} ...", flush=True)
             drop_cached(store_dir)  # the probe only reads: the file stays as the last run left it
             probes.append(run_probe(b, controller, limit, out, data, store_dir, cache_rows, dim, state_dim))
-            print(f"    {probes[-1]['ms_per_step']:.0f} ms/step for {probes[-1]['fetched_rows_per_step']:,.0f} rows", flush=True)
+            print(
+                f"    {probes[-1]['ms_per_step']:.0f} ms/step for {probes[-1]['fetched_rows_per_step']:,.0f} rows",
+                flush=True,
+            )
     payload = summarise(b, results, failures, probes, total, cache_rows, table_bytes, where)
     _plot(out, payload)
     write_results(out, "scale", payload, payload["table"])
     return payload
 
 
-def run_probe(b: ScaleBench, controller, limit: int, out: Path, data: Path, store_dir: Path, cache_rows: int,
-              dim: int, state_dim: int) -> dict:
+def run_probe(
+    b: ScaleBench,
+    controller,
+    limit: int,
+    out: Path,
+    data: Path,
+    store_dir: Path,
+    cache_rows: int,
+    dim: int,
+    state_dim: int,
+) -> dict:
     """The reads-only probe (:mod:`bagpipe.bench.readprobe`) in its own process and memory group."""
-    spec = {"data": str(data), "store_dir": str(store_dir), "batch_size": b.batch_size, "steps": b.steps,
-            "warmup": b.warmup, "cache_rows": cache_rows, "lookahead": b.lookahead, "dim": dim,
-            "state_dim": state_dim, "seed": SEED}
+    spec = {
+        "data": str(data),
+        "store_dir": str(store_dir),
+        "batch_size": b.batch_size,
+        "steps": b.steps,
+        "warmup": b.warmup,
+        "cache_rows": cache_rows,
+        "lookahead": b.lookahead,
+        "dim": dim,
+        "state_dim": state_dim,
+        "seed": SEED,
+    }
     spec_file, result_file = out / "probe-settings.json", out / "probe-result.json"
     spec_file.write_text(json.dumps(spec))
     with MemoryGroup(controller, limit, "bagpipe-scale-probe") as group:
-        proc = subprocess.run([sys.executable, "-m", "bagpipe.bench.readprobe", str(spec_file), str(result_file)],
-                              capture_output=True, text=True, preexec_fn=group.enter,
-                              timeout=b.run_timeout_s or None)
+        proc = subprocess.run(
+            [sys.executable, "-m", "bagpipe.bench.readprobe", str(spec_file), str(result_file)],
+            capture_output=True,
+            text=True,
+            preexec_fn=group.enter,
+            timeout=b.run_timeout_s or None,
+        )
         if proc.returncode != 0:
             raise TrainFailed(PROBE, proc.returncode, proc.stderr)
         res = json.loads(result_file.read_text()) | {"memory_group": group.report()}
@@ -225,65 +280,137 @@ def run_probe(b: ScaleBench, controller, limit: int, out: Path, data: Path, stor
 
 
 def _io(s: dict) -> dict:
-    return s.get("io_per_step") or {"read_bytes": float("nan"), "write_bytes": float("nan"), "major_faults": float("nan")}
+    return s.get("io_per_step") or {
+        "read_bytes": float("nan"),
+        "write_bytes": float("nan"),
+        "major_faults": float("nan"),
+    }
 
 
 def _med(runs: list[dict], fn) -> float:
     return median_spread([fn(r) for r in runs])[0] if runs else float("nan")
 
 
-def summarise(b: ScaleBench, results: dict[str, list[dict]], failures: dict, probes: list[dict], total_rows: int,
-              cache_rows: int, table_bytes: int, where: str) -> dict:
-    sps = {k: median_spread([r["samples_per_s"] for r in runs]) if runs else (float("nan"), float("nan"))
-           for k, runs in results.items()}
+def summarise(
+    b: ScaleBench,
+    results: dict[str, list[dict]],
+    failures: dict,
+    probes: list[dict],
+    total_rows: int,
+    cache_rows: int,
+    table_bytes: int,
+    where: str,
+) -> dict:
+    sps = {
+        k: median_spread([r["samples_per_s"] for r in runs]) if runs else (float("nan"), float("nan"))
+        for k, runs in results.items()
+    }
     ref = {k: sps.get(k, (float("nan"),))[0] for k in ("full", "nocache", "lru")}
-    digests = {k: sorted({r.get("params_sha256") for r in runs}) for k, runs in results.items()}
+    digests = {k: sorted({r.get("params_sha256") for r in runs}, key=str) for k, runs in results.items()}
     full_digest = digests.get("full", [None])
     rows, res = [], {}
     for key, runs in results.items():
         med, spread = sps[key]
         step_ms = 1000 * b.batch_size / med if med == med and med else float("nan")
-        cache = runs[0].get("cache", {}) if runs else {}
+        cache = (runs[0].get("cache") or {}) if runs else {}
         group = [r["memory_group"] for r in runs if "memory_group" in r]
         peak = max((g["peak_mb"] for g in group), default=float("nan"))
         res[key] = {
-            "samples_per_s": med, "spread": spread, "step_ms": step_ms,
-            "ratio_to_full": med / ref["full"], "ratio_to_nocache": med / ref["nocache"], "ratio_to_lru": med / ref["lru"],
+            "samples_per_s": med,
+            "spread": spread,
+            "step_ms": step_ms,
+            "ratio_to_full": med / ref["full"],
+            "ratio_to_nocache": med / ref["nocache"],
+            "ratio_to_lru": med / ref["lru"],
             "read_mb_per_step": _med(runs, lambda r: _io(r)["read_bytes"] / 2**20),
             "written_mb_per_step": _med(runs, lambda r: _io(r)["write_bytes"] / 2**20),
             "major_faults_per_step": _med(runs, lambda r: _io(r)["major_faults"]),
-            "group_peak_mb": peak, "limit_mb": b.memory_limit_mb if group else None,
-            "limit_hits": [g["limit_hits"] for g in group], "oom_kills": sum(g["oom_kills"] for g in group),
+            "group_peak_mb": peak,
+            "limit_mb": b.memory_limit_mb if group else None,
+            "limit_hits": [g["limit_hits"] for g in group],
+            "oom_kills": sum(g["oom_kills"] for g in group),
             "peak_anon_rss_mb": median(runs, "peak_anon_rss_mb") if runs else float("nan"),
-            "hit_rate": cache.get("hit_rate"), "hot": (cache.get("hot") or {}).get("lookup_share"),
-            "time_per_step_ms": step_times(runs) if runs else {}, "params_sha256": digests[key],
+            "hit_rate": cache.get("hit_rate"),
+            "hot": (cache.get("hot") or {}).get("lookup_share"),
+            "time_per_step_ms": step_times(runs) if runs else {},
+            "params_sha256": digests[key],
             "same_digest_as_full": (digests[key] == full_digest) if b.digest and "full" in results else None,
-            "runs": [r["samples_per_s"] for r in runs], "failures": failures.get(key, []),
+            "runs": [r["samples_per_s"] for r in runs],
+            "failures": failures.get(key, []),
         }
         r = res[key]
-        rows.append([key, med, f"{spread:.0%}" if spread == spread else "-", step_ms, f"{r['ratio_to_full']:.2f}x",
-                     f"{r['ratio_to_nocache']:.2f}x", f"{r['ratio_to_lru']:.2f}x", r["read_mb_per_step"],
-                     "-" if not group else f"{peak:,.0f} / {b.memory_limit_mb:g}", "-" if not group else r["oom_kills"],
-                     "-" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}",
-                     {True: "= full", False: "DIFFERS", None: "-"}[r["same_digest_as_full"]] if key != "full" else "-"])
+        rows.append(
+            [
+                key,
+                med,
+                f"{spread:.0%}" if spread == spread else "-",
+                step_ms,
+                f"{r['ratio_to_full']:.2f}x",
+                f"{r['ratio_to_nocache']:.2f}x",
+                f"{r['ratio_to_lru']:.2f}x",
+                r["read_mb_per_step"],
+                "-" if not group else f"{peak:,.0f} / {b.memory_limit_mb:g}",
+                "-" if not group else r["oom_kills"],
+                "-" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}",
+                {True: "= full", False: "DIFFERS", None: "-"}[r["same_digest_as_full"]] if key != "full" else "-",
+            ]
+        )
     probe = {}
     if probes:
-        probe = {"ms_per_step": median_spread([p["ms_per_step"] for p in probes])[0],
-                 "spread": median_spread([p["ms_per_step"] for p in probes])[1],
-                 "fetched_rows_per_step": probes[0]["fetched_rows_per_step"],
-                 "rows_per_s": median_spread([p["rows_per_s"] for p in probes])[0],
-                 "read_mb_per_step": median_spread([p["read_bytes"] / 2**20 / max(p["steps"], 1) for p in probes])[0],
-                 "group_peak_mb": max(p["memory_group"]["peak_mb"] for p in probes), "runs": probes}
-        rows.append([PROBE, float("nan"), f"{probe['spread']:.0%}", probe["ms_per_step"], "-", "-", "-",
-                     probe["read_mb_per_step"], f"{probe['group_peak_mb']:,.0f} / {b.memory_limit_mb:g}", "-", "-", "-"])
-    headers = ["config", "samples/s", "spread", "ms/step", "vs full", "vs nocache", "vs lru", "MiB read/step",
-               "group peak MiB / limit", "OOM kills", "hit rate", "params_sha256"]
+        probe = {
+            "ms_per_step": median_spread([p["ms_per_step"] for p in probes])[0],
+            "spread": median_spread([p["ms_per_step"] for p in probes])[1],
+            "fetched_rows_per_step": probes[0]["fetched_rows_per_step"],
+            "rows_per_s": median_spread([p["rows_per_s"] for p in probes])[0],
+            "read_mb_per_step": median_spread([p["read_bytes"] / 2**20 / max(p["steps"], 1) for p in probes])[0],
+            "group_peak_mb": max(p["memory_group"]["peak_mb"] for p in probes),
+            "runs": probes,
+        }
+        rows.append(
+            [
+                PROBE,
+                float("nan"),
+                f"{probe['spread']:.0%}",
+                probe["ms_per_step"],
+                "-",
+                "-",
+                "-",
+                probe["read_mb_per_step"],
+                f"{probe['group_peak_mb']:,.0f} / {b.memory_limit_mb:g}",
+                "-",
+                "-",
+                "-",
+            ]
+        )
+    headers = [
+        "config",
+        "samples/s",
+        "spread",
+        "ms/step",
+        "vs full",
+        "vs nocache",
+        "vs lru",
+        "MiB read/step",
+        "group peak MiB / limit",
+        "OOM kills",
+        "hit rate",
+        "params_sha256",
+    ]
     targets = _targets(res, probe)
     table = markdown_table(headers, rows) + "\n\n" + _targets_lines(targets)
-    return {**header(b), "memory_controller": where, "total_rows": total_rows, "cache_rows": cache_rows,
-            "cache_fraction_of_rows": cache_rows / total_rows, "table_gib": table_bytes / 2**30,
-            "table_to_limit": table_bytes / (b.memory_limit_mb * 2**20), "results": res, "reads_only": probe,
-            "targets": targets, "table": table}
+    return {
+        **header(b),
+        "memory_controller": where,
+        "total_rows": total_rows,
+        "cache_rows": cache_rows,
+        "cache_fraction_of_rows": cache_rows / total_rows,
+        "table_gib": table_bytes / 2**30,
+        "table_to_limit": table_bytes / (b.memory_limit_mb * 2**20),
+        "results": res,
+        "reads_only": probe,
+        "targets": targets,
+        "table": table,
+    }
 
 
 def _targets(res: dict, probe: dict) -> dict:
@@ -295,11 +422,16 @@ def _targets(res: dict, probe: dict) -> dict:
     bound = max(compute, reads) if reads == reads else compute
     within = [g for k, v in res.items() if k != "full" for g in [v["group_peak_mb"]] if g == g]
     return {
-        "lookahead_step_ms": la["step_ms"], "compute_only_step_ms": compute, "reads_only_step_ms": reads,
-        "lookahead_vs_bound": la["step_ms"] / bound, "bound_side": "reads" if reads == reads and reads > compute else "compute",
-        "lookahead_vs_nocache": la["ratio_to_nocache"], "lookahead_vs_lru": la["ratio_to_lru"],
+        "lookahead_step_ms": la["step_ms"],
+        "compute_only_step_ms": compute,
+        "reads_only_step_ms": reads,
+        "lookahead_vs_bound": la["step_ms"] / bound,
+        "bound_side": "reads" if reads == reads and reads > compute else "compute",
+        "lookahead_vs_nocache": la["ratio_to_nocache"],
+        "lookahead_vs_lru": la["ratio_to_lru"],
         "lookahead_vs_full": la["ratio_to_full"],
-        "peak_within_limit": all(v["group_peak_mb"] <= v["limit_mb"] for v in res.values() if v["limit_mb"]) and bool(within),
+        "peak_within_limit": all(v["group_peak_mb"] <= v["limit_mb"] for v in res.values() if v["limit_mb"])
+        and bool(within),
         "oom_kills": sum(v["oom_kills"] for v in res.values()),
     }
 
@@ -308,15 +440,17 @@ def _targets_lines(t: dict) -> str:
     if not t:
         return ""
     ok = lambda c: "met" if c else "missed"  # noqa: E731
-    return "\n".join([
-        f"- lookahead step {t['lookahead_step_ms']:.0f} ms vs max(compute {t['compute_only_step_ms']:.0f} ms, reads "
-        f"{t['reads_only_step_ms']:.0f} ms) = {t['lookahead_vs_bound']:.2f}x (target <= 1.15x: "
-        f"{ok(t['lookahead_vs_bound'] <= 1.15)}; the bound is the {t['bound_side']} side)",
-        f"- lookahead vs nocache {t['lookahead_vs_nocache']:.2f}x (target >= 2x: {ok(t['lookahead_vs_nocache'] >= 2)}), "
-        f"vs lru {t['lookahead_vs_lru']:.2f}x (target >= 1.3x: {ok(t['lookahead_vs_lru'] >= 1.3)}), "
-        f"vs full {t['lookahead_vs_full']:.2f}x (target >= 0.7x: {ok(t['lookahead_vs_full'] >= 0.7)})",
-        f"- every group's peak within its limit: {t['peak_within_limit']}; OOM kills: {t['oom_kills']}",
-    ])
+    return "\n".join(
+        [
+            f"- lookahead step {t['lookahead_step_ms']:.0f} ms vs max(compute {t['compute_only_step_ms']:.0f} ms, reads "
+            f"{t['reads_only_step_ms']:.0f} ms) = {t['lookahead_vs_bound']:.2f}x (target <= 1.15x: "
+            f"{ok(t['lookahead_vs_bound'] <= 1.15)}; the bound is the {t['bound_side']} side)",
+            f"- lookahead vs nocache {t['lookahead_vs_nocache']:.2f}x (target >= 2x: {ok(t['lookahead_vs_nocache'] >= 2)}), "
+            f"vs lru {t['lookahead_vs_lru']:.2f}x (target >= 1.3x: {ok(t['lookahead_vs_lru'] >= 1.3)}), "
+            f"vs full {t['lookahead_vs_full']:.2f}x (target >= 0.7x: {ok(t['lookahead_vs_full'] >= 0.7)})",
+            f"- every group's peak within its limit: {t['peak_within_limit']}; OOM kills: {t['oom_kills']}",
+        ]
+    )
 
 
 def _plot(out: Path, payload: dict) -> None:
@@ -333,7 +467,9 @@ def _plot(out: Path, payload: dict) -> None:
     ax1.tick_params(axis="x", rotation=30)
     ax2.bar(keys, [res[k]["samples_per_s"] for k in keys], color="tab:green")
     ax2.set_ylabel("samples/s")
-    ax2.set_title(f"throughput ({payload['table_gib']:.1f} GiB of rows, limit {payload['config']['memory_limit_mb']:g} MiB)")
+    ax2.set_title(
+        f"throughput ({payload['table_gib']:.1f} GiB of rows, limit {payload['config']['memory_limit_mb']:g} MiB)"
+    )
     ax2.tick_params(axis="x", rotation=30)
     limited = [k for k in keys if res[k]["limit_mb"]]
     ax3.bar(limited, [res[k]["group_peak_mb"] for k in limited], color="tab:blue", label="group peak")

@@ -52,8 +52,18 @@ class SweepBench(Throughput):
 
     name = "sweep"
     #: Under a minute: small batches, few steps, a 3 x 2 grid whose smallest cache is too small.
-    QUICK = dict(batch_size=256, recipe="debug", steps=24, warmup=4, reps=1, cache_percents=(0.2, 2, 20),
-                 lookaheads=(1, 10), autotune_percent=2.0, eval_samples=512, threads=1)
+    QUICK = dict(
+        batch_size=256,
+        recipe="debug",
+        steps=24,
+        warmup=4,
+        reps=1,
+        cache_percents=(0.2, 2, 20),
+        lookaheads=(1, 10),
+        autotune_percent=2.0,
+        eval_samples=512,
+        threads=1,
+    )
 
     scale: float = 0.01
     batch_size: int = 512
@@ -72,7 +82,11 @@ class SweepBench(Throughput):
 
     def validate(self) -> None:
         super().validate()
-        self.check("cache_percents", bool(self.cache_percents) and all(0 < p <= 100 for p in self.cache_percents), "must be in (0, 100]")
+        self.check(
+            "cache_percents",
+            bool(self.cache_percents) and all(0 < p <= 100 for p in self.cache_percents),
+            "must be in (0, 100]",
+        )
         self.check("lookaheads", bool(self.lookaheads) and all(L >= 1 for L in self.lookaheads), "must be >= 1")
         self.check("autotune_percent", 0 <= self.autotune_percent <= 100, "must be in [0, 100]")
 
@@ -95,14 +109,27 @@ def run(b: SweepBench) -> dict:
     for pct in b.cache_percents:
         rows = max(1, int(pct / 100 * total))
         for L in b.lookaheads:
-            points[_key(pct, L)] = {"cache_percent": pct, "cache_rows": rows, "lookahead": L,
-                                    "too_small": rows < widest, "runs": []}
+            points[_key(pct, L)] = {
+                "cache_percent": pct,
+                "cache_rows": rows,
+                "lookahead": L,
+                "too_small": rows < widest,
+                "runs": [],
+            }
     budget = 0.0
     if b.autotune_percent > 0:
         # the memory of a cache of autotune_percent of the rows, rounded up to the MiB digits passed on
-        budget = math.ceil(budget_mb_for_rows(max(1, int(b.autotune_percent / 100 * total)), dim, state_dim) * 1e6) / 1e6
-        points["auto"] = {"cache_percent": None, "cache_rows": None, "lookahead": None, "budget_mb": budget,
-                          "too_small": False, "runs": []}
+        budget = (
+            math.ceil(budget_mb_for_rows(max(1, int(b.autotune_percent / 100 * total)), dim, state_dim) * 1e6) / 1e6
+        )
+        points["auto"] = {
+            "cache_percent": None,
+            "cache_rows": None,
+            "lookahead": None,
+            "budget_mb": budget,
+            "too_small": False,
+            "runs": [],
+        }
 
     order = list(points)
     for rep in range(b.reps):
@@ -130,8 +157,11 @@ def run(b: SweepBench) -> dict:
                 shutil.rmtree(run_dir, ignore_errors=True)
             p["runs"].append(s)
             c = s["cache"]
-            print(f"    {s['samples_per_s']:,.0f} samples/s, hit rate {c['hit_rate']:.1%}, "
-                  f"{c['forced_evictions']:,} forced evictions", flush=True)
+            print(
+                f"    {s['samples_per_s']:,.0f} samples/s, hit rate {c['hit_rate']:.1%}, "
+                f"{c['forced_evictions']:,} forced evictions",
+                flush=True,
+            )
     shutil.rmtree(out / "runs", ignore_errors=True)
     payload = summarise(b, points, total, widest, budget)
     _plot(out, payload)
@@ -149,10 +179,15 @@ def _point_result(p: dict) -> dict:
     sps, spread = throughput(runs)
     c = runs[0]["cache"]  # plans are deterministic: every repetition has the same counts
     r.update(
-        samples_per_s=sps, spread=spread, runs=[x["samples_per_s"] for x in runs],
-        hit_rate=c["hit_rate"], forced_evictions=c["forced_evictions"], misses=c["misses"],
+        samples_per_s=sps,
+        spread=spread,
+        runs=[x["samples_per_s"] for x in runs],
+        hit_rate=c["hit_rate"],
+        forced_evictions=c["forced_evictions"],
+        misses=c["misses"],
         max_occupied=c["max_occupied"],
-        time_per_step_ms=step_times(runs), wall_s=median(runs, "wall_s"),
+        time_per_step_ms=step_times(runs),
+        wall_s=median(runs, "wall_s"),
     )
     if "autotune" in c:
         r["cache_rows"], r["lookahead"] = c["cache_rows"], c["lookahead"]
@@ -171,26 +206,61 @@ def summarise(b: SweepBench, points: dict[str, dict], total_rows: int, widest: i
         if k == "auto":
             continue
         if v["too_small"]:
-            rows.append([f"{v['cache_percent']:g}%", f"{v['cache_rows']:,}", v["lookahead"],
-                         f"too small (a batch has up to {widest:,} unique rows)", "-", "-", "-", "-"])
+            rows.append(
+                [
+                    f"{v['cache_percent']:g}%",
+                    f"{v['cache_rows']:,}",
+                    v["lookahead"],
+                    f"too small (a batch has up to {widest:,} unique rows)",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                ]
+            )
             continue
-        rows.append([f"{v['cache_percent']:g}%", f"{v['cache_rows']:,}", v["lookahead"], v["samples_per_s"], f"{v['spread']:.0%}",
-                     f"{v['hit_rate']:.1%}", f"{v['forced_evictions']:,}", f"{v['samples_per_s'] / best:.2f}"])
+        rows.append(
+            [
+                f"{v['cache_percent']:g}%",
+                f"{v['cache_rows']:,}",
+                v["lookahead"],
+                v["samples_per_s"],
+                f"{v['spread']:.0%}",
+                f"{v['hit_rate']:.1%}",
+                f"{v['forced_evictions']:,}",
+                f"{v['samples_per_s'] / best:.2f}",
+            ]
+        )
     auto = res.get("auto")
     autotune = None
     if auto and "samples_per_s" in auto:
         fits = {k: v for k, v in grid.items() if v["cache_rows"] <= auto["cache_rows"]}
         best_in = max(fits, key=lambda k: fits[k]["samples_per_s"]) if fits else None
         autotune = {
-            "budget_mb": auto["budget_mb"], "cache_rows": auto["cache_rows"], "cache_percent": auto["cache_percent"],
-            "lookahead": auto["lookahead"], "reason": auto["autotune"]["reason"], "samples_per_s": auto["samples_per_s"],
-            "best_point": best_key, "best_samples_per_s": best, "ratio_to_best": auto["samples_per_s"] / best,
+            "budget_mb": auto["budget_mb"],
+            "cache_rows": auto["cache_rows"],
+            "cache_percent": auto["cache_percent"],
+            "lookahead": auto["lookahead"],
+            "reason": auto["autotune"]["reason"],
+            "samples_per_s": auto["samples_per_s"],
+            "best_point": best_key,
+            "best_samples_per_s": best,
+            "ratio_to_best": auto["samples_per_s"] / best,
             "best_point_within_budget": best_in,
             "ratio_to_best_within_budget": auto["samples_per_s"] / fits[best_in]["samples_per_s"] if best_in else None,
         }
-        rows.append([f"auto ({auto['budget_mb']:.3g} MiB)", f"{auto['cache_rows']:,}", auto["lookahead"], auto["samples_per_s"],
-                     f"{auto['spread']:.0%}", f"{auto['hit_rate']:.1%}", f"{auto['forced_evictions']:,}",
-                     f"{auto['samples_per_s'] / best:.2f}"])
+        rows.append(
+            [
+                f"auto ({auto['budget_mb']:.3g} MiB)",
+                f"{auto['cache_rows']:,}",
+                auto["lookahead"],
+                auto["samples_per_s"],
+                f"{auto['spread']:.0%}",
+                f"{auto['hit_rate']:.1%}",
+                f"{auto['forced_evictions']:,}",
+                f"{auto['samples_per_s'] / best:.2f}",
+            ]
+        )
     headers = ["cache (% of rows)", "cache rows", "L", "samples/s", "spread", "hit rate", "forced evictions", "vs best"]
     table = markdown_table(headers, rows)
     notes = [
@@ -203,8 +273,10 @@ def summarise(b: SweepBench, points: dict[str, dict], total_rows: int, widest: i
     if autotune:
         within = ""
         if autotune["best_point_within_budget"]:
-            within = (f", {autotune['ratio_to_best_within_budget']:.2f}x the best point whose cache fits the same budget "
-                      f"({autotune['best_point_within_budget']})")
+            within = (
+                f", {autotune['ratio_to_best_within_budget']:.2f}x the best point whose cache fits the same budget "
+                f"({autotune['best_point_within_budget']})"
+            )
         notes.append(
             f"Auto-tuner (`--cache-budget-mb {autotune['budget_mb']:g}`): {autotune['cache_rows']:,} rows, "
             f"L={autotune['lookahead']} -> {autotune['samples_per_s']:,.0f} samples/s, "
@@ -212,8 +284,12 @@ def summarise(b: SweepBench, points: dict[str, dict], total_rows: int, widest: i
         )
     table = table + "\n\n" + "\n\n".join(notes)
     return {
-        **header(b), "total_rows": total_rows,
-        "max_unique_rows_per_batch": widest, "results": res, "best_point": best_key, "autotune": autotune,
+        **header(b),
+        "total_rows": total_rows,
+        "max_unique_rows_per_batch": widest,
+        "results": res,
+        "best_point": best_key,
+        "autotune": autotune,
         "table": table,
     }
 
@@ -224,7 +300,11 @@ def _plot(out: Path, payload: dict) -> None:
     Ls = sorted({v["lookahead"] for k, v in res.items() if k != "auto"})
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for L in Ls:
-        pts = sorted((v["cache_percent"], v) for k, v in res.items() if k != "auto" and v["lookahead"] == L and "samples_per_s" in v)
+        pts = sorted(
+            (v["cache_percent"], v)
+            for k, v in res.items()
+            if k != "auto" and v["lookahead"] == L and "samples_per_s" in v
+        )
         if not pts:
             continue
         x = [p[0] for p in pts]
@@ -232,10 +312,24 @@ def _plot(out: Path, payload: dict) -> None:
         ax2.plot(x, [100 * p[1]["hit_rate"] for p in pts], marker="o", label=f"L={L}")
     auto = res.get("auto")
     if auto and "samples_per_s" in auto:
-        ax1.plot([auto["cache_percent"]], [auto["samples_per_s"]], marker="*", markersize=14, color="black", linestyle="none",
-                 label=f"auto-tuned (L={auto['lookahead']})")
-        ax2.plot([auto["cache_percent"]], [100 * auto["hit_rate"]], marker="*", markersize=14, color="black", linestyle="none",
-                 label=f"auto-tuned (L={auto['lookahead']})")
+        ax1.plot(
+            [auto["cache_percent"]],
+            [auto["samples_per_s"]],
+            marker="*",
+            markersize=14,
+            color="black",
+            linestyle="none",
+            label=f"auto-tuned (L={auto['lookahead']})",
+        )
+        ax2.plot(
+            [auto["cache_percent"]],
+            [100 * auto["hit_rate"]],
+            marker="*",
+            markersize=14,
+            color="black",
+            linestyle="none",
+            label=f"auto-tuned (L={auto['lookahead']})",
+        )
     small = sorted({v["cache_percent"] for k, v in res.items() if k != "auto" and v["too_small"]})
     ticks = sorted({v["cache_percent"] for k, v in res.items() if k != "auto"})
     for ax, title, ylabel in ((ax1, "throughput", "samples/s"), (ax2, "cache hit rate", "hit rate (% of unique rows)")):

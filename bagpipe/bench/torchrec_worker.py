@@ -73,7 +73,7 @@ def _copy_dense_init(tr_dlrm, bp_dlrm) -> None:
         dst_top[0].weight.copy_(torch.cat([w[:, :D], w[:, D:].index_select(1, perm)], dim=1))
 
 
-def _table_shards(sharded_ebc) -> list:
+def _table_shards(sharded_ebc) -> dict:
     """The local (whole-table, table-wise on one rank) weight tensor of each table, in table order."""
     out = {}
     for name, t in sharded_ebc.state_dict().items():
@@ -136,7 +136,7 @@ def train_torchrec(
     from bagpipe.models import build_model, recipe
     from bagpipe.train.evaluate import no_eval, scores
     from bagpipe.train.metrics import RssSampler
-    from bagpipe.train.summary import LOSS_WINDOW, StepMeter, build_summary
+    from bagpipe.train.summary import LOSS_WINDOW, StepMeter, Summary
 
     if kernel not in ("fused", "dense"):
         raise ConfigError(f"kernel must be fused or dense, got {kernel!r}")
@@ -159,7 +159,9 @@ def train_torchrec(
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     tables = [
-        EmbeddingBagConfig(name=f"t{i}", embedding_dim=D, num_embeddings=n, feature_names=[keys[i]], pooling=PoolingType.SUM)
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=D, num_embeddings=n, feature_names=[keys[i]], pooling=PoolingType.SUM
+        )
         for i, n in enumerate(sizes)
     ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -194,7 +196,11 @@ def train_torchrec(
     dense_opt = torch.optim.Adagrad(dense_params, lr=lr)
     emb_opt = RowWiseAdagrad(emb_params, lr=lr, eps=1e-8) if kernel == "dense" else None
     table_offsets = torch.from_numpy(stream.table_offsets.copy())
-    plan_desc = {name: {"sharding": p.sharding_type, "kernel": p.compute_kernel} for mod in plan.plan.values() for name, p in mod.items()}
+    plan_desc = {
+        name: {"sharding": p.sharding_type, "kernel": p.compute_kernel}
+        for mod in plan.plan.values()
+        for name, p in mod.items()
+    }
     setup_s = time.perf_counter() - t_setup
 
     def prepare(step: int):
@@ -251,13 +257,20 @@ def train_torchrec(
         ev = scores(y, p)
     import importlib.metadata as md
 
-    summary = build_summary(
-        mode=f"torchrec-{kernel}", model="dlrm (torchrec.models.dlrm.DLRM)", optimizer="adagrad",
-        batch_size=batch_size, steps=step, timing=meter.result(),
+    summary = Summary.of(
+        mode=f"torchrec-{kernel}",
+        model="dlrm (torchrec.models.dlrm.DLRM)",
+        optimizer="adagrad",
+        batch_size=batch_size,
+        steps=step,
+        timing=meter.result(),
         train_logloss=float(np.mean(meter.losses[-LOSS_WINDOW:])) if meter.losses else None,
-        evaluation=ev, params_sha256=None, peak_anon_rss_mb=peak_anon, total_rows=int(sum(sizes)),
-        embedding_dim=D, cache={}, distributed=None,
-    )
+        evaluation=ev,
+        params_sha256=None,
+        peak_anon_rss_mb=peak_anon,
+        total_rows=int(sum(sizes)),
+        embedding_dim=D,
+    ).to_json()
     summary.update(
         setup_s=setup_s,
         train_losses=meter.losses,
@@ -282,7 +295,9 @@ def _has_dist(name: str) -> bool:
 
 
 def _worker_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m bagpipe.bench.torchrec_worker", description="one TorchRec training run (internal)")
+    p = argparse.ArgumentParser(
+        prog="python -m bagpipe.bench.torchrec_worker", description="one TorchRec training run (internal)"
+    )
     p.add_argument("--data", required=True)
     p.add_argument("--kernel", default="fused", choices=("fused", "dense"))
     p.add_argument("--recipe", default="kaggle")
@@ -299,8 +314,16 @@ def _worker_main(argv: list[str]) -> int:
 
     warnings.filterwarnings("ignore")
     s = train_torchrec(
-        a.data, kernel=a.kernel, recipe_name=a.recipe, batch_size=a.batch_size, lr=a.lr, steps=a.steps,
-        warmup=a.warmup, seed=a.seed, eval_samples=a.eval_samples, threads=a.threads,
+        a.data,
+        kernel=a.kernel,
+        recipe_name=a.recipe,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        steps=a.steps,
+        warmup=a.warmup,
+        seed=a.seed,
+        eval_samples=a.eval_samples,
+        threads=a.threads,
     )
     Path(a.summary_json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.summary_json).write_text(json.dumps(s, indent=2))

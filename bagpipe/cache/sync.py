@@ -26,8 +26,14 @@ from bagpipe.cache.slots import SlotCache
 from bagpipe.optim.sparse import SparseOptimizer
 
 
-def _update(cache: SlotCache, opt: SparseOptimizer, step: int, slots: torch.Tensor, grad: torch.Tensor,
-            weights: torch.Tensor | None = None) -> None:
+def _update(
+    cache: SlotCache,
+    opt: SparseOptimizer,
+    step: int,
+    slots: torch.Tensor,
+    grad: torch.Tensor,
+    weights: torch.Tensor | None = None,
+) -> None:
     w = cache.weights.index_select(0, slots) if weights is None else weights
     s = cache.state.index_select(0, slots)
     new_w, new_s = opt.update(w, s, grad, step)
@@ -47,7 +53,7 @@ class PendingSync:
 
     def __init__(self, work, buf: torch.Tensor, slots: torch.Tensor, cache: SlotCache, opt: SparseOptimizer, step: int):
         self.work, self.buf, self.slots, self.cache, self.opt, self.step = work, buf, slots, cache, opt, step
-        self.slot_set = slots.numpy()
+        self.slot_set = slots.cpu().numpy()
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -133,9 +139,17 @@ class SyncedRowUpdate:
         plan = inp.plan
         self.finish()  # the previous step's deferred half has overlapped this step's compute
         sent, self.pending = sync_and_update(
-            self.cache, self.opt, inp.step, rows_u, grad_u, inp.index,
-            torch.from_numpy(plan.sync_slots), torch.from_numpy(plan.sync_pos),
-            plan.num_trainers, self.group, urgent=plan.sync_urgent,
+            self.cache,
+            self.opt,
+            inp.step,
+            rows_u,
+            grad_u,
+            inp.index,
+            self.cache.index(plan.sync_slots),
+            self.cache.index(plan.sync_pos),
+            plan.num_trainers,
+            self.group,
+            urgent=plan.sync_urgent,
         )
         self.bytes_synced.append(sent)
 

@@ -1,6 +1,7 @@
 """A run's checkpoints folder: begin, commit, find the latest, keep what is needed.
 
-Writing a checkpoint of step K::
+Writing a checkpoint of step K is one sequence, :func:`commit_checkpoint`, for every
+topology::
 
     staging = ckpts.begin(K)              # RUN/checkpoints/.tmp-step-K/ (a fresh, empty folder)
     kind, base, chain = ckpts.next_kind(compact_every)
@@ -20,14 +21,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from bagpipe.checkpoint.format import DENSE, LATEST, Kind, Manifest, step_name
+from bagpipe.checkpoint.format import DENSE, LATEST, Kind, Manifest, Part, step_name
+from bagpipe.checkpoint.parts import RowSource
 from bagpipe.checkpoint.reader import CheckpointReader
 from bagpipe.errors import CheckpointError
+from bagpipe.faults import pause_at
 from bagpipe.files import atomic_write_text, fsync_dir
 
 KEEP = 2
@@ -141,7 +145,8 @@ class CheckpointFolder:
         latest = self.latest_name()
         complete = sorted(p.name for p in self.root.glob("step-*") if (p / "MANIFEST.json").exists())
         needed: set[str] = set()
-        for name in complete[-keep:] + ([latest] if latest else []):
+        for top in complete[-keep:] + ([latest] if latest else []):
+            name: str | None = top
             while name and name not in needed:  # the checkpoint and the chain under it
                 needed.add(name)
                 try:
@@ -152,3 +157,47 @@ class CheckpointFolder:
             stale_tmp = p.name.startswith(".tmp-")
             if (p.name.startswith("step-") and p.name not in needed) or stale_tmp:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class PartsTarget:
+    """Where a checkpoint's row parts go: the staging folder, the kind of part to write,
+    and what to do while they are written (the dense state)."""
+
+    step: int
+    staging: Path
+    kind: Kind
+    meanwhile: Callable[[], None]
+
+
+def commit_checkpoint(
+    folder: CheckpointFolder,
+    step: int,
+    compact_every: int,
+    rows: RowSource,
+    dense: dict,
+    write_parts: Callable[[PartsTarget], list[Part]],
+) -> Manifest:
+    """Write and commit the checkpoint of ``step``: the one commit sequence of every topology.
+
+    ``write_parts`` writes the row parts into the target's staging folder (the process
+    itself, or every embedding server in parallel), calling ``meanwhile`` -- which
+    writes ``dense`` -- while they are written; ``rows`` gives the row space the
+    manifest records. Nothing counts until :meth:`CheckpointFolder.commit`.
+    """
+    staging = folder.begin(step)
+    kind, base, chain = folder.next_kind(compact_every)
+    parts = write_parts(PartsTarget(step, staging, kind, lambda: folder.write_dense(staging, dense)))
+    pause_at("commit", step)  # a test kills us here: every part written, nothing committed
+    manifest = Manifest(
+        step=step,
+        num_rows=rows.num_rows,
+        dim=rows.dim,
+        state_dim=rows.state_dim,
+        kind=kind,
+        base=base,
+        parts=parts,
+        chain=chain,
+    )
+    folder.commit(staging, manifest)
+    return manifest

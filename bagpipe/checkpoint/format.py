@@ -67,7 +67,9 @@ class Part:
 
     @property
     def files(self) -> list[str]:
-        return [full_name(self.shard, self.shards)] if self.kind == "full" else list(delta_names(self.shard, self.shards))
+        return (
+            [full_name(self.shard, self.shards)] if self.kind == "full" else list(delta_names(self.shard, self.shards))
+        )
 
 
 @dataclass
@@ -87,14 +89,21 @@ class Manifest:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
 
     @classmethod
-    def from_json(cls, d: dict, where: Path) -> "Manifest":
+    def from_json(cls, d: dict, where: Path) -> Manifest:
         if d.get("format") != FORMAT or d.get("version") != VERSION:
             raise CheckpointError(f"{where}: not a bagpipe checkpoint of format version {VERSION}")
         try:
             parts = [Part(**p) for p in d["parts"]]
-            return cls(step=int(d["step"]), num_rows=int(d["num_rows"]), dim=int(d["dim"]),
-                       state_dim=int(d["state_dim"]), kind=d["kind"], base=d["base"], parts=parts,
-                       chain=int(d.get("chain", 0)))
+            return cls(
+                step=int(d["step"]),
+                num_rows=int(d["num_rows"]),
+                dim=int(d["dim"]),
+                state_dim=int(d["state_dim"]),
+                kind=d["kind"],
+                base=d["base"],
+                parts=parts,
+                chain=int(d.get("chain", 0)),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: malformed manifest ({e})") from None
 
@@ -102,7 +111,7 @@ class Manifest:
         atomic_write_text(folder / MANIFEST, json.dumps(self.to_json(), indent=1))
 
     @classmethod
-    def load(cls, folder: Path) -> "Manifest":
+    def load(cls, folder: Path) -> Manifest:
         path = Path(folder) / MANIFEST
         if not path.exists():
             raise CheckpointError(f"{folder}: incomplete checkpoint (no {MANIFEST})")

@@ -8,8 +8,9 @@ tables) or an embedding server (its shard of the store). Values stream in chunks
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 

@@ -9,8 +9,8 @@ holds (each server restores its own rows, no process funnels every row).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -40,13 +40,18 @@ class CheckpointReader:
         full_folder, full = chain[0]
         full.check_parts(full_folder)
         self._shards = full.parts[0].shards
-        self._full = [np.load(full_folder / full_name(p.shard, p.shards), mmap_mode="r") for p in sorted(full.parts, key=lambda p: p.shard)]
+        self._full = [
+            np.load(full_folder / full_name(p.shard, p.shards), mmap_mode="r")
+            for p in sorted(full.parts, key=lambda p: p.shard)
+        ]
         self._deltas = []  # (ids (m,), values (m, D + S)) in chain order
         for folder, man in chain[1:]:
             man.check_parts(folder)
             for p in man.parts:
                 ids_name, values_name = delta_names(p.shard, p.shards)
-                self._deltas.append((np.load(folder / ids_name, mmap_mode="r"), np.load(folder / values_name, mmap_mode="r")))
+                self._deltas.append(
+                    (np.load(folder / ids_name, mmap_mode="r"), np.load(folder / values_name, mmap_mode="r"))
+                )
         for m2 in (man for _, man in chain):
             if (m2.num_rows, m2.dim, m2.state_dim) != (m.num_rows, m.dim, m.state_dim):
                 raise CheckpointError(f"{self.folder}: its chain mixes row spaces")
@@ -85,7 +90,9 @@ class CheckpointReader:
             w, s = self.values(np.arange(a, b, dtype=np.int64))
             yield a, w, s
 
-    def shard_rows(self, shard: int, shards: int, chunk_rows: int = CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def shard_rows(
+        self, shard: int, shards: int, chunk_rows: int = CHUNK
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """The rows g with g % ``shards`` == ``shard`` as (local rows g // shards, weights, state) chunks."""
         n = max(0, (self.num_rows - shard + shards - 1) // shards)
         for a in range(0, n, chunk_rows):

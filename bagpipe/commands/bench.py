@@ -48,9 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name, s in SCENARIOS.items():
         cls = s.config
         quick = " ".join(f"{flag(k)} {show(v)}" for k, v in cls.QUICK.items())
-        sp = sub.add_parser(name, help=s.about, formatter_class=argparse.RawDescriptionHelpFormatter,
-                            description=f"bagpipe bench {name}: {s.about}.\n\n{inspect.cleandoc(cls.__doc__)}\n\n"
-                                        f"--quick runs it in under a minute: {quick}")
+        sp = sub.add_parser(
+            name,
+            help=s.about,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            description=f"bagpipe bench {name}: {s.about}.\n\n{inspect.cleandoc(cls.__doc__ or '')}\n\n"
+            f"--quick runs it in under a minute: {quick}",
+        )
         sp.add_argument("--quick", action="store_true", help="the small size of this scenario (see above)")
         own = cls.own_fields()
         add_options(sp, cls, titles={"": "options shared with other scenarios"}, skip=own)
@@ -59,8 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         mine = cls.option_strings()
         for opt, takes_value in every.items():
             if opt not in mine:
-                sp.add_argument(opt, action=_Elsewhere, nargs="?" if takes_value else 0, dest="elsewhere",
-                                default=None, help=argparse.SUPPRESS)
+                sp.add_argument(
+                    opt,
+                    action=_Elsewhere,
+                    nargs="?" if takes_value else 0,
+                    dest="elsewhere",
+                    default=None,
+                    help=argparse.SUPPRESS,
+                )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,16 +52,25 @@ def run(args: argparse.Namespace) -> int:
     trained = conf.get("dataset", {}).get("table_sizes")
     have = dataset.meta.table_sizes
     if trained is not None and trained != have:
-        diff = next(i for i in range(max(len(trained), len(have))) if i >= len(trained) or i >= len(have) or trained[i] != have[i])
-        what = (f"table {diff} ({dataset.meta.features[diff].name}) has {have[diff]:,} rows, the run's had {trained[diff]:,}"
-                if diff < min(len(trained), len(have)) else f"{len(have)} tables, the run had {len(trained)}")
+        diff = next(
+            i
+            for i in range(max(len(trained), len(have)))
+            if i >= len(trained) or i >= len(have) or trained[i] != have[i]
+        )
+        what = (
+            f"table {diff} ({dataset.meta.features[diff].name}) has {have[diff]:,} rows, the run's had {trained[diff]:,}"
+            if diff < min(len(trained), len(have))
+            else f"{len(have)} tables, the run had {len(trained)}"
+        )
         raise ConfigError(f"{args.data} does not match the tables {run_dir} was trained with: {what}")
     if table.num_rows != dataset.meta.total_rows:
         raise ConfigError(
             f"{args.data} has {dataset.meta.total_rows} embedding rows but the run was trained with {table.num_rows}"
         )
     if dataset.meta.num_dense != conf.get("dataset", {}).get("num_dense", dataset.meta.num_dense):
-        raise ConfigError(f"{args.data} has {dataset.meta.num_dense} dense features, the run was trained with {conf['dataset']['num_dense']}")
+        raise ConfigError(
+            f"{args.data} has {dataset.meta.num_dense} dense features, the run was trained with {conf['dataset']['num_dense']}"
+        )
 
     def lookup(rows: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(table.values(rows.numpy())[0])

@@ -26,11 +26,18 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, metavar="DIR", help="run directory written by bagpipe train (its latest checkpoint)")
+    p.add_argument(
+        "--run", required=True, metavar="DIR", help="run directory written by bagpipe train (its latest checkpoint)"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="export directory (must be new or empty)")
     p.add_argument("--data", metavar="DIR", help="the dataset the run trained on (default: the one in RUN/config.json)")
-    p.add_argument("--shard-mb", type=float, default=2048.0, metavar="MB",
-                   help="largest embedding file in MiB; whole tables are packed up to it (default: 2048)")
+    p.add_argument(
+        "--shard-mb",
+        type=float,
+        default=2048.0,
+        metavar="MB",
+        help="largest embedding file in MiB; whole tables are packed up to it (default: 2048)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
 
 
@@ -40,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.shard_mb > 0:
         raise ConfigError(f"--shard-mb must be > 0, got {args.shard_mb}")
-    result = export_run(args.run, args.out, data=args.data, shard_bytes=int(args.shard_mb * (1 << 20)), overwrite=args.overwrite)
+    result = export_run(
+        args.run, args.out, data=args.data, shard_bytes=int(args.shard_mb * (1 << 20)), overwrite=args.overwrite
+    )
     print(result.line())
     return 0

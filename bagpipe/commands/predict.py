@@ -32,15 +32,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--model", required=True, metavar="DIR", help="export directory written by bagpipe export")
     p.add_argument("--input", required=True, metavar="FILE", help="raw log file (plain or gzip)")
-    p.add_argument("--format", choices=list(FORMATS), help="raw format of --input (default: the model's training data's)")
-    p.add_argument("--out", default="-", metavar="FILE", help="where the probabilities go, one per line (default: stdout)")
-    p.add_argument("--labelled", action="store_true",
-                   help="the lines start with a label column, as training lines do; also report the eval figures")
+    p.add_argument(
+        "--format", choices=list(FORMATS), help="raw format of --input (default: the model's training data's)"
+    )
+    p.add_argument(
+        "--out", default="-", metavar="FILE", help="where the probabilities go, one per line (default: stdout)"
+    )
+    p.add_argument(
+        "--labelled",
+        action="store_true",
+        help="the lines start with a label column, as training lines do; also report the eval figures",
+    )
     p.add_argument("--no-header", action="store_true", help="CSV formats: the first line is data, never a header")
-    p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
-                   help="a bad line stops the run naming file and line (fail, default) or is skipped, writing nan (skip)")
-    p.add_argument("--block-kb", type=int, default=1024, metavar="KB",
-                   help="input read and scored per batch, in KiB of text (default: 1024)")
+    p.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a bad line stops the run naming file and line (fail, default) or is skipped, writing nan (skip)",
+    )
+    p.add_argument(
+        "--block-kb",
+        type=int,
+        default=1024,
+        metavar="KB",
+        help="input read and scored per batch, in KiB of text (default: 1024)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,9 +81,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         with contextlib.ExitStack() as stack:
             stream = sys.stdout if out is None else stack.enter_context(open(tmp or out, "w"))
-            result = predict_file(model, args.input, stream, labelled=args.labelled, header="no" if args.no_header else "auto",
-                                  on_error=args.on_error, block_bytes=args.block_kb << 10)
-        if tmp is not None:
+            result = predict_file(
+                model,
+                args.input,
+                stream,
+                labelled=args.labelled,
+                header="no" if args.no_header else "auto",
+                on_error=args.on_error,
+                block_bytes=args.block_kb << 10,
+            )
+        if tmp is not None and out is not None:
             os.replace(tmp, out)
     finally:
         if tmp is not None and tmp.exists():

@@ -103,9 +103,15 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
     g.add_argument("--eval-files", nargs="+", default=[], metavar="FILE", help="files that go whole to split 'eval'")
     g.add_argument("--out", required=True, metavar="DIR", help="output dataset directory")
     g.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
-    g.add_argument("--no-label", action="store_true", help="input has no label column; every line goes to split 'test' with label 0")
+    g.add_argument(
+        "--no-label",
+        action="store_true",
+        help="input has no label column; every line goes to split 'test' with label 0",
+    )
     if fmt != "criteo":
-        g.add_argument("--no-header", action="store_true", help="the first line is data (standard column order), never a header")
+        g.add_argument(
+            "--no-header", action="store_true", help="the first line is data (standard column order), never a header"
+        )
     g.add_argument(
         "--split",
         type=_fraction,
@@ -127,7 +133,9 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
         metavar="K",
         help="vocabulary of the train lines: values seen >= K times get their own row, the rest share row 0 (default 1)",
     )
-    m.add_argument("--vocab-from", metavar="DIR", help="reuse the vocabulary / hashing of dataset DIR (same ids, same table sizes)")
+    m.add_argument(
+        "--vocab-from", metavar="DIR", help="reuse the vocabulary / hashing of dataset DIR (same ids, same table sizes)"
+    )
     g = p.add_argument_group("errors and performance")
     g.add_argument(
         "--on-error",
@@ -137,7 +145,9 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
     )
     g.add_argument("--rows-per-shard", type=_positive_int, metavar="N", help="samples per shard file (default 262144)")
     g.add_argument("--workers", type=_positive_int, metavar="N", help="parser threads (default: CPU count, at most 4)")
-    g.add_argument("--block-mb", type=_positive_int, default=8, metavar="MB", help="bytes read per block (default 8 MB)")
+    g.add_argument(
+        "--block-mb", type=_positive_int, default=8, metavar="MB", help="bytes read per block (default 8 MB)"
+    )
     g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
 
 
@@ -162,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.preprocess.registry import raw_format
     from bagpipe.preprocess.run import run_preprocess
 
-    fmt = raw_format(args.format, labelled=not args.no_label, header="no" if getattr(args, "no_header", False) else "auto")
+    fmt = raw_format(
+        args.format, labelled=not args.no_label, header="no" if getattr(args, "no_header", False) else "auto"
+    )
     opts = Options(
         out=args.out,
         inputs=list(args.input),

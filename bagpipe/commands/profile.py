@@ -27,18 +27,37 @@ Examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, metavar="DIR", help="dataset directory (its train split is profiled)")
-    p.add_argument("--hot-budget-mb", required=True, type=float, metavar="M",
-                   help="memory for the hot rows and their optimizer state, in MiB (FAE's default: 256)")
-    p.add_argument("--sample-rate", type=float, default=0.05, metavar="F",
-                   help="share of the train split to read, in (0, 1] (default: 0.05, FAE's)")
+    p.add_argument(
+        "--hot-budget-mb",
+        required=True,
+        type=float,
+        metavar="M",
+        help="memory for the hot rows and their optimizer state, in MiB (FAE's default: 256)",
+    )
+    p.add_argument(
+        "--sample-rate",
+        type=float,
+        default=0.05,
+        metavar="F",
+        help="share of the train split to read, in (0, 1] (default: 0.05, FAE's)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds the choice of sampled blocks (default: 0)")
-    p.add_argument("--embedding-dim", type=int, default=16, metavar="D",
-                   help="D of the run the rows are for (default: 16, the kaggle recipe's; debug has 8)")
+    p.add_argument(
+        "--embedding-dim",
+        type=int,
+        default=16,
+        metavar="D",
+        help="D of the run the rows are for (default: 16, the kaggle recipe's; debug has 8)",
+    )
     from bagpipe.optim.names import OPTIMIZER_NAMES
 
-    p.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="adagrad",
-                   help="the run's optimizer: its per-row state (S: sgd 0, adagrad 1, adam 2D, "
-                   "partial_rowwise_adam D+1) counts against the budget")
+    p.add_argument(
+        "--optimizer",
+        choices=OPTIMIZER_NAMES,
+        default="adagrad",
+        help="the run's optimizer: its per-row state (S: sgd 0, adagrad 1, adam 2D, "
+        "partial_rowwise_adam D+1) counts against the budget",
+    )
     p.add_argument("--out", metavar="FILE", help="write the hot rows here (.npz) for `bagpipe train --hot-rows`")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="do not show progress bars")
@@ -53,8 +72,15 @@ def run(args: argparse.Namespace) -> int:
     if args.embedding_dim < 1:
         raise ConfigError(f"--embedding-dim must be >= 1, got {args.embedding_dim}")
     state_dim = row_state_dim(args.optimizer, args.embedding_dim)
-    hot = profile(Dataset(args.data), args.hot_budget_mb, dim=args.embedding_dim, state_dim=state_dim,
-                  sample_rate=args.sample_rate, seed=args.seed, progress=not args.no_progress)
+    hot = profile(
+        Dataset(args.data),
+        args.hot_budget_mb,
+        dim=args.embedding_dim,
+        state_dim=state_dim,
+        sample_rate=args.sample_rate,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
     if args.out:
         hot.save(args.out)
     r = hot.report
@@ -63,9 +89,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{'table':<12}{'rows':>12}{'hot rows':>12}{'lookups hot':>13}{'inputs hot':>12}")
         for t in r["tables"]:
-            print(f"{t['table']:<12}{t['rows']:>12,}{t['hot_rows']:>12,}{t['lookup_share']:>13.1%}{t['input_share']:>12.1%}")
-        print(f"{'all':<12}{sum(t['rows'] for t in r['tables']):>12,}{len(hot):>12,}"
-              f"{r['lookup_share']:>13.1%}{r['input_share']:>12.1%}  (inputs: all lookups hot)")
+            print(
+                f"{t['table']:<12}{t['rows']:>12,}{t['hot_rows']:>12,}{t['lookup_share']:>13.1%}{t['input_share']:>12.1%}"
+            )
+        print(
+            f"{'all':<12}{sum(t['rows'] for t in r['tables']):>12,}{len(hot):>12,}"
+            f"{r['lookup_share']:>13.1%}{r['input_share']:>12.1%}  (inputs: all lookups hot)"
+        )
         print(hot.line())
     if args.out:
         print(f"hot rows written to {args.out}")

@@ -26,22 +26,46 @@ $BAGPIPE_JOB_SECRET); a role that cannot prove it holds it is refused.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     import os
 
-    p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", -1)), help="this process's rank (default $RANK)")
+    p.add_argument(
+        "--rank", type=int, default=int(os.environ.get("RANK", -1)), help="this process's rank (default $RANK)"
+    )
     p.add_argument("--trainers", type=int, required=True, help="N trainers in the job")
     p.add_argument("--servers", type=int, required=True, help="S servers in the job")
-    p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"), help="rendezvous host (default $MASTER_ADDR or 127.0.0.1)")
-    p.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", 29500)), help="rendezvous port (default $MASTER_PORT or 29500)")
+    p.add_argument(
+        "--master-addr",
+        default=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        help="rendezvous host (default $MASTER_ADDR or 127.0.0.1)",
+    )
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=int(os.environ.get("MASTER_PORT", 29500)),
+        help="rendezvous port (default $MASTER_PORT or 29500)",
+    )
     p.add_argument("--bind", default="127.0.0.1", help="address of the interface to serve on (default 127.0.0.1)")
-    p.add_argument("--store", choices=("memory", "disk"), default="memory", help="where the shard's rows live (default memory)")
+    p.add_argument(
+        "--store", choices=("memory", "disk"), default="memory", help="where the shard's rows live (default memory)"
+    )
     p.add_argument("--store-dir", help="directory of the disk store (a shard-K-of-S folder is made in it)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--rendezvous-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="how long to wait for the job's other processes to start (default 300)")
-    p.add_argument("--secret-file", metavar="FILE",
-                   help="file (mode 0600) holding the job's secret, the same on every role (default $BAGPIPE_JOB_SECRET, "
-                        "else the file named by $BAGPIPE_JOB_SECRET_FILE)")
-    p.add_argument("--init-from-store", action="store_true",
-                   help="start from the rows --store-dir already holds (otherwise a non-empty store is refused)")
+    p.add_argument(
+        "--rendezvous-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long to wait for the job's other processes to start (default 300)",
+    )
+    p.add_argument(
+        "--secret-file",
+        metavar="FILE",
+        help="file (mode 0600) holding the job's secret, the same on every role (default $BAGPIPE_JOB_SECRET, "
+        "else the file named by $BAGPIPE_JOB_SECRET_FILE)",
+    )
+    p.add_argument(
+        "--init-from-store",
+        action="store_true",
+        help="start from the rows --store-dir already holds (otherwise a non-empty store is refused)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,9 +84,23 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bind {args.bind}: no network interface of this machine has that address")
     if args.store == "disk" and not args.store_dir:
         raise ConfigError("--store disk needs --store-dir")
-    os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
-                      RANK=str(args.rank), WORLD_SIZE=str(layout.world_size), GLOO_SOCKET_IFNAME=iface)
-    serve(ServerConfig(store=args.store, store_dir=args.store_dir, threads=args.threads,
-                       rendezvous_timeout=args.rendezvous_timeout, init_from_store=args.init_from_store,
-                       secret_file=args.secret_file), layout, args.rank)
+    os.environ.update(
+        MASTER_ADDR=args.master_addr,
+        MASTER_PORT=str(args.master_port),
+        RANK=str(args.rank),
+        WORLD_SIZE=str(layout.world_size),
+        GLOO_SOCKET_IFNAME=iface,
+    )
+    serve(
+        ServerConfig(
+            store=args.store,
+            store_dir=args.store_dir,
+            threads=args.threads,
+            rendezvous_timeout=args.rendezvous_timeout,
+            init_from_store=args.init_from_store,
+            secret_file=args.secret_file,
+        ),
+        layout,
+        args.rank,
+    )
     return 0

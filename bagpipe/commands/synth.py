@@ -7,10 +7,12 @@ import time
 
 import numpy as np
 
+from bagpipe.data.profiles import PROFILE_DESCRIPTIONS, PROFILES
 from bagpipe.data.shards import Dataset
-from bagpipe.data.synthetic import PROFILE_DESCRIPTIONS, PROFILES, SynthConfig, generate
+from bagpipe.data.synthetic import SynthConfig, generate
 
-DESCRIPTION = """\
+DESCRIPTION = (
+    """\
 Generate a synthetic click-through-rate dataset with the shape and the access skew of a
 real one, in bagpipe's shard format (train split, then the last --eval-fraction as eval).
 
@@ -23,11 +25,14 @@ model (per-row weights, a dense linear term, noise) at a 20-25% click rate, so a
 learn them. The same options always produce byte-identical files.
 
 Profiles:
-""" + "".join(f"  {name:14s}{desc}\n" for name, desc in PROFILE_DESCRIPTIONS.items()) + """
+"""
+    + "".join(f"  {name:14s}{desc}\n" for name, desc in PROFILE_DESCRIPTIONS.items())
+    + """
 Example:
   bagpipe synth --profile criteo-kaggle --samples 1000000 --scale 0.1 --seed 7 --out data/ck
   (1M samples over tables a tenth of Criteo's size, 900k train / 100k eval)
 """
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,9 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--scale", type=float, default=1.0, metavar="F",
         help="multiply every table's row count by F, at least 1 row each (default: 1.0)",
     )  # fmt: skip
-    p.add_argument(
-        "--seed", type=int, default=0, metavar="S", help="random seed; same seed, same bytes (default: 0)"
-    )
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed; same seed, same bytes (default: 0)")
     p.add_argument(
         "--eval-fraction", type=float, default=0.1, metavar="F",
         help="the last fraction F of the samples form the eval split, in [0, 1) (default: 0.1)",
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _click_rate(ds: Dataset) -> float:
-    clicks = total = 0
+    clicks, total = 0.0, 0
     for split in ds.meta.splits:
         for i in range(len(ds.shard_sizes(split))):
             labels = np.asarray(ds.shard(split, i).labels)

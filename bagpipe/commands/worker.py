@@ -26,7 +26,9 @@ the roles should talk over. See docs/distributed.md.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.commands.train import add_arguments as train_arguments
 
-    p.add_argument("--job", help="JSON of the whole configuration (written by the launcher); replaces the options below")
+    p.add_argument(
+        "--job", help="JSON of the whole configuration (written by the launcher); replaces the options below"
+    )
     train_arguments(p)
 
 
@@ -36,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from bagpipe.config import given
+    from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.distributed.layout import Layout
     from bagpipe.distributed.roles import env_rank, run_role
     from bagpipe.errors import BagpipeError
-    from bagpipe.train.config import TrainConfig, load_config
 
     if args.job:
         cfg = TrainConfig.from_json(json.loads(open(args.job).read()), source=args.job)

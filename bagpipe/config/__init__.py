@@ -12,4 +12,15 @@ from bagpipe.config.options import (
 )
 from bagpipe.config.typed import Section, field_docs, need
 
-__all__ = ["Section", "add_options", "build", "field_docs", "flatten", "given", "need", "read_toml", "settings", "to_flat"]
+__all__ = [
+    "Section",
+    "add_options",
+    "build",
+    "field_docs",
+    "flatten",
+    "given",
+    "need",
+    "read_toml",
+    "settings",
+    "to_flat",
+]

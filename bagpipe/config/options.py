@@ -42,6 +42,7 @@ def sections(root: type) -> dict[str, type[Section]]:
     """Attribute name -> section class of a root config (``{"": root}`` for a flat one)."""
     if issubclass(root, Section):
         return {"": root}
+    assert dataclasses.is_dataclass(root), f"{root!r} is not a config dataclass"
     return {f.name: field_types(root)[f.name] for f in dataclasses.fields(root)}
 
 
@@ -63,8 +64,8 @@ def flag(name: str) -> str:
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return dataclasses.MISSING
 
 
@@ -84,8 +85,9 @@ def _parse_tuple(item: type):
     return parse
 
 
-def add_options(parser: argparse.ArgumentParser, root: type, titles: dict[str, str] | None = None,
-                skip: tuple[str, ...] = ()) -> None:
+def add_options(
+    parser: argparse.ArgumentParser, root: type, titles: dict[str, str] | None = None, skip: tuple[str, ...] = ()
+) -> None:
     """One option per setting of ``root``, grouped by section (``titles``: attr -> group title).
 
     Every option defaults to None, meaning "not given": :func:`build` then keeps the
@@ -113,9 +115,9 @@ def add_options(parser: argparse.ArgumentParser, root: type, titles: dict[str, s
                 kw["action"] = argparse.BooleanOptionalAction
                 if default is not dataclasses.MISSING:
                     kw["help"] += f" (default: {'on' if default else 'off'})"
-            elif choices(tp) is not None:
-                kw["choices"] = choices(tp)
-                kw["type"] = type(choices(tp)[0])
+            elif (allowed := choices(tp)) is not None:
+                kw["choices"] = allowed
+                kw["type"] = type(allowed[0])
             elif get_origin(base) is tuple:
                 kw["type"] = _parse_tuple(get_args(base)[0])
                 kw["metavar"] = "A,B,..."
@@ -183,7 +185,9 @@ def build(root: type, values: dict, source: str = "configuration"):
             raise ConfigError(f"{source}: {key} must be {describe(tp)}, got {value!r}") from None
         parts[attr][key] = value
     for attr, cls in sections(root).items():
-        missing = [f.name for f in dataclasses.fields(cls) if _default(f) is dataclasses.MISSING and f.name not in parts[attr]]
+        missing = [
+            f.name for f in dataclasses.fields(cls) if _default(f) is dataclasses.MISSING and f.name not in parts[attr]
+        ]
         if missing:
             raise ConfigError(f"{flag(missing[0])} is required (on the command line or in the config file)")
     try:

@@ -25,18 +25,33 @@ import math
 import textwrap
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any, Literal, Union, get_args, get_origin
 
 from bagpipe.errors import ConfigError
 
 
-@lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
     """``{field: docstring}`` of a dataclass, from the string literal below each field.
 
     Inherited fields are included; a class whose source is unavailable gives ``{}``.
     """
+    return _field_docs(cls)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass's fields (postponed annotations evaluated).
+
+    Each class of the MRO has its annotations evaluated in its own module, so a section
+    may subclass one from another module whose annotations use names it does not import.
+    """
+    return _field_types(cls)
+
+
+# Cached by class. (Behind a plain function: a type checker takes a dataclass whose
+# instances are unhashable for an unhashable argument of the cache.)
+@cache
+def _field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass is object or not dataclasses.is_dataclass(klass):
@@ -58,13 +73,8 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-@lru_cache(maxsize=None)
-def field_types(cls: type) -> dict[str, Any]:
-    """Resolved annotations of a dataclass's fields (postponed annotations evaluated).
-
-    Each class of the MRO has its annotations evaluated in its own module, so a section
-    may subclass one from another module whose annotations use names it does not import.
-    """
+@cache
+def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
@@ -77,7 +87,7 @@ def strip_optional(tp: Any) -> Any:
     """``X | None`` -> ``X``; anything else unchanged."""
     if is_optional(tp):
         rest = [a for a in get_args(tp) if a is not type(None)]
-        return rest[0] if len(rest) == 1 else Union[tuple(rest)]
+        return rest[0] if len(rest) == 1 else Union[tuple(rest)]  # noqa: UP007 - a runtime union of a tuple
     return tp
 
 

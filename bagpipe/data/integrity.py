@@ -156,13 +156,18 @@ def _content_problems(d: Path, meta: DatasetMeta, n: int, block: int) -> list[st
     labels = np.load(d / "labels.npy", mmap_mode="r")
     dense = np.load(d / "dense.npy", mmap_mode="r")
     sparse = np.load(d / "sparse.npy", mmap_mode="r")
-    mh = {f.name: (np.load(d / f"{f.name}.values.npy", mmap_mode="r"), np.load(d / f"{f.name}.offsets.npy", mmap_mode="r"))
-          for f in meta.multihot_features}
+    mh = {
+        f.name: (
+            np.load(d / f"{f.name}.values.npy", mmap_mode="r"),
+            np.load(d / f"{f.name}.offsets.npy", mmap_mode="r"),
+        )
+        for f in meta.multihot_features
+    }
     out = []
     for a in range(0, n, block):
         b = min(n, a + block)
         where = f"{d / 'sparse.npy'}: samples {a}..{b - 1}"
-        values = {k: np.asarray(v[o[a]:o[b]]) for k, (v, o) in mh.items()}
+        values = {k: np.asarray(v[o[a] : o[b]]) for k, (v, o) in mh.items()}
         p = id_problem(meta, where, np.asarray(sparse[a:b]), values)
         if p:
             out.append(p)

@@ -97,7 +97,7 @@ class DatasetMeta:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "DatasetMeta":
+    def from_json(cls, d: dict) -> DatasetMeta:
         version = d.get("format_version")
         if version != FORMAT_VERSION:
             raise DataError(f"unsupported dataset format_version {version!r} (this bagpipe reads {FORMAT_VERSION})")
@@ -116,7 +116,7 @@ class DatasetMeta:
         atomic_write_text(Path(directory) / META_FILE, json.dumps(self.to_json(), indent=2, sort_keys=True))
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "DatasetMeta":
+    def load(cls, directory: str | os.PathLike) -> DatasetMeta:
         path = Path(directory) / META_FILE
         if not Path(directory).is_dir():
             raise DataError(f"{directory}: no such dataset directory")

@@ -6,6 +6,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -111,7 +112,7 @@ class ShardWriter:
             col = sparse[:, j]
             if n and (col.min() < 0 or col.max() >= f.num_rows):
                 raise DataError(f"feature {f.name!r}: ids outside [0, {f.num_rows})")
-        chunk = {
+        chunk: dict[str, Any] = {
             "labels": np.asarray(labels, dtype=np.float32),
             "dense": dense,
             "sparse": sparse.astype(self.id_dtype, copy=False),
@@ -149,7 +150,7 @@ class ShardWriter:
                 chunks[0] = tail
             need -= k
         self._pending_rows[split] -= n
-        merged = {key: np.concatenate(out[key]) for key in ("labels", "dense", "sparse")}
+        merged: dict[str, Any] = {key: np.concatenate(out[key]) for key in ("labels", "dense", "sparse")}
         for f in self._multihot:
             parts = out[f.name]
             merged[f.name] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
@@ -241,11 +242,13 @@ class Dataset:
         if key in self._checked:
             return
         sh = self.shard(split, index)
-        values = {name: np.asarray(v[o[start]:o[stop]]) for name, (v, o) in sh.multihot.items()}
+        values = {name: np.asarray(v[o[start] : o[stop]]) for name, (v, o) in sh.multihot.items()}
         where = f"{self.dir / split / f'{index:05d}' / 'sparse.npy'}: samples {start}..{stop - 1}"
         problem = id_problem(self.meta, where, np.asarray(sh.sparse[start:stop]), values)
         if problem:
-            raise DataError(f"{problem}; the shard is damaged or belongs to another meta.json (`bagpipe check {self.dir}` checks every file)")
+            raise DataError(
+                f"{problem}; the shard is damaged or belongs to another meta.json (`bagpipe check {self.dir}` checks every file)"
+            )
         self._checked.add(key)
 
     def has_split(self, split: str) -> bool:

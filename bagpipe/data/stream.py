@@ -11,11 +11,12 @@ before it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
+from bagpipe.config.sections import DataConfig
 from bagpipe.data.batch import Batch, make_batch
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import ConfigError, DataError
@@ -72,9 +73,7 @@ class BatchStream:
         if self.num_samples == 0:
             raise DataError(f"{dataset.dir}: split {split!r} is empty")
         if drop_last and self.num_samples < batch_size:
-            raise ConfigError(
-                f"batch size {batch_size} exceeds the {self.num_samples} samples of split {split!r}"
-            )
+            raise ConfigError(f"batch size {batch_size} exceeds the {self.num_samples} samples of split {split!r}")
         shard, start, length = [], [], []
         for s, n in enumerate(sizes):
             for b0 in range(0, n, block_size):
@@ -155,7 +154,9 @@ class BatchStream:
             s0 = int(lay.start[b]) + max(0, lo - int(lay.cum[b]))
             s1 = int(lay.start[b]) + min(int(lay.length[b]), hi - int(lay.cum[b]))
             sh = self.dataset.shard(self.split, int(lay.shard[b]))
-            self.dataset.check_block(self.split, int(lay.shard[b]), int(lay.start[b]), int(lay.start[b] + lay.length[b]))
+            self.dataset.check_block(
+                self.split, int(lay.shard[b]), int(lay.start[b]), int(lay.start[b] + lay.length[b])
+            )
             labels.append(sh.labels[s0:s1])
             dense.append(sh.dense[s0:s1])
             sparse.append(sh.sparse[s0:s1])
@@ -165,9 +166,17 @@ class BatchStream:
         return self._to_batch(np.concatenate(labels), np.concatenate(dense), np.concatenate(sparse), mh)
 
     def _to_batch(self, labels, dense, sparse, mh) -> Batch:
-        multihot = {name: (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-                    for name, parts in mh.items()}
+        multihot = {
+            name: (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+            for name, parts in mh.items()
+        }
         return make_batch(self.meta.features, self.table_offsets, labels, dense, sparse, multihot)
+
+
+def train_stream(dataset: Dataset, data: DataConfig, seed: int) -> BatchStream:
+    """The training batches of a run: the one place they are defined (the training loop,
+    the oracle role and Slipstream's sampler read the same stream)."""
+    return BatchStream(dataset, "train", data.batch_size, seed=seed, block_size=data.block_size)
 
 
 def bag_values(values: np.ndarray, offsets: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

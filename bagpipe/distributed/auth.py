@@ -67,8 +67,10 @@ def read_secret_file(path: str | Path) -> bytes:
     except OSError as e:
         raise ConfigError(f"the job's secret file {path} cannot be read ({e.strerror})") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"the job's secret file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read it; "
-                          f"make it readable by its owner only (chmod 600 {path})")
+        raise ConfigError(
+            f"the job's secret file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read it; "
+            f"make it readable by its owner only (chmod 600 {path})"
+        )
     return _checked(data, str(path))
 
 
@@ -92,8 +94,10 @@ def load_secret(secret_file: str | None = None, environ: dict | None = None) -> 
 
 def _checked(secret: bytes, where: str) -> bytes:
     if len(secret) < MIN_SECRET_BYTES:
-        raise ConfigError(f"the job's secret in {where} is {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
-                          "(e.g. `openssl rand -hex 32`)")
+        raise ConfigError(
+            f"the job's secret in {where} is {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
+            "(e.g. `openssl rand -hex 32`)"
+        )
     return secret
 
 

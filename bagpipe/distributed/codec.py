@@ -56,8 +56,23 @@ NARROW_MIN = 64  # integer arrays of fewer elements are sent as they are
 RAW, NARROW, RANGE = range(3)
 
 NONE, FALSE, TRUE, INT, FLOAT, STR, BYTES, LIST, DICT, ARRAY, TENSOR, RECORD = range(12)
-DTYPES = [np.dtype(t) for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                                "float16", "float32", "float64")]
+DTYPES = [
+    np.dtype(t)
+    for t in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+]
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 # the only classes a message may build, by code (a record's code is part of the format)
 RECORDS: dict[int, type] = {1: Plan, 2: TrainerPlan, 3: HotPlan, 4: Batch, 5: OracleReport}
@@ -148,8 +163,10 @@ def _put(w: _Writer, v: Any, depth: int) -> None:
         for f in _fields(type(v)):
             _put(w, getattr(v, f.name), depth + 1)
     else:
-        raise WireError(f"a {type(v).__name__} cannot travel (only data: numbers, strings, lists, dicts, arrays, "
-                        f"tensors and the records {', '.join(c.__name__ for c in RECORDS.values())})")
+        raise WireError(
+            f"a {type(v).__name__} cannot travel (only data: numbers, strings, lists, dicts, arrays, "
+            f"tensors and the records {', '.join(c.__name__ for c in RECORDS.values())})"
+        )
 
 
 def _put_array(w: _Writer, tag: int, a: np.ndarray) -> None:
@@ -193,7 +210,7 @@ def _narrowest(lo: int, hi: int, dt: np.dtype) -> np.dtype:
 class _Reader:
     def __init__(self, body: np.ndarray):
         self.body = body
-        self.mv = memoryview(body)
+        self.mv = body.data  # a memoryview of the body
         self.at = 0
         self.expanded = 0  # bytes of the arrays made (not views) so far
 
@@ -303,7 +320,12 @@ def _get_array(r: _Reader) -> np.ndarray:
     stored = dt
     if encoding == NARROW:
         scode = r.unpack(_U8)
-        if scode >= len(DTYPES) or DTYPES[scode] not in _NARROWER or DTYPES[scode].itemsize >= dt.itemsize or dt.kind != "i":
+        if (
+            scode >= len(DTYPES)
+            or DTYPES[scode] not in _NARROWER
+            or DTYPES[scode].itemsize >= dt.itemsize
+            or dt.kind != "i"
+        ):
             raise WireError(f"{dt} values stored as dtype code {scode}")
         stored = DTYPES[scode]
     elif encoding != RAW:

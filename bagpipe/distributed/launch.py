@@ -12,6 +12,7 @@ lists the roles' ranks and pids while the job runs.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import shutil
@@ -21,20 +22,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from bagpipe.checkpoint import CheckpointFolder, Manifest
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.distributed.auth import SECRET_ENV, load_secret, new_secret
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.files import atomic_write_text
 from bagpipe.store import holds_store
-from bagpipe.train.config import TrainConfig
 from bagpipe.train.resume import finished, refuse_overwrite
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 
@@ -55,8 +58,15 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, threads: int, run_dir: Path | None = None,
-             secret: bytes | None = None) -> dict:
+def role_env(
+    layout: Layout,
+    rank: int,
+    master_addr: str,
+    master_port: int,
+    threads: int,
+    run_dir: Path | None = None,
+    secret: bytes | None = None,
+) -> dict:
     """The environment of one role: torchrun's variables, loopback-only gloo, and the
     job's ``secret`` (in the environment: never on a command line, never in a file)."""
     env = dict(os.environ)
@@ -66,6 +76,7 @@ def role_env(layout: Layout, rank: int, master_addr: str, master_port: int, thre
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         RANK=str(rank),
+        LOCAL_RANK=str(rank),  # one machine: trainer i takes GPU i on --device cuda (bagpipe.device.placement)
         WORLD_SIZE=str(layout.world_size),
         OMP_NUM_THREADS=str(threads),
         PYTHONUNBUFFERED="1",
@@ -120,19 +131,18 @@ class RoleFailed(BagpipeError):
 
     def __init__(self, name: str, rank: int, code: int, stopped: int, log_path: Path):
         self.name, self.rank, self.code = name, rank, code
-        super().__init__(f"{name} (rank {rank}) failed ({describe_exit(code)}); stopped "
-                         f"{stopped} other role(s); its log: {log_path}")
+        super().__init__(
+            f"{name} (rank {rank}) failed ({describe_exit(code)}); stopped {stopped} other role(s); its log: {log_path}"
+        )
 
 
 class Launcher:
     """Starts, watches and stops the roles of one job (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, echo: Callable[[str], None] = print, stop_grace_s: float = STOP_GRACE_S,
-                 placement: Placement | None = None):
+    def __init__(self, cfg: TrainConfig, stop_grace_s: float = STOP_GRACE_S, placement: Placement | None = None):
         self.cfg = cfg
         self.placement = placement
         self.layout = Layout(cfg.dist.trainers, cfg.dist.servers)
-        self.echo = echo
         self.grace = stop_grace_s
         self.out = Path(cfg.run.out)
         self.roles: list[Role] = []
@@ -140,8 +150,8 @@ class Launcher:
         self._echo_lock = threading.Lock()
 
     def _say(self, line: str) -> None:
-        with self._echo_lock:
-            self.echo(line)
+        with self._echo_lock:  # the roles' reader threads: one line at a time
+            log.info(line)
 
     def start(self) -> None:
         """Start every role; the caller holds the run folder's lock (see :func:`launch`)."""
@@ -160,11 +170,21 @@ class Launcher:
             name = self.layout.name(rank)
             threads = role_threads(self.cfg.run.threads, self.layout, rank, environ={})
             log_path = logs / f"{name.replace(' ', '-')}.log"
-            env = role_env(self.layout, rank, place.master_addr if place else "127.0.0.1", port, threads, self.out, secret)
+            env = role_env(
+                self.layout, rank, place.master_addr if place else "127.0.0.1", port, threads, self.out, secret
+            )
             if place:
                 env["GLOO_SOCKET_IFNAME"] = place.iface
             proc = subprocess.Popen(
-                [*(place.prefix(rank) if place else []), sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
+                [
+                    *(place.prefix(rank) if place else []),
+                    sys.executable,
+                    "-m",
+                    "bagpipe.cli",
+                    "worker",
+                    "--job",
+                    str(job),
+                ],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -176,11 +196,16 @@ class Launcher:
             role.pump.start()
             threading.Thread(target=self._wait, args=(role,), daemon=True, name=f"wait-{name}").start()
             self.roles.append(role)
-        (self.out / "roles.json").write_text(json.dumps(
-            [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles], indent=2))
+        (self.out / "roles.json").write_text(
+            json.dumps(
+                [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles],
+                indent=2,
+            )
+        )
 
     def _pump(self, role: Role) -> None:
         with open(role.log_path, "a") as log:  # a restarted role appends to its log
+            assert role.proc.stdout is not None  # started with stdout=PIPE
             for raw in role.proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
                 log.write(line + "\n")
@@ -200,7 +225,9 @@ class Launcher:
                 _, role, code = self._events.get()
                 done += 1
                 if code != 0:
-                    self._say(f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles")
+                    self._say(
+                        f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles"
+                    )
                     stopped = self.stop()
                     raise RoleFailed(role.name, role.rank, code, stopped, role.log_path)
         except KeyboardInterrupt:
@@ -234,7 +261,7 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def launch(cfg: TrainConfig, echo: Callable[[str], None] = print, placement: Placement | None = None) -> dict:
+def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
     """Run a distributed job on this machine (every role on loopback, or where
     ``placement`` puts it); returns trainer 0's summary.
 
@@ -242,35 +269,41 @@ def launch(cfg: TrainConfig, echo: Callable[[str], None] = print, placement: Pla
     (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
     Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
     if cfg.dist.secret_file:
-        load_secret(cfg.dist.secret_file)  # a missing or readable-by-others secret file: one line, before any role starts
+        load_secret(
+            cfg.dist.secret_file
+        )  # a missing or readable-by-others secret file: one line, before any role starts
     if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store and not cfg.run.resume:
         for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
             shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"
             if holds_store(shard):
-                raise ConfigError(f"--store-dir {shard} already holds a store: its rows would become this run's "
-                                  "starting tables; pass --init-from-store to start from them, or give an empty directory")
+                raise ConfigError(
+                    f"--store-dir {shard} already holds a store: its rows would become this run's "
+                    "starting tables; pass --init-from-store to start from them, or give an empty directory"
+                )
     with RunDir(cfg.run.out).claim() as run:
         run.started()  # the roles' logs stay if the job fails
         attempt, restarts = cfg, 0
         while True:
             try:
-                Launcher(attempt, echo, placement=placement).run()
+                Launcher(attempt, placement=placement).run()
                 break
             except RoleFailed as failure:
                 if finished(run, cfg.run.steps):  # a role died after the job's end: nothing to redo
-                    echo(f"[launcher] {failure.name} failed after the run had ended; its summary and final checkpoint are written")
+                    log.info(
+                        f"[launcher] {failure.name} failed after the run had ended; its summary and final checkpoint are written"
+                    )
                     break
                 if restarts >= cfg.dist.max_restarts:
                     raise
                 restarts += 1
-                attempt = _restart(cfg, run, failure, restarts, echo)
+                attempt = _restart(cfg, run, failure, restarts)
     path = Path(cfg.run.out) / "summary.json"
     if not path.exists():
         raise BagpipeError(f"every role exited cleanly but trainer 0 wrote no {path}")
     return json.loads(path.read_text())
 
 
-def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int, echo: Callable[[str], None]) -> TrainConfig:
+def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int) -> TrainConfig:
     """The configuration that restarts every role after ``failure``: from the latest
     complete checkpoint, or from the start when there is none yet. Says so, and adds the
     event to RUN/recovery.json."""
@@ -278,17 +311,29 @@ def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int, 
     step = Manifest.load(run.path / "checkpoints" / ckpt).step if ckpt else None
     died = run.last_heartbeat()
     where = f"the checkpoint of step {step}" if step is not None else "the start (no checkpoint yet)"
-    echo(f"[launcher] {failure.name} died at step {died if died is not None else '?'}; restarting all roles "
-         f"from {where} (restart {restarts} of {cfg.dist.max_restarts})")
+    log.info(
+        f"[launcher] {failure.name} died at step {died if died is not None else '?'}; restarting all roles "
+        f"from {where} (restart {restarts} of {cfg.dist.max_restarts})"
+    )
     if step is None and cfg.cache.store == "disk" and cfg.cache.store_dir:
         if cfg.cache.init_from_store:
-            raise BagpipeError(f"cannot restart {failure.name}'s job: it started from the rows of --store-dir "
-                               f"{cfg.cache.store_dir}, which the failed attempt changed, and no checkpoint was written")
+            raise BagpipeError(
+                f"cannot restart {failure.name}'s job: it started from the rows of --store-dir "
+                f"{cfg.cache.store_dir}, which the failed attempt changed, and no checkpoint was written"
+            )
         for k in range(cfg.dist.servers):  # rows of the failed attempt, in shards this job made
             shutil.rmtree(Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}", ignore_errors=True)
-    log = run.path / "recovery.json"
-    events = json.loads(log.read_text()) if log.exists() else []
-    events.append({"restart": restarts, "role": failure.name, "exit": describe_exit(failure.code),
-                   "died_at_step": died, "from_checkpoint": step, "time": time.time()})
-    atomic_write_text(log, json.dumps(events, indent=2))
+    record = run.path / "recovery.json"
+    events = json.loads(record.read_text()) if record.exists() else []
+    events.append(
+        {
+            "restart": restarts,
+            "role": failure.name,
+            "exit": describe_exit(failure.code),
+            "died_at_step": died,
+            "from_checkpoint": step,
+            "time": time.time(),
+        }
+    )
+    atomic_write_text(record, json.dumps(events, indent=2))
     return cfg.replace(resume=step is not None)

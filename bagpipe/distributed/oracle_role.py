@@ -13,48 +13,57 @@ from __future__ import annotations
 import threading
 import time
 
-from bagpipe.accel.hot import HotSplit, hot_set_for
+from bagpipe.cache.setup import LocalPlans, set_up_cache
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
-from bagpipe.data.stream import BatchStream
+from bagpipe.data.stream import train_stream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.optim.names import row_state_dim
-from bagpipe.oracle.sizing import lookups_per_batch, size_cache
-from bagpipe.train.backends import LocalPlanner
-from bagpipe.train.config import TrainConfig
 
 
-def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print) -> OracleReport:
+def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
+    """Plan the job's global batches and send each trainer its part, to the end of the run."""
     dataset = Dataset(cfg.data.data)
-    stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=cfg.run.seed, block_size=cfg.data.block_size)
-    total_rows = dataset.meta.total_rows
+    stream = train_stream(dataset, cfg.data, cfg.run.seed)
     start = resume_step(cfg)
-    c = cfg.cache
-    # the cache every trainer allocates: sized once, here, exactly as one process sizes it
     dim = cfg.arch.model_config().embedding_dim
-    size = size_cache(
-        c.mode, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb, total_rows=total_rows,
-        dim=dim, state_dim=row_state_dim(cfg.optim.optimizer, dim), stream=stream, steps=cfg.run.steps,
-        lookups=(lookups := lookups_per_batch(dataset.meta, stream, cfg.run.steps)),
+    # the cache every trainer allocates: set up once, here, exactly as one process sets it up
+    setup = set_up_cache(
+        cfg.cache.spec,
+        cfg.cache,
+        cfg.hot,
+        dataset=dataset,
+        stream=stream,
+        steps=cfg.run.steps,
+        dim=dim,
+        state_dim=row_state_dim(cfg.optim.optimizer, dim),
+        seed=cfg.run.seed,
     )
-    if size.tuned is not None:
-        log(f"oracle: {size.tuned.line()}")
-    hot = hot_set_for(cfg, dataset, dim, row_state_dim(cfg.optim.optimizer, dim), lambda line: log(f"oracle: {line}"))
-    # lookahead plans are executed pipelined; the baselines' (lru, nocache) depend on the previous step: synchronously
-    planner = LocalPlanner(c.mode, total_rows, size.rows, size.lookahead, HotSplit(hot, size.rows) if hot is not None else None,
-                           enough=min(lookups, total_rows))
-    info = {"cache_rows": size.rows, "lookahead": size.lookahead, "trainers": layout.trainers, "pipelined": planner.pipelined,
-            "autotune": size.tuned.as_dict() if size.tuned is not None else None,
-            "hot": None if hot is None else {"rows": hot.rows, "report": hot.report}}
+    hot = setup.hot
+    info = {
+        "cache_rows": setup.cache_rows,
+        "lookahead": setup.size.lookahead,
+        "trainers": layout.trainers,
+        "autotune": setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
+        "hot": None if hot is None else {"rows": hot.rows, "report": hot.report},
+    }
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
-    report = OracleReport(cache_rows=size.rows, lookahead=size.lookahead, cache_sync=cfg.dist.cache_sync,
-                          plans_in_flight=cfg.dist.plans_in_flight, fetched_rows=[0] * layout.trainers)
-    credits = _Credits(transport, layout.trainer_ranks, cfg.dist.plans_in_flight)
-    replicated = cfg.dist.cache_sync == "replicated"
-    plans = planner.plans(stream, start, cfg.run.steps)
+    d = cfg.dist
+    source = LocalPlans(setup)
+    report = OracleReport(
+        cache_rows=setup.cache_rows,
+        lookahead=setup.size.lookahead,
+        cache_sync=d.cache_sync,
+        plans_in_flight=d.plans_in_flight,
+        fetched_rows=[0] * layout.trainers,
+    )
+    credits = _Credits(transport, layout.trainer_ranks, d.plans_in_flight)
+    replicated = d.cache_sync == "replicated"
+    plans = source.plans(stream, start, cfg.run.steps)
     while True:
         t0 = time.perf_counter()
         gplan = next(plans, None)
@@ -71,7 +80,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport, log=print
             report.seconds_waiting_for_credit += time.perf_counter() - t1
             transport.send(r, PLAN, p)
             report.fetched_rows[r] += len(p.fetch_rows)
-    report.plan = planner.stats()
+    report.plan = source.stats()
     report.max_in_flight = credits.max_in_flight
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, {"end": True, "report": report})
@@ -104,7 +113,9 @@ class _Credits:
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._stop = False
-        self._threads = [threading.Thread(target=self._receive, args=(r,), daemon=True, name=f"credits-{r}") for r in trainers]
+        self._threads = [
+            threading.Thread(target=self._receive, args=(r,), daemon=True, name=f"credits-{r}") for r in trainers
+        ]
         for th in self._threads:
             th.start()
 

@@ -6,6 +6,7 @@ launcher both set it: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -15,9 +16,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from bagpipe.config import Section
+from bagpipe.config.sections import Store
+from bagpipe.config.train import TrainConfig
+from bagpipe.device.placement import TrainerPlacement, local_rank, place_trainer, trainer_backend
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
-from bagpipe.train.config import Store, TrainConfig
+
+log = logging.getLogger(__name__)
 
 # Generous: a server waits for the next request while trainer 0 evaluates or hashes
 # every row, which can take minutes on big tables. A dead peer is noticed at once
@@ -64,15 +69,16 @@ class ServerConfig(Section):
     """File holding the job's secret (default $BAGPIPE_JOB_SECRET or $BAGPIPE_JOB_SECRET_FILE)."""
 
     @classmethod
-    def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> "ServerConfig":
-        return cls(store=cfg.cache.store, store_dir=cfg.cache.store_dir, init_from_store=cfg.cache.init_from_store, run_dir=cfg.run.out,
-                   threads=role_threads(cfg.run.threads, layout, rank), rendezvous_timeout=cfg.dist.rendezvous_timeout,
-                   secret_file=cfg.dist.secret_file)
-
-
-def _log(line: str) -> None:
-    """A role's log line, with the wall-clock time so the roles' logs can be read side by side."""
-    print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+    def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> ServerConfig:
+        return cls(
+            store=cfg.cache.store,
+            store_dir=cfg.cache.store_dir,
+            init_from_store=cfg.cache.init_from_store,
+            run_dir=cfg.run.out,
+            threads=role_threads(cfg.run.threads, layout, rank),
+            rendezvous_timeout=cfg.dist.rendezvous_timeout,
+            secret_file=cfg.dist.secret_file,
+        )
 
 
 def rendezvous(layout: Layout, rank: int, timeout_s: float):
@@ -83,16 +89,25 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
 
     name, world = layout.name(rank), layout.world_size
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    _log(f"{name} (rank {rank} of {world}): waiting for the job's other processes at {addr}:{port} "
-         f"(up to {timeout_s:.0f} s)")
+    log.info(
+        f"{name} (rank {rank} of {world}): waiting for the job's other processes at {addr}:{port} "
+        f"(up to {timeout_s:.0f} s)"
+    )
     # Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT (every
     # rank is its client, as torch's own env:// rendezvous does), and it keeps it across
     # restarts: each attempt counts its arrivals under its own prefix.
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     prefix = f"bagpipe/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     try:
-        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
-                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=not agent)
+        store = dist.TCPStore(
+            addr,
+            port,
+            world,
+            is_master=rank == 0 and not agent,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            multi_tenant=not agent,
+        )
         store = dist.PrefixStore(prefix, store)
         store.add("arrived", 1)
         deadline = time.monotonic() + timeout_s
@@ -104,8 +119,10 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     except RuntimeError as e:  # DistNetworkError, DistStoreError
         text = str(e)
         if "EADDRINUSE" in text or "address already in use" in text:
-            raise ConfigError(f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
-                              "choose another MASTER_PORT / --master-port") from None
+            raise ConfigError(
+                f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
+                "choose another MASTER_PORT / --master-port"
+            ) from None
         raise BagpipeError(
             f"{name}: the job's other processes did not all arrive at {addr}:{port} within {timeout_s:.0f} s "
             f"(rank {rank} of {world}); start every role with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
@@ -114,9 +131,21 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
 
 
 @contextmanager
-def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float, secret_file: str | None = None):
-    """Join the job's process group and prove the job's secret to every role this one
-    talks to; yields (transport, trainer group); always leaves the group."""
+def joined(
+    layout: Layout,
+    rank: int,
+    threads: int,
+    rendezvous_timeout_s: float,
+    secret_file: str | None = None,
+    placement: TrainerPlacement | None = None,
+):
+    """Join the job's process group and prove the job's secret (``secret_file``, else the
+    environment's) to every role this one talks to; yields (transport, trainer group);
+    always leaves the group.
+
+    ``placement``: a trainer's GPU (None on a server or the oracle); the trainers' group
+    runs NCCL when every trainer has a GPU of its own, gloo otherwise
+    (:mod:`bagpipe.device.placement`)."""
     import torch
     import torch.distributed as dist
 
@@ -129,11 +158,14 @@ def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float,
     dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
     name = layout.name(rank)
     try:
-        # every rank must create every group, in the same order
-        group = dist.new_group(layout.trainer_ranks) if layout.trainers > 1 else None
-        transport = Transport(layout.name, log=_log)
+        # every rank must create every group, in the same order and with the same backend
+        if placement is not None:
+            store.set(f"trainer-gpu/{rank}", placement.tag)
+        backend = trainer_backend([store.get(f"trainer-gpu/{r}").decode() for r in layout.trainer_ranks])
+        group = dist.new_group(layout.trainer_ranks, backend=backend) if layout.trainers > 1 else None
+        transport = Transport(layout.name, log=log.warning)
         transport.join(layout.peers(rank), secret)
-        _log(f"{name} (rank {rank} of {layout.world_size}) joined")
+        log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield transport, group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
         raise BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})") from e
@@ -152,25 +184,42 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     from bagpipe.train.rundir import RunDir
 
     if elastic_restart() and finished(RunDir(cfg.run.out), cfg.run.steps):
-        _log(f"{layout.name(rank)}: restarted after the job had ended (its summary and final checkpoint are written); nothing to do")
+        log.info(
+            f"{layout.name(rank)}: restarted after the job had ended (its summary and final checkpoint are written); nothing to do"
+        )
         return None
     if role == "server":
         serve(ServerConfig.of(cfg, layout, rank), layout, rank)
         return None
-    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout,
-                cfg.dist.secret_file) as (transport, group):
-        if role == "trainer":
-            from bagpipe.distributed.trainer import run_trainer
+    threads, timeout = role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout
+    if role == "trainer":
+        from bagpipe.device import open_device
+        from bagpipe.distributed.trainer import run_trainer
 
-            return run_trainer(cfg, layout, rank, transport, group, _log)
+        placement = trainer_placement(cfg.device.device)
+        # opened before joining: a trainer without its GPU fails at once, naming why
+        device = open_device(cfg.device.device, placement.index, cfg.device.deterministic)
+        try:
+            with joined(layout, rank, threads, timeout, cfg.dist.secret_file, placement) as (transport, group):
+                return run_trainer(cfg, layout, rank, transport, group, device)
+        finally:
+            device.close()
+    with joined(layout, rank, threads, timeout, cfg.dist.secret_file) as (transport, group):
         from bagpipe.distributed.oracle_role import run_oracle
 
-        report = run_oracle(cfg, layout, transport, _log)
-        _log(
+        report = run_oracle(cfg, layout, transport)
+        log.info(
             f"oracle: planned {report.plan.get('steps', 0)} steps, hit rate {report.plan.get('hit_rate', 0):.1%}, "
             f"{report.seconds_planning:.1f} s planning, at most {report.max_in_flight} plans in flight per trainer"
         )
         return None
+
+
+def trainer_placement(device: str) -> TrainerPlacement:
+    """This trainer process's GPU: ``cuda:LOCAL_RANK`` (see :mod:`bagpipe.device.placement`)."""
+    import torch
+
+    return place_trainer(device, local_rank(), torch.cuda.device_count() if device == "cuda" else 0)
 
 
 def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
@@ -189,17 +238,31 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, scfg.secret_file) as (transport, _):
         init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
-        directory = (Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store") / f"shard-{shard}-of-{layout.servers}"
+        directory = (
+            Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store"
+        ) / f"shard-{shard}-of-{layout.servers}"
         # the run's own store starts fresh, as in one process; a checkpoint overwrites every row
-        store = open_store(scfg.store, sinit, state_dim, directory, owned=not scfg.store_dir,
-                           reuse=scfg.init_from_store or restore is not None)
-        _log(f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store")
+        store = open_store(
+            scfg.store,
+            sinit,
+            state_dim,
+            directory,
+            owned=not scfg.store_dir,
+            reuse=scfg.init_from_store or restore is not None,
+        )
+        log.info(
+            f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store"
+        )
         if restore is not None:
             t0 = time.perf_counter()
             step = restore_shard(store, restore, shard, layout.servers)
-            _log(f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s")
+            log.info(
+                f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s"
+            )
         try:
             report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()
         finally:
             store.close()
-        _log(f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' write-backs")
+        log.info(
+            f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' write-backs"
+        )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,9 +68,14 @@ def array(dtype: str | None = None, ndim: int | None = None, tensor: bool = Fals
 
     def spec(v: Any, where: str) -> None:
         a = v.numpy() if tensor and isinstance(v, torch.Tensor) else v
-        if not isinstance(a, np.ndarray) or (tensor and not isinstance(v, torch.Tensor)) \
-                or (dtype and a.dtype != np.dtype(dtype)) or (ndim is not None and a.ndim != ndim):
+        if (
+            not isinstance(a, np.ndarray)
+            or (tensor and not isinstance(v, torch.Tensor))
+            or (dtype and a.dtype != np.dtype(dtype))
+            or (ndim is not None and a.ndim != ndim)
+        ):
             _fail(where, want, v)
+
     return spec
 
 
@@ -77,6 +83,7 @@ def maybe(spec: Spec) -> Spec:
     def check_maybe(v: Any, where: str) -> None:
         if v is not None:
             spec(v, where)
+
     return check_maybe
 
 
@@ -86,6 +93,7 @@ def list_of(spec: Spec) -> Spec:
             _fail(where, "a list", v)
         for i, x in enumerate(v):
             spec(x, f"{where}[{i}]")
+
     return check_list
 
 
@@ -93,6 +101,7 @@ def record(*classes: type) -> Spec:
     def check_record(v: Any, where: str) -> None:
         if type(v) not in classes:
             _fail(where, " or ".join(c.__name__ for c in classes), v)
+
     return check_record
 
 
@@ -106,15 +115,22 @@ def struct_(required: dict[str, Spec], optional: dict[str, Spec] | None = None) 
         missing = [k for k in required if k not in v]
         extra = [k for k in v if k not in required and k not in optional]
         if missing or extra:
-            raise WireError(f"{where}: " + "; ".join(
-                ([f"missing {', '.join(missing)}"] if missing else []) + ([f"unexpected {', '.join(extra)}"] if extra else [])))
+            raise WireError(
+                f"{where}: "
+                + "; ".join(
+                    ([f"missing {', '.join(missing)}"] if missing else [])
+                    + ([f"unexpected {', '.join(extra)}"] if extra else [])
+                )
+            )
         for k, x in v.items():
             (required.get(k) or optional[k])(x, f"{where}.{k}")
+
     return check_struct
 
 
 def one_of(**shapes: Spec) -> Spec:
     """One of several message shapes (named for the error message)."""
+
     def check_one(v: Any, where: str) -> None:
         errors = []
         for name, spec in shapes.items():
@@ -124,11 +140,13 @@ def one_of(**shapes: Spec) -> Spec:
             except WireError as e:
                 errors.append(f"not {name} ({e})")
         raise WireError(f"{where}: " + "; ".join(errors))
+
     return check_one
 
 
 def by_op(ops: dict[str, Spec]) -> Spec:
     """A request: a dict whose "op" names one of ``ops``, the rest that op's fields."""
+
     def check_op(v: Any, where: str) -> None:
         if not isinstance(v, dict) or not isinstance(v.get("op"), str):
             _fail(where, "a request (a dict with an op)", v)
@@ -136,6 +154,7 @@ def by_op(ops: dict[str, Spec]) -> Spec:
         if spec is None:
             raise WireError(f"{where}: unknown op {v['op']!r}")
         spec({k: x for k, x in v.items() if k != "op"}, f"{where}[{v['op']}]")
+
     return check_op
 
 
@@ -145,10 +164,18 @@ def spec_of(t: Any, where: str) -> Spec:
     if type(None) in args:  # X | None
         (inner,) = [a for a in args if a is not type(None)]
         return maybe(spec_of(inner, where))
-    simple = {int: INT_, float: FLOAT_, bool: BOOL_, str: STR_, dict: DATA, list: DATA,
-              np.ndarray: array(), torch.Tensor: array(tensor=True)}
+    simple = {
+        int: INT_,
+        float: FLOAT_,
+        bool: BOOL_,
+        str: STR_,
+        dict: DATA,
+        list: DATA,
+        np.ndarray: array(),
+        torch.Tensor: array(tensor=True),
+    }
     if t in simple:
         return simple[t]
-    if dataclasses.is_dataclass(t):
+    if isinstance(t, type) and dataclasses.is_dataclass(t):
         return record(t)
     raise TypeError(f"{where}: a field of type {t} has no wire type")  # a record declared with a new kind of field

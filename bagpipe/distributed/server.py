@@ -84,7 +84,8 @@ class EmbeddingServer:
 
     def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int]):
         self.store = store
-        self.init = store.init  # a ShardInit: which shard of how many
+        assert isinstance(store.init, ShardInit), "a server's store holds one shard of the rows"
+        self.init: ShardInit = store.init  # which shard of how many
         self.t = transport
         self.clients = list(clients)
         self._marks = {c: -1 << 62 for c in self.clients}
@@ -95,7 +96,9 @@ class EmbeddingServer:
         self.report = ServerReport()
 
     def serve(self) -> ServerReport:
-        threads = [threading.Thread(target=self._client_loop, args=(c,), name=f"serve-{c}", daemon=True) for c in self.clients]
+        threads = [
+            threading.Thread(target=self._client_loop, args=(c,), name=f"serve-{c}", daemon=True) for c in self.clients
+        ]
         for th in threads:
             th.start()
         for th in threads:
@@ -145,7 +148,7 @@ class EmbeddingServer:
                 with self._store_lock:  # nothing else touches the shard while its part is written
                     self.store.flush()
                     part = write_part(Path(p["dir"]), self.store, self.init.shard, self.init.num_shards, p["kind"])
-                result = {"part": asdict(part)}
+                result: dict = {"part": asdict(part)}
             except BaseException as e:  # noqa: BLE001 - reported to every trainer
                 result = {"error": f"server {self.init.shard} could not write its checkpoint part: {e}"}
             with self._cond:
@@ -203,7 +206,11 @@ class EmbeddingServer:
         if op == "checkpoint":
             return self._checkpoint(client, msg)
         if op == "stats":
-            return {"store": self.store.stats.as_dict(), "requests": dict(self.report.requests), "waited_s": self.report.waited_s}
+            return {
+                "store": self.store.stats.as_dict(),
+                "requests": dict(self.report.requests),
+                "waited_s": self.report.waited_s,
+            }
         raise BagpipeError(f"unknown request {op!r} from rank {client}")
 
 
@@ -351,7 +358,13 @@ class RemoteStore(EmbeddingStore):
 def setup_message(init: RowInitializer, state_dim: int, restore: str | None = None) -> dict:
     """What trainer 0 tells every server at start-up: the row space, its optimizer state,
     and the checkpoint folder whose rows to start from (None: the initial tables)."""
-    return {"table_sizes": init.table_sizes, "dim": init.dim, "seed": init.seed, "state_dim": state_dim, "restore": restore}
+    return {
+        "table_sizes": init.table_sizes,
+        "dim": init.dim,
+        "seed": init.seed,
+        "state_dim": state_dim,
+        "restore": restore,
+    }
 
 
 def receive_setup(transport: Transport, trainer0: int) -> tuple[RowInitializer, int, str | None]:

@@ -42,8 +42,9 @@ import struct
 import sys
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,8 +118,13 @@ class Transport:
     stream); at most one thread may receive from a given (peer, stream).
     """
 
-    def __init__(self, name: Callable[[int], str] | None = None, wire: GlooWire | None = None,
-                 log: Callable[[str], None] | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES):
+    def __init__(
+        self,
+        name: Callable[[int], str] | None = None,
+        wire: GlooWire | None = None,
+        log: Callable[[str], None] | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ):
         self.name = name or (lambda rank: f"rank {rank}")
         self.wire = wire or GlooWire()
         self.log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -154,9 +160,14 @@ class Transport:
         each other in a cycle (a gloo send may wait for its receiver). Raises AuthError
         naming a peer that fails, PeerLost naming one that leaves (it refused us)."""
         me = self.wire.rank()
+        if me is None:
+            raise BagpipeError("Transport.join needs this process's rank (a process group, or a wire that knows it)")
         for peer in sorted(set(peers) - {me}):
-            with self._guard(peer, "proving the job's secret to", during="the handshake (did it refuse this role? every "
-                             "role needs the same secret)"):
+            with self._guard(
+                peer,
+                "proving the job's secret to",
+                during="the handshake (did it refuse this role? every role needs the same secret)",
+            ):
                 self._keys[peer] = self._handshake(me, peer, secret)
 
     def _handshake(self, me: int, peer: int, secret: bytes) -> tuple[bytes, bytes]:
@@ -167,14 +178,18 @@ class Transport:
             try:
                 return self._recv_message(peer, HELLO, keys[1])
             except Refused as e:
-                raise auth.AuthError(f"{self._me()} refused {self.name(peer)} (rank {peer}): it did not prove it holds the "
-                                     f"job's secret ({e}); start every role with the same secret ({auth.SECRET_ENV} or "
-                                     "--secret-file)") from None
+                raise auth.AuthError(
+                    f"{self._me()} refused {self.name(peer)} (rank {peer}): it did not prove it holds the "
+                    f"job's secret ({e}); start every role with the same secret ({auth.SECRET_ENV} or "
+                    "--secret-file)"
+                ) from None
 
         def check(answer: bytes, theirs: bytes) -> None:
             if not auth.same(answer, auth.proof(secret, peer, me, mine, theirs)):
-                raise auth.AuthError(f"{self._me()} refused {self.name(peer)} (rank {peer}): its answer to the challenge "
-                                     "is wrong (another job's secret?)")
+                raise auth.AuthError(
+                    f"{self._me()} refused {self.name(peer)} (rank {peer}): its answer to the challenge "
+                    "is wrong (another job's secret?)"
+                )
 
         if me < peer:  # the lower rank challenges first
             self._send_message(peer, HELLO, {"version": auth.PROTOCOL_VERSION, "nonce": mine}, keys[0])
@@ -187,10 +202,14 @@ class Transport:
         else:
             got = expect()
             if got.get("version") != auth.PROTOCOL_VERSION:
-                raise auth.AuthError(f"{self._me()} refused {self.name(peer)} (rank {peer}): handshake version "
-                                     f"{got.get('version')}, this role speaks {auth.PROTOCOL_VERSION} (another bagpipe version?)")
+                raise auth.AuthError(
+                    f"{self._me()} refused {self.name(peer)} (rank {peer}): handshake version "
+                    f"{got.get('version')}, this role speaks {auth.PROTOCOL_VERSION} (another bagpipe version?)"
+                )
             theirs = got["nonce"]
-            self._send_message(peer, HELLO, {"nonce": mine, "proof": auth.proof(secret, me, peer, theirs, mine)}, keys[0])
+            self._send_message(
+                peer, HELLO, {"nonce": mine, "proof": auth.proof(secret, me, peer, theirs, mine)}, keys[0]
+            )
             got = expect()
             if set(got) != {"proof"}:
                 raise auth.AuthError(f"{self._me()} refused {self.name(peer)} (rank {peer}): a handshake out of order")
@@ -225,8 +244,11 @@ class Transport:
             self.refused[(peer, kind)] += 1
             n = sum(v for (p, _), v in self.refused.items() if p == peer)
         if n <= LOG_REFUSALS or n % 1000 == 0:
-            self.log(f"{self._me()}: refused a message from {self.name(peer)} (rank {peer}) on the "
-                     f"{STREAM_NAMES.get(stream, stream)} stream: {reason}" + (f" ({n} refused so far)" if n > LOG_REFUSALS else ""))
+            self.log(
+                f"{self._me()}: refused a message from {self.name(peer)} (rank {peer}) on the "
+                f"{STREAM_NAMES.get(stream, stream)} stream: {reason}"
+                + (f" ({n} refused so far)" if n > LOG_REFUSALS else "")
+            )
 
     @contextmanager
     def _guard(self, peer: int, doing: str, during: str = ""):
@@ -234,7 +256,9 @@ class Transport:
             yield
         except RuntimeError as e:  # gloo: "Connection closed by peer", "Connection reset", timeouts
             extra = f" during {during}" if during else ""
-            raise PeerLost(f"{self._me()} lost contact with {self.name(peer)} while {doing} it{extra} ({gloo_reason(e)})") from e
+            raise PeerLost(
+                f"{self._me()} lost contact with {self.name(peer)} while {doing} it{extra} ({gloo_reason(e)})"
+            ) from e
 
     def _send_message(self, peer: int, stream: int, obj: Any, key: bytes) -> None:
         body = encode(stream, obj)
@@ -258,7 +282,7 @@ class Transport:
         # numpy's zeros, not torch's: calloc'd pages, where torch fills them on its thread pool (ms on a busy machine)
         h = np.zeros(HEADER_BYTES, dtype=np.uint8)  # a shorter message leaves zeros: its MAC fails
         self.wire.recv(torch.from_numpy(h), peer, stream)
-        magic, kind, flags, seq, n = _FIXED.unpack_from(h)
+        magic, kind, flags, seq, n = _FIXED.unpack_from(h.data)
         self._count("bytes_received", HEADER_BYTES)
         if magic != MAGIC:
             raise Refused(f"garbage: no message header (starts {bytes(h[:8]).hex()})")
@@ -288,7 +312,7 @@ class Transport:
 
 def _mac(key: bytes, fixed: bytes, body: np.ndarray) -> bytes:
     m = hmac.new(key, fixed, hashlib.sha256)
-    m.update(memoryview(body))
+    m.update(body.data)
     return m.digest()
 
 

@@ -69,11 +69,20 @@ SCHEMAS: dict[int, Spec] = {
         error=struct_({"error": STR_}),
         stats=struct_({"store": DATA, "requests": DATA, "waited_s": FLOAT_}),
     ),
-    CONTROL: struct_({"table_sizes": list_of(INT_), "dim": INT_, "seed": INT_, "state_dim": INT_, "restore": maybe(STR_)}),
+    CONTROL: struct_(
+        {"table_sizes": list_of(INT_), "dim": INT_, "seed": INT_, "state_dim": INT_, "restore": maybe(STR_)}
+    ),
     PLAN: one_of(
         plan=record(Plan, TrainerPlan, HotPlan),
-        info=struct_({"cache_rows": INT_, "lookahead": INT_, "trainers": INT_, "pipelined": BOOL_, "autotune": DATA,
-                      "hot": maybe(struct_({"rows": ROWS, "report": DATA}))}),
+        info=struct_(
+            {
+                "cache_rows": INT_,
+                "lookahead": INT_,
+                "trainers": INT_,
+                "autotune": DATA,
+                "hot": maybe(struct_({"rows": ROWS, "report": DATA})),
+            }
+        ),
         end=struct_({"end": BOOL_, "report": record(OracleReport)}),
     ),
     CREDIT: maybe(INT_),  # 1 per plan taken; None: no more

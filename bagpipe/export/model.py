@@ -17,8 +17,8 @@ construction and model forward as ``bagpipe eval``.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -58,9 +58,13 @@ class ExportedModel(nn.Module):
         from safetensors.torch import load_file
 
         dense = load_file(str(self.directory / m["dense"]["file"]))
-        self.net.load_state_dict(from_export(dense, self.config, len(self.dense_names), len(self.features), m["dense"]["naming"]))
+        self.net.load_state_dict(
+            from_export(dense, self.config, len(self.dense_names), len(self.features), m["dense"]["naming"])
+        )
         self.tables = [tensorfile.open_tensor(self.directory / t["file"], t["key"]) for t in m["tables"]]
-        self.table_offsets = np.array([t["row_offset"] for t in m["tables"]] + [sum(f.num_rows for f in self.features)], np.int64)
+        self.table_offsets = np.array(
+            [t["row_offset"] for t in m["tables"]] + [sum(f.num_rows for f in self.features)], np.int64
+        )
         self._mapping = None
         self.eval()
 
@@ -92,8 +96,10 @@ class ExportedModel(nn.Module):
         one_hot = [f for f in self.features if not f.multi_hot]
         B = len(ids)
         if dense.shape != (B, len(self.dense_names)) or ids.shape != (B, len(one_hot)):
-            raise ConfigError(f"expected dense ({B}, {len(self.dense_names)}) and ids ({B}, {len(one_hot)}), "
-                              f"got {dense.shape} and {ids.shape}")
+            raise ConfigError(
+                f"expected dense ({B}, {len(self.dense_names)}) and ids ({B}, {len(one_hot)}), "
+                f"got {dense.shape} and {ids.shape}"
+            )
         for j, f in enumerate(one_hot):
             if B and (ids[:, j].min() < 0 or ids[:, j].max() >= f.num_rows):
                 raise DataError(f"table {f.name}: ids must be in [0, {f.num_rows})")
@@ -110,7 +116,9 @@ class ExportedModel(nn.Module):
         """The raw format the training data was preprocessed from."""
         pre = self.manifest.get("preprocessing")
         if pre is None:
-            raise DataError(f"{self.directory}: trained on data without a raw format (bagpipe synth); score ids with model(dense, ids)")
+            raise DataError(
+                f"{self.directory}: trained on data without a raw format (bagpipe synth); score ids with model(dense, ids)"
+            )
         return pre["format"]
 
     def raw_format(self, labelled: bool = True, header: str = "auto"):
@@ -125,7 +133,9 @@ class ExportedModel(nn.Module):
 
             path = self.directory / "vocab" / "vocab.json"
             if not path.exists():
-                raise DataError(f"{self.directory}: the export has no vocab/ (its dataset had none); raw lines cannot be mapped")
+                raise DataError(
+                    f"{self.directory}: the export has no vocab/ (its dataset had none); raw lines cannot be mapped"
+                )
             self._mapping = read_mapping(path, self.raw_format())
         return self._mapping
 

@@ -76,7 +76,9 @@ def to_export(state: dict[str, torch.Tensor], cfg: ModelConfig, num_dense: int, 
     return out, "torchrec"
 
 
-def from_export(tensors: dict[str, torch.Tensor], cfg: ModelConfig, num_dense: int, num_features: int, naming: str) -> dict:
+def from_export(
+    tensors: dict[str, torch.Tensor], cfg: ModelConfig, num_dense: int, num_features: int, naming: str
+) -> dict:
     """The inverse of :func:`to_export`: bagpipe's dense state_dict."""
     if naming == "bagpipe":
         return dict(tensors)

@@ -14,9 +14,10 @@ as ``%.9g`` (exact for float32), ``nan`` for a bad line skipped with ``--on-erro
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, TextIO
+from typing import TextIO
 
 import numpy as np
 
@@ -74,8 +75,16 @@ class Prediction:
         return text
 
 
-def predict_file(model, path: str | Path, out: TextIO, *, labelled: bool = False, header: str = "auto",
-                 on_error: str = "fail", block_bytes: int = DEFAULT_BLOCK_BYTES) -> Prediction:
+def predict_file(
+    model,
+    path: str | Path,
+    out: TextIO,
+    *,
+    labelled: bool = False,
+    header: str = "auto",
+    on_error: str = "fail",
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> Prediction:
     """Write one probability per data line of raw file ``path`` (plain or gzip) to ``out``."""
     fmt = model.raw_format(labelled, header)
     model.mapping()  # a missing vocabulary is an error before any output

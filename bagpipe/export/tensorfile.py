@@ -17,16 +17,16 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
 from bagpipe.errors import DataError
 
-DTYPES = {np.dtype("<f4"): "F32", np.dtype("<i8"): "I64"}
-_BY_NAME = {v: k for k, v in DTYPES.items()}
+DTYPES: dict[np.dtype, str] = {np.dtype("<f4"): "F32", np.dtype("<i8"): "I64"}
+_BY_NAME: dict[str, np.dtype] = {v: k for k, v in DTYPES.items()}
 
 
 @dataclass

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +64,10 @@ class Exported:
 
     def line(self) -> str:
         vocab = "with the preprocessing vocabulary" if self.vocab else "no preprocessing vocabulary (synthetic data)"
-        return (f"exported step {self.step}: {self.tables} tables ({self.rows:,} rows) in {self.files} file(s), "
-                f"dense layers with {self.naming} names, {vocab} -> {self.out}")
+        return (
+            f"exported step {self.step}: {self.tables} tables ({self.rows:,} rows) in {self.files} file(s), "
+            f"dense layers with {self.naming} names, {vocab} -> {self.out}"
+        )
 
 
 def plan_shards(sizes: list[int], limit: int) -> list[list[int]]:
@@ -94,8 +97,15 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def export_run(run: str | Path, out: str | Path, *, data: str | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES,
-               chunk_rows: int = CHUNK_ROWS, overwrite: bool = False) -> Exported:
+def export_run(
+    run: str | Path,
+    out: str | Path,
+    *,
+    data: str | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    chunk_rows: int = CHUNK_ROWS,
+    overwrite: bool = False,
+) -> Exported:
     """Export ``run``'s latest checkpoint into ``out`` (see the module docstring).
 
     ``data``: the dataset whose tables the run trained (default: the one in its
@@ -112,20 +122,26 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
         raise CheckpointError(f"{run}: the run has no checkpoint to export")
     data_dir = Path(data or conf["train"]["data"]["data"])
     if not (data_dir / "meta.json").exists():
-        raise DataError(f"{data_dir}: the run's dataset is not there (moved?); give --data DIR, a dataset with the same tables")
+        raise DataError(
+            f"{data_dir}: the run's dataset is not there (moved?); give --data DIR, a dataset with the same tables"
+        )
     meta = DatasetMeta.load(data_dir)
     reader = ckpt.reader()
     if reader.num_rows != meta.total_rows:
-        raise DataError(f"{data_dir} has {meta.total_rows:,} embedding rows but the run was trained with {reader.num_rows:,}")
+        raise DataError(
+            f"{data_dir} has {meta.total_rows:,} embedding rows but the run was trained with {reader.num_rows:,}"
+        )
     _prepare_out(out, overwrite)
 
     mcfg = ModelConfig(**conf["model"])
     model = build_model(mcfg, meta.num_dense, meta.num_features)
     model.load_state_dict(ckpt.dense["model"])
     dense, naming = to_export(model.state_dict(), mcfg, meta.num_dense, meta.num_features)
-    tensorfile.write(out / DENSE_FILE, [
-        tensorfile.Entry(k, tuple(v.shape), lambda v=v: [v.detach().contiguous().numpy()]) for k, v in dense.items()
-    ], {"format": "pt", "producer": "bagpipe export", "naming": naming})
+    tensorfile.write(
+        out / DENSE_FILE,
+        [tensorfile.Entry(k, tuple(v.shape), partial(_tensor_chunks, v)) for k, v in dense.items()],
+        {"format": "pt", "producer": "bagpipe export", "naming": naming},
+    )
 
     D = reader.dim
     offsets = np.concatenate([[0], np.cumsum(meta.table_sizes)]).astype(np.int64)
@@ -142,10 +158,20 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
         for i in members:
             f = meta.features[i]
             lo, hi = int(offsets[i]), int(offsets[i + 1])
-            entries.append(tensorfile.Entry(table_key(f.name), (f.num_rows, D), lambda lo=lo, hi=hi: rows(lo, hi)))
-            tables.append({"name": f.name, "num_embeddings": f.num_rows, "embedding_dim": D, "row_offset": lo,
-                           "multi_hot": f.multi_hot, "pooling": "sum", "feature_names": [f.name],
-                           "key": table_key(f.name), "file": name})
+            entries.append(tensorfile.Entry(table_key(f.name), (f.num_rows, D), partial(rows, lo, hi)))
+            tables.append(
+                {
+                    "name": f.name,
+                    "num_embeddings": f.num_rows,
+                    "embedding_dim": D,
+                    "row_offset": lo,
+                    "multi_hot": f.multi_hot,
+                    "pooling": "sum",
+                    "feature_names": [f.name],
+                    "key": table_key(f.name),
+                    "file": name,
+                }
+            )
             weight_map[table_key(f.name)] = name
         tensorfile.write(out / name, entries, {"format": "pt", "producer": "bagpipe export"})
 
@@ -153,7 +179,9 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
     if has_vocab:
         shutil.copytree(data_dir / "vocab", out / "vocab")
     total = sum(v.numel() * 4 for v in dense.values()) + meta.total_rows * D * 4
-    atomic_write_text(out / INDEX, json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2))
+    atomic_write_text(
+        out / INDEX, json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2)
+    )
     summary = RunDir(run).summary_file
     digest = None
     if summary.exists():
@@ -162,9 +190,13 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
     source = meta.source
     preprocessing = None
     if source.get("tool") == "bagpipe preprocess":
-        preprocessing = {"format": source["format"], "labelled": source.get("labelled", True),
-                         "categorical": source.get("categorical"), "dense": source.get("dense"),
-                         "vocab": "vocab" if has_vocab else None}
+        preprocessing = {
+            "format": source["format"],
+            "labelled": source.get("labelled", True),
+            "categorical": source.get("categorical"),
+            "dense": source.get("dense"),
+            "vocab": "vocab" if has_vocab else None,
+        }
     manifest = {
         "format": FORMAT,
         "version": VERSION,
@@ -172,9 +204,19 @@ def export_run(run: str | Path, out: str | Path, *, data: str | None = None, sha
         "dense_features": list(meta.dense_names),
         "tables": tables,
         "dense": {"file": DENSE_FILE, "naming": naming},
-        "training": {"run": str(run.resolve()), "step": ckpt.step, "optimizer": conf["train"]["optim"]["optimizer"],
-                     "params_sha256": digest, "dataset": str(data_dir.resolve())},
+        "training": {
+            "run": str(run.resolve()),
+            "step": ckpt.step,
+            "optimizer": conf["train"]["optim"]["optimizer"],
+            "params_sha256": digest,
+            "dataset": str(data_dir.resolve()),
+        },
         "preprocessing": preprocessing,
     }
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
     return Exported(str(out), ckpt.step, len(tables), meta.total_rows, len(shards) + 1, naming, has_vocab)
+
+
+def _tensor_chunks(t) -> list[np.ndarray]:
+    """A dense (torch) tensor as the one chunk of its safetensors entry."""
+    return [t.detach().contiguous().numpy()]

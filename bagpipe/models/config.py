@@ -104,8 +104,15 @@ def recipe(model: str, size: str) -> ModelConfig:
     if size == "dcn-mlperf":
         if model != "dcn":
             raise ConfigError(f"recipe dcn-mlperf is MLPerf's DLRM-DCNv2: use it with model dcn, not {model}")
-        return ModelConfig(name="dcn", embedding_dim=128, bottom_mlp=(512, 256, 128), top_mlp=(1024, 1024, 512, 256),
-                           cross_layers=3, cross_rank=512, dcn_stacked=True)
+        return ModelConfig(
+            name="dcn",
+            embedding_dim=128,
+            bottom_mlp=(512, 256, 128),
+            top_mlp=(1024, 1024, 512, 256),
+            cross_layers=3,
+            cross_rank=512,
+            dcn_stacked=True,
+        )
     if size == "debug":
         return ModelConfig(name=model, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 16), cross_layers=2)
     if size == "kaggle":

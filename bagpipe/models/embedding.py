@@ -17,7 +17,9 @@ def gather_rows(weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return weights.index_select(0, index).requires_grad_(True)
 
 
-def pool(rows_u: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, batch_size: int, num_features: int) -> torch.Tensor:
+def pool(
+    rows_u: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, batch_size: int, num_features: int
+) -> torch.Tensor:
     """Sum-pool lookups into one vector per (sample, feature).
 
     Args:

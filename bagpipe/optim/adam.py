@@ -34,8 +34,16 @@ from bagpipe.optim.sparse import SparseOptimizer
 
 
 class _AdamBase(SparseOptimizer):
-    def __init__(self, lr: float, dim: int, *, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, schedule: LRSchedule | None = None):
+    def __init__(
+        self,
+        lr: float,
+        dim: int,
+        *,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        schedule: LRSchedule | None = None,
+    ):
         super().__init__(lr, schedule)
         b1, b2 = (float(b) for b in betas)
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):

@@ -20,8 +20,16 @@ def _known(name: str) -> str:
     return name
 
 
-def build_sparse_optimizer(name: str, lr: float, dim: int, *, betas: tuple[float, float] = (0.9, 0.999),
-                           eps: float = 1e-8, weight_decay: float = 0.0, schedule: LRSchedule | None = None) -> SparseOptimizer:
+def build_sparse_optimizer(
+    name: str,
+    lr: float,
+    dim: int,
+    *,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    schedule: LRSchedule | None = None,
+) -> SparseOptimizer:
     """The row-wise optimizer ``name`` for rows of D = ``dim`` (``betas``, ``eps`` and
     ``weight_decay`` are the Adam family's; row-wise Adagrad keeps eps = 1e-8)."""
     _known(name)
@@ -33,8 +41,15 @@ def build_sparse_optimizer(name: str, lr: float, dim: int, *, betas: tuple[float
     return cls(lr, dim, betas=betas, eps=eps, weight_decay=weight_decay, schedule=schedule)
 
 
-def build_dense_optimizer(name: str, lr: float, params, *, betas: tuple[float, float] = (0.9, 0.999),
-                          eps: float = 1e-8, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def build_dense_optimizer(
+    name: str,
+    lr: float,
+    params,
+    *,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
     """torch's optimizer for the dense parameters: SGD, Adagrad, or Adam for both Adam
     variants (dense parameters have no rows; decoupled weight decay, as FBGEMM's row Adam)."""
     _known(name)
@@ -42,5 +57,4 @@ def build_dense_optimizer(name: str, lr: float, params, *, betas: tuple[float, f
         return torch.optim.SGD(params, lr=lr)
     if name == "adagrad":
         return torch.optim.Adagrad(params, lr=lr)
-    return torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                            decoupled_weight_decay=True)
+    return torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled_weight_decay=True)

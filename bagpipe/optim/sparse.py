@@ -48,7 +48,9 @@ class SparseOptimizer(ABC):
         return self.schedule.lr(self.lr, step)
 
     @abstractmethod
-    def update(self, weights: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, weights: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """weights (U, D), state (U, S), grad (U, D) of 0-based step ``step`` -> new weights (U, D), new state (U, S)."""
 
 

@@ -23,8 +23,8 @@ batches the run will train on; the choice never changes what is computed, only h
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -148,7 +148,14 @@ def choose(
     cands = sorted({min(int(c), num_batches) for c in candidates})
     bpr = bytes_per_cached_row(dim, state_dim)
     cache_rows = rows_for_budget(budget_mb, dim, state_dim, num_rows)
-    choice = AutotuneChoice(budget_mb=float(budget_mb), bytes_per_row=bpr, num_rows=int(num_rows), cache_rows=cache_rows, lookahead=None, reason="")
+    choice = AutotuneChoice(
+        budget_mb=float(budget_mb),
+        bytes_per_row=bpr,
+        num_rows=int(num_rows),
+        cache_rows=cache_rows,
+        lookahead=None,
+        reason="",
+    )
 
     batches: list[tuple[int, Batch]] = []
 

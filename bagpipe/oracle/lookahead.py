@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -92,8 +92,11 @@ class WindowMap:
 def too_small(cache_rows: int, step: int, unique: int, enough: int | None) -> str:
     """The message of a cache too small for a batch, with a size that is enough for the
     whole run when the caller knows one (else for this batch)."""
-    hint = (f"use at least {enough:,} cache rows (enough for every batch of this run)" if enough and enough >= unique
-            else f"use at least {unique:,} cache rows (more than the largest batch's unique rows)")
+    hint = (
+        f"use at least {enough:,} cache rows (enough for every batch of this run)"
+        if enough and enough >= unique
+        else f"use at least {unique:,} cache rows (more than the largest batch's unique rows)"
+    )
     return f"a cache of {cache_rows:,} rows cannot hold step {step}'s {unique:,} unique rows; {hint}"
 
 
@@ -142,12 +145,13 @@ class LookaheadOracle:
         new_cap = self.cap
         while new_cap < need + need // 8:  # the window's size settles after 2L+1 steps: little headroom
             new_cap *= 2
-        old = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
+        old: tuple[np.ndarray, ...] = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
         old_cap = self.cap
         self._alloc_ring(new_cap)
         seqs = np.arange(self.lo, self.hi, dtype=np.int64)
         src, dst = seqs & (old_cap - 1), seqs & (new_cap - 1)
-        for new, o in zip((self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict), old):
+        arrays: tuple[np.ndarray, ...] = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
+        for new, o in zip(arrays, old):
             new[dst] = o[src]
 
     def _span(self, start: int, n: int):

@@ -13,7 +13,7 @@ step, so a pipelined executor could not run ahead of them anyway.
 from __future__ import annotations
 
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -45,8 +45,15 @@ class NoCachePlanner:
                 raise CapacityError(f"step {step} has {n} unique rows but the staging area holds {self.C}")
             slots = np.arange(n, dtype=np.int64)
             plan = Plan(
-                step=step, batch=batch, rows=rows, slots=slots, inverse=inverse,
-                fetch_rows=rows, fetch_slots=slots, evict_after_rows=rows, evict_after_slots=slots,
+                step=step,
+                batch=batch,
+                rows=rows,
+                slots=slots,
+                inverse=inverse,
+                fetch_rows=rows,
+                fetch_slots=slots,
+                evict_after_rows=rows,
+                evict_after_slots=slots,
                 fetch_after=step - 1,
             )
             self.stats.add(plan, n)
@@ -103,9 +110,16 @@ class LRUPlanner:
         self.slot_row[new] = rows[miss]
         self.slot_used[new] = step
         plan = Plan(
-            step=step, batch=batch, rows=rows, slots=slots, inverse=inverse,
-            fetch_rows=rows[miss], fetch_slots=slots[miss],
-            evict_before_rows=ev_rows, evict_before_slots=ev_slots, fetch_after=step - 1,
+            step=step,
+            batch=batch,
+            rows=rows,
+            slots=slots,
+            inverse=inverse,
+            fetch_rows=rows[miss],
+            fetch_slots=slots[miss],
+            evict_before_rows=ev_rows,
+            evict_before_slots=ev_slots,
+            fetch_after=step - 1,
         )
         self.stats.add(plan, self.n_used)
         self.stats.forced_evictions += k

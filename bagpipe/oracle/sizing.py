@@ -1,8 +1,8 @@
 """How large a run's cache is and how far its oracle looks ahead.
 
-One function for every topology: the one-process trainer and the distributed oracle
-role both call :func:`size_cache`, so a run sizes its cache the same way wherever
-the planner runs.
+One function for every topology: :func:`bagpipe.cache.setup.set_up_cache`, which the
+one-process trainer and the distributed oracle role both call, sizes the cache here, so
+a run sizes its cache the same way wherever the planner runs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bagpipe.config.modes import ModeSpec
+from bagpipe.config.sections import CacheConfig
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.data.stream import BatchStream
 from bagpipe.oracle.autotune import AutotuneChoice, choose
@@ -53,11 +55,9 @@ class CacheSize:
 
 
 def size_cache(
-    mode: str,
+    spec: ModeSpec,
+    cache: CacheConfig,
     *,
-    cache_rows: int,
-    lookahead: int,
-    budget_mb: float,
     total_rows: int,
     dim: int,
     state_dim: int,
@@ -65,14 +65,17 @@ def size_cache(
     steps: int,
     lookups: int,
 ) -> CacheSize:
-    """The cache of ``mode`` (nocache, lru, lookahead).
+    """The cache of a mode with a store (``spec.planner`` is set), from its ``cache`` settings.
 
-    nocache stages one batch; otherwise ``cache_rows`` if given, the auto-tuner's choice
-    for ``budget_mb`` if > 0, else :func:`default_cache_rows`.
+    A mode without a sized cache (``nocache``, ``fae``, ``hotline``) stages one batch;
+    otherwise ``cache_rows`` if given, the auto-tuner's choice for ``cache_budget_mb`` if
+    > 0 (L tuned too when the planner looks ahead), else :func:`default_cache_rows`.
     """
-    if mode == "nocache":
-        return CacheSize(lookups, lookahead)
-    if budget_mb > 0:
-        tuned = choose(budget_mb, total_rows, dim, state_dim, stream.batch, steps, tune_lookahead=mode == "lookahead")
-        return CacheSize(tuned.cache_rows, tuned.lookahead or lookahead, tuned)
-    return CacheSize(cache_rows or default_cache_rows(total_rows, lookups), lookahead)
+    if not spec.sized_cache:
+        return CacheSize(lookups, cache.lookahead)
+    if cache.cache_budget_mb > 0:
+        tuned = choose(
+            cache.cache_budget_mb, total_rows, dim, state_dim, stream.batch, steps, tune_lookahead=spec.looks_ahead
+        )
+        return CacheSize(tuned.cache_rows, tuned.lookahead or cache.lookahead, tuned)
+    return CacheSize(cache.cache_rows or default_cache_rows(total_rows, lookups), cache.lookahead)

@@ -51,7 +51,9 @@ def csv_table(data: bytes, names: list[str], include: list[str]) -> pa.Table | N
     try:
         return pcsv.read_csv(
             pa.BufferReader(data),
-            read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=min(len(data) + 1, 1 << 30)),
+            read_options=pcsv.ReadOptions(
+                column_names=names, use_threads=False, block_size=min(len(data) + 1, 1 << 30)
+            ),
             parse_options=pcsv.ParseOptions(
                 delimiter=",", quote_char=False, double_quote=False, escape_char=False, ignore_empty_lines=False
             ),
@@ -127,7 +129,7 @@ def header_layout(
     standard: list[str],
     required: list[str],
     optional: set[str],
-    marks: set[str],
+    marks: frozenset[str] | set[str],
     header: str,
     label: str,
 ) -> FieldLayout:
@@ -152,7 +154,6 @@ def header_layout(
             what.append("duplicate names")
         raise DataError(f"{path}:1: header does not match the expected columns ({'; '.join(what)})")
     return FieldLayout(fields, 1)
-
 
 
 @dataclass(frozen=True)

@@ -233,4 +233,3 @@ def fnv1a_key(value: bytes) -> int:
     for b in value:
         h = ((h ^ b) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return h & _MASK63
-

@@ -68,7 +68,7 @@ class Raw:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def take(self, mask: np.ndarray) -> "Raw":
+    def take(self, mask: np.ndarray) -> Raw:
         seqs = []
         for values, lengths in self.seqs:
             owner = np.repeat(np.arange(len(lengths)), lengths)
@@ -84,9 +84,7 @@ def concat_raw(parts: list[Raw], empty: Raw) -> Raw:
         return parts[0]
     seqs = []
     for j in range(len(parts[0].seqs)):
-        seqs.append(
-            (np.concatenate([p.seqs[j][0] for p in parts]), np.concatenate([p.seqs[j][1] for p in parts]))
-        )
+        seqs.append((np.concatenate([p.seqs[j][0] for p in parts]), np.concatenate([p.seqs[j][1] for p in parts])))
     return Raw(
         rows=np.concatenate([p.rows for p in parts]),
         labels=np.concatenate([p.labels for p in parts]),
@@ -227,12 +225,12 @@ class RawFormat:
             return
         step = -(-n // 8)
         for s in range(lo, hi, step):
-            e = min(s + step, hi)
-            raw = self.parse_fast(b"\n".join(lines[s:e]) + b"\n", e - s, layout)
+            end = min(s + step, hi)
+            raw = self.parse_fast(b"\n".join(lines[s:end]) + b"\n", end - s, layout)
             if raw is not None:
                 raw.rows += s
                 parts.append(raw)
             else:
-                self._bisect(lines, s, e, layout, parts, bad, stop)
+                self._bisect(lines, s, end, layout, parts, bad, stop)
             if stop and bad:
                 return

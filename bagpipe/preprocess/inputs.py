@@ -20,8 +20,8 @@ from __future__ import annotations
 import gzip
 import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -174,6 +174,7 @@ def parse_file(
     probe(fmt, f)
     parts, lines, bad = [], [], []
     for b in iter_blocks(f, block_bytes):
+        assert f.layout is not None  # probe() found it
         raw, bad_lines = fmt.parse_block(b.data, b.nlines, f.layout, stop_at_bad=False)
         parts.append(raw)
         lines.append(b.first_line + raw.rows)

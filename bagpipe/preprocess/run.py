@@ -28,10 +28,10 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -154,7 +154,7 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
             with bar:
                 for f in inputs:
                     f.lines = count_data_lines(f, opts.block_bytes, bar)
-            total = sum(f.lines for f in inputs)
+            total = sum(f.lines or 0 for f in inputs)
             n_train = math.floor(Fraction(str(split)) * total)
 
     bad = BadLines(opts.on_error)
@@ -164,6 +164,7 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
         mapping = HashMapping(keyed, opts.max_rows_per_table)
 
     def parse(b: Block) -> Parsed:
+        assert b.file.layout is not None  # every input was probed first
         raw, bad_lines = fmt.parse_block(b.data, b.nlines, b.file.layout, stop)
         return Parsed(raw, fmt.transform_dense(raw.dense), bad_lines)
 
@@ -239,7 +240,6 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
     finally:
         if spill is not None:
             spill.remove()
-
 
 
 def _write(fmt, opts, out, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0) -> Result:

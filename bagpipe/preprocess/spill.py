@@ -57,7 +57,7 @@ class Spill:
             arr = np.ascontiguousarray(arr)
             index.append((name, self._f.tell(), arr.dtype.str, arr.shape))
             if arr.size:
-                self._f.write(arr)
+                self._f.write(arr.data)
         # the block's text is not needed any more
         rec = Block(b.file, b"", b.nlines, b.first_line, b.first_index, b.disk_bytes, global_start=b.global_start)
         self.records.append((rec, index, len(b.data)))

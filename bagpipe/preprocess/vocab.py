@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -246,7 +246,7 @@ def save_mapping(out: Path, fmt: RawFormat, mapping: Mapping) -> None:
     d.mkdir(parents=True, exist_ok=True)
     features = {}
     for name in fmt.key_features + fmt.seq_features:
-        entry = {"num_rows": mapping.num_rows(name)}
+        entry: dict[str, int | str] = {"num_rows": mapping.num_rows(name)}
         if isinstance(mapping, Vocabulary):
             np.save(d / f"{name}.keys.npy", mapping.keys[name])
             np.save(d / f"{name}.counts.npy", mapping.counts[name])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bagpipe.errors import ConfigError
 from bagpipe.store.base import EmbeddingStore
-from bagpipe.store.init import RowInitializer
+from bagpipe.store.init import RowValues
 
 
 def holds_store(directory: str | Path) -> bool:
@@ -15,8 +15,9 @@ def holds_store(directory: str | Path) -> bool:
     return (Path(directory) / "header.json").exists()
 
 
-def open_store(kind: str, init: RowInitializer, state_dim: int, directory: str | Path | None, *,
-               owned: bool, reuse: bool = False) -> EmbeddingStore:
+def open_store(
+    kind: str, init: RowValues, state_dim: int, directory: str | Path | None, *, owned: bool, reuse: bool = False
+) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
     ``owned``: ``directory`` is the run's own (RUN/store): it is emptied first, since a
@@ -31,6 +32,8 @@ def open_store(kind: str, init: RowInitializer, state_dim: int, directory: str |
         return MemoryStore(init, state_dim)
     from bagpipe.store.disk import DiskStore
 
+    if directory is None:
+        raise ValueError("a disk store needs a directory")
     path = Path(directory)
     if owned and path.exists():
         shutil.rmtree(path)

@@ -2,19 +2,19 @@
 
 Rows are addressed by global row index g in [0, num_rows). Each row has D weights and
 S optimizer-state values (S = 0 for SGD, 1 for row-wise Adagrad). A row that was never
-written reads as its deterministic initial value (:class:`RowInitializer`) and zero state.
+written reads as its deterministic initial value (:class:`~bagpipe.store.init.RowInitializer`) and zero state.
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
-from bagpipe.store.init import RowInitializer
+from bagpipe.store.init import RowValues
 
 EXPORT_CHUNK_ROWS = 1 << 20
 
@@ -47,7 +47,7 @@ class EmbeddingStore(ABC):
     #: Whether writes are remembered for incremental checkpoints (:meth:`take_dirty`).
     tracks_writes = True
 
-    def __init__(self, init: RowInitializer, state_dim: int):
+    def __init__(self, init: RowValues, state_dim: int):
         self.init = init
         self.num_rows = init.num_rows
         self.dim = init.dim
@@ -79,7 +79,9 @@ class EmbeddingStore(ABC):
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:
             return
-        self._write(rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim))
+        self._write(
+            rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim)
+        )
         with self._stats_lock:
             self.stats.writes += 1
             self.stats.rows_written += len(rows)
@@ -93,7 +95,9 @@ class EmbeddingStore(ABC):
         need not repeat (the checkpoint it came from holds it)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows):
-            self._write(rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim))
+            self._write(
+                rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim)
+            )
 
     def take_dirty(self) -> np.ndarray:
         """Rows written since the last call (ascending), and forget them."""

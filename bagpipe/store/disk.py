@@ -64,7 +64,7 @@ import numpy as np
 from bagpipe.errors import DataError
 from bagpipe.files import atomic_write_text
 from bagpipe.store.base import EmbeddingStore
-from bagpipe.store.init import RowInitializer
+from bagpipe.store.init import RowValues
 
 FORMAT = "bagpipe.DiskStore"
 VERSION = 2  # 1: weights.f32 + state.f32; 2: rows.f32 (weights and state side by side)
@@ -81,7 +81,7 @@ _MAX_IO = 1 << 30  # bytes per pread call (Linux caps a single read near 2 GiB)
 
 def _pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
     """Fill the contiguous array ``buf`` from ``fd`` at ``offset`` (holes read as zeros)."""
-    mv = memoryview(buf).cast("B")
+    mv = buf.data.cast("B")
     done = 0
     while done < len(mv):
         n = os.preadv(fd, [mv[done : done + _MAX_IO]], offset + done)
@@ -93,7 +93,7 @@ def _pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
 
 def _pwrite_from(fd: int, buf: np.ndarray, offset: int) -> None:
     """Write the contiguous array ``buf`` to ``fd`` at ``offset``."""
-    mv = memoryview(buf).cast("B")
+    mv = buf.data.cast("B")
     done = 0
     while done < len(mv):
         done += os.pwritev(fd, [mv[done : done + _MAX_IO]], offset + done)
@@ -118,7 +118,7 @@ class DiskStore(EmbeddingStore):
 
     def __init__(
         self,
-        init: RowInitializer,
+        init: RowValues,
         state_dim: int,
         path: str | Path,
         *,
@@ -188,9 +188,7 @@ class DiskStore(EmbeddingStore):
                 "kept them in weights.f32 and state.f32); recreate the store"
             )
         diffs = [
-            f"{k}={have.get(k)!r} (asked for {v!r})"
-            for k, v in want.items()
-            if k != "table_sizes" and have.get(k) != v
+            f"{k}={have.get(k)!r} (asked for {v!r})" for k, v in want.items() if k != "table_sizes" and have.get(k) != v
         ]
         if not diffs and have.get("table_sizes") != want["table_sizes"]:
             diffs.append(f"table_sizes={have.get('table_sizes')!r} (asked for {want['table_sizes']!r})")
@@ -265,7 +263,8 @@ class DiskStore(EmbeddingStore):
             pos = stop
 
     def _release(self) -> None:
-        self._r = self._p = None
+        # drop the maps' last references (the store is closed: nothing reads them again)
+        self._r = self._p = None  # type: ignore[assignment]
         for m in self._maps.values():
             try:
                 m.close()

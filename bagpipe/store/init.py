@@ -9,9 +9,31 @@ table of n rows, drawn from a counter-based hash (SplitMix64) of (seed, g, colum
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from bagpipe.hashing import splitmix64_
+
+
+class RowValues(Protocol):
+    """What a store needs to know of the rows it holds: R rows of D values, each row's
+    initial value (a :class:`RowInitializer`, or an embedding server's shard of one)."""
+
+    dim: int
+    seed: int
+    table_sizes: list[int]
+
+    @property
+    def num_rows(self) -> int: ...
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """(n, D) initial values of rows ``rows`` (in this space's row numbering)."""
+        ...
+
+    def range(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start, D) initial values of rows start..stop-1."""
+        ...
 
 
 class RowInitializer:

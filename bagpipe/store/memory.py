@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bagpipe.store.base import EmbeddingStore
-from bagpipe.store.init import RowInitializer
+from bagpipe.store.init import RowValues
 
 
 class MemoryStore(EmbeddingStore):
@@ -15,7 +15,7 @@ class MemoryStore(EmbeddingStore):
     resident memory; a per-row flag says whether a row holds a value yet.
     """
 
-    def __init__(self, init: RowInitializer, state_dim: int):
+    def __init__(self, init: RowValues, state_dim: int):
         super().__init__(init, state_dim)
         self.weights = np.zeros((self.num_rows, self.dim), dtype=np.float32)
         self.state = np.zeros((self.num_rows, self.state_dim), dtype=np.float32)

@@ -8,7 +8,7 @@ samples, in file order.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,9 +33,11 @@ EVAL_KEYS = ("eval_logloss", "eval_auc", "eval_ne", "eval_calibration", "eval_ac
 
 @torch.no_grad()
 def batch_logits(model: torch.nn.Module, lookup: Lookup, batch: Batch) -> torch.Tensor:
-    """(B,) logits of ``batch`` with the rows' weights from ``lookup`` (the model in eval mode)."""
+    """(B,) logits of ``batch`` with the rows' weights from ``lookup`` (the model in eval
+    mode), computed where the model's parameters are; on the host."""
     uniq, inverse = torch.unique(batch.rows, sorted=True, return_inverse=True)
-    return forward_logits(model, lookup(uniq), inverse, batch)
+    dev = next(model.parameters()).device
+    return forward_logits(model, lookup(uniq).to(dev), inverse.to(dev), batch).cpu()
 
 
 def scores(labels: np.ndarray, probs: np.ndarray) -> dict:
@@ -82,6 +84,8 @@ def eval_line(ev: dict) -> str:
     """One line of an evaluation's figures (the progress note, ``bagpipe eval``)."""
     if ev.get("eval_auc") is None:
         return "no eval split"
-    return (f"eval logloss {ev['eval_logloss']:.4f}, eval AUC {ev['eval_auc']:.4f}, NE {ev['eval_ne']:.4f}, "
-            f"calibration {ev['eval_calibration']:.3f}, accuracy {ev['eval_accuracy']:.4f} "
-            f"on {ev['eval_samples']:,} samples")
+    return (
+        f"eval logloss {ev['eval_logloss']:.4f}, eval AUC {ev['eval_auc']:.4f}, NE {ev['eval_ne']:.4f}, "
+        f"calibration {ev['eval_calibration']:.3f}, accuracy {ev['eval_accuracy']:.4f} "
+        f"on {ev['eval_samples']:,} samples"
+    )

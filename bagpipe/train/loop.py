@@ -1,5 +1,6 @@
 """The training loop: one function from a :class:`TrainConfig` to a summary, for every topology.
 
+The loop is written against the declared seams of :mod:`bagpipe.train.protocols` only.
 What differs between one process and a data-parallel trainer is a :class:`Topology`
 (:mod:`bagpipe.train.topology` for one process, :mod:`bagpipe.distributed.trainer` for
 a trainer of a distributed job): which backend holds the rows, how a step updates
@@ -11,23 +12,24 @@ summary.json -- is this one piece of code.
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import Callable
 
 import torch
 
-from bagpipe.accel.hotline import hotline_step
-from bagpipe.accel.slipstream import stale_skip_for
-from bagpipe.checkpoint import CheckpointFolder
+from bagpipe.checkpoint import CheckpointFolder, PartsTarget, commit_checkpoint
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
-from bagpipe.data.stream import BatchStream
+from bagpipe.data.stream import BatchStream, train_stream
+from bagpipe.device import on_host, open_device
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
+from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.config import TrainConfig
 from bagpipe.train.evaluate import eval_line, evaluate
 from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
+from bagpipe.train.protocols import Backend, StepFn, Topology
 from bagpipe.train.resume import (
     elastic_restart,
     refuse_overwrite,
@@ -35,36 +37,48 @@ from bagpipe.train.resume import (
     resume_point,
 )
 from bagpipe.train.rundir import RunDir, digest_of
-from bagpipe.train.step import train_step
-from bagpipe.train.summary import LOSS_WINDOW, StepMeter, build_summary
+from bagpipe.train.step import STEPS
+from bagpipe.train.step.slipstream import StaleSkip, stale_skip_for
+from bagpipe.train.summary import LOSS_WINDOW, Approximation, CheckpointStats, StepMeter, Summary
 from bagpipe.train.tensorboard import with_tensorboard
-from bagpipe.train.topology import SingleProcess, Topology
+from bagpipe.train.topology import SingleProcess
+
+log = logging.getLogger(__name__)
 
 LOG_EVERY = 10  # steps between metrics.jsonl records (and progress updates)
 
 
-def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None, topology: Topology | None = None) -> dict | None:
+def train(cfg: TrainConfig, topology: Topology | None = None) -> dict | None:
     """Train as configured; returns (and writes) the summary, or None on a process that
     does not report (a data-parallel trainer other than trainer 0).
 
-    ``announce`` receives one-line notices meant for the user before training starts
-    (the auto-tuner's choice, ``resumed from step N``); the command line passes ``print``.
+    One-line notices meant for the user before and during training (the auto-tuner's
+    choice, the hot tier, ``resumed from step N``, evaluations) go to the ``bagpipe``
+    logger; the command line shows them.
 
     Start-up checks everything before the run folder changes: the folder is locked
     (one run per folder), the data set's files are checked, a resumed run must
     continue what the folder holds; if start-up fails in a folder this call created,
     the folder is removed again.
+
+    Without a ``topology`` the run is one process on the device ``cfg.device`` names
+    (opened here, and closed at the end).
     """
-    topo = topology if topology is not None else SingleProcess()
-    say = announce or (lambda line: None)
+    if topology is None:
+        device = open_device(cfg.device.device, deterministic=cfg.device.deterministic)
+        try:
+            return train(cfg, SingleProcess(device))
+        finally:
+            device.close()
+    topo = topology
     rc = cfg.run
     if not topo.reports:  # trainers 1..N-1 write nothing to the run folder
-        return _start(cfg, topo, RunDir(rc.out), say)
+        return _start(cfg, topo, RunDir(rc.out))
     with RunDir(rc.out).claim() as run:
-        return _start(cfg, topo, run, say)
+        return _start(cfg, topo, run)
 
 
-def _start(cfg: TrainConfig, topo: Topology, run: RunDir, say: Callable[[str], None]) -> dict | None:
+def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
     rc = cfg.run
     if rc.threads:
         torch.set_num_threads(rc.threads)
@@ -72,142 +86,237 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir, say: Callable[[str], N
     # a role restarted by torchrun --max-restarts continues from the latest checkpoint, if any
     resuming = rc.resume or elastic_restart()
     if topo.reports:
-        ckpt = resume_point(run, cfg, dataset, required=rc.resume) if resuming else refuse_overwrite(run)
+        if resuming:
+            ckpt = resume_point(run, cfg, dataset, required=rc.resume)
+        else:
+            refuse_overwrite(run)
+            ckpt = None
     else:  # trainers 1..N-1 take the checkpoint trainer 0 checked
         ckpt = CheckpointFolder(run.path).latest() if resuming else None
     meta = dataset.meta
-    stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=rc.seed, block_size=cfg.data.block_size)
+    stream = train_stream(dataset, cfg.data, rc.seed)
     mcfg = cfg.arch.model_config()
     torch.manual_seed(rc.seed)
-    model = build_model(mcfg, meta.num_dense, meta.num_features)
+    # built on the host (the same initial values on every device), then moved
+    model = build_model(mcfg, meta.num_dense, meta.num_features).to(topo.device.torch)
     net = topo.wrap(model)
     dense_opt = cfg.optim.dense_optimizer(model.parameters())
     sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, rc.seed)
-    backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, say, ckpt)
+    backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, ckpt)
     failed = True
     try:
         start = 0
         if ckpt is not None:
             start = restore_dense(ckpt, model, dense_opt, init, sparse_opt.state_dim)
             topo.restore_rows(ckpt, backend)
-            say(f"resumed from step {start}")
+            if topo.reports:
+                log.info(f"resumed from step {start}")
         if topo.reports:
-            run.write_config(cfg.to_json(), mcfg, {"dir": str(dataset.dir), "fingerprint": dataset.fingerprint(),
-                                                   "table_sizes": meta.table_sizes, "num_dense": meta.num_dense})
+            run.write_config(
+                cfg.to_json(),
+                mcfg,
+                {
+                    "dir": str(dataset.dir),
+                    "fingerprint": dataset.fingerprint(),
+                    "table_sizes": meta.table_sizes,
+                    "num_dense": meta.num_dense,
+                },
+            )
             run.started()
-        summary = _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start)
+        run_ = _Run(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start)
+        summary = run_.train()
         failed = False
         return summary
     finally:
         backend.close(abandon=failed)
 
 
-def _approximation(names: list[str], skipper, row_stats: dict) -> dict | None:
+def _approximation(names: list[str], skipper: StaleSkip | None, row_stats: dict) -> Approximation | None:
     """The summary's ``approximation`` section: None for an exact run."""
     if not names:
         return None
-    out: dict = {"names": names}
-    if skipper is not None:
-        out["skip_stale"] = skipper.report()
-    if "periodic" in row_stats:
-        out["periodic"] = row_stats["periodic"]
-    return out
+    return Approximation(
+        names=names,
+        skip_stale=skipper.report() if skipper is not None else None,
+        periodic=row_stats.get("periodic"),
+    )
 
 
-def _train(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start) -> dict | None:
-    rc = cfg.run
-    rows = topo.row_update(sparse_opt, backend)
-    # Slipstream's watched rows are profiled (full) before the meter starts
-    skipper = stale_skip_for(cfg, backend, dataset, init.dim, sparse_opt.state_dim, topo.say if topo.reports else None)
-    approx = cfg.approximations
-    tags = {"exact": False, "approximation": approx} if approx else {}  # every metrics record of an approximate run
-    meter = StepMeter(start=start, warmup=rc.warmup_steps, batch_size=cfg.data.batch_size,
-                      phases=lambda: backend.phase_seconds() | rows.phase_seconds())
-    log = with_tensorboard(run.metrics(since=start), rc.tensorboard) if topo.reports else None
-    progress = Progress(topo.progress_kind(rc.progress), total=rc.steps, initial=start,
-                        desc=f"train {cfg.arch.model}/{cfg.cache.mode}", say=topo.say if topo.reports else None)
-    rss = RssSampler()
-    schedule, bases = cfg.optim.schedule(), {"lr": cfg.optim.lr, "embedding_lr": cfg.optim.row_lr}
+class _Run:
+    """One run of the loop, from its first step to its summary (the pieces :func:`train` built)."""
 
-    saved = {"written": 0, "full": 0, "seconds": 0.0, "bytes": 0, "last_step": start if start else None}
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        topo: Topology,
+        run: RunDir,
+        dataset: Dataset,
+        stream: BatchStream,
+        model: torch.nn.Module,
+        net: torch.nn.Module,
+        dense_opt: torch.optim.Optimizer,
+        sparse_opt: SparseOptimizer,
+        init: RowInitializer,
+        backend: Backend,
+        start: int,
+    ):
+        self.cfg, self.topo, self.run, self.dataset, self.stream = cfg, topo, run, dataset, stream
+        self.model, self.net, self.dense_opt, self.sparse_opt = model, net, dense_opt, sparse_opt
+        self.init, self.backend, self.start = init, backend, start
+        self.rows = topo.row_update(sparse_opt, backend)
+        self.schedule = cfg.optim.schedule()
+        self.bases = {"lr": cfg.optim.lr, "embedding_lr": cfg.optim.row_lr}
+        self.saved = CheckpointStats(last_step=start if start else None)
 
-    def checkpoint(step: int) -> None:
+    def checkpoint(self, step: int) -> None:
         """Save the run (every trainer takes part; the store must hold every row)."""
         t0 = time.perf_counter()
-        dense = {"step": step, "model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(), "torch_rng": torch.get_rng_state(),
-                 "lr_schedule": schedule.state(step, bases)}
-        m = topo.checkpoint(run.path, step, dense, backend, rc.checkpoint_compact_every)
-        if m is not None:
-            saved.update(written=saved["written"] + 1, full=saved["full"] + (m.kind == "full"), last_step=step,
-                         bytes=saved["bytes"] + sum(p.bytes for p in m.parts),
-                         seconds=saved["seconds"] + time.perf_counter() - t0)
+        topo, backend = self.topo, self.backend
+        if not topo.reports:
+            topo.checkpoint_parts(step, backend, None)
+            return
+        dense = {
+            "step": step,
+            "model": on_host(self.model.state_dict()),  # loadable on any machine
+            "dense_optimizer": on_host(self.dense_opt.state_dict()),
+            "torch_rng": torch.get_rng_state(),
+            "lr_schedule": self.schedule.state(step, self.bases),
+        }
 
-    def settle(step: int) -> None:
+        def parts(target: PartsTarget):
+            return topo.checkpoint_parts(step, backend, target)
+
+        m = commit_checkpoint(
+            CheckpointFolder(self.run.path),
+            step,
+            self.cfg.run.checkpoint_compact_every,
+            backend.row_source(),
+            dense,
+            parts,
+        )
+        s = self.saved
+        s.written += 1
+        s.full += m.kind == "full"
+        s.last_step = step
+        s.bytes += sum(p.bytes for p in m.parts)
+        s.seconds += time.perf_counter() - t0
+
+    def settle(self, step: int) -> None:
         """After ``step`` steps: every row final and in the store (for an evaluation or a
         checkpoint mid-run). Write-back labels are 0-based plan indices: the last plan
         done is ``step - 1``, and announcing any later label would let other trainers'
         reads overtake write-backs that have not happened yet."""
-        rows.finish()
-        backend.flush(step - 1)
+        self.rows.finish()
+        self.backend.flush(step - 1)
 
-    run_step = hotline_step if cfg.cache.mode == "hotline" else train_step  # Hotline: two micro-batches a step
-    if skipper is not None:  # Slipstream: the stale inputs are left out of the step
-        run_step = skipper.wrap(run_step)
-    step = start
-    try:
-        for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
-            set_lr(dense_opt, schedule.lr(cfg.optim.lr, inp.step))  # the rows' optimizer scales its own by inp.step
-            loss = run_step(net, dense_opt, rows, inp, meter.times)
-            backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
-            step = inp.step + 1
-            meter.record(step, loss)
-            if topo.reports:
-                run.heartbeat(step)
-            progress.advance()
-            if step % stream.batches_per_epoch == 0 and step < rc.steps:
-                progress.note(f"epoch {step // stream.batches_per_epoch + 1} begins at step {step + 1} "
-                              f"(the train split holds {stream.batches_per_epoch} batches; each epoch reshuffles its blocks)")
-            if step % LOG_EVERY == 0 or step == rc.steps or step == start + 1:
-                recent = topo.mean(meter.losses[-LOG_EVERY:])  # every trainer takes part
-                sps = meter.samples_per_s()
-                progress.show(step, recent, sps)
-                if log is not None:
-                    log.write(step=step, loss=recent, samples_per_s=sps, **schedule.rates(step - 1, bases), **tags)
-            if rc.eval_every and step % rc.eval_every == 0 and step < rc.steps:
-                settle(step)
-                if topo.reports:
-                    ev = evaluate(model, backend.lookup, dataset, cfg.data.batch_size, rc.eval_samples)
-                    log.write(step=step, **ev, **tags)
-                    progress.note(f"step {step}: {eval_line(ev)}")
-            if rc.checkpoint_every and step % rc.checkpoint_every == 0 and step < rc.steps:
-                settle(step)  # part of the checkpoint's cost: its time is in samples_per_s
-                checkpoint(step)
-        rows.finish()
-        meter.stop()
-        progress.close()
-        train_loss = topo.mean(meter.losses[-LOSS_WINDOW:]) if meter.losses else None
-        backend.finish()
-        if rc.final_checkpoint:
-            checkpoint(step)
-        peak_anon = rss.stop()
-        if not topo.reports:
-            return None
-        ev = evaluate(model, backend.lookup, dataset, cfg.data.batch_size, rc.eval_samples)
-        log.write(step=step, **ev, **tags)
-        digest = digest_of(model, backend.export()) if rc.digest else None
-        summary = build_summary(
-            mode=cfg.cache.mode, model=cfg.arch.model, optimizer=cfg.optim.optimizer, batch_size=cfg.data.batch_size,
-            steps=step, timing=meter.result(), train_logloss=train_loss, evaluation=ev, params_sha256=digest,
-            peak_anon_rss_mb=peak_anon, total_rows=init.num_rows, embedding_dim=init.dim,
-            cache=backend.stats(), distributed=topo.section(backend, rows),
-            epochs=step / stream.batches_per_epoch, checkpoints=saved,
-            approximation=_approximation(approx, skipper, rows.stats()),
+    def train(self) -> dict | None:
+        cfg, topo, run, backend, rows = self.cfg, self.topo, self.run, self.backend, self.rows
+        rc, spec, start, stream = cfg.run, cfg.cache.spec, self.start, self.stream
+        # Slipstream's watched rows are profiled (full) before the meter starts
+        skipper = stale_skip_for(
+            cfg.approx,
+            spec,
+            cfg.hot,
+            backend,
+            self.dataset,
+            train_stream(self.dataset, cfg.data, rc.seed),
+            self.init.dim,
+            self.sparse_opt.state_dim,
+            rc.seed,
         )
-        run.write_summary(summary, also=rc.summary_json)
-        return summary
-    finally:
-        rss.stop()
-        progress.close()
-        if log is not None:
-            log.close()
+        approx = cfg.approximations
+        tags = {"exact": False, "approximation": approx} if approx else {}  # every metrics record of an approximate run
+        meter = StepMeter(
+            start=start,
+            warmup=rc.warmup_steps,
+            batch_size=cfg.data.batch_size,
+            phases=lambda: backend.phase_seconds() | rows.phase_seconds(),
+        )
+        metrics = with_tensorboard(run.metrics(since=start), rc.tensorboard) if topo.reports else None
+        progress = Progress(
+            topo.progress_kind(rc.progress),
+            total=rc.steps,
+            initial=start,
+            desc=f"train {cfg.arch.model}/{cfg.cache.mode}",
+            quiet=not topo.reports,
+        )
+        rss = RssSampler()
+        schedule, bases = self.schedule, self.bases
+        run_step: StepFn = STEPS[spec.step]
+        if skipper is not None:  # Slipstream: the stale inputs are left out of the step
+            run_step = skipper.wrap(run_step)
+        step = start
+        try:
+            for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
+                # the rows' optimizer scales its own rate by inp.step
+                set_lr(self.dense_opt, schedule.lr(cfg.optim.lr, inp.step))
+                loss = run_step(self.net, self.dense_opt, rows, inp, meter.times)
+                backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
+                step = inp.step + 1
+                meter.record(step, loss)
+                if topo.reports:
+                    run.heartbeat(step)
+                progress.advance()
+                if step % stream.batches_per_epoch == 0 and step < rc.steps:
+                    progress.note(
+                        f"epoch {step // stream.batches_per_epoch + 1} begins at step {step + 1} "
+                        f"(the train split holds {stream.batches_per_epoch} batches; each epoch reshuffles its blocks)"
+                    )
+                if step % LOG_EVERY == 0 or step == rc.steps or step == start + 1:
+                    recent = topo.mean(meter.losses[-LOG_EVERY:])  # every trainer takes part
+                    sps = meter.samples_per_s()
+                    progress.show(step, recent, sps)
+                    if metrics is not None:
+                        metrics.write(
+                            step=step, loss=recent, samples_per_s=sps, **schedule.rates(step - 1, bases), **tags
+                        )
+                if rc.eval_every and step % rc.eval_every == 0 and step < rc.steps:
+                    self.settle(step)
+                    if metrics is not None:
+                        ev = evaluate(self.model, backend.lookup, self.dataset, cfg.data.batch_size, rc.eval_samples)
+                        metrics.write(step=step, **ev, **tags)
+                        progress.note(f"step {step}: {eval_line(ev)}")
+                if rc.checkpoint_every and step % rc.checkpoint_every == 0 and step < rc.steps:
+                    self.settle(step)  # part of the checkpoint's cost: its time is in samples_per_s
+                    self.checkpoint(step)
+            rows.finish()
+            meter.stop()
+            progress.close()
+            train_loss = topo.mean(meter.losses[-LOSS_WINDOW:]) if meter.losses else None
+            backend.finish()
+            if rc.final_checkpoint:
+                self.checkpoint(step)
+            peak_anon = rss.stop()
+            if metrics is None:
+                return None
+            ev = evaluate(self.model, backend.lookup, self.dataset, cfg.data.batch_size, rc.eval_samples)
+            metrics.write(step=step, **ev, **tags)
+            digest = digest_of(self.model, backend.export()) if rc.digest else None
+            summary = Summary.of(
+                mode=cfg.cache.mode,
+                model=cfg.arch.model,
+                device=topo.device.describe(),
+                optimizer=cfg.optim.optimizer,
+                batch_size=cfg.data.batch_size,
+                steps=step,
+                timing=meter.result(),
+                train_logloss=train_loss,
+                evaluation=ev,
+                params_sha256=digest,
+                peak_anon_rss_mb=peak_anon,
+                total_rows=self.init.num_rows,
+                embedding_dim=self.init.dim,
+                cache=backend.stats(),
+                distributed=topo.section(backend, rows),
+                epochs=step / stream.batches_per_epoch,
+                checkpoints=self.saved,
+                approximation=_approximation(approx, skipper, rows.stats()),
+            ).to_json()
+            run.write_summary(summary, also=rc.summary_json)
+            return summary
+        finally:
+            rss.stop()
+            progress.close()
+            if metrics is not None:
+                metrics.close()

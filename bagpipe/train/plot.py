@@ -54,7 +54,9 @@ def read_metrics(run: str | Path) -> tuple[list[dict], list[dict]]:
     return train, evals
 
 
-def plot_runs(runs: list[str | Path], out: str | Path, labels: list[str] | None = None, title: str | None = None) -> Path:
+def plot_runs(
+    runs: list[str | Path], out: str | Path, labels: list[str] | None = None, title: str | None = None
+) -> Path:
     """Draw the curves of ``runs`` (labelled by ``labels``, default their folder names) into PNG ``out``."""
     labels = labels or [Path(r).name or str(r) for r in runs]
     if len(labels) != len(runs):

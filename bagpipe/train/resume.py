@@ -16,18 +16,45 @@ import torch
 
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.config import to_flat
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
-from bagpipe.train.config import TrainConfig
 from bagpipe.train.rundir import RunDir
 
 #: Settings a resumed run may give other values than the run had.
 MAY_CHANGE = (
-    "data", "out", "steps", "eval_every", "eval_samples", "checkpoint_every", "resume", "summary_json",
-    "threads", "progress", "warmup_steps", "final_checkpoint", "digest", "tensorboard",
-    "mode", "store", "store_dir", "cache_rows", "lookahead", "cache_budget_mb", "init_from_store",
-    "trainers", "servers", "cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts", "secret_file",
-    "checkpoint_compact_every", "hot_budget_mb", "hot_rows", "hot_sample_rate",
+    "data",
+    "out",
+    "steps",
+    "eval_every",
+    "eval_samples",
+    "checkpoint_every",
+    "resume",
+    "summary_json",
+    "threads",
+    "progress",
+    "warmup_steps",
+    "final_checkpoint",
+    "digest",
+    "tensorboard",
+    "mode",
+    "store",
+    "store_dir",
+    "cache_rows",
+    "lookahead",
+    "cache_budget_mb",
+    "init_from_store",
+    "trainers",
+    "servers",
+    "cache_sync",
+    "plans_in_flight",
+    "rendezvous_timeout",
+    "max_restarts",
+    "secret_file",
+    "checkpoint_compact_every",
+    "hot_budget_mb",
+    "hot_rows",
+    "hot_sample_rate",
 )
 
 
@@ -75,10 +102,14 @@ def resume_point(run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool
 def refuse_overwrite(run: RunDir) -> None:
     """A new run (no --resume) refuses a folder that holds another run's checkpoints."""
     if (run.path / "checkpoints" / "LATEST").exists():
-        raise ConfigError(f"{run.path} already holds a run with checkpoints; pass --resume to continue it or choose another --out")
+        raise ConfigError(
+            f"{run.path} already holds a run with checkpoints; pass --resume to continue it or choose another --out"
+        )
 
 
-def restore_dense(ckpt: Checkpoint, model: torch.nn.Module, dense_opt: torch.optim.Optimizer, init, state_dim: int) -> int:
+def restore_dense(
+    ckpt: Checkpoint, model: torch.nn.Module, dense_opt: torch.optim.Optimizer, init, state_dim: int
+) -> int:
     """Load the dense half of ``ckpt`` (model, dense optimizer, torch RNG) after checking
     its row space is this run's; returns the step to continue from. The rows are the
     topology's to restore (one process reads them all; embedding servers each read theirs)."""

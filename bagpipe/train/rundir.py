@@ -8,7 +8,7 @@ Layout of ``RUN/``::
                     "embedding_lr"} every few steps (the rates of the step just done),
                     {"step", "eval_logloss", "eval_auc", "eval_ne", "eval_calibration",
                     "eval_accuracy", "eval_samples"} at each evaluation
-    summary.json    the finished run (:func:`bagpipe.train.summary.build_summary`)
+    summary.json    the finished run (:class:`bagpipe.train.summary.Summary`)
     checkpoints/    :mod:`bagpipe.checkpoint`
     .lock           who holds the run (pid, host, start time); see :class:`RunLock`
 
@@ -29,9 +29,9 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -82,8 +82,12 @@ class RunLock:
                 f"{self.path.parent} is in use by another run ({holder}); wait for it to end or choose another --out"
             ) from None
         os.ftruncate(fd, 0)
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "command": " ".join(sys.argv[:3])}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv[:3]),
+        }
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         self.fd = fd
 
@@ -180,8 +184,11 @@ class RunDir:
         (a run resumed at ``since`` replays the steps after it; a fresh one starts empty)."""
         self.create()
         if self.metrics_file.exists():
-            kept = [line for line in self.metrics_file.read_text().splitlines()
-                    if line.strip() and since and json.loads(line).get("step", 0) <= since]
+            kept = [
+                line
+                for line in self.metrics_file.read_text().splitlines()
+                if line.strip() and since and json.loads(line).get("step", 0) <= since
+            ]
             atomic_write_text(self.metrics_file, "".join(line + "\n" for line in kept))
         return MetricsLog(self.metrics_file)
 

@@ -1,32 +1,205 @@
-"""What a finished run reports: the step meter and the one summary builder.
+"""What a finished run reports: the step meter, and ``summary.json``'s schema.
 
 Every topology (one process, a data-parallel trainer) and the TorchRec peer of
-``bagpipe bench peers`` time their steps with :class:`StepMeter` and report with
-:func:`build_summary`, so ``summary.json`` has one schema and one meaning everywhere:
+``bagpipe bench peers`` time their steps with :class:`StepMeter` and report a
+:class:`Summary`, so ``summary.json`` has one schema and one meaning everywhere. The
+schema is the dataclasses below -- :class:`Summary` and the sections it nests
+(:class:`StepTimes`, :class:`IoPerStep`, :class:`CacheStats`, :class:`DistributedStats`,
+:class:`CheckpointStats`, :class:`Approximation`) -- with a docstring per field;
+``docs/runs.md`` points here. Two rules hold for every figure:
 
 * ``samples_per_s`` and ``time_per_step_ms`` cover the *measured* steps: the steps of
   this run after the first ``warmup_steps`` (all of them when there is no warm-up);
-* ``time_per_step_ms`` splits a step of the trainer's thread into ``wait_embeddings``
-  (waiting for prefetched rows and installing them), ``forward``, ``backward``,
-  ``optimizer`` (dense and row updates), ``sync_wait`` (completing deferred embedding
-  synchronisation; 0 on one process) and ``writeback`` (copying rows out of the cache);
-* ``io_per_step`` is the process's block-device bytes read and written and its major page
-  faults per measured step (``/proc/self/io``, every thread: page cache misses of a disk
-  store, faults through its memory map included);
-* ``train_logloss`` is the mean loss of the last 50 steps (averaged over the trainers);
-* ``eval_*`` are the final evaluation's figures (:mod:`bagpipe.train.evaluate`): log loss,
-  AUC, normalized entropy, calibration, accuracy, and the samples they cover.
+* figures over trainers (``train_logloss``) are means over the trainers; everything else
+  is trainer 0's.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 
 from bagpipe.train.metrics import current_rss_mb, peak_rss_mb
 
-TIME_KEYS = ("wait_embeddings", "forward", "backward", "optimizer", "sync_wait", "writeback")
 LOSS_WINDOW = 50  # steps the summary's train_logloss averages
+
+
+@dataclass
+class StepTimes:
+    """Milliseconds per measured step of the trainer's thread, by phase (the summary's
+    ``time_per_step_ms``)."""
+
+    wait_embeddings: float = 0.0
+    """Waiting for a plan and its fetched rows, and installing them into the cache."""
+    forward: float = 0.0
+    """Gathering the rows, pooling, the model's forward pass and the loss."""
+    backward: float = 0.0
+    """Backpropagation (with DDP: the dense gradients' all-reduce)."""
+    optimizer: float = 0.0
+    """The dense optimizer's step and the row strategy's update of the embedding rows."""
+    sync_wait: float = 0.0
+    """Completing deferred embedding synchronisation (0 on one process)."""
+    writeback: float = 0.0
+    """Copying expired rows out of the cache (and, synchronously, writing them)."""
+
+
+#: The phases of a step, as :class:`StepTimes` names them.
+TIME_KEYS = tuple(f.name for f in fields(StepTimes))
+
+
+@dataclass
+class IoPerStep:
+    """The process's block-device traffic per measured step (``/proc/self/io``, every
+    thread: page-cache misses of a disk store, faults through its memory map included)."""
+
+    read_bytes: float = 0.0
+    """Bytes read from block devices."""
+    write_bytes: float = 0.0
+    """Bytes written to block devices."""
+    major_faults: float = 0.0
+    """Major page faults (a page read from disk on first touch)."""
+
+
+@dataclass
+class Timing:
+    """What :meth:`StepMeter.result` measured."""
+
+    seconds: float
+    """Wall time from the first step of this run to the end of its last (warm-up included)."""
+    steps_this_run: int
+    """Steps trained by this run (a resumed run counts from its start)."""
+    measured_steps: int
+    """Steps after the warm-up: what samples_per_s and time_per_step_ms cover."""
+    samples_per_s: float
+    """Samples of the measured steps per second of their wall time."""
+    time_per_step_ms: StepTimes
+    """The measured steps' time by phase."""
+    io_per_step: IoPerStep
+    """The measured steps' block-device traffic."""
+
+
+@dataclass
+class CheckpointStats:
+    """Checkpoints written by this run (the summary's ``checkpoints``)."""
+
+    written: int = 0
+    """How many."""
+    full: int = 0
+    """How many of them hold every row (the others only the rows changed since the previous one)."""
+    seconds: float = 0.0
+    """Time the trainer spent writing them, in all (the pipeline's drain and refill included)."""
+    bytes: int = 0
+    """Bytes of their row parts, in all."""
+    last_step: int | None = None
+    """The step of the latest complete checkpoint (a resumed run's start before it writes one)."""
+
+
+@dataclass
+class CacheStats:
+    """The embedding side of a run with a store (the summary's ``cache``; None for ``--mode full``).
+
+    The first block counts every plan the planner made (:class:`bagpipe.oracle.plan.PlanStats`)."""
+
+    steps: int = 0
+    """Plans made."""
+    lookups: int = 0
+    """Lookups of the planned batches (ids, multi-hot ones each counted)."""
+    unique_rows: int = 0
+    """The batches' unique rows, summed over steps (those the planner saw: a hot tier's are not)."""
+    hits: int = 0
+    """Unique rows found in the cache."""
+    misses: int = 0
+    """Unique rows fetched from the store."""
+    rows_fetched: int = 0
+    """Rows read from the store for the steps."""
+    rows_written_back: int = 0
+    """Rows written back to the store after their last use in the window or when forced out."""
+    forced_evictions: int = 0
+    """Rows forced out before their last use because the cache was full (Belady's choice)."""
+    max_occupied: int = 0
+    """The most slots ever in use."""
+    seconds: float = 0.0
+    """The planner's own time (reading the batches excluded)."""
+    state_mb: float = 0.0
+    """The lookahead oracle's state at its largest (row map, ring, free slots), MiB."""
+    hit_rate: float = 0.0
+    """hits / unique_rows."""
+    planning_ms_per_step: float = 0.0
+    """The planner's time per plan."""
+    cache_rows: int = 0
+    """C, the planner's slots (a hot tier's rows come on top)."""
+    lookahead: int | None = None
+    """L, for a planner that looks ahead."""
+    hot: dict | None = None
+    """The hot tier: its rows and MiB, what it served, the profile that chose it
+    (:func:`bagpipe.accel.hot.hot_section`); None without one."""
+    store: dict = field(default_factory=dict)
+    """The store's counters (reads, rows read, writes, rows written, ...: :class:`bagpipe.store.base.StoreStats`)."""
+    pipeline_s: dict = field(default_factory=dict)
+    """Cumulative seconds of the executor's phases (:class:`bagpipe.cache.executor.PipelineTimes`)."""
+    autotune: dict | None = None
+    """The auto-tuner's choice of C and L for --cache-budget-mb, with its reason; None when not used."""
+
+    @classmethod
+    def plan_keys(cls) -> tuple[str, ...]:
+        """The fields that come from the planner's counters."""
+        return tuple(f.name for f in fields(cls))[: [f.name for f in fields(cls)].index("cache_rows")]
+
+
+@dataclass
+class DistributedStats:
+    """A data-parallel job's figures (the summary's ``distributed``; None on one process)."""
+
+    trainers: int
+    """N, data-parallel trainers."""
+    servers: int
+    """S, embedding servers."""
+    cache_sync: str
+    """partitioned, replicated or periodic:K (--cache-sync)."""
+    sync_bytes_per_step: float
+    """Bytes of embedding gradients (or rows, periodically) each trainer all-reduced per step."""
+    sync_rows_per_step: float
+    """Rows synchronised per step."""
+    sync_overlapped_share: float
+    """Share of the synchronised rows whose all-reduce overlapped the next step's compute."""
+    replicated_sync_rows_per_step: float
+    """Rows a replicated cache would synchronise per step on the same plans."""
+    replicated_sync_bytes_per_step: float
+    """Bytes a replicated cache would all-reduce per step."""
+    partitioned_sync_bytes_per_step: float | None
+    """Bytes the exact partitioned cache would all-reduce per step (None with --cache-sync replicated)."""
+    fetched_rows_per_trainer: list
+    """Rows each trainer fetched from the servers, in all."""
+    plans_in_flight: int
+    """--plans-in-flight: plans the oracle may send a trainer ahead."""
+    max_plans_in_flight: int
+    """The most plans ever in flight to one trainer."""
+    oracle_planning_s: float
+    """The oracle role's time planning and partitioning."""
+    oracle_waiting_for_credit_s: float
+    """The oracle role's time waiting for a trainer to take a plan (back-pressure)."""
+    servers_report: list
+    """Each server's request counts and the time its reads were held for other trainers' write-backs."""
+    bytes_sent_by_trainer0: int
+    """Bytes trainer 0 sent through the transport (requests, write-backs, marks, credits)."""
+    bytes_received_by_trainer0: int
+    """Bytes trainer 0 received through the transport (rows, plans)."""
+    trainer_backend: str = "gloo"
+    """The collectives' backend among the trainers (DDP, embedding all-reduce): nccl when
+    every trainer has a GPU of its own, gloo otherwise; none with one trainer."""
+
+
+@dataclass
+class Approximation:
+    """What an approximate run left out (the summary's ``approximation``; None for an exact run)."""
+
+    names: list[str]
+    """The approximations (skip-stale, cache-sync periodic:K, fae-schedule split)."""
+    skip_stale: dict | None = None
+    """Slipstream's threshold, decision and skipped inputs per epoch (--skip-stale)."""
+    periodic: dict | None = None
+    """Periodic averaging's counters (--cache-sync periodic:K)."""
 
 
 class StepMeter:
@@ -50,7 +223,7 @@ class StepMeter:
         self.t_start = time.perf_counter()
         self._t_measure: float | None = None
         self._at_warmup: dict | None = None
-        self._io_start = io_counters()
+        self._io_start: dict = io_counters()
         self._io_end: dict | None = None
         self._t_end: float | None = None
 
@@ -81,23 +254,25 @@ class StepMeter:
         self._t_end = time.perf_counter()
         self._io_end = io_counters()
 
-    def result(self) -> dict:
-        """seconds, steps_this_run, measured_steps, samples_per_s, time_per_step_ms."""
+    def result(self) -> Timing:
+        """The measured figures (warm-up excluded)."""
         t_end = self._t_end if self._t_end is not None else time.perf_counter()
         t0, at = self._t_measure, self._at_warmup
-        if t0 is None:  # no warm-up, or a resumed run shorter than it
+        if t0 is None or at is None:  # no warm-up, or a resumed run shorter than it
             t0, at = self.t_start, dict.fromkeys(TIME_KEYS, 0.0)
         measured = self.trained - (self.warmup if self.trained > self.warmup else 0)
         now = self.seconds()
         io_end = self._io_end or io_counters()
-        return {
-            "seconds": t_end - self.t_start,
-            "steps_this_run": self.trained,
-            "measured_steps": measured,
-            "samples_per_s": measured * self.batch_size / max(t_end - t0, 1e-9),
-            "time_per_step_ms": {k: 1000 * (now[k] - at[k]) / max(measured, 1) for k in TIME_KEYS},
-            "io_per_step": {k: (io_end[k] - self._io_start[k]) / max(measured, 1) for k in io_end},
-        }
+        io_start = self._io_start
+        per = max(measured, 1)
+        return Timing(
+            seconds=t_end - self.t_start,
+            steps_this_run=self.trained,
+            measured_steps=measured,
+            samples_per_s=measured * self.batch_size / max(t_end - t0, 1e-9),
+            time_per_step_ms=StepTimes(**{k: 1000 * (now[k] - at[k]) / per for k in TIME_KEYS}),
+            io_per_step=IoPerStep(**{k: (io_end[k] - io_start[k]) / per for k in io_end}),
+        )
 
 
 def io_counters() -> dict:
@@ -119,67 +294,140 @@ def io_counters() -> dict:
     return out
 
 
-def build_summary(
-    *,
-    mode: str,
-    model: str,
-    optimizer: str,
-    batch_size: int,
-    steps: int,
-    timing: dict,
-    train_logloss: float | None,
-    evaluation: dict,
-    params_sha256: str | None,
-    peak_anon_rss_mb: float,
-    total_rows: int,
-    embedding_dim: int,
-    cache: dict,
-    distributed: dict | None,
-    epochs: float | None = None,
-    checkpoints: dict | None = None,
-    approximation: dict | None = None,
-) -> dict:
-    """The summary.json of a run (see the module docstring for the meaning of each figure).
+@dataclass
+class Summary:
+    """``summary.json``: what a finished run reports, one schema for every mode and topology.
 
-    ``checkpoints``: how many were written this run (full ones among them), seconds
-    and bytes in all, and the step of the last. ``epochs`` is the steps as a multiple of the train split's batches (1.5: half way
-    through the second epoch); ``timing`` is :meth:`StepMeter.result`; ``evaluation`` the result of
-    :func:`bagpipe.train.evaluate.evaluate`; ``cache`` the embedding side's statistics
-    (empty for full tables); ``distributed`` the data-parallel statistics, None on one process.
-    ``approximation``: what an approximate run (``--skip-stale``, ``--cache-sync periodic:K``,
-    ``--fae-schedule split``) left out, or None: the summary then says ``"exact": true``.
-    An approximate run's ``params_sha256`` is written but is not that of ``--mode full``.
+    Built by :meth:`of`; written with :func:`dataclasses.asdict` (:meth:`to_json`), every
+    section nested as its own dataclass documents it.
     """
-    return {
-        "mode": mode,
-        "exact": approximation is None,
-        "approximation": approximation,
-        "model": model,
-        "optimizer": optimizer,
-        "steps": steps,
-        "epochs": epochs,
-        "steps_this_run": timing["steps_this_run"],
-        "samples": timing["steps_this_run"] * batch_size,
-        "batch_size": batch_size,
-        "seconds": timing["seconds"],
-        "measured_steps": timing["measured_steps"],
-        "samples_per_s": timing["samples_per_s"],
-        "train_logloss": train_logloss,
-        "eval_logloss": evaluation.get("eval_logloss"),
-        "eval_auc": evaluation.get("eval_auc"),
-        "eval_ne": evaluation.get("eval_ne"),
-        "eval_calibration": evaluation.get("eval_calibration"),
-        "eval_accuracy": evaluation.get("eval_accuracy"),
-        "eval_samples": evaluation.get("eval_samples", 0),
-        "params_sha256": params_sha256,
-        "peak_rss_mb": peak_rss_mb(),
-        "peak_anon_rss_mb": peak_anon_rss_mb,
-        "rss_mb": current_rss_mb(),
-        "total_rows": total_rows,
-        "embedding_dim": embedding_dim,
-        "time_per_step_ms": timing["time_per_step_ms"],
-        "io_per_step": timing.get("io_per_step"),
-        "cache": cache,
-        "distributed": distributed,
-        "checkpoints": checkpoints,
-    }
+
+    mode: str
+    """--mode."""
+    exact: bool
+    """True unless an approximation was on: the result is then that of plain synchronous training."""
+    approximation: Approximation | None
+    """What an approximate run left out; None when exact."""
+    model: str
+    """--model."""
+    device: str
+    """Where the trainer computed: cpu, cpu-async, or cuda:INDEX (the GPU's name) (--device)."""
+    optimizer: str
+    """--optimizer."""
+    steps: int
+    """Steps done, counted from the start of the run (a resumed run includes the earlier ones)."""
+    epochs: float | None
+    """``steps`` as a multiple of the train split's batches (1.5: half way through the second epoch)."""
+    steps_this_run: int
+    """Steps trained by this process since it started (or resumed)."""
+    samples: int
+    """Samples trained by this run: steps_this_run x batch_size."""
+    batch_size: int
+    """B, samples per (global) step."""
+    seconds: float
+    """Wall time of this run's steps (warm-up included; evaluation, digest and the final checkpoint excluded)."""
+    measured_steps: int
+    """Steps after --warmup-steps: what samples_per_s and time_per_step_ms cover."""
+    samples_per_s: float
+    """Training throughput of the measured steps."""
+    train_logloss: float | None
+    """Mean training loss of the last 50 steps (averaged over the trainers)."""
+    eval_logloss: float | None
+    """Log loss of the final evaluation (:mod:`bagpipe.train.evaluate`)."""
+    eval_auc: float | None
+    """ROC AUC of the final evaluation."""
+    eval_ne: float | None
+    """Normalized entropy: log loss over the entropy of the eval split's click rate."""
+    eval_calibration: float | None
+    """Mean predicted click rate over the actual click rate."""
+    eval_accuracy: float | None
+    """Share of eval samples on the right side of 0.5."""
+    eval_samples: int
+    """Samples the final evaluation covered."""
+    params_sha256: str | None
+    """SHA-256 of every dense parameter, embedding row and optimizer state: equal to
+    ``--mode full``'s for every exact run (None with --no-digest)."""
+    peak_rss_mb: float
+    """The process's peak resident memory, MiB (ru_maxrss)."""
+    peak_anon_rss_mb: float
+    """The process's peak anonymous memory sampled during training, MiB (page cache excluded)."""
+    rss_mb: float
+    """Resident memory at the end, MiB."""
+    total_rows: int
+    """R, rows of all tables."""
+    embedding_dim: int
+    """D."""
+    time_per_step_ms: StepTimes
+    """The trainer thread's time per measured step, by phase."""
+    io_per_step: IoPerStep | None
+    """Block-device traffic per measured step."""
+    cache: CacheStats | None
+    """The embedding side of a run with a store; None for the full tables."""
+    distributed: DistributedStats | None
+    """A data-parallel job's figures; None on one process."""
+    checkpoints: CheckpointStats | None
+    """Checkpoints written by this run."""
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        mode: str,
+        model: str,
+        optimizer: str,
+        batch_size: int,
+        device: str = "cpu",
+        steps: int,
+        timing: Timing,
+        train_logloss: float | None,
+        evaluation: dict,
+        params_sha256: str | None,
+        peak_anon_rss_mb: float,
+        total_rows: int,
+        embedding_dim: int,
+        cache: CacheStats | None = None,
+        distributed: DistributedStats | None = None,
+        epochs: float | None = None,
+        checkpoints: CheckpointStats | None = None,
+        approximation: Approximation | None = None,
+    ) -> Summary:
+        """The summary of a run: ``timing`` from :meth:`StepMeter.result`, ``evaluation`` from
+        :func:`bagpipe.train.evaluate.evaluate`; the process's memory is read now."""
+        return cls(
+            mode=mode,
+            exact=approximation is None,
+            approximation=approximation,
+            model=model,
+            device=device,
+            optimizer=optimizer,
+            steps=steps,
+            epochs=epochs,
+            steps_this_run=timing.steps_this_run,
+            samples=timing.steps_this_run * batch_size,
+            batch_size=batch_size,
+            seconds=timing.seconds,
+            measured_steps=timing.measured_steps,
+            samples_per_s=timing.samples_per_s,
+            train_logloss=train_logloss,
+            eval_logloss=evaluation.get("eval_logloss"),
+            eval_auc=evaluation.get("eval_auc"),
+            eval_ne=evaluation.get("eval_ne"),
+            eval_calibration=evaluation.get("eval_calibration"),
+            eval_accuracy=evaluation.get("eval_accuracy"),
+            eval_samples=evaluation.get("eval_samples", 0),
+            params_sha256=params_sha256,
+            peak_rss_mb=peak_rss_mb(),
+            peak_anon_rss_mb=peak_anon_rss_mb,
+            rss_mb=current_rss_mb(),
+            total_rows=total_rows,
+            embedding_dim=embedding_dim,
+            time_per_step_ms=timing.time_per_step_ms,
+            io_per_step=timing.io_per_step,
+            cache=cache,
+            distributed=distributed,
+            checkpoints=checkpoints,
+        )
+
+    def to_json(self) -> dict:
+        """What summary.json holds."""
+        return asdict(self)

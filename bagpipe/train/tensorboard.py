@@ -17,7 +17,7 @@ from bagpipe.errors import ConfigError
 
 def tag(key: str) -> str:
     """The TensorBoard tag of a metrics.jsonl key (``eval_auc`` -> ``eval/auc``, ``loss`` -> ``train/loss``)."""
-    return "eval/" + key[len("eval_"):] if key.startswith("eval_") else "train/" + key
+    return "eval/" + key[len("eval_") :] if key.startswith("eval_") else "train/" + key
 
 
 class TensorBoardLog:
@@ -27,12 +27,19 @@ class TensorBoardLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("--tensorboard needs the tensorboard package: pip install 'bagpipe[tensorboard]'") from None
+            raise ConfigError(
+                "--tensorboard needs the tensorboard package: pip install 'bagpipe[tensorboard]'"
+            ) from None
         self.writer = SummaryWriter(log_dir=directory)
 
     def write(self, step: int, **record) -> None:
         for key, value in record.items():
-            if key == "eval_samples" or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if (
+                key == "eval_samples"
+                or isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
                 continue
             self.writer.add_scalar(tag(key), value, step)
 

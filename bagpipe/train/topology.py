@@ -1,5 +1,6 @@
 """The one-process topology of the training loop (the distributed one is
-:class:`bagpipe.distributed.trainer.DataParallel`).
+:class:`bagpipe.distributed.trainer.DataParallel`); both are
+:class:`~bagpipe.train.protocols.Topology` implementations.
 
 A topology answers what the loop (:func:`bagpipe.train.loop.train`) leaves open: which
 backend holds the rows, the row strategy of a step, the model wrapper, how a figure
@@ -9,108 +10,95 @@ is averaged over trainers, and whether this process writes the run's files.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
-from bagpipe.accel.hot import HotSplit, hot_set_for
-from bagpipe.checkpoint import Checkpoint, CheckpointFolder, Manifest, write_part
+from bagpipe.cache import EXECUTORS
+from bagpipe.cache.setup import LocalPlans, set_up_cache
+from bagpipe.checkpoint import Checkpoint, Part, PartsTarget, write_part
+from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
+from bagpipe.device import Device, HostDevice
 from bagpipe.faults import pause_at
 from bagpipe.optim.sparse import SparseOptimizer
-from bagpipe.oracle.sizing import lookups_per_batch, size_cache
 from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.backends import CachedBackend, FullBackend, LocalPlanner
-from bagpipe.train.config import TrainConfig
+from bagpipe.train.backends import CachedBackend, FullBackend
 from bagpipe.train.progress import ProgressKind
-from bagpipe.train.step import LocalRowUpdate, RowUpdate
-
-
-class Topology(Protocol):
-    reports: bool
-    """Whether this process writes the run's files (config, metrics, checkpoints, summary)."""
-
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
-
-    def backend(self, cfg: TrainConfig, init: RowInitializer, state_dim: int, dataset: Dataset,
-                stream: BatchStream, announce: Callable[[str], None] | None, ckpt: Checkpoint | None): ...
-
-    def restore_rows(self, ckpt: Checkpoint, backend) -> None:
-        """Load every row of ``ckpt`` where this topology keeps its rows."""
-
-    def checkpoint(self, run_dir: Path, step: int, dense: dict, backend, compact_every: int) -> Manifest | None:
-        """Write a checkpoint of ``step`` (every trainer calls it; the store holds every
-        row); returns its manifest on the process that committed it, else None."""
-
-    def row_update(self, opt: SparseOptimizer, backend) -> RowUpdate: ...
-
-    def mean(self, values: list[float]) -> float:
-        """The mean over every trainer of each trainer's mean of ``values`` (a collective)."""
-
-    def progress_kind(self, progress: bool) -> ProgressKind: ...
-
-    def say(self, line: str) -> None: ...
-
-    def section(self, backend, rows: RowUpdate) -> dict | None:
-        """The summary's ``distributed`` section (None on one process)."""
+from bagpipe.train.protocols import Backend, RowUpdate
+from bagpipe.train.step import LocalRowUpdate
 
 
 class SingleProcess:
-    """One trainer with its store (memory or disk) in the same process."""
+    """One trainer with its store (memory or disk) in the same process, computing on
+    ``device`` (default: the host, ``--device cpu``)."""
 
     reports = True
+
+    def __init__(self, device: Device | None = None):
+        self.device = HostDevice() if device is None else device
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def backend(self, cfg: TrainConfig, init: RowInitializer, state_dim: int, dataset: Dataset,
-                stream: BatchStream, announce: Callable[[str], None] | None, ckpt: Checkpoint | None = None):
-        c = cfg.cache
-        if c.mode == "full":
-            return FullBackend(init, state_dim)
-        lookups = lookups_per_batch(dataset.meta, stream, cfg.run.steps)
-        size = size_cache(
-            c.planner, cache_rows=c.cache_rows, lookahead=c.lookahead, budget_mb=c.cache_budget_mb,
-            total_rows=init.num_rows, dim=init.dim, state_dim=state_dim, stream=stream, steps=cfg.run.steps,
-            lookups=lookups,
+    def backend(
+        self,
+        cfg: TrainConfig,
+        init: RowInitializer,
+        state_dim: int,
+        dataset: Dataset,
+        stream: BatchStream,
+        ckpt: Checkpoint | None,
+    ) -> Backend:
+        c, spec = cfg.cache, cfg.cache.spec
+        if not spec.store:
+            return FullBackend(init, state_dim, self.device)
+        setup = set_up_cache(
+            spec,
+            c,
+            cfg.hot,
+            dataset=dataset,
+            stream=stream,
+            steps=cfg.run.steps,
+            dim=init.dim,
+            state_dim=state_dim,
+            seed=cfg.run.seed,
         )
-        if size.tuned is not None and announce is not None:
-            announce(size.tuned.line())
-        hot = hot_set_for(cfg, dataset, init.dim, state_dim, announce)
-        split = HotSplit(hot, size.rows, cfg.hot.fae_schedule) if hot is not None else None
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
         # a resumed run overwrites every row with its checkpoint's: its own old store may stay
-        store = open_store(c.store, init, state_dim, store_dir, owned=not c.store_dir,
-                           reuse=c.init_from_store or ckpt is not None)
-        enough = min(lookups, init.num_rows)
-        backend = CachedBackend(store, size.rows, LocalPlanner(c.planner, init.num_rows, size.rows, size.lookahead, split, enough),
-                                hot=hot, defer_install=c.mode == "hotline")
-        if size.tuned is not None:
-            backend.extra_stats["autotune"] = size.tuned.as_dict()
-        return backend
+        store = open_store(
+            c.store,
+            init,
+            state_dim,
+            store_dir,
+            owned=not c.store_dir,
+            reuse=c.init_from_store or ckpt is not None,
+        )
+        return CachedBackend(
+            store,
+            setup.cache_rows,
+            LocalPlans(setup),
+            EXECUTORS[spec.executor],
+            hot=setup.hot,
+            autotune=setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
+            device=self.device,
+        )
 
-    def restore_rows(self, ckpt: Checkpoint, backend) -> None:
+    def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
         for a, w, s in ckpt.reader().chunks():
             backend.load_rows(a, w, s)
 
-    def checkpoint(self, run_dir: Path, step: int, dense: dict, backend, compact_every: int) -> Manifest:
+    def checkpoint_parts(self, step: int, backend: Backend, target: PartsTarget | None) -> list[Part]:
         """This process is shard 0 of 1: it writes the one part itself."""
-        folder = CheckpointFolder(run_dir)
-        staging = folder.begin(step)
-        kind, base, chain = folder.next_kind(compact_every)
-        src = backend.row_source()
-        part = write_part(staging, src, 0, 1, kind)
-        folder.write_dense(staging, dense)
+        assert target is not None
+        part = write_part(target.staging, backend.row_source(), 0, 1, target.kind)
+        target.meanwhile()
         pause_at("checkpoint", step)  # a test kills us here: parts written, nothing committed
-        m = Manifest(step=step, num_rows=src.num_rows, dim=src.dim, state_dim=src.state_dim, kind=kind, base=base,
-                     parts=[part], chain=chain)
-        folder.commit(staging, m)
-        return m
+        return [part]
 
-    def row_update(self, opt: SparseOptimizer, backend) -> RowUpdate:
+    def row_update(self, opt: SparseOptimizer, backend: Backend) -> RowUpdate:
         return LocalRowUpdate(opt)
 
     def mean(self, values: list[float]) -> float:
@@ -119,8 +107,5 @@ class SingleProcess:
     def progress_kind(self, progress: bool) -> ProgressKind:
         return "bar" if progress else "off"
 
-    def say(self, line: str) -> None:
-        print(line, flush=True)
-
-    def section(self, backend, rows: RowUpdate) -> dict | None:
+    def section(self, backend: Backend, rows: RowUpdate) -> None:
         return None

@@ -6,13 +6,13 @@ the hot rows in fast memory while the rest's cold rows are gathered from slow me
 then computes the rest, and the two micro-batches' gradients make one mini-batch update.
 
 In software, around the same pieces as every mode: the step's cold rows are read by the
-executor's reader thread (``CachedBackend(defer_install=True)``) while this step runs
+executor's reader thread (the ``deferred`` executor, :class:`bagpipe.cache.executor.DeferredReadExecutor`) while this step runs
 the popular micro-batch's forward and backward on the hot rows alone; then
 ``inp.ready()`` installs the cold rows and the non-popular micro-batch runs on hot and
 cold rows. Each micro-batch's loss is its summed log loss over B (the whole batch's
 size), so the two backward passes add up to the mini-batch's mean-loss gradient; the
 dense optimizer and the row strategy then step once, on the batch's unique rows in
-ascending row order, as :func:`bagpipe.train.step.train_step` does. The maths is the
+ascending row order, as :func:`bagpipe.train.step.plain.train_step` does. The maths is the
 mini-batch's; only the order of summation differs (each row's gradient is the sum of two
 partial sums), so the result equals ``--mode full`` to within float rounding, not bitwise.
 """
@@ -28,10 +28,13 @@ import torch.nn.functional as F
 from bagpipe.accel.hot import HotPlan
 from bagpipe.data.batch import select_samples
 from bagpipe.models.embedding import gather_rows
-from bagpipe.train.step import RowUpdate, StepInput, forward_logits
+from bagpipe.train.protocols import RowUpdate, StepInput
+from bagpipe.train.step.plain import forward_logits
 
 
-def _micro_batch(model, leaf: torch.Tensor, local: np.ndarray, inp: StepInput, samples: np.ndarray, times: dict) -> float:
+def _micro_batch(
+    model, leaf: torch.Tensor, local: np.ndarray, inp: StepInput, samples: np.ndarray, times: dict
+) -> float:
     """Forward and backward of ``samples`` of the batch, pooling from ``leaf`` (row u of the
     batch's unique rows at ``local[u]``); the loss is summed and divided by the batch's B."""
     t0 = time.perf_counter()
@@ -46,11 +49,13 @@ def _micro_batch(model, leaf: torch.Tensor, local: np.ndarray, inp: StepInput, s
     return float(loss.detach())
 
 
-def hotline_step(model: torch.nn.Module, dense_opt: torch.optim.Optimizer, rows: RowUpdate, inp: StepInput,
-                 times: dict) -> float:
+def hotline_step(
+    model: torch.nn.Module, dense_opt: torch.optim.Optimizer, rows: RowUpdate, inp: StepInput, times: dict
+) -> float:
     """One step as two micro-batches (see the module docstring); returns the batch's mean
     loss. ``inp.plan`` is a :class:`HotPlan` (its ``hot`` rows and ``popular`` inputs)."""
-    plan: HotPlan = inp.plan
+    plan = inp.plan
+    assert isinstance(plan, HotPlan), "Hotline's step runs on the plans of a hot tier"
     hot_u, cold_u = np.flatnonzero(plan.hot), np.flatnonzero(~plan.hot)
     local = np.empty(len(plan.hot), dtype=np.int64)  # each unique row's place in cat(hot leaf, cold leaf)
     local[hot_u] = np.arange(len(hot_u))

@@ -1,8 +1,10 @@
-"""One training step, shared by every mode and every topology.
+"""The plain training step, shared by every mode and every topology (Hotline's variant
+is :mod:`bagpipe.train.step.hotline`).
 
 The step gathers the batch's unique rows from whatever tensor holds them (the full
 tables or the cache) into a (U, D) leaf, pools, runs the model, backpropagates, steps
-the dense optimizer, then hands the rows and their gradients to a :class:`RowUpdate`,
+the dense optimizer, then hands the rows and their gradients to a
+:class:`~bagpipe.train.protocols.RowUpdate`,
 the step's *strategy* for embedding rows: :class:`LocalRowUpdate` applies the row-wise
 sparse optimizer on one process; a data-parallel trainer's strategy
 (:class:`bagpipe.cache.sync.SyncedRowUpdate`) first averages the gradients of the rows
@@ -13,8 +15,6 @@ performs exactly the same float operations.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,47 +23,7 @@ from bagpipe.data.batch import Batch
 from bagpipe.models.embedding import gather_rows, pool
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
-
-
-@dataclass
-class StepInput:
-    """What one training step needs from the embedding side.
-
-    weights/state: (R or C, D) / (R or C, S) the tensors the rows live in.
-    index: (U,) int64 positions in ``weights`` of the batch's unique rows (ascending row).
-    inverse: (N,) int64 position in ``index`` of every lookup.
-    plan: the cache plan of the step (None for the full tables).
-    ready: puts any rows still being fetched in place (Hotline fetches its cold rows while
-        the popular micro-batch computes); a step calls it before it reads them.
-    """
-
-    step: int
-    batch: Batch
-    weights: torch.Tensor
-    state: torch.Tensor
-    index: torch.Tensor
-    inverse: torch.Tensor
-    plan: Plan | None = None
-    ready: Callable[[], None] = lambda: None
-
-
-class RowUpdate(Protocol):
-    """How a step updates its embedding rows (the step strategy)."""
-
-    def apply(self, inp: StepInput, rows_u: torch.Tensor, grad_u: torch.Tensor) -> None:
-        """Update the step's U rows: ``rows_u`` (U, D) the values the step used, ``grad_u`` their gradients."""
-
-    def before_evict(self, plan: Plan) -> None:
-        """Called before ``plan`` frees or refills cache slots (rows must be final by then)."""
-
-    def finish(self) -> None:
-        """Complete any deferred work: after it every row holds its latest value."""
-
-    def phase_seconds(self) -> dict:
-        """Cumulative seconds of its own phases (``sync_wait``) for the step meter."""
-
-    def stats(self) -> dict:
-        """Counters for the summary."""
+from bagpipe.train.protocols import RowUpdate, StepInput
 
 
 class LocalRowUpdate:
@@ -93,9 +53,11 @@ class LocalRowUpdate:
 
 
 def forward_logits(model: torch.nn.Module, rows_u: torch.Tensor, inverse: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """(B,) logits of ``batch`` given the values (U, D) of its unique rows."""
-    pooled = pool(rows_u, inverse, batch.offsets, batch.batch_size, batch.num_features)
-    return model(batch.dense, pooled)
+    """(B,) logits of ``batch`` given the values (U, D) of its unique rows; computed on
+    ``rows_u``'s device (the batch, which lives on the host, is copied there)."""
+    dev = rows_u.device
+    pooled = pool(rows_u, inverse, batch.offsets.to(dev), batch.batch_size, batch.num_features)
+    return model(batch.dense.to(dev), pooled)
 
 
 def train_step(
@@ -113,7 +75,7 @@ def train_step(
     t0 = time.perf_counter()
     rows_u = gather_rows(inp.weights, inp.index)
     logits = forward_logits(model, rows_u, inp.inverse, inp.batch)
-    loss = F.binary_cross_entropy_with_logits(logits, inp.batch.labels)
+    loss = F.binary_cross_entropy_with_logits(logits, inp.batch.labels.to(logits.device))
     t1 = time.perf_counter()
     dense_opt.zero_grad(set_to_none=True)
     loss.backward()

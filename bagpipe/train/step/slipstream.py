@@ -33,21 +33,28 @@ is marked ``"exact": false`` and never compared with ``--mode full``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bagpipe.accel.hot import FAE_BUDGET_MB, hot_set_for
+from bagpipe.accel.hot import hot_set_for
 from bagpipe.accel.profile import HotSet, profile
+from bagpipe.config.modes import FAE_BUDGET_MB, ModeSpec
+from bagpipe.config.sections import ApproxConfig, HotConfig
 from bagpipe.data.batch import Batch, select_samples
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.oracle.unique import unique_inverse
-from bagpipe.train.step import StepInput, forward_logits
+from bagpipe.train.backends import CachedBackend, FullBackend
+from bagpipe.train.protocols import Backend, StepInput
+from bagpipe.train.step.plain import forward_logits
+
+log = logging.getLogger(__name__)
 
 MAX_BISECTIONS = 60
 
@@ -138,7 +145,9 @@ def keep_inputs(inp: StepInput, keep: np.ndarray) -> StepInput:
     only the unique rows those inputs look up (ascending row, as the step expects)."""
     sub, pos = select_samples(inp.batch, np.flatnonzero(keep))
     upos, inverse = unique_inverse(inp.inverse.numpy()[pos])
-    return dataclasses.replace(inp, batch=sub, index=inp.index[torch.from_numpy(upos)], inverse=torch.from_numpy(inverse))
+    return dataclasses.replace(
+        inp, batch=sub, index=inp.index[torch.from_numpy(upos)], inverse=torch.from_numpy(inverse)
+    )
 
 
 class StaleSkip:
@@ -153,17 +162,27 @@ class StaleSkip:
         say: one-line notices (the decision).
     """
 
-    def __init__(self, settings, watched: np.ndarray, read_watched: Callable[[], torch.Tensor], num_rows: int,
-                 batches_per_epoch: int, sample_batches: Callable[[int, int], Iterable[Batch]],
-                 say: Callable[[str], None] = lambda line: None):
+    def __init__(
+        self,
+        settings,
+        watched: np.ndarray,
+        read_watched: Callable[[], torch.Tensor],
+        num_rows: int,
+        batches_per_epoch: int,
+        sample_batches: Callable[[int, int], Iterable[Batch]],
+    ):
         a = settings
         self.alpha, self.target, self.tolerance = int(a.stale_alpha), float(a.stale_target), float(a.stale_tolerance)
-        self.watched, self.read_watched, self.num_rows = np.asarray(watched, dtype=np.int64), read_watched, int(num_rows)
+        self.watched, self.read_watched, self.num_rows = (
+            np.asarray(watched, dtype=np.int64),
+            read_watched,
+            int(num_rows),
+        )
         self.bpe = int(batches_per_epoch)
         self.start = int(a.stale_start)
         self.decide_at = self.start + max(1, math.ceil(a.stale_sampling_share * self.bpe))
         self.sample_steps = max(1, math.ceil(a.stale_sample_rate * self.bpe))
-        self.sample_batches, self.say = sample_batches, say
+        self.sample_batches = sample_batches
         self.first: torch.Tensor | None = None
         self.stale: HotSet | None = None
         self.decision: dict = {}
@@ -176,30 +195,39 @@ class StaleSkip:
         drift = (second - self.first).abs().amax(dim=1).numpy().astype(np.float64) if len(self.watched) else np.zeros(0)
         self.first = None
         watched = HotSet(self.watched, self.num_rows)
-        keys = []
+        parts = []
         for batch in self.sample_batches(self.decide_at, self.decide_at + self.sample_steps):
             rows = batch.rows.numpy()
             is_w = watched.contains(rows)
             d = np.full(len(rows), np.inf)
             d[is_w] = drift[watched.position(rows[is_w])]
-            keys.append(input_keys(batch, d, self.alpha))
-        keys = np.concatenate(keys) if keys else np.zeros(0)
+            parts.append(input_keys(batch, d, self.alpha))
+        keys = np.concatenate(parts) if parts else np.zeros(0)
         T, share, iters = find_threshold(keys, self.target, self.tolerance)
         stale = drift < T
         self.stale = HotSet(self.watched[stale], self.num_rows)
         self.decision = {
-            "threshold": T, "decided_at_step": self.decide_at, "first_snapshot_step": self.start,
-            "watched_rows": int(len(self.watched)), "stale_rows": int(stale.sum()),
-            "sample_inputs": int(len(keys)), "sample_skippable_share": share, "bisection_steps": iters,
-            "target": self.target, "tolerance": self.tolerance, "alpha": self.alpha or "all",
+            "threshold": T,
+            "decided_at_step": self.decide_at,
+            "first_snapshot_step": self.start,
+            "watched_rows": int(len(self.watched)),
+            "stale_rows": int(stale.sum()),
+            "sample_inputs": int(len(keys)),
+            "sample_skippable_share": share,
+            "bisection_steps": iters,
+            "target": self.target,
+            "tolerance": self.tolerance,
+            "alpha": self.alpha or "all",
             "decision_s": time.perf_counter() - t0,
         }
-        self.say(f"skip-stale: from step {self.decide_at + 1}, T = {T:.3g}: {int(stale.sum()):,} of "
-                 f"{len(self.watched):,} hot rows stale, {share:.1%} of {len(keys):,} sampled inputs skippable "
-                 f"(target {self.target:.0%} +- {self.tolerance:.0%})")
+        log.info(
+            f"skip-stale: from step {self.decide_at + 1}, T = {T:.3g}: {int(stale.sum()):,} of "
+            f"{len(self.watched):,} hot rows stale, {share:.1%} of {len(keys):,} sampled inputs skippable "
+            f"(target {self.target:.0%} +- {self.tolerance:.0%})"
+        )
 
     def wrap(self, step_fn):
-        """``step_fn`` (:func:`bagpipe.train.step.train_step`'s signature) with the snapshots
+        """``step_fn`` (a :class:`~bagpipe.train.protocols.StepFn`) with the snapshots
         taken before steps ``s`` and ``s + phase``, and the stale inputs left out after."""
 
         def step(model, dense_opt, rows, inp: StepInput, times: dict) -> float:
@@ -238,38 +266,54 @@ class StaleSkip:
         total, skipped = (sum(v[i] for v in self.epochs.values()) for i in (0, 1))
         return {
             **({"threshold": None, "decided_at_step": self.decide_at} if not self.decision else self.decision),
-            "skipped_inputs": skipped, "skipped_share": skipped / max(total, 1),
-            "per_epoch": [{"epoch": e + 1, "inputs": n, "skipped": k, "skipped_share": k / max(n, 1)}
-                          for e, (n, k) in sorted(self.epochs.items())],
-            "step_ms_before": before, "step_ms_after": after,
+            "skipped_inputs": skipped,
+            "skipped_share": skipped / max(total, 1),
+            "per_epoch": [
+                {"epoch": e + 1, "inputs": n, "skipped": k, "skipped_share": k / max(n, 1)}
+                for e, (n, k) in sorted(self.epochs.items())
+            ],
+            "step_ms_before": before,
+            "step_ms_after": after,
             "step_speedup": (before / after) if before and after else None,
         }
 
 
-def stale_skip_for(cfg, backend, dataset: Dataset, dim: int, state_dim: int,
-                   say: Callable[[str], None] | None = None) -> StaleSkip | None:
+def stale_skip_for(
+    approx: ApproxConfig,
+    spec: ModeSpec,
+    hot: HotConfig,
+    backend: Backend,
+    dataset: Dataset,
+    stream: BatchStream,
+    dim: int,
+    state_dim: int,
+    seed: int,
+) -> StaleSkip | None:
     """The run's :class:`StaleSkip` (None without ``--skip-stale``): the watched rows are the
-    hot tier's (cached modes) or profiled at start-up (``full``)."""
-    if not cfg.approx.skip_stale:
+    hot tier's (modes with a store) or, for the full tables, those of ``--hot-budget-mb`` /
+    ``--hot-rows``, else FAE's 256 MiB profiled at start-up. ``stream`` is a train stream of
+    its own (it samples batches ahead of the training loop's)."""
+    if not approx.skip_stale:
         return None
-    if cfg.cache.mode == "full":
-        hot = hot_set_for(cfg, dataset, dim, state_dim, say) if cfg.hot.on else None
-        if hot is None:
-            hot = profile(dataset, FAE_BUDGET_MB, dim=dim, state_dim=state_dim, sample_rate=cfg.hot.hot_sample_rate,
-                          seed=cfg.run.seed)
-            if say is not None:
-                say(hot.line())
-        rows_t = torch.from_numpy(hot.rows)
+    if not spec.store:
+        assert isinstance(backend, FullBackend)
+        tables = backend
+        rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed)
+        if rows is None:
+            rows = profile(
+                dataset, FAE_BUDGET_MB, dim=dim, state_dim=state_dim, sample_rate=hot.hot_sample_rate, seed=seed
+            )
+            log.info(rows.line())
+        rows_t = torch.from_numpy(rows.rows)
 
         def read() -> torch.Tensor:
-            return backend.weights.index_select(0, rows_t)
+            return tables.weights.index_select(0, rows_t)
     else:
-        hot = backend.hot
-        C, H = backend.cold_rows, len(backend.hot)
+        assert isinstance(backend, CachedBackend) and backend.hot is not None
+        cached, rows = backend, backend.hot
+        C, H = cached.cold_rows, len(rows)
 
         def read() -> torch.Tensor:
-            return backend.cache.weights[C : C + H].clone()
+            return cached.cache.weights[C : C + H].clone()
 
-    stream = BatchStream(dataset, "train", cfg.data.batch_size, seed=cfg.run.seed, block_size=cfg.data.block_size)
-    return StaleSkip(cfg.approx, hot.rows, read, sum(dataset.meta.table_sizes), stream.batches_per_epoch,
-                     stream.batches, say or (lambda line: None))
+    return StaleSkip(approx, rows.rows, read, sum(dataset.meta.table_sizes), stream.batches_per_epoch, stream.batches)

@@ -1,11 +1,12 @@
-"""The typed, validated configuration of a training run, in seven sections.
+"""The sections of a training run's configuration, one typed dataclass per component.
 
-Sources, later ones winning: the dataclass defaults, a TOML file (``--config``), the
-command line. Every setting is declared once, below, with its type and a docstring;
-``bagpipe train --help`` and the TOML keys are generated from these declarations
-(:mod:`bagpipe.config`), so the option ``--batch-size`` is the key ``batch_size``,
-at the top level of the file or in its section's table (``[data]``). Every bad value
-raises ConfigError with one line at start-up.
+Each section is what one component reads (the data stream, the model, the optimizers, the
+embedding placement, the hot tier, the distributed job, the approximations, the run), so a
+function below ``bagpipe.train`` takes the sections it reads, not the whole
+:class:`~bagpipe.config.train.TrainConfig`. Every setting is declared once, with its type
+and a docstring; ``bagpipe train --help`` and the TOML keys are generated from these
+declarations (:mod:`bagpipe.config.options`). Every bad value raises ConfigError with one
+line at start-up.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from bagpipe.config import Section, build, flatten, need, read_toml, to_flat
-from bagpipe.config.typed import finite
+from bagpipe.config.modes import Mode, ModeSpec, mode_spec
+from bagpipe.config.typed import Section, finite, need
 from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
 from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
-Mode = Literal["full", "nocache", "lru", "lookahead", "fae", "hotline"]
 Store = Literal["memory", "disk"]
+DeviceName = Literal["cpu", "cuda", "cpu-async"]  # the keys of bagpipe.device.DEVICES
 
 
 @dataclass(kw_only=True)
@@ -52,7 +53,9 @@ class ArchConfig(Section):
     """D, overrides the recipe's embedding dimension."""
 
     def validate(self) -> None:
-        need(self.embedding_dim is None or self.embedding_dim > 0, f"embedding dim must be > 0, got {self.embedding_dim}")
+        need(
+            self.embedding_dim is None or self.embedding_dim > 0, f"embedding dim must be > 0, got {self.embedding_dim}"
+        )
 
     def model_config(self) -> ModelConfig:
         """The recipe's architecture, with ``embedding_dim`` applied."""
@@ -106,19 +109,32 @@ class OptimConfig(Section):
         need(finite(self.lr) and self.lr > 0, f"learning rate must be > 0, got {self.lr}")
         e = self.embedding_lr
         need(e is None or (finite(e) and e > 0), f"embedding learning rate must be > 0, got {e}")
-        need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"Adam betas must be in [0, 1), got {self.beta1} and {self.beta2}")
+        need(
+            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+            f"Adam betas must be in [0, 1), got {self.beta1} and {self.beta2}",
+        )
         need(finite(self.eps) and self.eps > 0, f"eps must be > 0, got {self.eps}")
-        need(finite(self.weight_decay) and self.weight_decay >= 0, f"weight decay must be >= 0, got {self.weight_decay}")
+        need(
+            finite(self.weight_decay) and self.weight_decay >= 0, f"weight decay must be >= 0, got {self.weight_decay}"
+        )
         adam = (self.beta1, self.beta2, self.eps, self.weight_decay)
-        need(self.optimizer in ADAM_FAMILY or adam == (0.9, 0.999, 1e-8, 0.0),
-             f"--beta1, --beta2, --eps and --weight-decay apply to adam and partial_rowwise_adam, not {self.optimizer}")
+        need(
+            self.optimizer in ADAM_FAMILY or adam == (0.9, 0.999, 1e-8, 0.0),
+            f"--beta1, --beta2, --eps and --weight-decay apply to adam and partial_rowwise_adam, not {self.optimizer}",
+        )
         W, S, N = self.lr_warmup_steps, self.lr_decay_start, self.lr_decay_steps
         need(min(W, S, N) >= 0, f"schedule steps must be >= 0, got warm-up {W}, decay start {S}, decay steps {N}")
         need(finite(self.lr_min) and self.lr_min >= 0, f"lr-min must be >= 0, got {self.lr_min}")
-        need(finite(self.lr_decay_power) and self.lr_decay_power > 0, f"lr-decay-power must be > 0, got {self.lr_decay_power}")
+        need(
+            finite(self.lr_decay_power) and self.lr_decay_power > 0,
+            f"lr-decay-power must be > 0, got {self.lr_decay_power}",
+        )
         need(finite(self.lr_gamma) and 0 < self.lr_gamma <= 1, f"lr-gamma must be in (0, 1], got {self.lr_gamma}")
         if self.lr_schedule == "constant":
-            need(W == S == N == 0, "--lr-warmup-steps, --lr-decay-start and --lr-decay-steps need --lr-schedule warmup-poly or step")
+            need(
+                W == S == N == 0,
+                "--lr-warmup-steps, --lr-decay-start and --lr-decay-steps need --lr-schedule warmup-poly or step",
+            )
         elif N > 0:
             need(S >= W, f"the decay must start after the warm-up: --lr-decay-start {S} < --lr-warmup-steps {W}")
         if self.lr_schedule == "step":
@@ -128,8 +144,15 @@ class OptimConfig(Section):
         """The :class:`~bagpipe.optim.schedule.LRSchedule` of these settings."""
         from bagpipe.optim.schedule import LRSchedule
 
-        return LRSchedule(kind=self.lr_schedule, warmup_steps=self.lr_warmup_steps, decay_start=self.lr_decay_start,
-                          decay_steps=self.lr_decay_steps, power=self.lr_decay_power, gamma=self.lr_gamma, lr_min=self.lr_min)
+        return LRSchedule(
+            kind=self.lr_schedule,
+            warmup_steps=self.lr_warmup_steps,
+            decay_start=self.lr_decay_start,
+            decay_steps=self.lr_decay_steps,
+            power=self.lr_decay_power,
+            gamma=self.lr_gamma,
+            lr_min=self.lr_min,
+        )
 
     @property
     def row_lr(self) -> float:
@@ -140,15 +163,28 @@ class OptimConfig(Section):
         """The row-wise optimizer for rows of D = ``dim``, with the schedule."""
         from bagpipe.optim.build import build_sparse_optimizer
 
-        return build_sparse_optimizer(self.optimizer, self.row_lr, dim, betas=(self.beta1, self.beta2), eps=self.eps,
-                                      weight_decay=self.weight_decay, schedule=self.schedule())
+        return build_sparse_optimizer(
+            self.optimizer,
+            self.row_lr,
+            dim,
+            betas=(self.beta1, self.beta2),
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            schedule=self.schedule(),
+        )
 
     def dense_optimizer(self, params):
         """torch's optimizer for the dense parameters ``params`` (the loop sets its rate each step)."""
         from bagpipe.optim.build import build_dense_optimizer
 
-        return build_dense_optimizer(self.optimizer, self.lr, params, betas=(self.beta1, self.beta2), eps=self.eps,
-                                     weight_decay=self.weight_decay)
+        return build_dense_optimizer(
+            self.optimizer,
+            self.lr,
+            params,
+            betas=(self.beta1, self.beta2),
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+        )
 
 
 @dataclass(kw_only=True)
@@ -184,8 +220,10 @@ class CacheConfig(Section):
             finite(self.cache_budget_mb) and self.cache_budget_mb >= 0,
             f"cache budget must be a finite number of MiB >= 0, got {self.cache_budget_mb}",
         )
-        need(not self.init_from_store or (self.store == "disk" and self.store_dir is not None),
-             "--init-from-store needs --store disk and the --store-dir to start from")
+        need(
+            not self.init_from_store or (self.store == "disk" and self.store_dir is not None),
+            "--init-from-store needs --store disk and the --store-dir to start from",
+        )
         need(
             not (self.cache_budget_mb > 0 and self.cache_rows > 0),
             "--cache-budget-mb and --cache-rows are mutually exclusive: give the cache's memory budget "
@@ -193,10 +231,9 @@ class CacheConfig(Section):
         )
 
     @property
-    def planner(self) -> str:
-        """The planner of the rows the hot tier does not hold: fae and hotline read them
-        per batch, as nocache does."""
-        return "nocache" if self.mode in ("fae", "hotline") else self.mode
+    def spec(self) -> ModeSpec:
+        """The mode's row of the table of modes (:mod:`bagpipe.config.modes`)."""
+        return mode_spec(self.mode)
 
 
 @dataclass(kw_only=True)
@@ -218,11 +255,15 @@ class HotConfig(Section):
     others as FAE does (changes the data order: an approximation)."""
 
     def validate(self) -> None:
-        need(finite(self.hot_budget_mb) and self.hot_budget_mb >= 0,
-             f"hot budget must be a finite number of MiB >= 0, got {self.hot_budget_mb}")
+        need(
+            finite(self.hot_budget_mb) and self.hot_budget_mb >= 0,
+            f"hot budget must be a finite number of MiB >= 0, got {self.hot_budget_mb}",
+        )
         need(0 < self.hot_sample_rate <= 1, f"hot sample rate must be in (0, 1], got {self.hot_sample_rate}")
-        need(not (self.hot_budget_mb > 0 and self.hot_rows),
-             "--hot-budget-mb and --hot-rows are mutually exclusive: profile at start-up for a budget, or read a file")
+        need(
+            not (self.hot_budget_mb > 0 and self.hot_rows),
+            "--hot-budget-mb and --hot-rows are mutually exclusive: profile at start-up for a budget, or read a file",
+        )
 
     @property
     def on(self) -> bool:
@@ -262,9 +303,11 @@ class DistConfig(Section):
         need(self.servers >= 0, f"servers must be >= 0, got {self.servers}")
         need(self.plans_in_flight >= 1, f"plans in flight must be >= 1, got {self.plans_in_flight}")
         need(self.max_restarts >= 0, f"max restarts must be >= 0, got {self.max_restarts}")
-        need(finite(self.rendezvous_timeout) and self.rendezvous_timeout > 0,
-             f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}")
-        self.sync_period  # checks the --cache-sync value
+        need(
+            finite(self.rendezvous_timeout) and self.rendezvous_timeout > 0,
+            f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}",
+        )
+        _ = self.sync_period  # checks the --cache-sync value
 
     @property
     def sync_period(self) -> int:
@@ -273,13 +316,30 @@ class DistConfig(Section):
         if v in ("partitioned", "replicated"):
             return 0
         kind, _, k = v.partition(":")
-        need(kind == "periodic" and k.isdigit() and int(k) >= 1,
-             f"--cache-sync must be partitioned, replicated or periodic:K with K >= 1 steps, got {v!r}")
+        need(
+            kind == "periodic" and k.isdigit() and int(k) >= 1,
+            f"--cache-sync must be partitioned, replicated or periodic:K with K >= 1 steps, got {v!r}",
+        )
         return int(k)
 
     @property
     def distributed(self) -> bool:
         return self.servers > 0 or self.trainers > 1
+
+
+@dataclass(kw_only=True)
+class DeviceConfig(Section):
+    """device (where the model and the cache compute; docs/gpu.md)"""
+
+    device: DeviceName = "cpu"
+    """cpu; cuda: the dense model, the cache (C, D) and its optimizer state on the GPU, the
+    store in host memory or on disk, the oracle on the CPU (--mode full: every table on the
+    GPU); a distributed trainer takes GPU LOCAL_RANK. cpu-async: the CPU, with every copy
+    between host buffers and the cache run late and out of order on a worker thread, as a
+    GPU may (a missing wait then shows as a wrong result; for tests)."""
+    deterministic: bool = True
+    """cuda: torch's deterministic algorithms, which make every cached mode bitwise equal to
+    --mode full on the GPU (off: may be faster; results then differ in the last bits)."""
 
 
 @dataclass(kw_only=True)
@@ -306,16 +366,30 @@ class ApproxConfig(Section):
 
     def validate(self) -> None:
         need(self.stale_start >= 0, f"stale start must be a step >= 0, got {self.stale_start}")
-        need(finite(self.stale_sampling_share) and 0 < self.stale_sampling_share <= 1,
-             f"stale sampling share must be in (0, 1], got {self.stale_sampling_share}")
-        need(finite(self.stale_target) and 0 < self.stale_target < 1, f"stale target must be in (0, 1), got {self.stale_target}")
-        need(finite(self.stale_tolerance) and 0 < self.stale_tolerance < 1,
-             f"stale tolerance must be in (0, 1), got {self.stale_tolerance}")
+        need(
+            finite(self.stale_sampling_share) and 0 < self.stale_sampling_share <= 1,
+            f"stale sampling share must be in (0, 1], got {self.stale_sampling_share}",
+        )
+        need(
+            finite(self.stale_target) and 0 < self.stale_target < 1,
+            f"stale target must be in (0, 1), got {self.stale_target}",
+        )
+        need(
+            finite(self.stale_tolerance) and 0 < self.stale_tolerance < 1,
+            f"stale tolerance must be in (0, 1), got {self.stale_tolerance}",
+        )
         need(self.stale_alpha >= 0, f"stale alpha must be >= 0 lookups (0: all of an input's), got {self.stale_alpha}")
-        need(finite(self.stale_sample_rate) and 0 < self.stale_sample_rate <= 1,
-             f"stale sample rate must be in (0, 1], got {self.stale_sample_rate}")
-        changed = [f.name for f in dataclasses.fields(self) if f.name != "skip_stale" and getattr(self, f.name) != f.default]
-        need(self.skip_stale or not changed, f"--{changed[0].replace('_', '-') if changed else ''} applies to --skip-stale, which is off")
+        need(
+            finite(self.stale_sample_rate) and 0 < self.stale_sample_rate <= 1,
+            f"stale sample rate must be in (0, 1], got {self.stale_sample_rate}",
+        )
+        changed = [
+            f.name for f in dataclasses.fields(self) if f.name != "skip_stale" and getattr(self, f.name) != f.default
+        ]
+        need(
+            self.skip_stale or not changed,
+            f"--{changed[0].replace('_', '-') if changed else ''} applies to --skip-stale, which is off",
+        )
 
 
 @dataclass(kw_only=True)
@@ -360,96 +434,9 @@ class RunConfig(Section):
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}")
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
-        need(self.checkpoint_compact_every >= 1, f"checkpoint_compact_every must be >= 1, got {self.checkpoint_compact_every}")
+        need(
+            self.checkpoint_compact_every >= 1,
+            f"checkpoint_compact_every must be >= 1, got {self.checkpoint_compact_every}",
+        )
         need(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
         need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")
-
-
-@dataclass(kw_only=True)
-class TrainConfig:
-    """Every setting of ``bagpipe train``, by section."""
-
-    data: DataConfig
-    arch: ArchConfig
-    optim: OptimConfig
-    cache: CacheConfig
-    hot: HotConfig
-    dist: DistConfig
-    approx: ApproxConfig
-    run: RunConfig
-
-    def __post_init__(self) -> None:
-        mode = self.cache.mode
-        skip = self.approx.skip_stale
-        need(not (self.hot.on and mode == "full") or skip,
-             "--mode full holds every row already: a hot tier (--hot-budget-mb, --hot-rows) needs a store mode")
-        if skip:
-            need(not self.dist.distributed,
-                 "--skip-stale runs on one process: distributed trainers would all have to skip the same inputs, "
-                 "which is not built; drop --trainers/--servers or --skip-stale")
-            need(mode in ("full", "lookahead"), f"--skip-stale works with --mode full or lookahead, got --mode {mode}")
-            need(mode == "full" or self.hot.on,
-                 "--skip-stale with --mode lookahead watches the hot tier's rows: add --hot-budget-mb M or --hot-rows FILE")
-            need(not self.run.resume, "--skip-stale runs cannot be resumed (the rows' snapshots are not checkpointed): "
-                                      "start the run again without --resume")
-        need(self.hot.fae_schedule == "keep" or mode == "fae", f"--fae-schedule applies to --mode fae, got --mode {mode}")
-        d = self.dist
-        if d.distributed:
-            need(d.servers >= 1, f"{d.trainers} trainers need embedding servers to share the rows: add --servers S (S >= 1)")
-            need(self.cache.mode in ("lookahead", "lru", "nocache"),
-                 f"distributed runs (--trainers/--servers) use --mode lookahead (or the baselines lru, nocache), got --mode {self.cache.mode}")
-            need(self.data.batch_size % d.trainers == 0,
-                 f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers")
-        need(not d.sync_period or d.trainers >= 2,
-             f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)")
-
-    @property
-    def approximations(self) -> list[str]:
-        """The approximations this run makes (empty: exact, the result of synchronous training)."""
-        out = []
-        if self.approx.skip_stale:
-            out.append("skip-stale")
-        if self.dist.sync_period:
-            out.append(f"cache-sync {self.dist.cache_sync}")
-        if self.hot.fae_schedule == "split":
-            out.append("fae-schedule split")
-        return out
-
-    @property
-    def distributed(self) -> bool:
-        return self.dist.distributed
-
-    @classmethod
-    def of(cls, **settings) -> "TrainConfig":
-        """A config from settings by name (``TrainConfig.of(data=..., out=..., steps=10)``)."""
-        return build(cls, settings)
-
-    def replace(self, **settings) -> "TrainConfig":
-        """A copy with some settings changed (by name, whatever their section)."""
-        return build(type(self), to_flat(self) | settings)
-
-    def to_json(self) -> dict:
-        """Nested by section: what RUN/config.json holds and :meth:`from_json` reads."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, values: dict, source: str = "config.json") -> "TrainConfig":
-        return build(cls, flatten(cls, values, source), source)
-
-
-def load_config(file: str | None, overrides: dict) -> TrainConfig:
-    """Merge a TOML file (may be None) and command-line overrides (None values ignored).
-
-    The file's keys are setting names, at the top level, in their section's table, or
-    (as older files have them) inside a ``[train]`` table.
-    """
-    values: dict = {}
-    source = "command line"
-    if file:
-        raw = read_toml(file)
-        if set(raw) == {"train"} and isinstance(raw["train"], dict):
-            raw = raw["train"]
-        values = flatten(TrainConfig, raw, str(file))
-        source = str(file)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return build(TrainConfig, values, source)

@@ -1,0 +1,111 @@
+"""A run's cache, decided in one place for every topology.
+
+:func:`set_up_cache` sizes the cache (C and L, by the auto-tuner when given a budget),
+picks the hot tier, and returns a :class:`CacheSetup` whose :class:`LocalPlans` make the
+run's plans. A one-process run (:class:`bagpipe.train.topology.SingleProcess`) and the
+oracle role of a distributed job (:mod:`bagpipe.distributed.oracle_role`) both call it,
+so a run's cache is the same wherever its planner runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from bagpipe.accel.hot import HotSplit, hot_set_for
+from bagpipe.accel.profile import HotSet
+from bagpipe.config.modes import ModeSpec
+from bagpipe.config.sections import CacheConfig, HotConfig
+from bagpipe.data.shards import Dataset
+from bagpipe.data.stream import BatchStream
+from bagpipe.oracle.plan import Plan
+from bagpipe.oracle.planners import Planner, build_planner
+from bagpipe.oracle.sizing import CacheSize, lookups_per_batch, size_cache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CacheSetup:
+    """What a run's cache is: its mode, its C and L, its hot tier.
+
+    Attributes:
+        spec: the mode's row of the table of modes (its planner).
+        num_rows: R, rows of all tables.
+        size: C (``size.rows``), L, and the auto-tuner's choice when it made them.
+        hot: the hot rows (slots C..C+H-1 of the trainer's cache), or None.
+        enough: a cache size that holds every batch of the run (the hint of a too-small
+            cache's error).
+        fae_schedule: ``keep`` the data order, or ``split`` it as FAE does.
+    """
+
+    spec: ModeSpec
+    num_rows: int
+    size: CacheSize
+    hot: HotSet | None
+    enough: int
+    fae_schedule: str = "keep"
+
+    @property
+    def cache_rows(self) -> int:
+        return self.size.rows
+
+    @property
+    def lookahead(self) -> int | None:
+        """L, for a planner that looks ahead (else None)."""
+        return self.size.lookahead if self.spec.looks_ahead else None
+
+    def planner(self) -> Planner:
+        """A new planner of the mode's kind for C slots."""
+        assert self.spec.planner is not None, f"--mode {self.spec.name} has no planner"
+        return build_planner(self.spec.planner, self.num_rows, self.size.rows, self.size.lookahead, self.enough)
+
+
+def set_up_cache(
+    spec: ModeSpec,
+    cache: CacheConfig,
+    hot: HotConfig,
+    *,
+    dataset: Dataset,
+    stream: BatchStream,
+    steps: int,
+    dim: int,
+    state_dim: int,
+    seed: int,
+) -> CacheSetup:
+    """The cache of a run of ``spec`` (a mode with a store) over ``dataset``'s train ``stream``
+    for ``steps`` steps, rows of D = ``dim`` with S = ``state_dim`` optimizer values."""
+    num_rows = dataset.meta.total_rows
+    lookups = lookups_per_batch(dataset.meta, stream, steps)
+    size = size_cache(
+        spec, cache, total_rows=num_rows, dim=dim, state_dim=state_dim, stream=stream, steps=steps, lookups=lookups
+    )
+    if size.tuned is not None:
+        log.info(size.tuned.line())
+    rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed)
+    return CacheSetup(spec, num_rows, size, rows, enough=min(lookups, num_rows), fae_schedule=hot.fae_schedule)
+
+
+class LocalPlans:
+    """A :class:`~bagpipe.train.protocols.PlanSource` whose planner runs in this process:
+    a new planner of the set-up's kind, behind a :class:`HotSplit` when a hot tier serves
+    the hot rows."""
+
+    def __init__(self, setup: CacheSetup):
+        self.setup = setup
+        self.lookahead = setup.lookahead
+        self.planner: Planner | None = None
+        self.split = HotSplit(setup.hot, setup.cache_rows, setup.fae_schedule) if setup.hot is not None else None
+
+    def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]:
+        """The plans of steps [start, stop) of ``stream``."""
+        self.planner = planner = self.setup.planner()
+        if self.split is not None:
+            return self.split.plans(planner, stream, start, stop)
+        return planner.plans(stream.numbered(start, stop))
+
+    def stats(self) -> dict:
+        """The planner's counters (``PlanStats``), and the hot tier's under ``hot``."""
+        out = self.planner.stats.as_dict() if self.planner is not None else {}
+        return out | ({"hot": self.split.report()} if self.split is not None else {})
