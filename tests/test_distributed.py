@@ -403,7 +403,7 @@ def test_ctrl_c_stops_every_role(tiny_data, tmp_path):
     "args,message",
     [
         (["--trainers", "2"], "need embedding servers"),
-        (["--servers", "1", "--mode", "full"], "use --mode lookahead"),
+        (["--servers", "1", "--mode", "full"], "use --mode nocache or lru or lookahead, got --mode full"),
         (["--servers", "1", "--mode", "lookahead", "--trainers", "3", "--batch-size", "256"], "split evenly over 3 trainers"),
     ],
 )
