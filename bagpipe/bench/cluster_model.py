@@ -41,12 +41,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bagpipe.cache.setup import LocalPlans, set_up_cache
+from bagpipe.cache.setup import LocalPlans
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.schema import DatasetMeta
-from bagpipe.data.shards import Dataset
-from bagpipe.data.stream import train_stream
 from bagpipe.distributed.layout import Layout
+from bagpipe.distributed.oracle_role import oracle_cache
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import HEADER_BYTES, INLINE_BYTES
 from bagpipe.distributed.wire import PLAN, REPLY, REQUEST, encode
@@ -131,22 +130,9 @@ class PlanTraffic:
 
 def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffic:
     """Replay the oracle of run ``cfg`` and count its messages (see the module docstring)."""
-    dataset = Dataset(cfg.data.data)
-    stream = train_stream(dataset, cfg.data, cfg.run.seed)
     D = cfg.arch.model_config().embedding_dim
     state = row_state_dim(cfg.optim.optimizer, D)
-    # the cache and planner the oracle role sets up for this run
-    setup = set_up_cache(
-        cfg.cache.spec,
-        cfg.cache,
-        cfg.hot,
-        dataset=dataset,
-        stream=stream,
-        steps=cfg.run.steps,
-        dim=D,
-        state_dim=state,
-        seed=cfg.run.seed,
-    )
+    stream, setup = oracle_cache(cfg)  # the cache and planner the oracle role sets up for this run
     planner = LocalPlans(setup)
     layout = Layout(cfg.dist.trainers, cfg.dist.servers)
     N, S = layout.trainers, layout.servers

@@ -13,10 +13,10 @@ from __future__ import annotations
 import threading
 import time
 
-from bagpipe.cache.setup import LocalPlans, set_up_cache
+from bagpipe.cache.setup import CacheSetup, LocalPlans, set_up_cache
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
-from bagpipe.data.stream import train_stream
+from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
@@ -24,13 +24,12 @@ from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.optim.names import row_state_dim
 
 
-def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
-    """Plan the job's global batches and send each trainer its part, to the end of the run."""
+def oracle_cache(cfg: TrainConfig) -> tuple[BatchStream, CacheSetup]:
+    """The global batches of job ``cfg`` and the cache every trainer allocates: set up once,
+    by the oracle, exactly as one process sets it up (``bench cluster``'s cost model replays it)."""
     dataset = Dataset(cfg.data.data)
     stream = train_stream(dataset, cfg.data, cfg.run.seed)
-    start = resume_step(cfg)
     dim = cfg.arch.model_config().embedding_dim
-    # the cache every trainer allocates: set up once, here, exactly as one process sets it up
     setup = set_up_cache(
         cfg.cache.spec,
         cfg.cache,
@@ -42,6 +41,13 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
         state_dim=row_state_dim(cfg.optim.optimizer, dim),
         seed=cfg.run.seed,
     )
+    return stream, setup
+
+
+def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
+    """Plan the job's global batches and send each trainer its part, to the end of the run."""
+    stream, setup = oracle_cache(cfg)
+    start = resume_step(cfg)
     hot = setup.hot
     info = {
         "cache_rows": setup.cache_rows,
