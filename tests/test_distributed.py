@@ -19,6 +19,9 @@
 * Two identical distributed runs end with the same params_sha256.
 * Killing one server mid-run stops every other role within 30 s with an error naming
   it; Ctrl-C (SIGINT to the launcher) stops them all; no process is left behind.
+* A role that refuses on its own (a cache too small for a batch) makes the launcher's one
+  line, naming that role and quoting its reason (not a role that only lost contact with
+  it), and the line is in the role's log.
 
 Every job is started through the command line, as a user would, and every process
 it started is checked to be gone afterwards.
@@ -383,6 +386,18 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     errors = "".join(err for _, err in results)
     assert "lost contact with server 1" in errors, errors
     assert "step 1/" in results[0][0]  # trainer 0 trained against the `bagpipe serve` servers
+
+
+def test_a_roles_own_refusal_is_the_launchers_line_and_in_its_log(tiny_data, tmp_path):
+    out = tmp_path / "job"
+    r = bagpipe("train", "--data", tiny_data, "--out", out, "--steps", 5, "--batch-size", 64, "--no-progress",
+                "--mode", "lookahead", "--trainers", 1, "--servers", 1, "--cache-rows", 40, "--threads", 1)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "failed: " in lines[0] and "cannot hold" in lines[0] and "lost contact" not in lines[0], lines[0]
+    role = lines[0].split("error: ")[1].split(" (rank")[0]  # the role that refused, e.g. "oracle"
+    assert "cannot hold" in (out / "logs" / f"{role.replace(' ', '-')}.log").read_text()
+    assert f"[{role}, rank" in r.stdout
 
 
 def test_ctrl_c_stops_every_role(tiny_data, tmp_path):

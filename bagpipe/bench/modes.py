@@ -29,6 +29,7 @@ from bagpipe.bench.report import (
 )
 from bagpipe.bench.runner import launch, prepare
 from bagpipe.config.modes import mode_spec
+from bagpipe.config.train import only_applicable
 from bagpipe.optim.names import row_state_dim
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
@@ -70,12 +71,16 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
         data,
         run_dir,
         f"{mode}/{store}",
-        mode=mode,
-        store=store,
-        cache_rows=cache_rows,
-        lookahead=b.lookahead,
-        store_dir=store_dir,
-        init_from_store=store_dir is not None or None,
+        **only_applicable(
+            dict(
+                mode=mode,
+                store=store,
+                cache_rows=cache_rows,
+                lookahead=b.lookahead,
+                store_dir=store_dir,
+                init_from_store=store_dir is not None or None,
+            )
+        ),
     )
 
 

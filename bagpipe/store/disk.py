@@ -110,6 +110,8 @@ class DiskStore(EmbeddingStore):
         create: create the store if ``path`` holds none; when False a missing store
             is a :class:`DataError`. An existing store is always reopened (its header
             must match ``init`` and ``state_dim``), never overwritten.
+        lock: the lock on ``path`` its opener holds (:func:`bagpipe.store.open_store`),
+            released when the store closes.
 
     Rows passed to :meth:`read` and :meth:`write` must be in [0, num_rows); rows of a
     write must be unique (a :class:`ValueError` otherwise). Thread safety is as in
@@ -124,9 +126,11 @@ class DiskStore(EmbeddingStore):
         *,
         threads: int = DEFAULT_THREADS,
         create: bool = True,
+        lock=None,
     ):
         super().__init__(init, state_dim)
         self.path = Path(path)
+        self._lock = lock
         self.threads = max(1, int(threads))
         self._closed = True
         self._fds: dict[str, int] = {}
@@ -274,6 +278,8 @@ class DiskStore(EmbeddingStore):
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._lock is not None:
+            self._lock.release()
 
     # ------------------------------------------------------------------ rows
 

@@ -27,6 +27,7 @@ from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.evaluate import eval_line, evaluate
+from bagpipe.train.guards import check_step
 from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import Backend, StepFn, Topology
@@ -112,8 +113,8 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
             topo.restore_rows(ckpt, backend)
             if topo.reports:
                 log.info(f"resumed from step {start}")
-        if topo.reports:
-            run.write_config(
+        if topo.reports:  # written by the first step's heartbeat: a refusal before it leaves the folder as it was
+            run.write_config_later(
                 cfg.to_json(),
                 mcfg,
                 {
@@ -123,7 +124,6 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
                     "num_dense": meta.num_dense,
                 },
             )
-            run.started()
         run_ = _Run(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start)
         summary = run_.train()
         failed = False
@@ -254,6 +254,7 @@ class _Run:
                 loss = run_step(self.net, self.dense_opt, rows, inp, meter.times)
                 backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
                 step = inp.step + 1
+                check_step(step, loss, self.model, inp)  # a NaN or infinite loss, gradient or row stops the run here
                 meter.record(step, loss)
                 if topo.reports:
                     run.heartbeat(step)
