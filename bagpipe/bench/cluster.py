@@ -44,7 +44,7 @@ from bagpipe.bench.report import header, write_results
 from bagpipe.bench.runner import data_samples, ensure_synth
 from bagpipe.bench.runner import launch as launch_train
 from bagpipe.config.modes import mode_spec
-from bagpipe.config.train import TrainConfig
+from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.distributed.launch import Placement, launch
 from bagpipe.distributed.layout import Layout
@@ -284,6 +284,15 @@ def _job(
     log: Path,
 ) -> dict:
     cfg = TrainConfig.of(
+        **only_applicable(  # a baseline's cache is not sized, nor does it look ahead
+            dict(
+                mode=mode,
+                cache_rows=cache_rows,
+                lookahead=L,
+                trainers=n,
+                servers=b.servers,
+            )
+        ),
         data=str(data),
         out=str(run_dir),
         model=b.model,
@@ -297,11 +306,6 @@ def _job(
         eval_samples=b.eval_samples,
         threads=1,
         progress=False,
-        mode=mode,
-        cache_rows=cache_rows,
-        lookahead=L,
-        trainers=n,
-        servers=b.servers,
         final_checkpoint=False,
         digest=b.digest,
         rendezvous_timeout=120.0,

@@ -290,9 +290,10 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
         # opened before joining: a trainer without its GPU fails at once, naming why
         device = open_device(cfg.device.device, placement.index, cfg.device.deterministic)
         try:
-            with joined(
-                layout, rank, threads, timeout, cfg.dist.secret_file, placement, report_errors=True
-            ) as (transport, group):
+            with joined(layout, rank, threads, timeout, cfg.dist.secret_file, placement, report_errors=True) as (
+                transport,
+                group,
+            ):
                 return run_trainer(cfg, layout, rank, transport, group, device)
         finally:
             device.close()
@@ -328,9 +329,10 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
-    with joined(
-        layout, rank, scfg.threads, scfg.rendezvous_timeout, scfg.secret_file, report_errors=report_errors
-    ) as (transport, _):
+    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, scfg.secret_file, report_errors=report_errors) as (
+        transport,
+        _,
+    ):
         init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
         directory = (
