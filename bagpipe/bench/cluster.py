@@ -210,11 +210,13 @@ class _Window:
         return cpu
 
     def _watch(self) -> None:
-        last_cpu: dict[str, float] = {}  # a role that has finished (the oracle, early) keeps its last reading
+        # a role that has finished keeps its last reading (the oracle, which may have sent
+        # its last plan before the warm-up ends: then it used no CPU in the window)
+        last_cpu: dict[str, float] = {}
         for mark in (self.warmup, self.steps):
             polled = 0.0
             while self._step() < mark:
-                if mark == self.steps and time.monotonic() - polled > 0.2:
+                if time.monotonic() - polled > 0.2:
                     last_cpu.update(self._cpu())
                     polled = time.monotonic()
                 if self._stop.wait(0.005):
