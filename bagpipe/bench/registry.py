@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from bagpipe.bench import (
     accel,
     approx,
+    cluster,
     convergence,
     distributed,
     mlperf,
@@ -73,6 +74,12 @@ SCENARIOS: dict[str, Scenario] = {
             mlperf.MLPerfBench,
             mlperf.run,
             "MLPerf DLRM-DCNv2 at full size (204M rows, 105 GB) for a bounded number of steps on the disk store",
+        ),
+        Scenario(
+            cluster.ClusterBench,
+            cluster.run,
+            "an emulated cluster: every role in its own network namespace, shaped links; "
+            "nocache/lru/lookahead vs link rate and trainers",
         ),
         Scenario(
             scale.ScaleBench,

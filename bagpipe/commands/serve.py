@@ -16,7 +16,10 @@ the interface that holds --bind, 127.0.0.1 unless you give another address.
 
 Example (the other roles started with torchrun / bagpipe worker, see docs/distributed.md):
   bagpipe serve --rank 2 --trainers 2 --servers 2 --master-addr 10.0.0.1 \\
-      --bind 10.0.0.7 --store disk --store-dir /nvme/bagpipe-shard
+      --bind 10.0.0.7 --secret-file job.secret --store disk --store-dir /nvme/bagpipe-shard
+
+Every role of the job must hold the same secret (a file of mode 0600 or
+$BAGPIPE_JOB_SECRET); a role that cannot prove it holds it is refused.
 """
 
 
@@ -42,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=300.0,
         metavar="SECONDS",
         help="how long to wait for the job's other processes to start (default 300)",
+    )
+    p.add_argument(
+        "--secret-file",
+        metavar="FILE",
+        help="file (mode 0600) holding the job's secret, the same on every role (default $BAGPIPE_JOB_SECRET, "
+        "else the file named by $BAGPIPE_JOB_SECRET_FILE)",
     )
     p.add_argument(
         "--init-from-store",
@@ -79,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         rendezvous_timeout=args.rendezvous_timeout,
         init_from_store=args.init_from_store,
+        secret_file=args.secret_file,
     )
     os.environ.update(
         MASTER_ADDR=master_addr,

@@ -300,6 +300,10 @@ class DistConfig(Section):
     spares: bool = True
     """With --max-restarts: keep one pre-started process per role, its imports done, so a
     restart starts no interpreter (each costs its imports' CPU once and ~300 MiB)."""
+    secret_file: str | None = None
+    """File holding the job's secret (mode 0600), which every role proves it holds before
+    the others talk to it (torchrun and hand-started roles; default $BAGPIPE_JOB_SECRET,
+    else the file $BAGPIPE_JOB_SECRET_FILE). The local launcher makes a new one itself."""
 
     def validate(self) -> None:
         need(self.trainers >= 1, f"trainers must be >= 1, got {self.trainers}")

@@ -53,6 +53,7 @@ MAY_CHANGE = (
     "rendezvous_timeout",
     "max_restarts",
     "spares",
+    "secret_file",
     "checkpoint_compact_every",
     "hot_budget_mb",
     "hot_rows",
