@@ -7,6 +7,9 @@ keeps a log per role under RUN/logs/. The first role to fail stops the job: the
 launcher names it, stops every other role (SIGTERM, then SIGKILL after a grace
 period) and returns an error. Ctrl-C stops every role the same way. RUN/roles.json
 lists the roles' ranks and pids while the job runs.
+
+This module is long because it also holds the restart loop and the pre-started spares
+(:class:`Spares`), which share the launcher's process handling.
 """
 
 from __future__ import annotations
