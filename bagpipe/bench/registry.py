@@ -58,7 +58,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             recovery.RecoveryBench,
             recovery.run,
-            "checkpoint cost (every N steps vs none, full vs incremental bytes) and recovery time of a killed server",
+            "checkpoint cost (every N steps vs none), bytes against rows trained, and recovery time by phase of a killed role",
         ),
         Scenario(
             accel.AccelBench,

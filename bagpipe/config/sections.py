@@ -50,7 +50,8 @@ class ArchConfig(Section):
     """The CTR model."""
     recipe: RecipeName = "debug"
     """Model size: debug (trains in seconds on a laptop), kaggle (DLRM's Criteo Kaggle sizes) or
-    dcn-mlperf (--model dcn only: MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile)."""
+    dcn-mlperf (--model dcn only: MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile;
+    it also brings MLPerf's optimizer, adagrad at --lr 0.005, unless --optimizer or --lr is given)."""
     embedding_dim: int | None = None
     """D, overrides the recipe's embedding dimension."""
 
@@ -296,6 +297,9 @@ class DistConfig(Section):
     max_restarts: int = 0
     """When a role dies, stop the others and restart every role from the latest complete
     checkpoint, up to this many times (the local launcher; torchrun has its own)."""
+    spares: bool = True
+    """With --max-restarts: keep one pre-started process per role, its imports done, so a
+    restart starts no interpreter (each costs its imports' CPU once and ~300 MiB)."""
     secret_file: str | None = None
     """File holding the job's secret (mode 0600), which every role proves it holds before
     the others talk to it (torchrun and hand-started roles; default $BAGPIPE_JOB_SECRET,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+import bagpipe.phases as phases
 from bagpipe.cache.setup import CacheSetup, LocalPlans, set_up_cache
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -58,6 +59,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
     }
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
+    phases.mark("ready")
     d = cfg.dist
     source = LocalPlans(setup)
     report = OracleReport(

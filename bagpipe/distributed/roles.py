@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import bagpipe.phases as phases
 from bagpipe.config import Section, need
 from bagpipe.config.environ import MAX_PORT, env_int
 from bagpipe.config.sections import Store
@@ -34,6 +35,29 @@ OP_TIMEOUT = timedelta(minutes=30)
 # Beyond --rendezvous-timeout, how long a rendezvous may take to report its own time-out
 # before the role stops waiting for it.
 RENDEZVOUS_GRACE_S = 3.0
+
+
+def import_role_modules() -> None:
+    """Import what every role runs (torch, the training loop, the oracle, the servers) and
+    take one step of each dense optimizer (its first step imports much of torch, ~1 s on
+    an idle core, sympy included): the recovery phase ``imports``, which a pre-started
+    spare has done before it is needed."""
+    import torch
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    import bagpipe.distributed.oracle_role  # noqa: F401
+    import bagpipe.distributed.server  # noqa: F401
+    import bagpipe.distributed.trainer  # noqa: F401
+    import bagpipe.optim.build  # noqa: F401
+    import bagpipe.store.disk  # noqa: F401
+    import bagpipe.store.memory  # noqa: F401
+
+    layer = torch.nn.Linear(2, 1)
+    for opt in (torch.optim.Adagrad, torch.optim.Adam, torch.optim.SGD):
+        layer.zero_grad()
+        layer(torch.ones(1, 2)).sum().backward()
+        opt(layer.parameters(), lr=0.1).step()
 
 
 def env_rank(layout: Layout) -> int:
@@ -248,6 +272,7 @@ def joined(
         group = dist.new_group(layout.trainer_ranks, backend=backend) if layout.trainers > 1 else None
         transport = Transport(layout.name, log=log.warning)
         transport.join(layout.peers(rank), secret)
+        phases.mark("joined")
         log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield transport, group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
@@ -347,14 +372,17 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
             owned=not scfg.store_dir,
             reuse=scfg.init_from_store or restore is not None,
         )
+        phases.mark("ready")
         log.info(
             f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store"
         )
         if restore is not None:
             t0 = time.perf_counter()
-            step = restore_shard(store, restore, shard, layout.servers)
+            step, rows = restore_shard(store, restore, shard, layout.servers)
+            phases.mark("restored")
             log.info(
-                f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s"
+                f"server {shard}: restored its rows from the checkpoint of step {step} ({rows:,} rows trained) "
+                f"in {time.perf_counter() - t0:.1f} s"
             )
         try:
             report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()

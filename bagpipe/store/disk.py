@@ -42,8 +42,10 @@ page faults alone from 1 / 8 / 32 threads gave 8.6k / 23k / 33k rows/s, coalesce
 threads cannot keep a deeper queue). Hints + 8 threads is the default: the deep queue
 comes from the kernel, not from threads competing with the trainer for the cores.
 Earlier, on a table that fit the page cache, 32 faulting threads ran at ~90-120k rows/s
-cold against ~30-40k from one thread. A row's weights and state sit side by side
-(version 2): a cold row costs one page (version 1 needed two with S > 0).
+cold against ~30-40k from one thread.
+
+This module is long because one class holds the files, the hinted read and write paths and the
+presence bitmap (its written rows and their reset for a restore), which share its locks.
 
 Which rows are present is kept in memory as a bitmap (num_rows / 8 bytes), loaded
 from ``present.u8`` at open (only its allocated extents are read), so deciding
@@ -63,7 +65,7 @@ import numpy as np
 
 from bagpipe.errors import DataError
 from bagpipe.files import atomic_write_text
-from bagpipe.store.base import EmbeddingStore
+from bagpipe.store.base import EmbeddingStore, bitmap_rows
 from bagpipe.store.init import RowValues
 
 FORMAT = "bagpipe.DiskStore"
@@ -453,10 +455,22 @@ class DiskStore(EmbeddingStore):
             fresh = self._bits[new] & ~self._durable[new]
             self._durable[new] |= fresh
         if len(new):
-            bits = np.unpackbits(fresh, bitorder="little").reshape(-1, 8)
-            rows = (new[:, None] * 8 + np.arange(8))[bits.astype(bool)]
-            rows = rows[rows < self.num_rows]
-            self._p[rows] = 1
+            self._p[bitmap_rows(fresh, self.num_rows, at=new)] = 1
+            self._maps[PRESENT].flush()
+        os.fsync(self._fds[PRESENT])
+
+    def written_rows(self) -> np.ndarray:
+        with self._present_lock:  # the presence bitmap: no I/O
+            return bitmap_rows(self._bits.copy(), self.num_rows)
+
+    def reset(self, rows: np.ndarray) -> None:
+        """Clear ``rows``' presence flags, durably (their old values stay in rows.f32, unread)."""
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        keep = ~np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8))
+        with self._present_lock:
+            np.bitwise_and.at(self._bits, rows >> 3, keep)
+            np.bitwise_and.at(self._durable, rows >> 3, keep)
+            self._p[rows] = 0
             self._maps[PRESENT].flush()
         os.fsync(self._fds[PRESENT])
 

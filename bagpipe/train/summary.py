@@ -5,7 +5,7 @@ Every topology (one process, a data-parallel trainer) and the TorchRec peer of
 :class:`Summary`, so ``summary.json`` has one schema and one meaning everywhere. The
 schema is the dataclasses below -- :class:`Summary` and the sections it nests
 (:class:`StepTimes`, :class:`IoPerStep`, :class:`CacheStats`, :class:`DistributedStats`,
-:class:`CheckpointStats`, :class:`Approximation`) -- with a docstring per field;
+:class:`CheckpointStats`, :class:`EndOfRun`, :class:`Approximation`) -- with a docstring per field;
 ``docs/runs.md`` points here. Two rules hold for every figure:
 
 * ``samples_per_s`` and ``time_per_step_ms`` cover the *measured* steps: the steps of
@@ -80,19 +80,68 @@ class Timing:
 
 
 @dataclass
+class EndOfRun:
+    """Seconds of the work after the last step (the summary's ``end_of_run_s``): it costs
+    what was trained, not what the tables hold."""
+
+    finish: float = 0.0
+    """Write-backs drained and the cached rows written to the store; the pipeline stopped."""
+    checkpoint_cut: float = 0.0
+    """The final checkpoint's cut (its rows copied; its files are written meanwhile)."""
+    evaluation: float = 0.0
+    """The final evaluation."""
+    digest: float = 0.0
+    """params_sha256, over the rows written since initialisation."""
+    checkpoint_wait: float = 0.0
+    """Waiting for the final checkpoint's files and commit after the rest was done."""
+    total: float = 0.0
+    """From the end of the last step to the summary."""
+
+
+@dataclass
 class CheckpointStats:
-    """Checkpoints written by this run (the summary's ``checkpoints``)."""
+    """Checkpoints taken by this run (the summary's ``checkpoints``). Each is a cut at a step
+    boundary (the training thread copies what it needs) and a write in the background."""
 
     written: int = 0
-    """How many."""
+    """How many were committed."""
     full: int = 0
-    """How many of them hold every row (the others only the rows changed since the previous one)."""
+    """How many of them are full: every row written since initialisation (the others hold
+    only the rows written since the previous checkpoint)."""
     seconds: float = 0.0
-    """Time the trainer spent writing them, in all (the pipeline's drain and refill included)."""
+    """Time training waited for them, in all: the cuts (write-backs drained, the rows
+    copied) and any wait for the previous checkpoint's write to end."""
+    write_seconds: float = 0.0
+    """Time their files took to write and commit in the background, in all."""
     bytes: int = 0
     """Bytes of their row parts, in all."""
+    rows: int = 0
+    """Rows their parts hold, in all."""
+    failed: int = 0
+    """Checkpoints not written for lack of disk space (their partial files removed; the
+    next one is full)."""
     last_step: int | None = None
     """The step of the latest complete checkpoint (a resumed run's start before it writes one)."""
+    history: list[dict] = field(default_factory=list)
+    """Per checkpoint: ``step``, ``kind``, ``rows``, ``bytes``, ``cut_s``, ``write_s``,
+    ``failed`` (why it was not written, or None)."""
+
+    @classmethod
+    def of(cls, history: list, start: int) -> CheckpointStats:
+        """From a :class:`bagpipe.checkpoint.CheckpointWriter`'s history (``start``: the step
+        the run resumed from, 0 for a fresh one)."""
+        done = [w for w in history if w.failed is None]
+        return cls(
+            written=len(done),
+            full=sum(w.kind == "full" for w in done),
+            seconds=sum(w.cut_s for w in history),
+            write_seconds=sum(w.write_s for w in history),
+            bytes=sum(w.bytes for w in done),
+            rows=sum(w.rows for w in done),
+            failed=len(history) - len(done),
+            last_step=done[-1].step if done else (start or None),
+            history=[asdict(w) for w in history],
+        )
 
 
 @dataclass
@@ -346,8 +395,10 @@ class Summary:
     eval_samples: int
     """Samples the final evaluation covered."""
     params_sha256: str | None
-    """SHA-256 of every dense parameter, embedding row and optimizer state: equal to
-    ``--mode full``'s for every exact run (None with --no-digest)."""
+    """SHA-256 of every dense parameter and of every embedding row whose weights or optimizer
+    state differ from their initial values (with the initial tables' identity): equal for
+    equal parameters, so ``--mode full``'s for every exact run; it reads only the rows
+    written since initialisation (None with --no-digest)."""
     peak_rss_mb: float
     """The process's peak resident memory, MiB (ru_maxrss)."""
     peak_anon_rss_mb: float
@@ -368,6 +419,8 @@ class Summary:
     """A data-parallel job's figures; None on one process."""
     checkpoints: CheckpointStats | None
     """Checkpoints written by this run."""
+    end_of_run_s: EndOfRun | None = None
+    """The work after the last step, by part (seconds)."""
 
     @classmethod
     def of(
@@ -391,6 +444,7 @@ class Summary:
         epochs: float | None = None,
         checkpoints: CheckpointStats | None = None,
         approximation: Approximation | None = None,
+        end_of_run_s: EndOfRun | None = None,
     ) -> Summary:
         """The summary of a run: ``timing`` from :meth:`StepMeter.result`, ``evaluation`` from
         :func:`bagpipe.train.evaluate.evaluate`; the process's memory is read now."""
@@ -427,6 +481,7 @@ class Summary:
             cache=cache,
             distributed=distributed,
             checkpoints=checkpoints,
+            end_of_run_s=end_of_run_s,
         )
 
     def to_json(self) -> dict:

@@ -16,7 +16,7 @@ import torch
 
 from bagpipe.cache import EXECUTORS
 from bagpipe.cache.setup import LocalPlans, set_up_cache
-from bagpipe.checkpoint import Checkpoint, Part, PartsTarget, write_part
+from bagpipe.checkpoint import Checkpoint, CutTarget, write_part
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
@@ -27,7 +27,7 @@ from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import CachedBackend, FullBackend
 from bagpipe.train.progress import ProgressKind
-from bagpipe.train.protocols import Backend, RowUpdate
+from bagpipe.train.protocols import Backend, PartsWriter, RowUpdate
 from bagpipe.train.step import LocalRowUpdate
 
 
@@ -87,16 +87,20 @@ class SingleProcess:
         )
 
     def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
-        for a, w, s in ckpt.reader().chunks():
-            backend.load_rows(a, w, s)
+        backend.restore(ckpt.reader())
 
-    def checkpoint_parts(self, step: int, backend: Backend, target: PartsTarget | None) -> list[Part]:
-        """This process is shard 0 of 1: it writes the one part itself."""
+    def checkpoint_cut(self, step: int, backend: Backend, target: CutTarget | None) -> PartsWriter:
+        """This process is shard 0 of 1: the cut copies the rows its one part needs (the
+        store's written since the previous cut, and the cache's), the part is written from
+        the copy afterwards."""
         assert target is not None
-        part = write_part(target.staging, backend.row_source(), 0, 1, target.kind)
-        target.meanwhile()
-        pause_at("checkpoint", step)  # a test kills us here: parts written, nothing committed
-        return [part]
+        snap = backend.snapshot(target.everything)
+
+        def write():
+            pause_at("checkpoint", step)  # a test kills us here: training goes on, the part is being written
+            return [write_part(target.staging, snap, 0, 1, target.kind, target.base_reader())]
+
+        return write
 
     def row_update(self, opt: SparseOptimizer, backend: Backend) -> RowUpdate:
         return LocalRowUpdate(opt)
