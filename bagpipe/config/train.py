@@ -23,6 +23,7 @@ from bagpipe.config.sections import (
     DataConfig,
     DistConfig,
     HotConfig,
+    MemoryConfig,
     OptimConfig,
     RunConfig,
 )
@@ -38,6 +39,7 @@ class TrainConfig:
     optim: OptimConfig
     cache: CacheConfig
     hot: HotConfig
+    memory: MemoryConfig
     dist: DistConfig
     approx: ApproxConfig
     run: RunConfig

@@ -21,6 +21,7 @@ from bagpipe.data.stream import train_stream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
+from bagpipe.memory import memory_plan
 from bagpipe.optim.names import row_state_dim
 
 
@@ -59,9 +60,14 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
         dim=dim,
         state_dim=row_state_dim(cfg.optim.optimizer, dim),
         seed=cfg.run.seed,
+        # the trainers' memory: the cache, the plans they read ahead (their budget is
+        # --memory-budget-mb, else this machine's cgroup limit)
+        memory=memory_plan(cfg, dataset, stream, role="remote-trainer"),
     )
     hot = setup.hot
     info = {
+        "staged": setup.staged,
+        "memory": setup.memory,
         "cache_rows": setup.cache_rows,
         "lookahead": setup.size.lookahead,
         "trainers": layout.trainers,

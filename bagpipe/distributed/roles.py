@@ -64,6 +64,12 @@ class ServerConfig(Section):
     """torch threads."""
     rendezvous_timeout: float = 300.0
     """Seconds to wait for the job's other processes to start."""
+    memory_budget_mb: float | None = None
+    """MiB this server may use, page cache included (default: the limit of its memory
+    cgroup; 0: none): its disk store's I/O bounds are sized to it, and a shard that does
+    not fit stops the server before it serves, naming the smallest budget that works."""
+    request_rows: int = 1 << 16
+    """Rows one request of a trainer carries at most (the estimate's staging)."""
 
     @classmethod
     def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> ServerConfig:
@@ -74,6 +80,8 @@ class ServerConfig(Section):
             run_dir=cfg.run.out,
             threads=role_threads(cfg.run.threads, layout, rank),
             rendezvous_timeout=cfg.dist.rendezvous_timeout,
+            memory_budget_mb=cfg.memory.server_memory_budget_mb,
+            request_rows=max(1, cfg.data.batch_size * 32 // layout.servers),  # ~32 lookups a sample at most
         )
 
 
@@ -193,6 +201,7 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
         receive_setup,
         restore_shard,
     )
+    from bagpipe.memory import Budget, server_fit
     from bagpipe.store import open_store
 
     role, shard = layout.role(rank)
@@ -204,6 +213,8 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
         directory = (
             Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store"
         ) / f"shard-{shard}-of-{layout.servers}"
+        budget = Budget.of(scfg.memory_budget_mb, option="--server-memory-budget-mb")
+        io, est = server_fit(budget, sinit.num_rows, init.dim, state_dim, scfg.store, scfg.request_rows)
         # the run's own store starts fresh, as in one process; a checkpoint overwrites every row
         store = open_store(
             scfg.store,
@@ -212,9 +223,12 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
             directory,
             owned=not scfg.store_dir,
             reuse=scfg.init_from_store or restore is not None,
+            io=io,
         )
         log.info(
-            f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store"
+            f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), "
+            f"{scfg.store} store; memory estimate {est.mib:,.0f} MiB, budget "
+            + (f"{budget.mib:,.0f} MiB ({budget.source})" if budget.bytes is not None else budget.source)
         )
         if restore is not None:
             t0 = time.perf_counter()

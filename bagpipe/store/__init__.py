@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bagpipe.errors import ConfigError
 from bagpipe.store.base import EmbeddingStore
+from bagpipe.store.diskio import DiskIO
 from bagpipe.store.init import RowValues
 
 
@@ -16,7 +17,14 @@ def holds_store(directory: str | Path) -> bool:
 
 
 def open_store(
-    kind: str, init: RowValues, state_dim: int, directory: str | Path | None, *, owned: bool, reuse: bool = False
+    kind: str,
+    init: RowValues,
+    state_dim: int,
+    directory: str | Path | None,
+    *,
+    owned: bool,
+    reuse: bool = False,
+    io: DiskIO | None = None,
 ) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
@@ -24,7 +32,8 @@ def open_store(
     run starts from the initial tables or from its checkpoint. Otherwise (a user's
     ``--store-dir``) a directory that already holds a store is opened only when
     ``reuse`` says so: its rows then become the starting tables, which a run must ask
-    for (``--init-from-store``), never get by accident.
+    for (``--init-from-store``), never get by accident. ``io``: the disk store's memory
+    settings (:class:`~bagpipe.store.diskio.DiskIO`; its defaults when None).
     """
     if kind == "memory":
         from bagpipe.store.memory import MemoryStore
@@ -49,4 +58,4 @@ def open_store(
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"--store-dir {path}: cannot create the store's directory ({e.strerror})") from None
-    return DiskStore(init, state_dim, path)
+    return DiskStore(init, state_dim, path, io=io)

@@ -29,6 +29,7 @@ from bagpipe.cache.executor import PlanExecutor
 from bagpipe.cache.slots import SlotCache
 from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
+from bagpipe.memory import Fit
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
 from bagpipe.store.init import RowInitializer
@@ -60,6 +61,7 @@ class FullBackend:
             self.weights[a:b] = torch.from_numpy(init.range(a, b))
         self.state = torch.zeros(init.num_rows, state_dim)
         self._dirty = np.zeros(init.num_rows, dtype=bool)  # rows updated since the last checkpoint part
+        self.memory: Fit | None = None  # the memory budget's check of the run, for the summary
 
     def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
         n = len(weights)
@@ -134,6 +136,10 @@ class CachedBackend:
         hot: the hot rows (slots C..C+H-1, read from the store when training starts), if any;
             the source's plans must then come through a ``HotSplit`` of C slots.
         autotune: the auto-tuner's choice of C and L, for the summary (None when not used).
+        depth: plans the executor fetches ahead (its ``depth``); None: L + 1.
+
+    ``memory`` is the memory budget's fit of the run (:class:`bagpipe.memory.Fit`), set by
+    the topology that sized it, for the summary.
     """
 
     def __init__(
@@ -146,8 +152,11 @@ class CachedBackend:
         writes_cached: bool = True,
         hot: HotSet | None = None,
         autotune: dict | None = None,
+        depth: int | None = None,
     ):
         self.store = store
+        self.depth = depth
+        self.memory: Fit | None = None
         self.source = source
         self.executor_class = executor
         self.cold_rows = cache_rows
@@ -182,7 +191,7 @@ class CachedBackend:
             self.store,
             self.cache,
             self.source.plans(stream, start, stop),
-            depth=(self.lookahead or 1) + 1,
+            depth=self.depth if self.depth is not None else (self.lookahead or 1) + 1,
             start_step=start,
             before_evict=before_evict,
         )

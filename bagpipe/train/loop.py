@@ -21,6 +21,7 @@ from bagpipe.checkpoint import CheckpointFolder, PartsTarget, commit_checkpoint
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
+from bagpipe.memory.watch import MemoryWatch
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
@@ -38,7 +39,7 @@ from bagpipe.train.resume import (
 from bagpipe.train.rundir import RunDir, digest_of
 from bagpipe.train.step import STEPS
 from bagpipe.train.step.slipstream import StaleSkip, stale_skip_for
-from bagpipe.train.summary import LOSS_WINDOW, Approximation, CheckpointStats, StepMeter, Summary
+from bagpipe.train.summary import LOSS_WINDOW, Approximation, CheckpointStats, MemoryReport, StepMeter, Summary
 from bagpipe.train.tensorboard import with_tensorboard
 from bagpipe.train.topology import SingleProcess
 
@@ -231,6 +232,7 @@ class _Run:
             quiet=not topo.reports,
         )
         rss = RssSampler()
+        watch = MemoryWatch()
         schedule, bases = self.schedule, self.bases
         run_step: StepFn = STEPS[spec.step]
         if skipper is not None:  # Slipstream: the stale inputs are left out of the step
@@ -253,6 +255,7 @@ class _Run:
                         f"(the train split holds {stream.batches_per_epoch} batches; each epoch reshuffles its blocks)"
                     )
                 if step % LOG_EVERY == 0 or step == rc.steps or step == start + 1:
+                    watch.mark(step)
                     recent = topo.mean(meter.losses[-LOG_EVERY:])  # every trainer takes part
                     sps = meter.samples_per_s()
                     progress.show(step, recent, sps)
@@ -300,6 +303,7 @@ class _Run:
                 epochs=step / stream.batches_per_epoch,
                 checkpoints=self.saved,
                 approximation=_approximation(approx, skipper, rows.stats()),
+                memory=MemoryReport.of(backend.memory, watch, peak_anon),
             ).to_json()
             run.write_summary(summary, also=rc.summary_json)
             return summary

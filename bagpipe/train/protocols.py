@@ -136,6 +136,10 @@ class Backend(Protocol):
     :meth:`export` / :meth:`lookup` (digest, evaluation), and :meth:`close` always.
     """
 
+    memory: Any
+    """The memory budget's fit of the run (:class:`bagpipe.memory.Fit`: the budget, the
+    sizes it chose, their estimate) for the summary, or None where nothing was sized."""
+
     def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
         """Overwrite rows ``start .. start + n`` (a checkpoint's, before training starts)."""
         ...
