@@ -409,14 +409,14 @@ class DiskStore(EmbeddingStore):
             if ROWS in self._maps:
                 self._hint(r)
             self._run(self._write_pool, scatter, self._split(k))
+            pages = pages_spanned(r, row_bytes)
+            if self._behind is not None:
+                self._behind.wrote(pages * _PAGE)  # round by round: the dirty pages stay under io.dirty_bytes
+            self._touch(pages)
         # present.u8 learns of these rows only in flush(), after their values are durable
         masks = np.left_shift(np.uint8(1), (srows & 7).astype(np.uint8))
         with self._present_lock:
             np.bitwise_or.at(self._bits, srows >> 3, masks)
-        pages = pages_spanned(srows, row_bytes) * _PAGE
-        if self._behind is not None:
-            self._behind.wrote(pages)  # the dirty pages stay under io.dirty_bytes
-        self._touch(pages // _PAGE)
 
     def _touch(self, pages: int) -> None:
         """Count pages touched; past ``io.page_cache_bytes`` since the last trim, trim."""

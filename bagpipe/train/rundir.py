@@ -228,16 +228,18 @@ def dense_digest(model: torch.nn.Module):
 
 
 def hashed(rows: Rows, h) -> Rows:
-    """Pass (start, weights, state) chunks through while adding them to digest ``h``."""
+    """Pass (start, weights, state) chunks through while adding them to digest ``h``: each
+    row's D weights then its S state values, row after row, so the digest does not depend
+    on how the rows are chunked (a store's chunks follow its memory budget)."""
     for a, w, s in rows:
-        h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
-        h.update(np.ascontiguousarray(s, dtype=np.float32).tobytes())
+        row = np.concatenate([np.asarray(w, dtype=np.float32), np.asarray(s, dtype=np.float32)], axis=1)  # (n, D + S)
+        h.update(memoryview(row).cast("B"))
         yield a, w, s
 
 
 def digest_of(model: torch.nn.Module, rows: Rows) -> str:
     """params_sha256: every dense parameter, then every row's weights and state in
-    global row order (``rows``: (start, weights, state) chunks)."""
+    global row order, row by row (``rows``: (start, weights, state) chunks of any size)."""
     h = dense_digest(model)
     for _ in hashed(rows, h):
         pass
