@@ -63,7 +63,7 @@ def server_fit(
 ) -> tuple[DiskIO, Estimate]:
     """An embedding server's disk I/O bounds for its ``budget`` and its estimate; raises
     :class:`BudgetError` when even the smallest bounds do not fit."""
-    from bagpipe.memory.budget import MARGIN, io_for
+    from bagpipe.memory.budget import io_for, need_mib
     from bagpipe.memory.estimate import MIB
 
     io = io_for(budget)
@@ -74,7 +74,7 @@ def server_fit(
         raise BudgetError(
             f"embedding server: memory budget {budget.mib:,.0f} MiB ({budget.source}) is too small: its shard of "
             f"{num_rows:,} rows needs {est.mib:,.0f} MiB (" + ", ".join(f"{p.name} {p.mib:,.0f}" for p in big) + "); "
-            f"the smallest budget that works is {est.total / (1 - MARGIN) / MIB:,.0f} MiB: raise "
+            f"the smallest budget that works is {need_mib(est.total):,} MiB: raise "
             "--server-memory-budget-mb, use more servers, or use --store disk"
         )
     if store == "disk" and usable is not None and not budget.enforced:

@@ -5,12 +5,14 @@ memory cgroup the process runs in (:mod:`bagpipe.memory.cgroup`), else none. A r
 sized to fit the budget less :data:`MARGIN` (:func:`fit`):
 
 1. the disk store's I/O bounds scale with it (pages in flight and dirty pages: 1/32 of
-   the budget each, within [4, 64] and [8, 32] MiB), and where no cgroup enforces the
-   budget the store also bounds its own page cache to what the rest leaves;
+   the budget each, within [4, 64] and [8, 32] MiB; a digest's chunk 1/64 of it), and
+   where no cgroup enforces the budget the store also bounds its own page cache to what
+   the rest leaves;
 2. what the user set is kept (``--cache-rows``, ``--cache-budget-mb``, ``--lookahead``,
    ``--hot-budget-mb``, ``--hot-rows``), what is a default gives way, in this order:
-   plans read ahead (down to 2), the default hot tier of fae and hotline (down to
-   none), the default cache of 5% of the rows (down to one batch's lookups);
+   plans read ahead (down to 2, then 1), the I/O bounds (down to their smallest), the
+   default hot tier of fae and hotline (down to none), the default cache of 5% of the
+   rows (down to one batch's lookups);
 3. if even the smallest working configuration (a cache of one batch, one plan read
    ahead, no default hot tier, the smallest I/O bounds) does not fit, the run stops
    before it starts with one line: its estimate and the smallest budget that works;
@@ -20,6 +22,7 @@ sized to fit the budget less :data:`MARGIN` (:func:`fit`):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from bagpipe.errors import ConfigError
@@ -132,6 +135,17 @@ def io_for(budget: Budget, threads: int = DiskIO.threads) -> DiskIO:
     )
 
 
+def need_mib(total: int) -> int:
+    """The smallest whole budget in MiB whose usable part holds ``total`` bytes."""
+    return math.ceil(total / (1 - MARGIN) / MIB)
+
+
+def smallest_io(io: DiskIO) -> DiskIO:
+    """The smallest I/O bounds a run is given: 4 MiB of pages in flight, 8 MiB of dirty
+    pages, chunks of 4,096 rows."""
+    return dataclasses.replace(io, hint_bytes=4 * MIB, dirty_bytes=8 * MIB, chunk_rows=1 << 12)
+
+
 def _smallest(shape: RunShape, wanted: Wanted, io: DiskIO) -> Sizes:
     s = wanted.sizes
     return dataclasses.replace(
@@ -139,7 +153,7 @@ def _smallest(shape: RunShape, wanted: Wanted, io: DiskIO) -> Sizes:
         cache_rows=s.cache_rows if wanted.cache_fixed else min(s.cache_rows, wanted.minimum_cache),
         hot_rows=s.hot_rows if wanted.hot_fixed else 0,
         staged=min(s.staged, 1),
-        io=dataclasses.replace(io, hint_bytes=4 * MIB, dirty_bytes=8 * MIB),
+        io=smallest_io(io),
     )
 
 
@@ -162,21 +176,28 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
     low = estimate(shape, smallest, role)
     if low.total > usable:
         floor = dataclasses.replace(smallest, cache_rows=min(smallest.cache_rows, wanted.minimum_cache), hot_rows=0)
-        what = []  # what the user set, named when giving it up would make the run fit
-        if estimate(shape, floor, role).total <= usable:
+        if estimate(shape, floor, role).total <= usable:  # what the user set is what does not fit
+            what, fixes = [], []
             if smallest.cache_rows > floor.cache_rows:
                 what.append(f"the cache of {smallest.cache_rows:,} rows")
+                most = _most(shape, dataclasses.replace(smallest, hot_rows=0), usable, "cache", shape.row_bytes + 32)
+                fixes.append(f"lower --cache-rows / --cache-budget-mb to at most {most:,} rows")
             if smallest.hot_rows:
                 what.append(f"the hot tier of {smallest.hot_rows:,} rows")
+                fixes.append("lower --hot-budget-mb (or use a smaller --hot-rows file)")
+            raise BudgetError(
+                f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold {' and '.join(what)} "
+                f"(the run needs {low.mib:,.0f} MiB with them, {MARGIN:.0%} kept free): {', or '.join(fixes)}, "
+                f"or raise --memory-budget-mb to at least {need_mib(low.total):,}",
+                low,
+            )
         big = sorted(low.parts, key=lambda p: -p.bytes)[:3]
         raise BudgetError(
-            f"memory budget {budget.mib:,.0f} MiB ({budget.source}) is too small for this run: "
-            + (f"with {' and '.join(what)} " if what else "even its smallest configuration ")
-            + f"needs {low.mib:,.0f} MiB ("
+            f"memory budget {budget.mib:,.0f} MiB ({budget.source}) is too small for this run: even its smallest "
+            f"configuration needs {low.mib:,.0f} MiB ("
             + ", ".join(f"{p.name} {p.mib:,.0f}" for p in big)
-            + f"), so the smallest budget that works is {low.total / (1 - MARGIN) / MIB:,.0f} MiB "
-            f"({MARGIN:.0%} kept free); raise --memory-budget-mb or run where more memory is given"
-            + (" (or lower the settings named)" if what else ""),
+            + f"), so the smallest budget that works is {need_mib(low.total):,} MiB ({MARGIN:.0%} kept free); "
+            "raise --memory-budget-mb or run where more memory is given",
             low,
         )
     changes: list[str] = []
@@ -188,6 +209,9 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
         changes.append(f"{staged} plans read ahead instead of {wanted.sizes.staged}")
     if estimate(shape, sizes, role).total > usable and sizes.staged > 1:
         sizes = dataclasses.replace(sizes, staged=1)
+    if estimate(shape, sizes, role).total > usable and sizes.io != smallest_io(sizes.io):
+        sizes = dataclasses.replace(sizes, io=smallest_io(sizes.io))
+        changes.append("the smallest I/O bounds (4 MiB of pages in flight, 8 MiB of dirty pages)")
     rb = shape.row_bytes
     if estimate(shape, sizes, role).total > usable and sizes.hot_rows and not wanted.hot_fixed:
         h = min(sizes.hot_rows, _most(shape, sizes, usable, "hot tier", rb + 8))
@@ -205,13 +229,13 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
                 f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold this run's cache of "
                 f"{sizes.cache_rows:,} rows (the run needs {est.mib:,.0f} MiB, {MARGIN:.0%} kept free): "
                 f"lower --cache-rows / --cache-budget-mb to at most {c:,} rows or raise --memory-budget-mb "
-                f"to at least {est.total / (1 - MARGIN) / MIB:,.0f}",
+                f"to at least {need_mib(est.total):,}",
                 est,
             )
         raise BudgetError(
             f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold this run's hot tier of "
             f"{sizes.hot_rows:,} rows (the run needs {est.mib:,.0f} MiB, {MARGIN:.0%} kept free): lower "
-            f"--hot-budget-mb or raise --memory-budget-mb to at least {est.total / (1 - MARGIN) / MIB:,.0f}",
+            f"--hot-budget-mb or raise --memory-budget-mb to at least {need_mib(est.total):,}",
             est,
         )
     if shape.store == "disk" and not budget.enforced:
@@ -232,7 +256,7 @@ def full_tables_fit(budget: Budget, shape: RunShape) -> Fit:
         raise BudgetError(
             f"memory budget {budget.mib:,.0f} MiB ({budget.source}) is too small for --mode full: its tables alone "
             f"take {est.part('store') / MIB:,.0f} MiB and the run {est.mib:,.0f} MiB, so the smallest budget that works "
-            f"is {est.total / (1 - MARGIN) / MIB:,.0f} MiB; raise --memory-budget-mb, or keep the tables in a store "
+            f"is {need_mib(est.total):,} MiB; raise --memory-budget-mb, or keep the tables in a store "
             "(--mode lookahead --store disk)",
             est,
         )
