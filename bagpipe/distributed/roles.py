@@ -237,7 +237,13 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
                 f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s"
             )
         try:
-            report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()
+            memory = {
+                "budget_mb": budget.mib,
+                "budget_source": budget.source,
+                "estimate_mb": round(est.mib, 1),
+                "estimate_parts_mb": est.as_dict()["parts_mb"],
+            }
+            report = EmbeddingServer(store, transport, layout.trainer_ranks, memory).serve()
         finally:
             store.close()
         log.info(

@@ -21,13 +21,12 @@ from bagpipe.checkpoint import CheckpointFolder, PartsTarget, commit_checkpoint
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
-from bagpipe.memory.watch import MemoryWatch
+from bagpipe.memory.watch import MemoryWatch, RssSampler
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.evaluate import eval_line, evaluate
-from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import Backend, StepFn, Topology
 from bagpipe.train.resume import (
@@ -303,12 +302,13 @@ class _Run:
                 epochs=step / stream.batches_per_epoch,
                 checkpoints=self.saved,
                 approximation=_approximation(approx, skipper, rows.stats()),
-                memory=MemoryReport.of(backend.memory, watch, peak_anon),
+                memory=MemoryReport.of(backend.memory, watch, watch.stop()),
             ).to_json()
             run.write_summary(summary, also=rc.summary_json)
             return summary
         finally:
             rss.stop()
+            watch.stop()
             progress.close()
             if metrics is not None:
                 metrics.close()

@@ -233,7 +233,7 @@ def hashed(rows: Rows, h) -> Rows:
     on how the rows are chunked (a store's chunks follow its memory budget)."""
     for a, w, s in rows:
         row = np.concatenate([np.asarray(w, dtype=np.float32), np.asarray(s, dtype=np.float32)], axis=1)  # (n, D + S)
-        h.update(memoryview(row).cast("B"))
+        h.update(row.data.cast("B"))
         yield a, w, s
 
 

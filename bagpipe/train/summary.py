@@ -180,7 +180,8 @@ class DistributedStats:
     oracle_waiting_for_credit_s: float
     """The oracle role's time waiting for a trainer to take a plan (back-pressure)."""
     servers_report: list
-    """Each server's request counts and the time its reads were held for other trainers' write-backs."""
+    """Each server's request counts, the time its reads were held for other trainers'
+    write-backs, and its memory: budget, estimate and measured peak anonymous MiB."""
     bytes_sent_by_trainer0: int
     """Bytes trainer 0 sent through the transport (requests, write-backs, marks, credits)."""
     bytes_received_by_trainer0: int
@@ -206,7 +207,8 @@ class MemoryReport:
     changes: list
     """What the budget changed from the run's defaults, one line each."""
     peak_anon_mb: float
-    """Measured: the process's peak anonymous memory during training (sampled every 50 ms), MiB."""
+    """Measured: the process's peak anonymous memory over the whole run -- training,
+    evaluation, digest (sampled every 50 ms) -- MiB."""
     by_step: list
     """Measured every 10 steps (at most 128 points, evenly thinned): [step, the process's
     anonymous MiB, its memory cgroup's usage, page cache, dirty and writeback MiB (None
