@@ -70,7 +70,15 @@ import numpy as np
 from bagpipe.errors import DataError
 from bagpipe.files import atomic_write_text
 from bagpipe.store.base import EmbeddingStore
-from bagpipe.store.diskio import DiskIO, WriteBehind, drop_file_pages, pages_spanned, pread_into, pwrite_from
+from bagpipe.store.diskio import (
+    DiskIO,
+    Residency,
+    WriteBehind,
+    drop_file_pages,
+    pages_spanned,
+    pread_into,
+    pwrite_from,
+)
 from bagpipe.store.init import RowValues
 
 FORMAT = "bagpipe.DiskStore"
@@ -225,6 +233,8 @@ class DiskStore(EmbeddingStore):
                     m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                     m.madvise(mmap.MADV_RANDOM)
                     self._maps[name] = m
+                    if name == ROWS:
+                        self._residency = Residency(m)
             if new:
                 for fd in self._fds.values():
                     os.fsync(fd)
@@ -300,9 +310,13 @@ class DiskStore(EmbeddingStore):
 
     def _hint(self, srows: np.ndarray) -> None:
         """Ask the kernel to start reading the pages of ``srows`` (sorted) now: one
-        ``madvise(MADV_WILLNEED)`` per run of adjacent pages (no-op when they are cached)."""
+        ``madvise(MADV_WILLNEED)`` per run of adjacent pages -- unless a sample of those
+        pages shows them cached (:class:`~bagpipe.store.diskio.Residency`): then the
+        system calls would cost more than the few faults they spare."""
         rb = self._cols * 4
         first = srows * rb // _PAGE
+        if not self._residency.cold(first):
+            return
         last = (srows * rb + rb - 1) // _PAGE
         cut = np.flatnonzero(first[1:] > last[:-1] + 1) + 1
         starts = first[np.concatenate([[0], cut])] * _PAGE
