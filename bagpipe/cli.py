@@ -59,10 +59,24 @@ Run `bagpipe COMMAND --help` for the options of each command.
 """
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``bagpipe train: error: argument --steps:
+    invalid int value: 'x' (see bagpipe train --help)``, exit code 2, as every other
+    bagpipe error."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, one_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: newlines folded, characters the terminal cannot
+    encode (a non-UTF-8 file name arrives as surrogates) written as escapes."""
+    text = " ".join(str(text).split("\n"))
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="bagpipe", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog="bagpipe", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
@@ -90,17 +104,39 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``bagpipe ARGV`` (``sys.argv`` when None: the program itself) and return its exit code."""
+    rc = _main(argv)
+    if argv is None:
+        _leave_past_stuck_threads(rc)
+    return rc
+
+
+def _leave_past_stuck_threads(rc: int) -> None:
+    """End the process now if a thread is still blocked inside torch's C++ code (a rendezvous
+    given up on: a TCPStore client waiting for an answer that never comes). Left to the
+    interpreter's shutdown, such a thread is unwound through C++ frames that do not allow
+    it, and the process aborts (SIGABRT) after its one-line error instead of exiting with it."""
+    import threading
+
+    if any(t.name == "bagpipe-rendezvous" and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    _tolerate_unencodable_output()
     # the library's notices reach the terminal (a role's with the time, for its log)
     to_terminal(timestamps=args.command in ("worker", "serve"))
     try:
         return int(args._run(args) or 0)
     except BagpipeError as e:
-        print(f"bagpipe {args.command}: error: {e}", file=sys.stderr)
+        print(one_line(f"bagpipe {args.command}: error: {e}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"bagpipe {args.command}: interrupted", file=sys.stderr)
@@ -108,6 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `bagpipe ... | head`: the reader left; nothing to report
         sys.stderr.close()
         return 0
+
+
+def _tolerate_unencodable_output() -> None:
+    """A path that is not UTF-8 (surrogates in Python) printed to stdout must not end a
+    finished command with a UnicodeEncodeError: write it escaped instead."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a TextIOWrapper's; not every stand-in has it
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
 
 
 if __name__ == "__main__":

@@ -21,7 +21,15 @@ def pause_at(point: str, step: int) -> None:
     spec = os.environ.get(ENV)
     if not spec:
         return
-    want, at, flag = spec.split(":", 2)
-    if want == point and int(at) == int(step) and not Path(flag).exists():
+    try:
+        want, at_text, flag = spec.split(":", 2)
+        at = int(at_text)
+    except ValueError:
+        from bagpipe.errors import ConfigError
+
+        raise ConfigError(
+            f"environment variable {ENV} must be POINT:STEP:FLAGFILE (a test's fault injection), got {spec!r}; unset it"
+        ) from None
+    if want == point and at == int(step) and not Path(flag).exists():
         Path(flag).write_text(str(os.getpid()))
         time.sleep(600)  # the test kills us here

@@ -30,7 +30,8 @@ DEFAULT_SCENARIOS = ("modes", "oracle", "sweep", "convergence", "distributed", "
 
 ABOUT = {
     "modes": "Every mode (full, nocache, lru, lookahead) trained side by side on generated Criteo-Kaggle-shaped "
-             "data, memory and disk stores; throughput, time per step by phase, peak memory, cache hit rate.",
+             "data, memory and disk stores; throughput, time per step by phase, peak memory, cache hit rate. "
+             "On a GPU (`--device cuda`): not measured yet, see [gpu.md](gpu.md).",
     "oracle": "The lookahead oracle's planning throughput alone (one thread), by batch size and lookahead L.",
     "sweep": "The lookahead mode (memory store) over cache size x lookahead L: throughput, hit rate, forced "
              "evictions; and the `--cache-budget-mb` auto-tuner compared with the best measured point.",

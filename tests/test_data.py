@@ -6,9 +6,10 @@ What this proves:
   one) that straddle shard boundaries, interleaved over two splits, come back exactly
   (labels, dense, one-hot ids, multi-hot values and offsets) through ``Dataset.shard``;
   ``meta.json`` records format_version, per-split shard_sizes/num_samples, the features
-  and id_dtype; it is written by ``close()`` only (an unfinished directory is rejected
-  by ``Dataset`` as "not a finished" dataset); a finished dataset is refused without
-  ``overwrite`` and replaced with it; out-of-range ids and inconsistent multi-hot input
+  and id_dtype; it is written by ``close()`` only, into a staging folder beside the
+  target that is swapped in then (an unfinished directory is rejected by ``Dataset`` as
+  "not a finished" dataset); a finished dataset is refused without ``overwrite`` and
+  replaced with it, staying whole until the new one is complete; out-of-range ids and inconsistent multi-hot input
   raise DataError.
 * BatchStream: the same seed gives identical batches, another seed another order;
   ``batch(k)`` equals the k-th batch of sequential iteration (random access = replay)
@@ -188,11 +189,12 @@ def test_meta_json_is_written_by_close_only(tmp_path):
     w = ShardWriter(out, DENSE, ONEHOT, rows_per_shard=10)
     labels, dense, sparse, _ = samples(0, 35, False)
     w.append("train", labels, dense, sparse)
-    assert (out / "train" / "00002" / "labels.npy").exists()  # three full shards are on disk
-    assert not (out / META_FILE).exists()
+    assert (w.dir / "train" / "00002" / "labels.npy").exists()  # three full shards are on disk, beside out
+    assert not (w.dir / META_FILE).exists() and not out.exists()
     with pytest.raises(DataError, match="not a finished"):
-        Dataset(out)
+        Dataset(w.dir)
     w.close()
+    assert not w.dir.exists()  # swapped in
     assert (out / META_FILE).exists()
     assert Dataset(out).shard_sizes("train") == [10, 10, 10, 5]
     with pytest.raises(DataError, match="already closed"):
@@ -211,7 +213,7 @@ def test_existing_dataset_needs_overwrite(tmp_path):
         ShardWriter(out, DENSE, ONEHOT)
     assert Dataset(out).meta.num_samples("train") == N_TRAIN  # left intact
     w = ShardWriter(out, DENSE, ONEHOT, rows_per_shard=50, overwrite=True)
-    assert not (out / META_FILE).exists() and not (out / "eval").exists()
+    assert Dataset(out).meta.num_samples("train") == N_TRAIN  # the old one stays whole until the new one is
     labels, dense, sparse, _ = samples(0, 60, False)
     w.append("train", labels, dense, sparse)
     w.close()

@@ -3,7 +3,10 @@
 * N in {1, 2} trainers x S in {1, 2} embedding servers, SGD and Adagrad: the final
   parameters (dense + every embedding row + optimizer state) are within 1e-5 relative
   of ``--mode full`` on one process with the same global batch; with one trainer they
-  are bitwise equal (nothing is averaged, the same float operations run). Row-wise Adam
+  are bitwise equal (nothing is averaged, the same float operations run). The trainers
+  of this matrix compute on the asynchronous CPU twin (``--device cpu-async``): their
+  rows reach and leave the cache through the GPU path's staged copies, and the summary
+  names the device and the trainers' collectives' backend (gloo here). Row-wise Adam
   (2D state floats per row on the servers, in the caches and the checkpoint) with a
   warm-up schedule on 2 x 2 too. So is a 2 x 2
   job with a hot tier (hot rows on every trainer, planned by nobody), within tolerance.
@@ -13,6 +16,9 @@
 * Two identical distributed runs end with the same params_sha256.
 * Killing one server mid-run stops every other role within 30 s with an error naming
   it; Ctrl-C (SIGINT to the launcher) stops them all; no process is left behind.
+* A role that refuses on its own (a cache too small for a batch) makes the launcher's one
+  line, naming that role and quoting its reason (not a role that only lost contact with
+  it), and the line is in the role's log.
 
 Every job is started through the command line, as a user would, and every process
 it started is checked to be gone afterwards.
@@ -154,8 +160,9 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
     ref = full_runs(optimizer)
     out = tmp_path / "dist"
     extra = ("--eval-every", EVAL_EVERY) if (trainers, servers) == (2, 2) else ()
-    s = run_distributed(tiny_data, out, optimizer, trainers, servers, *extra)
+    s = run_distributed(tiny_data, out, optimizer, trainers, servers, "--device", "cpu-async", *extra)
     assert s["steps"] == STEPS and s["distributed"]["trainers"] == trainers and s["distributed"]["servers"] == servers
+    assert s["device"].startswith("cpu-async") and s["distributed"]["trainer_backend"] == ("gloo" if trainers > 1 else "none")
     assert_close(params(out), params(ref))
     full = json.loads((ref / "summary.json").read_text())
     if (trainers, servers) == (2, 2):  # the run directory is a normal one: bagpipe eval reads it
@@ -359,6 +366,18 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     errors = "".join(err for _, err in results)
     assert "lost contact with server 1" in errors, errors
     assert "step 1/" in results[0][0]  # trainer 0 trained against the `bagpipe serve` servers
+
+
+def test_a_roles_own_refusal_is_the_launchers_line_and_in_its_log(tiny_data, tmp_path):
+    out = tmp_path / "job"
+    r = bagpipe("train", "--data", tiny_data, "--out", out, "--steps", 5, "--batch-size", 64, "--no-progress",
+                "--mode", "lookahead", "--trainers", 1, "--servers", 1, "--cache-rows", 40, "--threads", 1)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "failed: " in lines[0] and "cannot hold" in lines[0] and "lost contact" not in lines[0], lines[0]
+    role = lines[0].split("error: ")[1].split(" (rank")[0]  # the role that refused, e.g. "oracle"
+    assert "cannot hold" in (out / "logs" / f"{role.replace(' ', '-')}.log").read_text()
+    assert f"[{role}, rank" in r.stdout
 
 
 def test_ctrl_c_stops_every_role(tiny_data, tmp_path):

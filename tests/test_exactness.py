@@ -12,6 +12,13 @@ both stores, with the MLPerf warm-up + polynomial-decay schedule, a separate emb
 rate and weight decay (shorter runs, one model each); a lookahead run resumed from a
 checkpoint taken mid-warm-up ends with the uninterrupted run's digest, and the
 reference's logged rates equal the schedule's closed form.
+
+Every cached run here computes on the asynchronous CPU twin (``--device cpu-async``,
+:mod:`bagpipe.device.twin`): its rows travel between store and cache through staged
+copies that run late and out of order on a worker thread, ordered only by the events
+the CUDA path uses, so these digests also prove that path waits where it must
+(``tests/test_device_runs.py`` shows a dropped wait changing the digest). The
+references run ``--mode full`` on the plain CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bagpipe.config.train import TrainConfig
+from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.data.synthetic import SynthConfig, generate
@@ -57,8 +64,9 @@ def reference(data, tmp_path_factory):
 
 def cfg(data: str, out: str, **kw) -> TrainConfig:
     base = dict(data=data, out=out, steps=STEPS, batch_size=BATCH, lr=0.05, seed=7, progress=False, eval_samples=512)
+    base["device"] = "cpu" if kw.get("mode", "full") == "full" else "cpu-async"  # cached runs: the copies through the twin
     base.update(kw)
-    return TrainConfig.of(**base)
+    return TrainConfig.of(**only_applicable(base))  # the matrix gives every mode the cache settings
 
 
 MATRIX = [

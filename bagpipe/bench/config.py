@@ -10,6 +10,7 @@ overrides the defaults that differ, and states its ``--quick`` size once in ``QU
         └── Throughput (+ Repeated)  warmup (+ reps)                     modes, peers, distributed, sweep
     Repeated (mixin)                 reps                                oracle + Throughput
     CachePoint (mixin)               cache_fraction, lookahead           modes, peers, distributed, convergence
+    OnDevice (mixin)                 device                              modes, mlperf
 
 Validation messages name the option (``--reps must be >= 1, got 0``), so a bad value
 on the command line is a one-line error that says which option to fix.
@@ -146,6 +147,23 @@ class CachePoint(Checked):
         super().validate()
         self.check("cache_fraction", 0 < self.cache_fraction <= 1, "must be in (0, 1]")
         self.check("lookahead", self.lookahead >= 1, "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class OnDevice(Checked):
+    """Scenarios whose training processes may compute on a GPU (a mixin of TrainBench subclasses)."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the training processes compute (bagpipe train --device): cuda puts the model
+    and the cache on the GPU (--mode full: every table), the store stays in host memory or on disk."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.device == "cuda":
+            from bagpipe.device.cuda import cuda_unavailable_reason
+
+            reason = cuda_unavailable_reason()
+            need(reason is None, f"--device cuda: {reason}; use --device cpu")
 
 
 @dataclass(kw_only=True)

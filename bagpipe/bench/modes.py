@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.config import CachePoint, Throughput
+from bagpipe.bench.config import CachePoint, OnDevice, Throughput
 from bagpipe.bench.report import (
     header,
     markdown_table,
@@ -29,6 +29,7 @@ from bagpipe.bench.report import (
 )
 from bagpipe.bench.runner import launch, prepare
 from bagpipe.config.modes import mode_spec
+from bagpipe.config.train import only_applicable
 from bagpipe.optim.names import row_state_dim
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
@@ -36,10 +37,12 @@ STORES = ("memory", "disk")
 
 
 @dataclass(kw_only=True)
-class ModesBench(CachePoint, Throughput):
+class ModesBench(OnDevice, CachePoint, Throughput):
     """Every mode (full, nocache, lru, lookahead) side by side on generated Criteo-Kaggle-sized
     data (33.8M rows at the default --scale 1; DLRM Kaggle recipe, batch 2048, Adagrad), with
-    the memory and the disk store; full always runs in memory, the reference of the ratios."""
+    the memory and the disk store; full always runs in memory, the reference of the ratios.
+    With --device cuda every run computes on the GPU: full with every table in GPU memory,
+    the others with the cache on the GPU and the store in host memory or on disk."""
 
     name = "modes"
     QUICK = dict(scale=0.01, batch_size=256, recipe="debug", steps=8, warmup=2, reps=1, lookahead=8, stores=("memory",))
@@ -68,12 +71,16 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
         data,
         run_dir,
         f"{mode}/{store}",
-        mode=mode,
-        store=store,
-        cache_rows=cache_rows,
-        lookahead=b.lookahead,
-        store_dir=store_dir,
-        init_from_store=store_dir is not None or None,
+        **only_applicable(
+            dict(
+                mode=mode,
+                store=store,
+                cache_rows=cache_rows,
+                lookahead=b.lookahead,
+                store_dir=store_dir,
+                init_from_store=store_dir is not None or None,
+            )
+        ),
     )
 
 

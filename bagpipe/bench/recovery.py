@@ -85,6 +85,8 @@ class RecoveryBench(CachePoint, Throughput):
             bool(self.intervals) and all(0 < i < self.steps for i in self.intervals),
             f"must be checkpoint intervals in (0, --steps {self.steps})",
         )
+        self.check("compact_every", self.compact_every >= 1, "must be >= 1")
+        self.check("kill_interval", self.kill_interval >= 1, "must be >= 1")
         self.check(
             "kill_at",
             self.kill_interval < self.kill_at < self.steps,

@@ -74,7 +74,7 @@ def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings
     """The options of one ``bagpipe train`` run of scenario settings ``b`` (a TrainBench).
 
     The shared settings (data, run directory, model, recipe, batch, optimizer, lr,
-    steps, warm-up, eval samples, threads), then ``settings``: ``bagpipe train``'s options
+    steps, warm-up, eval samples, threads, device), then ``settings``: ``bagpipe train``'s options
     in Python spelling (``cache_rows=..., store_dir=...``); one given here replaces the
     shared value, None leaves the option out. Last the benchmark switches: no progress
     bar, no final checkpoint, no params digest unless ``digest``.
@@ -91,6 +91,7 @@ def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings
         "warmup_steps": getattr(b, "warmup", None),
         "eval_samples": b.eval_samples,
         "threads": b.threads or None,
+        "device": getattr(b, "device", None),
         **settings,
     }
     args = []

@@ -18,7 +18,10 @@ Every executor performs, for each plan, the stages the planners rely on
   4. yield the plan (the step runs on the cache);
   5. :meth:`PlanExecutor.after_step`: write back ``evict_after``, free ``drop_after``.
 
-What differs is when and on which thread stages 2 and 3 touch the store.
+What differs is when and on which thread stages 2 and 3 touch the store. Rows travel
+between the store and the cache through one :class:`~bagpipe.cache.transfer.Transfers`
+(staged host-to-device copies on an upload stream, write-backs device-to-host on a
+download stream, ordered by events), whatever the executor and the device.
 """
 
 from __future__ import annotations
@@ -30,15 +33,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
 from bagpipe.cache.slots import SlotCache
+from bagpipe.cache.transfer import Staged, Transfers
 from bagpipe.errors import BagpipeError
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.base import EmbeddingStore
 
-Fetched = tuple[np.ndarray, np.ndarray]
-"""A plan's fetched rows: (M, D) weights and (M, S) optimizer state, in ``fetch_rows`` order."""
+Fetched = Staged
+"""A plan's fetched rows on their way to the device: (M, D) weights and (M, S) optimizer
+state, in ``fetch_rows`` order."""
 
 
 @dataclass
@@ -74,6 +78,8 @@ class PlanExecutor:
         start_step: the first plan's step (a resumed run starts past 0): every
             write-back before it is in the store.
         before_evict: called with each plan before its slots are freed or refilled.
+        transfers: the copy path between the store and the cache's device (default: the
+            cache in host memory, nothing staged).
 
     Call :meth:`after_step` after each step's update, :meth:`drain` and
     :meth:`write_cached` to make the store hold every row, :meth:`close` at the end.
@@ -88,12 +94,14 @@ class PlanExecutor:
         depth: int = 2,
         start_step: int = 0,
         before_evict: Callable[[Plan], None] | None = None,
+        transfers: Transfers | None = None,
     ):
         self.store = store
         self.cache = cache
         self.plans = plans
         self.depth = depth
         self.before_evict = before_evict
+        self.transfers = Transfers() if transfers is None else transfers
         self.times = PipelineTimes()
         self._threads: list[threading.Thread] = []  # background threads (none here)
         # label of the last step whose write-backs reached the store; before the first
@@ -125,8 +133,8 @@ class PlanExecutor:
     def _fetch(self, plan: Plan, fetched: Fetched | None) -> None:
         """Make the plan's misses present in the cache before it is yielded."""
         t0 = time.perf_counter()
-        w, s = fetched if fetched is not None else self.store.read(plan.fetch_rows)
-        self.cache.install(plan.fetch_slots, plan.fetch_rows, w, s)
+        staged = fetched if fetched is not None else self.transfers.stage(*self.store.read(plan.fetch_rows))
+        self.transfers.install(self.cache, plan.fetch_slots, plan.fetch_rows, staged)
         self.times.wait_embeddings += time.perf_counter() - t0
 
     def _stepped(self, plan: Plan) -> None:
@@ -137,7 +145,7 @@ class PlanExecutor:
         write-back labelled <= closes is issued once this one is."""
         t0 = time.perf_counter()
         if len(slots):
-            w, s = self.cache.take(slots)
+            w, s = self.transfers.download(*self.cache.take(slots)).result()
             self.store.write(rows, w, s)
         self.times.writeback += time.perf_counter() - t0
 
@@ -160,9 +168,7 @@ class PlanExecutor:
         store's own) would show as a spike in the run's peak memory at every checkpoint."""
         slots, rows = self.cache.occupied()
         for a in range(0, len(slots), chunk_rows):
-            part = torch.from_numpy(slots[a : a + chunk_rows])
-            w = self.cache.weights.index_select(0, part).numpy()
-            s = self.cache.state.index_select(0, part).numpy()
+            w, s = self.transfers.download(*self.cache.read(slots[a : a + chunk_rows])).result()
             self.store.write(rows[a : a + chunk_rows], w, s)
 
     def close(self, abandon: bool = False) -> None:
@@ -186,7 +192,10 @@ class DeferredReadExecutor(PlanExecutor):
         self._pending: tuple[Plan, Future] | None = None
 
     def _fetch(self, plan: Plan, fetched: Fetched | None) -> None:
-        self._pending = (plan, self._reader.submit(self.store.read, plan.fetch_rows))
+        self._pending = (plan, self._reader.submit(self._read, plan.fetch_rows))
+
+    def _read(self, rows: np.ndarray) -> Staged:
+        return self.transfers.stage(*self.store.read(rows))
 
     def _stepped(self, plan: Plan) -> None:
         if self._pending is not None:
@@ -199,8 +208,7 @@ class DeferredReadExecutor(PlanExecutor):
         t0 = time.perf_counter()
         plan, read = self._pending
         self._pending = None
-        w, s = read.result()
-        self.cache.install(plan.fetch_slots, plan.fetch_rows, w, s)
+        self.transfers.install(self.cache, plan.fetch_slots, plan.fetch_rows, read.result())
         self.times.wait_embeddings += time.perf_counter() - t0
 
     def close(self, abandon: bool = False) -> None:

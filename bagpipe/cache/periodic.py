@@ -59,7 +59,7 @@ class PeriodicRowUpdate:
         if len(slots) == 0:
             return
         t0 = time.perf_counter()
-        idx = torch.from_numpy(slots)
+        idx = self.cache.index(slots)
         w, s = self.cache.weights.index_select(0, idx), self.cache.state.index_select(0, idx)
         buf = torch.cat([w, s], dim=1)
         if self.N > 1:
@@ -80,7 +80,7 @@ class PeriodicRowUpdate:
         shared_now = np.zeros_like(self.dirty)
         shared_now[plan.sync_slots] = True
         shared_now |= self.dirty
-        mine_shared = torch.from_numpy(shared_now[slots_u.numpy()])
+        mine_shared = torch.from_numpy(shared_now[plan.slots]).to(slots_u.device)  # plan.slots: inp.index on the host
         if bool(mine_shared.any()):  # its own copy, its own gradient
             _update(self.cache, self.opt, inp.step, slots_u[mine_shared], grad_u[mine_shared], rows_u[mine_shared])
         local = ~mine_shared

@@ -3,7 +3,10 @@
 :class:`PipelinedExecutor` extends the synchronous :class:`~bagpipe.cache.executor.PlanExecutor`
 (its reference: both perform the same stages on the same plans, and every mode's digest
 equals ``--mode full``'s) by moving the store traffic onto three background threads, so
-the trainer's thread only copies rows in and out of the cache.
+the trainer's thread only copies rows in and out of the cache. On a GPU the fetch thread
+also starts the staged rows' copies to the device (upload stream) and the write-back
+thread waits for the rows' copies to the host (download stream) before it writes them
+(:mod:`bagpipe.cache.transfer`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from bagpipe.cache.executor import Fetched, PlanExecutor
 from bagpipe.cache.slots import SlotCache
+from bagpipe.cache.transfer import Download
 from bagpipe.errors import BagpipeError
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.base import EmbeddingStore
@@ -34,8 +38,7 @@ class _Failure:
 @dataclass
 class _WriteBack:
     rows: np.ndarray
-    weights: np.ndarray
-    state: np.ndarray
+    rows_out: Download | None  # the rows' values on their way to host memory (None: no rows)
     closes: int | None = None  # when set: every write-back labelled <= closes is done after this one
 
 
@@ -48,15 +51,16 @@ class PipelinedExecutor(PlanExecutor):
         runs the planner (which reads the batch stream) into a queue of ``max(2, depth)`` plans.
     ``bagpipe-fetch``
         for each plan, waits until every write-back labelled ``<= plan.fetch_after`` has
-        reached the store, then reads the plan's misses into staging arrays; at most
-        ``depth`` plans wait fetched (plus one in its hands).
+        reached the store, then reads the plan's misses and stages them (starts their copy
+        to the device); at most ``depth`` plans wait fetched (plus one in its hands).
     ``bagpipe-writeback``
-        writes the rows the trainer copied out, in order, and publishes the label of the
-        last completed group (``closes``), which releases the fetches waiting on it.
+        waits for each group of rows the trainer copied out to reach host memory, writes
+        it, in order, and publishes the label of the last completed group (``closes``),
+        which releases the fetches waiting on it.
     the caller's thread (the trainer)
-        takes the next fetched plan, copies its write-backs out of the cache into the
-        write-back queue, installs the staged rows, runs the step, copies the expired
-        rows out.
+        takes the next fetched plan, starts copying its write-backs out of the cache into
+        the write-back queue, installs the staged rows (after their copy), runs the step,
+        starts copying the expired rows out.
 
     A failure on any thread reaches the trainer's thread as that exception.
     """
@@ -114,9 +118,9 @@ class PipelinedExecutor(PlanExecutor):
                     while self._written < plan.fetch_after and not self._stop.is_set():
                         self._cond.wait(timeout=0.1)
                 t0 = time.perf_counter()
-                w, s = self.store.read(plan.fetch_rows, after=plan.fetch_after)
+                staged = self.transfers.stage(*self.store.read(plan.fetch_rows, after=plan.fetch_after))
                 self.times.fetch_busy += time.perf_counter() - t0
-                if not self._put(self._ready_q, (plan, w, s)):
+                if not self._put(self._ready_q, (plan, staged)):
                     return
         except BaseException as e:  # noqa: BLE001
             self._put(self._ready_q, _Failure(e))
@@ -132,7 +136,8 @@ class PipelinedExecutor(PlanExecutor):
                 continue
             try:
                 t0 = time.perf_counter()
-                self.store.write(item.rows, item.weights, item.state)
+                w, s = item.rows_out.result() if item.rows_out is not None else (_NO_ROWS, _NO_ROWS)
+                self.store.write(item.rows, w, s)
                 if item.closes is not None:
                     self.store.mark_written(item.closes)  # a remote store tells its servers
                 self.times.writeback_busy += time.perf_counter() - t0
@@ -163,15 +168,15 @@ class PipelinedExecutor(PlanExecutor):
                 raise item.exc
             if item is _DONE:
                 return None
-            plan, w, s = item
-            return plan, (w, s)
+            plan, staged = item
+            return plan, staged
 
     def _write_back(self, slots: np.ndarray, rows: np.ndarray, closes: int | None) -> None:
         t0 = time.perf_counter()
         if len(slots) or closes is not None:
-            w, s = self.cache.take(slots) if len(slots) else (_NO_ROWS, _NO_ROWS)
+            out = self.transfers.download(*self.cache.take(slots)) if len(slots) else None
             self._check_wb()
-            self._queue_wb(_WriteBack(rows, w, s, closes))
+            self._queue_wb(_WriteBack(rows, out, closes))
         self.times.writeback += time.perf_counter() - t0
 
     def _queue_wb(self, item) -> None:

@@ -53,7 +53,7 @@ class PendingSync:
 
     def __init__(self, work, buf: torch.Tensor, slots: torch.Tensor, cache: SlotCache, opt: SparseOptimizer, step: int):
         self.work, self.buf, self.slots, self.cache, self.opt, self.step = work, buf, slots, cache, opt, step
-        self.slot_set = slots.numpy()
+        self.slot_set = slots.cpu().numpy()
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -145,8 +145,8 @@ class SyncedRowUpdate:
             rows_u,
             grad_u,
             inp.index,
-            torch.from_numpy(plan.sync_slots),
-            torch.from_numpy(plan.sync_pos),
+            self.cache.index(plan.sync_slots),
+            self.cache.index(plan.sync_pos),
             plan.num_trainers,
             self.group,
             urgent=plan.sync_urgent,

@@ -19,7 +19,9 @@ Example:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", help="data set directory")
+    from bagpipe.config.argtypes import path
+
+    p.add_argument("data", type=path, help="data set directory")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 

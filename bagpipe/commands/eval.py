@@ -20,10 +20,12 @@ Example:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, help="run directory written by bagpipe train")
-    p.add_argument("--data", required=True, help="dataset directory with an eval split")
-    p.add_argument("--batch-size", type=int, default=4096, help="eval batch size (default 4096)")
-    p.add_argument("--max-samples", type=int, default=0, help="cap on eval samples (default: all)")
+    from bagpipe.config.argtypes import count, path
+
+    p.add_argument("--run", required=True, type=path, help="run directory written by bagpipe train")
+    p.add_argument("--data", required=True, type=path, help="dataset directory with an eval split")
+    p.add_argument("--batch-size", type=count(1), default=4096, help="eval batch size (default 4096)")
+    p.add_argument("--max-samples", type=count(0), default=0, help="cap on eval samples (default: all)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -31,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bagpipe.checkpoint import latest
+    from bagpipe.data.schema import read_json
     from bagpipe.data.shards import Dataset
     from bagpipe.errors import CheckpointError, ConfigError
     from bagpipe.models import ModelConfig, build_model
@@ -40,15 +43,11 @@ def run(args: argparse.Namespace) -> int:
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
         raise ConfigError(f"{run_dir}: not a bagpipe run directory (no config.json)")
-    conf = json.loads(cfg_path.read_text())
+    conf = read_json(cfg_path)
     ckpt = latest(run_dir)
     if ckpt is None:
         raise CheckpointError(f"{run_dir}: the run has no checkpoint to evaluate")
     dataset = Dataset(args.data)
-    mcfg = ModelConfig(**conf["model"])
-    model = build_model(mcfg, dataset.meta.num_dense, dataset.meta.num_features)
-    model.load_state_dict(ckpt.dense["model"])
-    table = ckpt.reader()
     trained = conf.get("dataset", {}).get("table_sizes")
     have = dataset.meta.table_sizes
     if trained is not None and trained != have:
@@ -63,14 +62,22 @@ def run(args: argparse.Namespace) -> int:
             else f"{len(have)} tables, the run had {len(trained)}"
         )
         raise ConfigError(f"{args.data} does not match the tables {run_dir} was trained with: {what}")
-    if table.num_rows != dataset.meta.total_rows:
-        raise ConfigError(
-            f"{args.data} has {dataset.meta.total_rows} embedding rows but the run was trained with {table.num_rows}"
-        )
     if dataset.meta.num_dense != conf.get("dataset", {}).get("num_dense", dataset.meta.num_dense):
         raise ConfigError(
             f"{args.data} has {dataset.meta.num_dense} dense features, the run was trained with {conf['dataset']['num_dense']}"
         )
+    table = ckpt.reader()
+    if table.num_rows != dataset.meta.total_rows:
+        raise ConfigError(
+            f"{args.data} has {dataset.meta.total_rows} embedding rows but the run was trained with {table.num_rows}"
+        )
+    try:
+        mcfg = ModelConfig(**conf["model"])
+        model = build_model(mcfg, dataset.meta.num_dense, dataset.meta.num_features)
+        model.load_state_dict(ckpt.dense["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{args.data} does not fit the model {run_dir} trained ({first})") from None
 
     def lookup(rows: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(table.values(rows.numpy())[0])

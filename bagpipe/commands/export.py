@@ -26,11 +26,19 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bagpipe.config.argtypes import path
+
     p.add_argument(
-        "--run", required=True, metavar="DIR", help="run directory written by bagpipe train (its latest checkpoint)"
+        "--run",
+        required=True,
+        type=path,
+        metavar="DIR",
+        help="run directory written by bagpipe train (its latest checkpoint)",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="export directory (must be new or empty)")
-    p.add_argument("--data", metavar="DIR", help="the dataset the run trained on (default: the one in RUN/config.json)")
+    p.add_argument("--out", required=True, type=path, metavar="DIR", help="export directory (must be new or empty)")
+    p.add_argument(
+        "--data", type=path, metavar="DIR", help="the dataset the run trained on (default: the one in RUN/config.json)"
+    )
     p.add_argument(
         "--shard-mb",
         type=float,
@@ -38,15 +46,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MB",
         help="largest embedding file in MiB; whole tables are packed up to it (default: 2048)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export in --out (built beside it and swapped in when complete; "
+        "only if every file there is the export's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from bagpipe.errors import ConfigError
     from bagpipe.export.write import export_run
 
-    if not args.shard_mb > 0:
-        raise ConfigError(f"--shard-mb must be > 0, got {args.shard_mb}")
+    if not (args.shard_mb > 0 and args.shard_mb <= 1 << 30):  # NaN fails too
+        raise ConfigError(f"--shard-mb must be > 0 and at most 2^30 (a number of MiB), got {args.shard_mb}")
     result = export_run(
         args.run, args.out, data=args.data, shard_bytes=int(args.shard_mb * (1 << 20)), overwrite=args.overwrite
     )

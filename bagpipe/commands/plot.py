@@ -18,8 +18,10 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by bagpipe train")
-    p.add_argument("--out", required=True, metavar="FILE", help="the PNG to write")
+    from bagpipe.config.argtypes import path
+
+    p.add_argument("runs", nargs="+", type=path, metavar="RUN", help="run directories written by bagpipe train")
+    p.add_argument("--out", required=True, type=path, metavar="FILE", help="the PNG to write (exactly this file)")
     p.add_argument("--labels", nargs="+", metavar="NAME", help="one legend name per run (default: the folder names)")
     p.add_argument("--title", help="a title above the panels")
 

@@ -28,15 +28,22 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bagpipe.config.argtypes import count, path
     from bagpipe.preprocess.registry import FORMATS
 
-    p.add_argument("--model", required=True, metavar="DIR", help="export directory written by bagpipe export")
-    p.add_argument("--input", required=True, metavar="FILE", help="raw log file (plain or gzip)")
+    p.add_argument(
+        "--model", required=True, type=path, metavar="DIR", help="export directory written by bagpipe export"
+    )
+    p.add_argument("--input", required=True, type=path, metavar="FILE", help="raw log file (plain or gzip)")
     p.add_argument(
         "--format", choices=list(FORMATS), help="raw format of --input (default: the model's training data's)"
     )
     p.add_argument(
-        "--out", default="-", metavar="FILE", help="where the probabilities go, one per line (default: stdout)"
+        "--out",
+        default="-",
+        type=path,
+        metavar="FILE",
+        help="where the probabilities go, one per line (default: stdout); never the input or inside the model",
     )
     p.add_argument(
         "--labelled",
@@ -52,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--block-kb",
-        type=int,
+        type=count(1, 1 << 20),
         default=1024,
         metavar="KB",
         help="input read and scored per batch, in KiB of text (default: 1024)",
@@ -61,39 +68,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import contextlib
-    import os
     import sys
-    from pathlib import Path
 
     from bagpipe.errors import ConfigError
     from bagpipe.export.model import load
     from bagpipe.export.score import predict_file
+    from bagpipe.files import atomic_file, check_out_file
 
-    if args.block_kb < 1:
-        raise ConfigError(f"--block-kb must be >= 1, got {args.block_kb}")
+    out = (
+        None
+        if args.out == "-"
+        else check_out_file(args.out, "--out", {"--input": [args.input], "--model": [args.model]})
+    )
     model = load(args.model)
     if args.format is not None and args.format != model.raw_format_name:
         raise ConfigError(f"{args.model} was trained on {model.raw_format_name} data, not {args.format}")
-    out = None if args.out == "-" else Path(args.out)
     # a file appears only complete: written under a temporary name, renamed at the end
-    # (a device such as /dev/null is written directly)
-    tmp = out.with_name(f".tmp-{out.name}") if out is not None and (not out.exists() or out.is_file()) else None
-    try:
-        with contextlib.ExitStack() as stack:
-            stream = sys.stdout if out is None else stack.enter_context(open(tmp or out, "w"))
-            result = predict_file(
-                model,
-                args.input,
-                stream,
-                labelled=args.labelled,
-                header="no" if args.no_header else "auto",
-                on_error=args.on_error,
-                block_bytes=args.block_kb << 10,
-            )
-        if tmp is not None and out is not None:
-            os.replace(tmp, out)
-    finally:
-        if tmp is not None and tmp.exists():
-            tmp.unlink()
+    with contextlib.ExitStack() as stack:
+        stream = sys.stdout if out is None else stack.enter_context(atomic_file(out))
+        result = predict_file(
+            model,
+            args.input,
+            stream,
+            labelled=args.labelled,
+            header="no" if args.no_header else "auto",
+            on_error=args.on_error,
+            block_bytes=args.block_kb << 10,
+        )
     print(result.line(args.input), file=sys.stderr if out is None else sys.stdout)
     return 0

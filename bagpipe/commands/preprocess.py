@@ -77,32 +77,23 @@ Examples:
 }
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _fraction(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {v}")
-    return v
-
-
 def _common(p: argparse.ArgumentParser, fmt: str) -> None:
+    from bagpipe.config.argtypes import count, path, real
+
+    _positive_int, _fraction = count(1), real(0, 1)
     g = p.add_argument_group("input and output")
-    g.add_argument("--input", nargs="+", default=[], metavar="FILE", help="raw files (plain or gzip), read in order")
-    g.add_argument("--eval-files", nargs="+", default=[], metavar="FILE", help="files that go whole to split 'eval'")
-    g.add_argument("--out", required=True, metavar="DIR", help="output dataset directory")
-    g.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
+    g.add_argument(
+        "--input", nargs="+", type=path, default=[], metavar="FILE", help="raw files (plain or gzip), read in order"
+    )
+    g.add_argument(
+        "--eval-files", nargs="+", type=path, default=[], metavar="FILE", help="files that go whole to split 'eval'"
+    )
+    g.add_argument("--out", required=True, type=path, metavar="DIR", help="output dataset directory")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset already in --out (only if every file there is the dataset's; never an input)",
+    )
     g.add_argument(
         "--no-label",
         action="store_true",
@@ -134,7 +125,10 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
         help="vocabulary of the train lines: values seen >= K times get their own row, the rest share row 0 (default 1)",
     )
     m.add_argument(
-        "--vocab-from", metavar="DIR", help="reuse the vocabulary / hashing of dataset DIR (same ids, same table sizes)"
+        "--vocab-from",
+        type=path,
+        metavar="DIR",
+        help="reuse the vocabulary / hashing of dataset DIR (same ids, same table sizes)",
     )
     g = p.add_argument_group("errors and performance")
     g.add_argument(
@@ -144,9 +138,9 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
         help="a bad line stops the run naming file and line (fail, default) or is skipped and counted (skip)",
     )
     g.add_argument("--rows-per-shard", type=_positive_int, metavar="N", help="samples per shard file (default 262144)")
-    g.add_argument("--workers", type=_positive_int, metavar="N", help="parser threads (default: CPU count, at most 4)")
+    g.add_argument("--workers", type=count(1, 256), metavar="N", help="parser threads (default: CPU count, at most 4)")
     g.add_argument(
-        "--block-mb", type=_positive_int, default=8, metavar="MB", help="bytes read per block (default 8 MB)"
+        "--block-mb", type=count(1, 4096), default=8, metavar="MB", help="bytes read per block (default 8 MB)"
     )
     g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
 

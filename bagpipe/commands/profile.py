@@ -26,25 +26,29 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, metavar="DIR", help="dataset directory (its train split is profiled)")
+    from bagpipe.config.argtypes import count, path, real
+
+    p.add_argument(
+        "--data", required=True, type=path, metavar="DIR", help="dataset directory (its train split is profiled)"
+    )
     p.add_argument(
         "--hot-budget-mb",
         required=True,
-        type=float,
+        type=real(0, lo_open=True),
         metavar="M",
         help="memory for the hot rows and their optimizer state, in MiB (FAE's default: 256)",
     )
     p.add_argument(
         "--sample-rate",
-        type=float,
+        type=real(0, 1, lo_open=True),
         default=0.05,
         metavar="F",
         help="share of the train split to read, in (0, 1] (default: 0.05, FAE's)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seeds the choice of sampled blocks (default: 0)")
+    p.add_argument("--seed", type=count(0), default=0, help="seeds the choice of sampled blocks (default: 0)")
     p.add_argument(
         "--embedding-dim",
-        type=int,
+        type=count(1, 1 << 20),
         default=16,
         metavar="D",
         help="D of the run the rows are for (default: 16, the kaggle recipe's; debug has 8)",
@@ -58,7 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the run's optimizer: its per-row state (S: sgd 0, adagrad 1, adam 2D, "
         "partial_rowwise_adam D+1) counts against the budget",
     )
-    p.add_argument("--out", metavar="FILE", help="write the hot rows here (.npz) for `bagpipe train --hot-rows`")
+    p.add_argument(
+        "--out", type=path, metavar="FILE", help="write the hot rows here (.npz) for `bagpipe train --hot-rows`"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="do not show progress bars")
 
@@ -66,11 +72,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bagpipe.accel.profile import profile
     from bagpipe.data.shards import Dataset
-    from bagpipe.errors import ConfigError
+    from bagpipe.files import check_out_file
     from bagpipe.optim.names import row_state_dim
 
-    if args.embedding_dim < 1:
-        raise ConfigError(f"--embedding-dim must be >= 1, got {args.embedding_dim}")
+    if args.out:
+        check_out_file(args.out, "--out", {"--data": [args.data]})
     state_dim = row_state_dim(args.optimizer, args.embedding_dim)
     hot = profile(
         Dataset(args.data),

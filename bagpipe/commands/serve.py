@@ -21,40 +21,31 @@ Example (the other roles started with torchrun / bagpipe worker, see docs/distri
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    import os
+    # $RANK, $MASTER_ADDR and $MASTER_PORT are read by run(), not here: a bad value in the
+    # environment must not break the parsing of every command (--version, --help)
+    from bagpipe.config.argtypes import count, path, real, text
 
-    p.add_argument(
-        "--rank", type=int, default=int(os.environ.get("RANK", -1)), help="this process's rank (default $RANK)"
-    )
-    p.add_argument("--trainers", type=int, required=True, help="N trainers in the job")
-    p.add_argument("--servers", type=int, required=True, help="S servers in the job")
-    p.add_argument(
-        "--master-addr",
-        default=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-        help="rendezvous host (default $MASTER_ADDR or 127.0.0.1)",
-    )
-    p.add_argument(
-        "--master-port",
-        type=int,
-        default=int(os.environ.get("MASTER_PORT", 29500)),
-        help="rendezvous port (default $MASTER_PORT or 29500)",
-    )
+    p.add_argument("--rank", type=count(0), help="this process's rank (default $RANK)")
+    p.add_argument("--trainers", type=count(1, 4096), required=True, help="N trainers in the job")
+    p.add_argument("--servers", type=count(1, 4096), required=True, help="S servers in the job")
+    p.add_argument("--master-addr", type=text, help="rendezvous host (default $MASTER_ADDR or 127.0.0.1)")
+    p.add_argument("--master-port", help="rendezvous port, 1..65535 (default $MASTER_PORT or 29500)")
     p.add_argument("--bind", default="127.0.0.1", help="address of the interface to serve on (default 127.0.0.1)")
     p.add_argument(
         "--store", choices=("memory", "disk"), default="memory", help="where the shard's rows live (default memory)"
     )
-    p.add_argument("--store-dir", help="directory of the disk store (a shard-K-of-S folder is made in it)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--store-dir", type=path, help="directory of the disk store (a shard-K-of-S folder is made in it)")
+    p.add_argument("--threads", type=count(1, 4096), default=1, help="torch threads (default 1)")
     p.add_argument(
         "--rendezvous-timeout",
-        type=float,
+        type=real(0, lo_open=True),
         default=300.0,
         metavar="SECONDS",
         help="how long to wait for the job's other processes to start (default 300)",
     )
     p.add_argument(
         "--memory-budget-mb",
-        type=float,
+        type=real(0),
         default=None,
         metavar="MIB",
         help="MiB this server may use, page cache included (default: its memory cgroup's limit; 0: none); "
@@ -70,36 +61,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from bagpipe.config.environ import MAX_PORT, env_int, parse_int
     from bagpipe.distributed.launch import interface_of
     from bagpipe.distributed.layout import Layout
     from bagpipe.distributed.roles import ServerConfig, serve
     from bagpipe.errors import ConfigError
 
     layout = Layout(args.trainers, args.servers)
-    if args.rank < 0:
+    rank: int = args.rank if args.rank is not None else env_int("RANK", -1, lo=0, hi=layout.world_size - 1)
+    if rank < 0:
         raise ConfigError("--rank is required (or $RANK): servers are ranks N .. N+S-1")
+    if args.master_port is not None:
+        master_port = parse_int(args.master_port, "--master-port", lo=1, hi=MAX_PORT)
+    else:
+        master_port = env_int("MASTER_PORT", 29500, lo=1, hi=MAX_PORT)
+    master_addr = args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
     iface = interface_of(args.bind)
     if iface is None:
         raise ConfigError(f"--bind {args.bind}: no network interface of this machine has that address")
     if args.store == "disk" and not args.store_dir:
         raise ConfigError("--store disk needs --store-dir")
+    scfg = ServerConfig(
+        store=args.store,
+        store_dir=args.store_dir,
+        threads=args.threads,
+        rendezvous_timeout=args.rendezvous_timeout,
+        init_from_store=args.init_from_store,
+        memory_budget_mb=args.memory_budget_mb,
+    )
     os.environ.update(
-        MASTER_ADDR=args.master_addr,
-        MASTER_PORT=str(args.master_port),
-        RANK=str(args.rank),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
         WORLD_SIZE=str(layout.world_size),
         GLOO_SOCKET_IFNAME=iface,
     )
-    serve(
-        ServerConfig(
-            store=args.store,
-            store_dir=args.store_dir,
-            threads=args.threads,
-            rendezvous_timeout=args.rendezvous_timeout,
-            init_from_store=args.init_from_store,
-            memory_budget_mb=args.memory_budget_mb,
-        ),
-        layout,
-        args.rank,
-    )
+    serve(scfg, layout, rank)
     return 0

@@ -36,6 +36,8 @@ Example:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bagpipe.config.argtypes import path
+
     p.add_argument("--profile", required=True, choices=sorted(PROFILES), help="dataset shape to imitate")
     p.add_argument(
         "--samples", type=int, default=100_000, metavar="N",
@@ -50,8 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--eval-fraction", type=float, default=0.1, metavar="F",
         help="the last fraction F of the samples form the eval split, in [0, 1) (default: 0.1)",
     )  # fmt: skip
-    p.add_argument("--out", required=True, metavar="DIR", help="output dataset directory")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset already in DIR")
+    p.add_argument("--out", required=True, type=path, metavar="DIR", help="output dataset directory")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset already in DIR (only if every file there is the dataset's)",
+    )
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
 
 

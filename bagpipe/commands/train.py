@@ -36,9 +36,15 @@ optimizer state, and one oracle process, all started here on loopback; the resul
 matches --mode full within float tolerance. Logs per role go to RUN/logs/. Across
 machines start the same roles with torchrun and `bagpipe worker` (docs/distributed.md).
 
+On a GPU (--device cuda): the model and the cache (--mode full: every table) live on the
+GPU, the store in host memory or on disk, and rows are copied on side streams while the
+steps compute; every cached mode still ends bitwise equal to --mode full on the GPU. A
+distributed trainer takes GPU LOCAL_RANK (NCCL between trainers with a GPU each). See
+docs/gpu.md.
+
 Settings can come from a TOML file (--config): each key is an option's name with
 underscores (--batch-size is batch_size), at the top level or inside the table of its
-group below ([data], [arch], [optim], [cache], [hot], [dist], [approx], [run]); command-line options
+group below ([data], [arch], [optim], [cache], [hot], [dist], [approx], [device], [run]); command-line options
 override the file.
 
 Examples:
@@ -59,9 +65,10 @@ Examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config import add_options
+    from bagpipe.config.argtypes import path
     from bagpipe.config.train import TrainConfig
 
-    p.add_argument("--config", metavar="FILE", help="TOML file with settings (command-line options win)")
+    p.add_argument("--config", type=path, metavar="FILE", help="TOML file with settings (command-line options win)")
     add_options(p, TrainConfig)
 
 

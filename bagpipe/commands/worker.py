@@ -25,26 +25,28 @@ the roles should talk over. See docs/distributed.md.
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.commands.train import add_arguments as train_arguments
+    from bagpipe.config.argtypes import path
 
     p.add_argument(
-        "--job", help="JSON of the whole configuration (written by the launcher); replaces the options below"
+        "--job", type=path, help="JSON of the whole configuration (written by the launcher); replaces the options below"
     )
     train_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import os
     import sys
 
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.distributed.layout import Layout
-    from bagpipe.distributed.roles import env_rank, run_role
+    from bagpipe.distributed.roles import env_rank, report_error, run_role
     from bagpipe.errors import BagpipeError
 
     if args.job:
-        cfg = TrainConfig.from_json(json.loads(open(args.job).read()), source=args.job)
+        from bagpipe.data.schema import read_json
+
+        cfg = TrainConfig.from_json(read_json(args.job), source=args.job)
     else:
         cfg = load_config(args.config, given(args, TrainConfig))
     layout = Layout(cfg.dist.trainers, cfg.dist.servers)
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         # A role that lost a peer may still have threads blocked inside gloo on that
         # peer; the interpreter's normal teardown would then abort in C++. Report and
         # leave at once: this process has nothing left to save.
-        print(f"bagpipe worker: error: {e}", file=sys.stderr, flush=True)
+        report_error(e)
         sys.stdout.flush()
         os._exit(2)
     if summary is not None:

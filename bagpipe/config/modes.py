@@ -55,6 +55,8 @@ class ModeSpec:
     """Whether Slipstream's --skip-stale works with it."""
     fae_schedule: bool = False
     """Whether --fae-schedule split (FAE's regrouped data order) applies."""
+    cuda: bool = True
+    """Whether it runs on --device cuda (the model and the cache on a GPU)."""
 
     @property
     def store(self) -> bool:
@@ -106,6 +108,7 @@ MODE_TABLE: tuple[ModeSpec, ...] = (
         executor="deferred",
         step="hotline",
         hot_budget_mb=FAE_BUDGET_MB,
+        cuda=False,  # its micro-batch split indexes the step's tensors on the host
     ),
 )
 

@@ -133,9 +133,13 @@ def read_toml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a TOML file must be UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
 
 
 def flatten(root: type, values: dict, source: str) -> dict:
@@ -149,6 +153,14 @@ def flatten(root: type, values: dict, source: str) -> dict:
     out: dict[str, Any] = {}
 
     def put(key: str, value: Any, where: str) -> None:
+        if (
+            key not in known and isinstance(value, dict) and not where and any(secs)
+        ):  # a table, not a key: a section's name mistyped
+            near = difflib.get_close_matches(key, [s for s in secs if s], n=1)
+            hint = (
+                f"; did you mean [{near[0]}]?" if near else f"; the tables are {', '.join(f'[{s}]' for s in secs if s)}"
+            )
+            raise ConfigError(f"{source}: unknown table [{key}]{hint}")
         if key not in known:
             near = difflib.get_close_matches(key, list(known), n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""

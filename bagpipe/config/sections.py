@@ -21,6 +21,9 @@ from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
 from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
 Store = Literal["memory", "disk"]
+DeviceName = Literal["cpu", "cuda", "cpu-async"]  # the keys of bagpipe.device.DEVICES
+MAX_DIM = 1 << 16  # D beyond this is a typo, not a model (a row of 256 KiB)
+MAX_THREADS = 4096
 
 
 @dataclass(kw_only=True)
@@ -53,7 +56,8 @@ class ArchConfig(Section):
 
     def validate(self) -> None:
         need(
-            self.embedding_dim is None or self.embedding_dim > 0, f"embedding dim must be > 0, got {self.embedding_dim}"
+            self.embedding_dim is None or 0 < self.embedding_dim <= MAX_DIM,
+            f"embedding dim must be in [1, {MAX_DIM}], got {self.embedding_dim}",
         )
 
     def model_config(self) -> ModelConfig:
@@ -347,6 +351,21 @@ class DistConfig(Section):
 
 
 @dataclass(kw_only=True)
+class DeviceConfig(Section):
+    """device (where the model and the cache compute; docs/gpu.md)"""
+
+    device: DeviceName = "cpu"
+    """cpu; cuda: the dense model, the cache (C, D) and its optimizer state on the GPU, the
+    store in host memory or on disk, the oracle on the CPU (--mode full: every table on the
+    GPU); a distributed trainer takes GPU LOCAL_RANK. cpu-async: the CPU, with every copy
+    between host buffers and the cache run late and out of order on a worker thread, as a
+    GPU may (a missing wait then shows as a wrong result; for tests)."""
+    deterministic: bool = True
+    """cuda: torch's deterministic algorithms, which make every cached mode bitwise equal to
+    --mode full on the GPU (off: may be faster; results then differ in the last bits)."""
+
+
+@dataclass(kw_only=True)
 class ApproxConfig(Section):
     """approximations, opt-in (docs/approximations.md)"""
 
@@ -435,6 +454,7 @@ class RunConfig(Section):
 
     def validate(self) -> None:
         need(self.steps > 0, f"steps must be > 0, got {self.steps}")
+        need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}")
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
@@ -442,5 +462,5 @@ class RunConfig(Section):
             self.checkpoint_compact_every >= 1,
             f"checkpoint_compact_every must be >= 1, got {self.checkpoint_compact_every}",
         )
-        need(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
+        need(0 <= self.threads <= MAX_THREADS, f"threads must be in [0, {MAX_THREADS}], got {self.threads}")
         need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")

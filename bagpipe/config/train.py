@@ -6,7 +6,9 @@ command line. Every setting is declared once, in its section (:mod:`bagpipe.conf
 with its type and a docstring; ``bagpipe train --help`` and the TOML keys are generated
 from these declarations (:mod:`bagpipe.config.options`), so the option ``--batch-size``
 is the key ``batch_size``, at the top level of the file or in its section's table
-(``[data]``). Every bad value raises ConfigError with one line at start-up.
+(``[data]``). Every bad value raises ConfigError with one line at start-up, and so does a
+setting the chosen mode, store, topology or schedule does not read (:func:`inapplicable`,
+which reads the table of modes).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from bagpipe.config.modes import modes_with
-from bagpipe.config.options import build, flatten, read_toml, to_flat
+from bagpipe.config.modes import mode_spec, modes_with
+from bagpipe.config.options import build, flatten, read_toml, sections, to_flat
 from bagpipe.config.sections import (
     ApproxConfig,
     ArchConfig,
     CacheConfig,
     DataConfig,
+    DeviceConfig,
     DistConfig,
     HotConfig,
     MemoryConfig,
@@ -42,6 +45,7 @@ class TrainConfig:
     memory: MemoryConfig
     dist: DistConfig
     approx: ApproxConfig
+    device: DeviceConfig
     run: RunConfig
 
     def __post_init__(self) -> None:
@@ -86,9 +90,18 @@ class TrainConfig:
                 f"the global batch ({self.data.batch_size}) must split evenly over {d.trainers} trainers",
             )
         need(
+            self.device.device != "cuda" or spec.cuda,
+            f"--device cuda runs --mode {modes_with('cuda')}, got --mode {mode} (it runs on --device cpu)",
+        )
+        need(
+            self.device.device != "cuda" or not skip,
+            "--skip-stale runs on --device cpu: its snapshots of the hot rows are not built for a GPU",
+        )
+        need(
             not d.sync_period or d.trainers >= 2,
             f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)",
         )
+        _refuse_inapplicable(self)
 
     @property
     def approximations(self) -> list[str]:
@@ -122,6 +135,96 @@ class TrainConfig:
     @classmethod
     def from_json(cls, values: dict, source: str = "config.json") -> TrainConfig:
         return build(cls, flatten(cls, values, source), source)
+
+
+#: The settings only a store mode reads, and those only the disk store reads.
+STORE_SETTINGS = ("store",)
+DISK_SETTINGS = ("store_dir", "init_from_store")
+#: The settings only a distributed run (--trainers/--servers) reads.
+DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts")
+#: The settings of the hot tier's start-up profile (not read when --hot-rows gives the rows).
+PROFILE_SETTINGS = ("hot_sample_rate",)
+#: The schedule terms each --lr-schedule reads.
+SCHEDULE_TERMS: dict[str, tuple[str, ...]] = {
+    "constant": (),
+    "warmup-poly": ("lr_decay_power", "lr_min"),
+    "step": ("lr_gamma", "lr_min"),
+}
+
+
+def _refuse_inapplicable(cfg: TrainConfig) -> None:
+    """Every setting given a value that the chosen mode, store, topology or schedule
+    does not read is refused in one line naming it, never silently ignored
+    (``--mode full --store disk`` would train in memory; ``--mode fae --cache-rows``
+    would size nothing). "Given" means other than its default, so a TOML file may state
+    a default explicitly."""
+    flat = to_flat(cfg)
+    defaults = _defaults()
+    for name, why in inapplicable(flat):
+        need(flat[name] == defaults[name], f"--{name.replace('_', '-')} {why}")
+
+
+def _defaults() -> dict:
+    return {f.name: f.default for cls in sections(TrainConfig).values() for f in dataclasses.fields(cls)}
+
+
+def inapplicable(flat: dict) -> list[tuple[str, str]]:
+    """(setting, why) of every setting that the mode (its row of the table of modes),
+    store, topology and schedule of the flat settings ``flat`` (missing ones at their
+    defaults) do not read."""
+    v = _defaults() | flat
+    spec = mode_spec(v["mode"])
+    out: list[tuple[str, str]] = []
+
+    def add(names, why: str) -> None:
+        out.extend((n, why) for n in names)
+
+    if not spec.sized_cache:
+        add(
+            ("cache_rows", "cache_budget_mb"),
+            f"does not apply to --mode {spec.name} (it sizes the cache of --mode {modes_with('sized_cache')})",
+        )
+    if not spec.looks_ahead:
+        add(("lookahead",), f"does not apply to --mode {spec.name} (the window of --mode {modes_with('looks_ahead')})")
+    if not spec.store:
+        add(
+            STORE_SETTINGS + DISK_SETTINGS,
+            f"does not apply to --mode {spec.name}: every row is in this process's memory",
+        )
+    elif v["store"] == "memory":
+        add(DISK_SETTINGS, "needs --store disk (the memory store keeps no files)")
+    if not (v["servers"] > 0 or v["trainers"] > 1):
+        periodic = str(v["cache_sync"]).startswith("periodic")  # has its own message (it needs --trainers N >= 2)
+        add(
+            [n for n in DIST_SETTINGS if not (n == "cache_sync" and periodic)],
+            "applies to distributed runs (--trainers N --servers S), not one process",
+        )
+    profiled = (spec.has_hot_tier or v["hot_budget_mb"] > 0 or v["skip_stale"]) and not v["hot_rows"]
+    if not profiled:
+        add(
+            PROFILE_SETTINGS,
+            "applies when the hot rows are profiled at start-up (--hot-budget-mb, "
+            f"or --mode {modes_with('has_hot_tier')} without --hot-rows)",
+        )
+    schedule = v["lr_schedule"]
+    for name in ("lr_decay_power", "lr_gamma", "lr_min"):
+        if name not in SCHEDULE_TERMS[schedule]:
+            users = " or ".join(k for k, terms in SCHEDULE_TERMS.items() if name in terms)
+            add([name], f"applies to --lr-schedule {users}, not {schedule}")
+    if schedule == "warmup-poly" and v["lr_decay_steps"] == 0:
+        add(
+            ("lr_decay_start", "lr_decay_power", "lr_min"),
+            "shapes warmup-poly's decay, which needs its length: give --lr-decay-steps N > 0 "
+            "(without it the rate never decays)",
+        )
+    return out
+
+
+def only_applicable(settings: dict) -> dict:
+    """``settings`` without those their own mode, store, topology and schedule do not
+    read: for code that runs several modes with shared settings (benchmarks, tests)."""
+    drop = {name for name, _ in inapplicable(settings)}
+    return {k: v for k, v in settings.items() if k not in drop}
 
 
 def load_config(file: str | None, overrides: dict) -> TrainConfig:

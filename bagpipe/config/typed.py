@@ -155,13 +155,34 @@ class Section:
         for name, tp in field_types(type(self)).items():
             value = getattr(self, name)
             try:
-                object.__setattr__(self, name, coerce(tp, value))
+                value = coerce(tp, value)
             except ValueError:
                 raise ConfigError(f"{name} must be {describe(tp)}, got {value!r}") from None
+            in_range(name, value)
+            object.__setattr__(self, name, value)
         self.validate()
 
     def validate(self) -> None:
         """Cross-field checks of the subclass; raise ConfigError with one line."""
+
+
+#: Every int setting fits a signed 64-bit integer (numpy's and torch's): a larger one
+#: would fail deep inside, not as a message.
+INT_LIMIT = 2**63
+
+
+def in_range(name: str, value: Any) -> None:
+    """The checks every setting of a type gets: a float is finite (NaN and infinity
+    mean nothing as a rate, a size or a time-out), an int fits in 64 bits, a string is
+    not empty (an empty path would silently mean the current folder)."""
+    if isinstance(value, str) and not value:
+        raise ConfigError(f"{name} must not be empty")
+    values = value if isinstance(value, tuple) else (value,)
+    for v in values:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{name} must be a finite number, got {v}")
+        if isinstance(v, int) and not isinstance(v, bool) and not -INT_LIMIT <= v < INT_LIMIT:
+            raise ConfigError(f"{name} must be below 2^63 in magnitude, got {v}")
 
 
 def need(cond: bool, message: str) -> None:

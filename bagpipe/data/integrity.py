@@ -11,8 +11,12 @@ Three levels, from cheap to complete:
   per feature: each must be in [0, table rows). The batch stream runs it the first
   time it reads a block, so a bad id is named (file, samples, feature) instead of
   failing as an ``IndexError`` in an embedding lookup.
-* :func:`check_dataset` (``bagpipe check DATA``) runs both over every file, plus
-  labels in {0, 1} and finite dense values, and reports per file.
+* :func:`values_problem` checks a shard's labels are 0 or 1 and its dense values
+  finite (vectorised, a block at a time). :class:`bagpipe.data.shards.Dataset` runs it
+  once per shard, the first time the shard is read, so one NaN or a label of 5 stops a
+  run naming the file and the samples instead of training to NaN parameters.
+* :func:`check_dataset` (``bagpipe check DATA``) runs all three over every file and
+  reports per file.
 
 A table larger than its ids is fine: only ids >= rows are errors.
 """
@@ -171,9 +175,30 @@ def _content_problems(d: Path, meta: DatasetMeta, n: int, block: int) -> list[st
         p = id_problem(meta, where, np.asarray(sparse[a:b]), values)
         if p:
             out.append(p)
-        lab = np.asarray(labels[a:b])
-        if not np.all((lab == 0) | (lab == 1)):
-            out.append(f"{d / 'labels.npy'}: samples {a}..{b - 1}: labels other than 0 and 1")
-        if not np.all(np.isfinite(np.asarray(dense[a:b]))):
-            out.append(f"{d / 'dense.npy'}: samples {a}..{b - 1}: NaN or infinite values")
+        p = values_problem(d, labels, dense, a, b)
+        if p:
+            out.append(p)
     return out
+
+
+VALUES_BLOCK = 1 << 18  # samples checked at a time (bounds the temporary arrays)
+
+
+def values_problem(
+    d: Path, labels: np.ndarray, dense: np.ndarray, start: int = 0, stop: int | None = None
+) -> str | None:
+    """The first problem of samples [start, stop) of a shard's labels (n,) and dense
+    values (n, Dd): a label other than 0 or 1, a NaN or infinite dense value (None when
+    there is none)."""
+    stop = len(labels) if stop is None else stop
+    for a in range(start, stop, VALUES_BLOCK):
+        b = min(stop, a + VALUES_BLOCK)
+        lab = np.asarray(labels[a:b])
+        bad = np.flatnonzero((lab != 0) & (lab != 1))
+        if len(bad):
+            return f"{d / 'labels.npy'}: samples {a}..{b - 1}: labels other than 0 and 1 (sample {a + int(bad[0])}: {float(lab[bad[0]])!r})"
+        dense_ab = np.asarray(dense[a:b])
+        if not np.isfinite(dense_ab).all():
+            first = a + int(np.flatnonzero(~np.isfinite(dense_ab).all(axis=1))[0])
+            return f"{d / 'dense.npy'}: samples {a}..{b - 1}: NaN or infinite values (sample {first})"
+    return None

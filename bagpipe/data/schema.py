@@ -126,8 +126,15 @@ class DatasetMeta:
 
 
 def read_json(path: str | os.PathLike):
-    """Parse a JSON file; a syntax error becomes a DataError naming file and line."""
+    """Parse a JSON file; a syntax error becomes a DataError naming file and line, a
+    file that is missing, unreadable or not UTF-8 text one naming the file."""
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 text (a damaged or foreign file)") from None
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror})") from None

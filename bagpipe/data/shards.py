@@ -3,55 +3,32 @@
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bagpipe.data.integrity import fingerprint, id_problem, shard_file_problems
+from bagpipe.data.integrity import fingerprint, id_problem, shard_file_problems, values_problem
 from bagpipe.data.schema import META_FILE, DatasetMeta, FeatureSpec, SplitMeta
 from bagpipe.errors import DataError
+from bagpipe.output_dir import OutputDir
 
 DEFAULT_ROWS_PER_SHARD = 1 << 18
-WRITING_MARKER = ".bagpipe-writing"  # present while a dataset is being written
-
-
-def prepare_output_dir(out: str | os.PathLike, overwrite: bool) -> Path:
-    """Create ``out`` for a new dataset.
-
-    Refuses a directory that already holds a finished dataset unless ``overwrite``,
-    and any other non-empty directory that is not a half-written dataset (it would
-    hold someone's files). A half-written dataset (no meta.json, our marker file) is
-    cleared, since it can never be mistaken for a finished one anyway.
-    """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a directory")
-    is_dataset = (out / META_FILE).exists()
-    if is_dataset and not overwrite:
-        raise DataError(f"{out}: already holds a dataset (pass --overwrite to replace it)")
-    if out.exists() and not is_dataset and not (out / WRITING_MARKER).exists() and any(out.iterdir()):
-        raise DataError(f"{out}: directory is not empty and is not a bagpipe dataset; refusing to write into it")
-    if out.exists():
-        if (out / META_FILE).exists():
-            (out / META_FILE).unlink()  # first, so a crash below leaves an unfinished dir
-        for child in out.iterdir():
-            if child.is_dir():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / WRITING_MARKER).touch()
-    return out
 
 
 class ShardWriter:
     """Accumulates samples per split and writes fixed-size shards as they fill.
 
-    ``meta.json`` is written by :meth:`close` only, after every shard is on disk, so
-    a crash or Ctrl-C mid-write leaves a directory that readers reject.
+    Everything is written into a staging folder beside ``out``
+    (:class:`bagpipe.output_dir.OutputDir`): :meth:`close` writes ``meta.json`` after
+    every shard, then swaps the finished dataset in, so ``out`` holds the old dataset
+    (or nothing) until the new one is complete; a failure, Ctrl-C or crash before then
+    leaves ``out`` as it was (:meth:`abort` removes the staging folder; a crash's is
+    removed by the next writer). A dataset already in ``out`` is replaced only with
+    ``overwrite``, and only when every file there is the dataset's; ``inputs`` (flag ->
+    paths the command reads) may not lie inside ``out``. Files that belong with the
+    dataset (a vocabulary) go into :attr:`dir`.
 
     Example::
 
@@ -62,13 +39,14 @@ class ShardWriter:
 
     def __init__(
         self,
-        out: str | os.PathLike,
+        out: str | os.PathLike | OutputDir,
         dense_names: list[str],
         features: list[FeatureSpec],
         *,
         id_dtype: str = "int64",
         rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
         overwrite: bool = False,
+        inputs: dict | None = None,
     ):
         if rows_per_shard <= 0:
             raise DataError("rows_per_shard must be > 0")
@@ -77,7 +55,12 @@ class ShardWriter:
         too_big = [f.name for f in features if id_dtype == "int32" and f.num_rows > (1 << 31)]
         if too_big:
             raise DataError(f"feature(s) {', '.join(too_big)} have more than 2^31 rows; use id_dtype int64")
-        self.out = prepare_output_dir(out, overwrite)
+        if isinstance(out, OutputDir):  # opened already by a command that locks its output early
+            self.output = out
+        else:
+            self.output = OutputDir(out, "dataset", META_FILE, overwrite=overwrite, inputs=inputs)
+        self.target = self.output.target
+        self.out = self.dir = self.output.staging or self.output.open()  # the staging folder, swapped in by close()
         self.dense_names = list(dense_names)
         self.features = list(features)
         self.id_dtype = np.dtype(id_dtype)
@@ -173,25 +156,40 @@ class ShardWriter:
         sm.shard_sizes.append(n)
 
     def close(self, source: dict | None = None) -> DatasetMeta:
-        """Write remaining samples and then meta.json (atomically, last)."""
+        """Write remaining samples and then meta.json, and swap the dataset in."""
         if self._closed:
             raise DataError("ShardWriter already closed")
-        for split in list(self._pending):
-            if self._pending_rows[split] > 0:
-                self._flush(split, self._pending_rows[split])
-        meta = DatasetMeta(
-            dense_names=self.dense_names,
-            features=self.features,
-            splits=self._splits,
-            id_dtype=str(self.id_dtype),
-            source=dict(source or {}),
-        )
-        if not self._splits or all(s.num_samples == 0 for s in self._splits.values()):
-            raise DataError("no samples were written")
-        meta.save(self.out)
-        (self.out / WRITING_MARKER).unlink(missing_ok=True)
-        self._closed = True
+        try:
+            for split in list(self._pending):
+                if self._pending_rows[split] > 0:
+                    self._flush(split, self._pending_rows[split])
+            meta = DatasetMeta(
+                dense_names=self.dense_names,
+                features=self.features,
+                splits=self._splits,
+                id_dtype=str(self.id_dtype),
+                source=dict(source or {}),
+            )
+            if not self._splits or all(s.num_samples == 0 for s in self._splits.values()):
+                raise DataError("no samples were written")
+            meta.save(self.out)
+            self.output.commit()
+        finally:
+            self._closed = True
+            self.output.close()
         return meta
+
+    def abort(self) -> None:
+        """Give up: remove what was written; ``out`` stays as it was (idempotent)."""
+        self._closed = True
+        self.output.close()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self.abort()
 
 
 def _split_chunk(c: dict, k: int, multihot: list[FeatureSpec]) -> tuple[dict, dict]:
@@ -217,8 +215,9 @@ class Dataset:
     """Read access to a finished dataset; shards are memory-mapped, never loaded whole.
 
     Opening checks every shard file's header against meta.json (a damaged or truncated
-    file is a DataError naming it, here rather than mid-run); the ids of a block are
-    checked against their tables the first time :meth:`check_block` sees it.
+    file is a DataError naming it, here rather than mid-run); a shard's labels (0 or 1)
+    and dense values (finite) the first time it is read; the ids of a block against
+    their tables the first time :meth:`check_block` sees it.
     """
 
     def __init__(self, directory: str | os.PathLike):
@@ -277,6 +276,12 @@ class Dataset:
             expected = self.meta.splits[split].shard_sizes[index]
             if len(shard.labels) != expected:
                 raise DataError(f"{d}: holds {len(shard.labels)} samples, meta.json says {expected}")
+            problem = values_problem(d, shard.labels, shard.dense)
+            if problem:
+                raise DataError(
+                    f"{problem}; training on it would give NaN or meaningless parameters "
+                    f"(`bagpipe check {self.dir}` lists every problem)"
+                )
             self._cache[key] = shard
         return self._cache[key]
 

@@ -93,12 +93,12 @@ class SynthConfig:
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ConfigError(f"unknown profile {self.profile!r} (choose from: {', '.join(PROFILES)})")
-        if not _is_int(self.samples) or self.samples <= 0:
-            raise ConfigError(f"samples must be a positive integer, got {self.samples!r}")
+        if not _is_int(self.samples) or not 0 < self.samples < 1 << 63:
+            raise ConfigError(f"samples must be a positive integer below 2^63, got {self.samples!r}")
         if not _is_real(self.scale) or not self.scale > 0 or not math.isfinite(self.scale):
             raise ConfigError(f"scale must be a finite number > 0, got {self.scale!r}")
-        if not _is_int(self.seed) or self.seed < 0:
-            raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not _is_int(self.seed) or not 0 <= self.seed < 1 << 63:
+            raise ConfigError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")
         if not _is_real(self.eval_fraction) or not 0 <= self.eval_fraction < 1:
             raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
         if not _is_real(self.zipf_exponent) or not 0.5 <= self.zipf_exponent <= 3:
@@ -385,7 +385,7 @@ def generate(
         overwrite=overwrite,
     )
     n_train = cfg.num_train
-    with tqdm(total=cfg.samples, unit="samples", unit_scale=True, disable=not progress, desc="synth") as bar:
+    with writer, tqdm(total=cfg.samples, unit="samples", unit_scale=True, disable=not progress, desc="synth") as bar:
         for index, lo in enumerate(range(0, cfg.samples, CHUNK_SAMPLES)):
             hi = min(lo + CHUNK_SAMPLES, cfg.samples)
             labels, dense, ids = _chunk(plan, cfg.seed, index, lo, hi)
@@ -394,12 +394,12 @@ def generate(
                 if part.stop > part.start:
                     writer.append(split, labels[part], dense[part], *_split_bags(features, bags, ids[part]))
             bar.update(hi - lo)
-    source = {
-        "tool": "bagpipe synth",
-        "profile": cfg.profile,
-        "seed": cfg.seed,
-        "scale": cfg.scale,
-        "zipf_exponent": cfg.zipf_exponent,
-        "samples": cfg.samples,
-    }
-    return writer.close(source=source)
+        source = {
+            "tool": "bagpipe synth",
+            "profile": cfg.profile,
+            "seed": cfg.seed,
+            "scale": cfg.scale,
+            "zipf_exponent": cfg.zipf_exponent,
+            "samples": cfg.samples,
+        }
+        return writer.close(source=source)

@@ -29,10 +29,11 @@ from bagpipe.checkpoint import CheckpointFolder, Manifest
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.distributed.layout import Layout, role_threads
+from bagpipe.distributed.roles import ERROR_PREFIX
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.files import atomic_write_text
 from bagpipe.store import holds_store
-from bagpipe.train.resume import finished, refuse_overwrite
+from bagpipe.train.resume import finished, refuse_overwrite, resume_point
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ def role_env(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         RANK=str(rank),
+        LOCAL_RANK=str(rank),  # one machine: trainer i takes GPU i on --device cuda (bagpipe.device.placement)
         WORLD_SIZE=str(layout.world_size),
         OMP_NUM_THREADS=str(threads),
         PYTHONUNBUFFERED="1",
@@ -95,14 +97,21 @@ class Role:
     pump: threading.Thread | None = None
 
 
-class RoleFailed(BagpipeError):
-    """A role of the job exited with an error (the launcher stopped the others)."""
+#: An error that only follows another role's (it lost contact with the one that stopped).
+SECONDARY = " lost contact with "
 
-    def __init__(self, name: str, rank: int, code: int, stopped: int, log_path: Path):
-        self.name, self.rank, self.code = name, rank, code
-        super().__init__(
-            f"{name} (rank {rank}) failed ({describe_exit(code)}); stopped {stopped} other role(s); its log: {log_path}"
-        )
+
+class RoleFailed(BagpipeError):
+    """A role of the job exited with an error (the launcher stopped the others).
+
+    ``reason``: the one line the role that stopped first printed (its own refusal, e.g.
+    ``cannot resume ...``), when one did; roles that only lost contact with it are not
+    the cause and are not named."""
+
+    def __init__(self, name: str, rank: int, code: int, stopped: int, log_path: Path, reason: str | None = None):
+        self.name, self.rank, self.code, self.reason = name, rank, code, reason
+        why = f": {reason}" if reason else f" ({describe_exit(code)})"
+        super().__init__(f"{name} (rank {rank}) failed{why}; stopped {stopped} other role(s); its log: {log_path}")
 
 
 class Launcher:
@@ -116,16 +125,15 @@ class Launcher:
         self.roles: list[Role] = []
         self._events: queue.Queue = queue.Queue()
         self._echo_lock = threading.Lock()
+        self._errors: list[tuple[Role, str]] = []  # (role, its error line), in the order they were printed
 
     def _say(self, line: str) -> None:
         with self._echo_lock:  # the roles' reader threads: one line at a time
             log.info(line)
 
     def start(self) -> None:
-        """Start every role; the caller holds the run folder's lock (see :func:`launch`)."""
-        if not self.cfg.run.resume:
-            refuse_overwrite(RunDir(self.out))
-        (self.out / "summary.json").unlink(missing_ok=True)
+        """Start every role; the caller holds the run folder's lock and has checked
+        what the run may do in it (see :func:`launch`)."""
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         job = self.out / "job.json"
@@ -156,12 +164,15 @@ class Launcher:
         )
 
     def _pump(self, role: Role) -> None:
-        with open(role.log_path, "a") as log:  # a restarted role appends to its log
+        with open(role.log_path, "a") as role_log:  # a restarted role appends to its log
             assert role.proc.stdout is not None  # started with stdout=PIPE
             for raw in role.proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
-                log.write(line + "\n")
-                log.flush()
+                role_log.write(line + "\n")
+                role_log.flush()
+                if line.startswith(ERROR_PREFIX):
+                    with self._echo_lock:
+                        self._errors.append((role, line[len(ERROR_PREFIX) :]))
                 self._say(f"[{role.name}, rank {role.rank}] {line}")
 
     def _wait(self, role: Role) -> None:
@@ -181,15 +192,35 @@ class Launcher:
                         f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles"
                     )
                     stopped = self.stop()
-                    raise RoleFailed(role.name, role.rank, code, stopped, role.log_path)
+                    self._join_pumps()
+                    raise self._failure(role, code, stopped)
         except KeyboardInterrupt:
             self._say("[launcher] interrupted: stopping every role")
             self.stop()
             raise
         finally:
-            for r in self.roles:
-                if r.pump is not None:
-                    r.pump.join(timeout=5)
+            self._join_pumps()
+
+    def _join_pumps(self) -> None:
+        for r in self.roles:
+            if r.pump is not None:
+                r.pump.join(timeout=5)
+
+    def _failure(self, first: Role, code: int, stopped: int) -> RoleFailed:
+        """The job's failure: the role that exited first, with the line it stopped with
+        -- unless that line says it only lost contact with another role (a trainer that
+        refuses a resume closes its connections; a server notices and may exit before
+        it): then the first role whose own error is another one, with that error. A
+        role killed by a signal printed nothing and is blamed as it is."""
+        with self._echo_lock:
+            errors = list(self._errors)
+        mine = [line for r, line in errors if r is first]
+        if not mine or SECONDARY not in mine[0]:
+            return RoleFailed(first.name, first.rank, code, stopped, first.log_path, reason=mine[0] if mine else None)
+        cause = next(((r, line) for r, line in errors if SECONDARY not in line), (first, mine[0]))
+        role, line = cause
+        role_code = role.proc.returncode if role.proc.returncode is not None else code
+        return RoleFailed(role.name, role.rank, role_code, stopped, role.log_path, reason=line)
 
     def stop(self) -> int:
         """SIGTERM every live role, SIGKILL what is left after the grace period; returns how many were live."""
@@ -218,7 +249,7 @@ def launch(cfg: TrainConfig) -> dict:
 
     The launcher checks the data set and holds the run folder's lock for the whole job
     (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
-    Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
+    dataset = Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
     if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store and not cfg.run.resume:
         for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
             shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"
@@ -228,6 +259,14 @@ def launch(cfg: TrainConfig) -> dict:
                     "starting tables; pass --init-from-store to start from them, or give an empty directory"
                 )
     with RunDir(cfg.run.out).claim() as run:
+        # what trainer 0 would refuse (a finished run, a changed setting, another run's
+        # checkpoints), said here in one line before anything in the folder changes
+        if cfg.run.resume:
+            resume_point(run, cfg, dataset, required=True)
+        else:
+            refuse_overwrite(run)
+        summary = run.summary_file
+        before = _stamp(summary)
         run.started()  # the roles' logs stay if the job fails
         attempt, restarts = cfg, 0
         while True:
@@ -235,7 +274,7 @@ def launch(cfg: TrainConfig) -> dict:
                 Launcher(attempt).run()
                 break
             except RoleFailed as failure:
-                if finished(run, cfg.run.steps):  # a role died after the job's end: nothing to redo
+                if finished(run, cfg.run.steps) and _stamp(summary) != before:  # a role died after the job's end
                     log.info(
                         f"[launcher] {failure.name} failed after the run had ended; its summary and final checkpoint are written"
                     )
@@ -244,10 +283,18 @@ def launch(cfg: TrainConfig) -> dict:
                     raise
                 restarts += 1
                 attempt = _restart(cfg, run, failure, restarts)
-    path = Path(cfg.run.out) / "summary.json"
-    if not path.exists():
-        raise BagpipeError(f"every role exited cleanly but trainer 0 wrote no {path}")
-    return json.loads(path.read_text())
+        if _stamp(summary) == before:
+            raise BagpipeError(f"every role exited cleanly but trainer 0 wrote no new {summary}")
+    return json.loads(summary.read_text())
+
+
+def _stamp(path: Path) -> tuple | None:
+    """What tells one version of a file from the next (None: no file)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int) -> TrainConfig:

@@ -8,8 +8,10 @@ same layout holds under the local launcher and under ``torchrun``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from bagpipe.config.environ import env_int
 from bagpipe.errors import ConfigError
 
 
@@ -59,7 +61,7 @@ class Layout:
         return "oracle" if role == "oracle" else f"{role} {index}"
 
 
-def role_threads(threads: int, layout: Layout, rank: int, environ: dict | None = None) -> int:
+def role_threads(threads: int, layout: Layout, rank: int, environ: Mapping[str, str] | None = None) -> int:
     """torch threads of a role: ``threads`` if given (--threads), else OMP_NUM_THREADS
     (torchrun sets it; the local launcher sets it from this function), else the
     machine's cores split among the trainers (they compute) and one for each server
@@ -67,8 +69,9 @@ def role_threads(threads: int, layout: Layout, rank: int, environ: dict | None =
     env = os.environ if environ is None else environ
     if threads:
         return threads
-    if env.get("OMP_NUM_THREADS"):
-        return max(1, int(env["OMP_NUM_THREADS"]))
+    omp = env_int("OMP_NUM_THREADS", 0, lo=0, hi=4096, environ=env)
+    if omp:
+        return omp
     if layout.role(rank)[0] == "trainer":
         return max(1, (os.cpu_count() or 1) // layout.trainers)
     return 1

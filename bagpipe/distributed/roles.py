@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from bagpipe.config import Section
+from bagpipe.config import Section, need
+from bagpipe.config.environ import MAX_PORT, env_int
 from bagpipe.config.sections import Store
 from bagpipe.config.train import TrainConfig
+from bagpipe.device.placement import TrainerPlacement, local_rank, place_trainer, trainer_backend
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.errors import BagpipeError, ConfigError
 
@@ -27,6 +31,9 @@ log = logging.getLogger(__name__)
 # every row, which can take minutes on big tables. A dead peer is noticed at once
 # (gloo reports the closed connection); this bounds only a peer that hangs alive.
 OP_TIMEOUT = timedelta(minutes=30)
+# Beyond --rendezvous-timeout, how long a rendezvous may take to report its own time-out
+# before the role stops waiting for it.
+RENDEZVOUS_GRACE_S = 3.0
 
 
 def env_rank(layout: Layout) -> int:
@@ -37,15 +44,16 @@ def env_rank(layout: Layout) -> int:
             f"a distributed role needs {', '.join(missing)} in its environment "
             "(set by torchrun or by `bagpipe train --trainers N --servers S`)"
         )
-    world = int(os.environ["WORLD_SIZE"])
+    world = env_int("WORLD_SIZE", lo=1)
     if world != layout.world_size:
         raise ConfigError(
             f"WORLD_SIZE is {world} but {layout.trainers} trainers + {layout.servers} servers + 1 oracle "
             f"make {layout.world_size} processes"
         )
-    rank = int(os.environ["RANK"])
-    layout.role(rank)  # range check
-    return rank
+    env_int("MASTER_PORT", lo=1, hi=MAX_PORT)  # checked here, before the role does anything
+    env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    env_int("OMP_NUM_THREADS", 0, lo=0, hi=4096)
+    return env_int("RANK", lo=0, hi=layout.world_size - 1)
 
 
 @dataclass(kw_only=True)
@@ -71,6 +79,13 @@ class ServerConfig(Section):
     request_rows: int = 1 << 16
     """Rows one request of a trainer carries at most (the estimate's staging)."""
 
+    def validate(self) -> None:
+        need(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        need(
+            self.rendezvous_timeout > 0,
+            f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}",
+        )
+
     @classmethod
     def of(cls, cfg: TrainConfig, layout: Layout, rank: int) -> ServerConfig:
         return cls(
@@ -92,7 +107,14 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     import torch.distributed as dist
 
     name, world = layout.name(rank), layout.world_size
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    addr, port = os.environ["MASTER_ADDR"], env_int("MASTER_PORT", lo=1, hi=MAX_PORT)
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(
+            f"{name}: cannot resolve the master host {addr!r} ({getattr(e, 'strerror', None) or e}); "
+            "check MASTER_ADDR / --master-addr"
+        ) from None
     log.info(
         f"{name} (rank {rank} of {world}): waiting for the job's other processes at {addr}:{port} "
         f"(up to {timeout_s:.0f} s)"
@@ -101,8 +123,10 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     # rank is its client, as torch's own env:// rendezvous does), and it keeps it across
     # restarts: each attempt counts its arrivals under its own prefix.
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    prefix = f"bagpipe/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    try:
+    prefix = f"bagpipe/attempt-{env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
+    deadline = time.monotonic() + timeout_s
+
+    def meet():
         store = dist.TCPStore(
             addr,
             port,
@@ -114,12 +138,27 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
         )
         store = dist.PrefixStore(prefix, store)
         store.add("arrived", 1)
-        deadline = time.monotonic() + timeout_s
         while store.add("arrived", 0) < world:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Timed out: {store.add('arrived', 0)} of {world} arrived")
             time.sleep(0.05)
         return store
+
+    timed_out = BagpipeError(
+        f"{name}: the job's other processes did not all arrive at {addr}:{port} within {timeout_s:.0f} s "
+        f"(rank {rank} of {world}); start every role with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+        "or raise --rendezvous-timeout"
+    )
+    try:
+        return bounded(meet, timeout_s + RENDEZVOUS_GRACE_S)
+    except TimeoutError:  # still waiting for an answer: a stranger holds the port, or nobody does
+        if not _listening(addr, port):
+            raise timed_out from None
+        raise BagpipeError(
+            f"{name}: nothing answered as a bagpipe job at {addr}:{port} within {timeout_s:.0f} s (is another "
+            "program listening on that port?); choose another MASTER_PORT / --master-port, or raise "
+            "--rendezvous-timeout"
+        ) from None
     except RuntimeError as e:  # DistNetworkError, DistStoreError
         text = str(e)
         if "EADDRINUSE" in text or "address already in use" in text:
@@ -127,16 +166,71 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
                 f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
                 "choose another MASTER_PORT / --master-port"
             ) from None
-        raise BagpipeError(
-            f"{name}: the job's other processes did not all arrive at {addr}:{port} within {timeout_s:.0f} s "
-            f"(rank {rank} of {world}); start every role with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
-            "or raise --rendezvous-timeout"
-        ) from None
+        raise timed_out from None
+
+
+def _listening(addr: str, port: int) -> bool:
+    """Whether something accepts TCP connections at addr:port."""
+    try:
+        with socket.create_connection((addr, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def bounded(fn, seconds: float):
+    """``fn()`` on a daemon thread, waited for at most ``seconds``: its result, its
+    exception, or TimeoutError when it has not returned by then. A TCPStore client
+    connected to a listener that is not a store (any program can hold the port) waits
+    for an answer that never comes, whatever its own time-out says; the thread is left
+    behind blocked (the process is about to report and exit)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True, name="bagpipe-rendezvous")
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise TimeoutError
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+#: How a role of a launched job prints the error it stops with; the launcher looks for it.
+ERROR_PREFIX = "bagpipe worker: error: "
+
+
+def report_error(e: BaseException) -> None:
+    """Print the one line a role stops with, at once: leaving the process group can
+    take a while (or be cut short by the launcher stopping the job), and this line is
+    the reason the launcher and the role's log must show."""
+    if not getattr(e, "reported", False):
+        text = " ".join(str(e).split("\n")).encode("utf-8", "backslashreplace").decode("utf-8")
+        print(ERROR_PREFIX + text, file=sys.stderr, flush=True)
+        e.reported = True  # type: ignore[attr-defined]
 
 
 @contextmanager
-def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float):
-    """Join the job's process group; yields (transport, trainer group); always leaves it."""
+def joined(
+    layout: Layout,
+    rank: int,
+    threads: int,
+    rendezvous_timeout_s: float,
+    placement: TrainerPlacement | None = None,
+    report_errors: bool = False,
+):
+    """Join the job's process group; yields (transport, trainer group); always leaves it.
+
+    ``placement``: a trainer's GPU (None on a server or the oracle); the trainers' group
+    runs NCCL when every trainer has a GPU of its own, gloo otherwise
+    (:mod:`bagpipe.device.placement`). ``report_errors``: print an error this role stops
+    with (:func:`report_error`) before leaving."""
     import torch
     import torch.distributed as dist
 
@@ -147,12 +241,22 @@ def joined(layout: Layout, rank: int, threads: int, rendezvous_timeout_s: float)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
     name = layout.name(rank)
     try:
-        # every rank must create every group, in the same order
-        group = dist.new_group(layout.trainer_ranks) if layout.trainers > 1 else None
+        # every rank must create every group, in the same order and with the same backend
+        if placement is not None:
+            store.set(f"trainer-gpu/{rank}", placement.tag)
+        backend = trainer_backend([store.get(f"trainer-gpu/{r}").decode() for r in layout.trainer_ranks])
+        group = dist.new_group(layout.trainer_ranks, backend=backend) if layout.trainers > 1 else None
         log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield Transport(layout.name), group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
-        raise BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})") from e
+        lost = BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})")
+        if report_errors:
+            report_error(lost)
+        raise lost from e
+    except BagpipeError as e:
+        if report_errors:
+            report_error(e)
+        raise
     finally:
         try:
             dist.destroy_process_group()
@@ -173,16 +277,22 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
         )
         return None
     if role == "server":
-        serve(ServerConfig.of(cfg, layout, rank), layout, rank)
+        serve(ServerConfig.of(cfg, layout, rank), layout, rank, report_errors=True)
         return None
-    with joined(layout, rank, role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout) as (
-        transport,
-        group,
-    ):
-        if role == "trainer":
-            from bagpipe.distributed.trainer import run_trainer
+    threads, timeout = role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout
+    if role == "trainer":
+        from bagpipe.device import open_device
+        from bagpipe.distributed.trainer import run_trainer
 
-            return run_trainer(cfg, layout, rank, transport, group)
+        placement = trainer_placement(cfg.device.device)
+        # opened before joining: a trainer without its GPU fails at once, naming why
+        device = open_device(cfg.device.device, placement.index, cfg.device.deterministic)
+        try:
+            with joined(layout, rank, threads, timeout, placement, report_errors=True) as (transport, group):
+                return run_trainer(cfg, layout, rank, transport, group, device)
+        finally:
+            device.close()
+    with joined(layout, rank, threads, timeout, report_errors=True) as (transport, group):
         from bagpipe.distributed.oracle_role import run_oracle
 
         report = run_oracle(cfg, layout, transport)
@@ -193,8 +303,16 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
         return None
 
 
-def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
-    """Run embedding server ``rank`` until every trainer has said goodbye."""
+def trainer_placement(device: str) -> TrainerPlacement:
+    """This trainer process's GPU: ``cuda:LOCAL_RANK`` (see :mod:`bagpipe.device.placement`)."""
+    import torch
+
+    return place_trainer(device, local_rank(), torch.cuda.device_count() if device == "cuda" else 0)
+
+
+def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = False) -> None:
+    """Run embedding server ``rank`` until every trainer has said goodbye (``report_errors``:
+    as :func:`joined`)."""
     from bagpipe.distributed.server import (
         EmbeddingServer,
         ShardInit,
@@ -207,7 +325,7 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int) -> None:
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
-    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout) as (transport, _):
+    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, report_errors=report_errors) as (transport, _):
         init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
         directory = (

@@ -25,6 +25,7 @@ from bagpipe.config.sections import DistConfig
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
+from bagpipe.device import Device
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_role import PlanReceiver
 from bagpipe.distributed.server import RemoteStore, setup_message
@@ -78,19 +79,28 @@ class DataParallel:
 
     What it builds for the run -- the remote store, the plan stream -- lives in the
     :class:`RemoteBackend` that :meth:`backend` returns, which every later call is given.
+    It computes on ``device`` (its GPU on ``--device cuda``: :mod:`bagpipe.device.placement`);
+    ``group`` is the trainers' group (NCCL or gloo), None with one trainer.
     """
 
-    def __init__(self, layout: Layout, rank: int, transport: Transport, group, dist: DistConfig):
-        self.layout, self.rank, self.t, self.group = layout, rank, transport, group
+    def __init__(self, layout: Layout, rank: int, transport: Transport, group, dist: DistConfig, device: Device):
+        self.layout, self.rank, self.t, self.group, self.device = layout, rank, transport, group, device
         self.reports = rank == 0
         self.sync_period = dist.sync_period  # K of --cache-sync periodic:K (0: the exact caches)
+
+    @property
+    def backend_name(self) -> str:
+        """The trainers' collectives' backend: nccl, gloo, or none (one trainer)."""
+        return torch.distributed.get_backend(self.group) if self.group is not None else "none"
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.layout.trainers == 1:
             return model
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, process_group=self.group)
+        dev = self.device.torch
+        ids = [dev] if dev.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, process_group=self.group)
 
     def backend(
         self,
@@ -118,6 +128,7 @@ class DataParallel:
             hot=hot,
             autotune=info.get("autotune"),
             depth=info.get("staged"),
+            device=self.device,
         )
         backend.memory = info.get("memory")  # the oracle role sized the trainers' memory
         return backend
@@ -149,7 +160,8 @@ class DataParallel:
 
     def mean(self, values: list[float]) -> float:
         """The mean of the slices' mean losses is the global batch's mean loss."""
-        t = torch.tensor(values, dtype=torch.float64)
+        # NCCL reduces device tensors only
+        t = torch.tensor(values, dtype=torch.float64, device=self.device.torch if self.backend_name == "nccl" else None)
         if self.layout.trainers > 1:
             torch.distributed.all_reduce(t, group=self.group)
             t /= self.layout.trainers
@@ -185,9 +197,12 @@ class DataParallel:
             servers_report=remote.remote.server_stats(),
             bytes_sent_by_trainer0=self.t.bytes_sent,
             bytes_received_by_trainer0=self.t.bytes_received,
+            trainer_backend=self.backend_name,
         )
 
 
-def run_trainer(cfg: TrainConfig, layout: Layout, rank: int, transport: Transport, group) -> dict | None:
-    """Train as trainer ``rank``; trainer 0 returns the summary (others None)."""
-    return train(cfg, topology=DataParallel(layout, rank, transport, group, cfg.dist))
+def run_trainer(
+    cfg: TrainConfig, layout: Layout, rank: int, transport: Transport, group, device: Device
+) -> dict | None:
+    """Train as trainer ``rank`` on ``device``; trainer 0 returns the summary (others None)."""
+    return train(cfg, topology=DataParallel(layout, rank, transport, group, cfg.dist, device))

@@ -16,7 +16,6 @@ construction and model forward as ``bagpipe eval``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 from torch import nn
 
 from bagpipe.data.batch import make_batch
-from bagpipe.data.schema import FeatureSpec
+from bagpipe.data.schema import FeatureSpec, read_json
 from bagpipe.errors import ConfigError, DataError
 from bagpipe.export import tensorfile
 from bagpipe.export.naming import from_export
@@ -48,25 +47,52 @@ class ExportedModel(nn.Module):
         path = self.directory / MANIFEST
         if not path.exists():
             raise DataError(f"{self.directory}: not a finished bagpipe export (no {MANIFEST})")
-        self.manifest = m = json.loads(path.read_text())
-        if m.get("format") != FORMAT or m.get("version") != VERSION:
+        self.manifest = m = read_json(path)
+        if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION:
             raise DataError(f"{path}: not a {FORMAT} version {VERSION} manifest")
-        self.config = ModelConfig(**m["model"])
-        self.features = [FeatureSpec(t["name"], t["num_embeddings"], t["multi_hot"]) for t in m["tables"]]
-        self.dense_names = list(m["dense_features"])
-        self.net = build_model(self.config, len(self.dense_names), len(self.features))
-        from safetensors.torch import load_file
-
-        dense = load_file(str(self.directory / m["dense"]["file"]))
-        self.net.load_state_dict(
-            from_export(dense, self.config, len(self.dense_names), len(self.features), m["dense"]["naming"])
-        )
-        self.tables = [tensorfile.open_tensor(self.directory / t["file"], t["key"]) for t in m["tables"]]
-        self.table_offsets = np.array(
-            [t["row_offset"] for t in m["tables"]] + [sum(f.num_rows for f in self.features)], np.int64
-        )
+        try:
+            self.config = ModelConfig(**m["model"])
+            self.features = [FeatureSpec(t["name"], t["num_embeddings"], t["multi_hot"]) for t in m["tables"]]
+            self.dense_names = list(m["dense_features"])
+            self.net = build_model(self.config, len(self.dense_names), len(self.features))
+            offsets = [int(t["row_offset"]) for t in m["tables"]]
+            files = [(t["file"], t["key"], (int(t["num_embeddings"]), int(t["embedding_dim"]))) for t in m["tables"]]
+            dense_file, naming = m["dense"]["file"], m["dense"]["naming"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(
+                f"{path}: a damaged export manifest ({type(e).__name__}: {e}); export the run again"
+            ) from None
+        self._load_dense(dense_file, naming)
+        self.tables = []
+        for name, key, shape in files:
+            t = tensorfile.open_tensor(self.directory / name, key)
+            if t.shape != shape:
+                raise DataError(
+                    f"{self.directory / name}: {key} has shape {t.shape}, {MANIFEST} says {shape}; "
+                    "a damaged export: export the run again"
+                )
+            self.tables.append(t)
+        self.table_offsets = np.array(offsets + [sum(f.num_rows for f in self.features)], np.int64)
         self._mapping = None
         self.eval()
+
+    def _load_dense(self, name: str, naming: str) -> None:
+        """Load the dense layers from the export's safetensors file ``name``."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = self.directory / name
+        try:
+            tensors = load_file(str(path))
+            state = from_export(tensors, self.config, len(self.dense_names), len(self.features), naming)
+            self.net.load_state_dict(state)
+        except FileNotFoundError:
+            raise DataError(f"{path}: missing; a damaged export: export the run again") from None
+        except (SafetensorError, OSError, KeyError, RuntimeError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise DataError(
+                f"{path}: unreadable or not this model's ({first}); a damaged export: export the run again"
+            ) from None
 
     # -- ids ---------------------------------------------------------------------------
     def embedding(self, name: str) -> np.ndarray:
@@ -133,6 +159,12 @@ class ExportedModel(nn.Module):
 
             path = self.directory / "vocab" / "vocab.json"
             if not path.exists():
+                pre = self.manifest.get("preprocessing") or {}
+                if pre.get("vocab"):  # the export wrote one: its folder is damaged, not the data
+                    raise DataError(
+                        f"{path}: missing, though {MANIFEST} lists the vocabulary; a damaged export: "
+                        "export the run again"
+                    )
                 raise DataError(
                     f"{self.directory}: the export has no vocab/ (its dataset had none); raw lines cannot be mapped"
                 )

@@ -89,9 +89,17 @@ def read_header(path: str | os.PathLike) -> tuple[dict, int]:
 def open_tensor(path: str | os.PathLike, name: str) -> np.ndarray:
     """Tensor ``name`` of the safetensors file ``path`` as a read-only memory map."""
     header, start = read_header(path)
-    if name not in header:
+    if not isinstance(header, dict) or name not in header:
         raise DataError(f"{path}: has no tensor {name!r}")
-    info = header[name]
-    begin, _ = info["data_offsets"]
-    shape = tuple(info["shape"])
-    return np.memmap(path, dtype=_BY_NAME[info["dtype"]], mode="r", offset=start + begin, shape=shape)
+    try:
+        info = header[name]
+        begin, end = info["data_offsets"]
+        shape = tuple(int(n) for n in info["shape"])
+        dtype = _BY_NAME[info["dtype"]]
+        need = start + int(end)
+        have = os.path.getsize(path)
+        if have < need or int(end) - int(begin) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+            raise DataError(f"{path}: truncated or damaged ({have:,} bytes, tensor {name!r} needs {need:,})")
+        return np.memmap(path, dtype=dtype, mode="r", offset=start + int(begin), shape=shape)
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        raise DataError(f"{path}: tensor {name!r} unreadable ({type(e).__name__}: {e})") from None

@@ -24,6 +24,7 @@ exported (a model for scoring; resume from the run's checkpoint instead).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -39,6 +40,7 @@ from bagpipe.export import tensorfile
 from bagpipe.export.naming import table_key, to_export
 from bagpipe.files import atomic_write_text
 from bagpipe.models import ModelConfig, build_model
+from bagpipe.output_dir import OutputDir
 from bagpipe.train.rundir import RunDir
 
 FORMAT = "bagpipe-export"
@@ -131,11 +133,36 @@ def export_run(
         raise DataError(
             f"{data_dir} has {meta.total_rows:,} embedding rows but the run was trained with {reader.num_rows:,}"
         )
-    _prepare_out(out, overwrite)
+    try:
+        mcfg = ModelConfig(**conf["model"])
+        model = build_model(mcfg, meta.num_dense, meta.num_features)
+        model.load_state_dict(ckpt.dense["model"])
+    except (TypeError, KeyError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{ckpt.path}: does not fit the model of {run}/config.json and the tables of {data_dir} ({first})"
+        ) from None
+    output = OutputDir(out, "export", MANIFEST, overwrite=overwrite, inputs={"--run": [run], "--data": [data_dir]})
+    with output as staging:  # built beside --out, swapped in whole: a failed export leaves the old one
+        result = _write(run, staging, conf, mcfg, model, ckpt, reader, data_dir, meta, shard_bytes, chunk_rows)
+        output.commit()
+    return dataclasses.replace(result, out=str(out))
 
-    mcfg = ModelConfig(**conf["model"])
-    model = build_model(mcfg, meta.num_dense, meta.num_features)
-    model.load_state_dict(ckpt.dense["model"])
+
+def _write(
+    run: Path,
+    out: Path,
+    conf: dict,
+    mcfg: ModelConfig,
+    model,
+    ckpt,
+    reader,
+    data_dir: Path,
+    meta: DatasetMeta,
+    shard_bytes: int,
+    chunk_rows: int,
+) -> Exported:
+    """Every file of the export into the (staging) folder ``out``."""
     dense, naming = to_export(model.state_dict(), mcfg, meta.num_dense, meta.num_features)
     tensorfile.write(
         out / DENSE_FILE,

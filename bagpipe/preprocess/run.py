@@ -38,6 +38,7 @@ import numpy as np
 from bagpipe.data.schema import META_FILE, FeatureSpec
 from bagpipe.data.shards import ShardWriter
 from bagpipe.errors import ConfigError, DataError, ParseError
+from bagpipe.output_dir import OutputDir
 from bagpipe.preprocess.formats import RawFormat
 from bagpipe.preprocess.inputs import (
     Block,
@@ -130,17 +131,28 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
             raise ConfigError(f"{f.path}: given twice")
         seen.add(key)
     out = Path(opts.out)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a directory")
-    if (out / META_FILE).exists() and not opts.overwrite:
-        raise DataError(f"{out}: already holds a dataset (pass --overwrite to replace it)")
+    output = OutputDir(
+        out,
+        "dataset",
+        META_FILE,
+        overwrite=opts.overwrite,
+        inputs={"--input": opts.inputs, "--eval-files": opts.eval_files},
+    )
+    output.check()  # every refusal of the output before the input is read
     for f in files:
         probe(fmt, f)
 
-    # -- mapping loaded early (the output may overwrite the directory it is read from)
+    # -- mapping loaded early (the output may replace the dataset it is read from)
     mapping: Mapping | None = None
     if opts.vocab_from:
         mapping = load_mapping(opts.vocab_from, fmt)
+    with output:  # locked (one writer per output) and staged beside it until complete
+        return _convert(fmt, opts, files, output, mapping, split, workers, t0)
+
+
+def _convert(fmt, opts, files, output, mapping, split, workers, t0) -> Result:
+    """Passes 1 (vocabulary mode) and 2 into the staging folder of ``output``."""
+    out = output.target
 
     inputs = [f for f in files if f.role == "input"]
     n_train: int | None = None  # global data-line index bound of "train" among the inputs
@@ -236,13 +248,17 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
             keys = {n: r[0] for n, r in results.items()}
             counts_ = {n: r[1] for n, r in results.items()}
             mapping = Vocabulary(keys, counts_, min_count, workers)
-        return _write(fmt, opts, out, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0)
+        return _write(
+            fmt, opts, output, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0
+        )
     finally:
         if spill is not None:
             spill.remove()
 
 
-def _write(fmt, opts, out, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0) -> Result:
+def _write(
+    fmt, opts, output, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0
+) -> Result:
     """Pass 2: map categorical keys to ids and append every valid line to its split."""
     features = []
     fixed_rows = dict(fmt.fixed_features)
@@ -252,10 +268,8 @@ def _write(fmt, opts, out, files, mapping, spill, bad, parse, blocks, is_train, 
         else:
             features.append(FeatureSpec(name, mapping.num_rows(name), multi_hot=name in fmt.seq_features))
     id_dtype = "int32" if max(f.num_rows for f in features) <= np.iinfo(np.int32).max else "int64"
-    writer = ShardWriter(
-        out, fmt.dense_names, features, id_dtype=id_dtype, rows_per_shard=opts.rows_per_shard, overwrite=opts.overwrite
-    )
-    save_mapping(out, fmt, mapping)
+    writer = ShardWriter(output, fmt.dense_names, features, id_dtype=id_dtype, rows_per_shard=opts.rows_per_shard)
+    save_mapping(writer.dir, fmt, mapping)
 
     def work(item):
         kind, b, index = item
@@ -346,7 +360,7 @@ def _write(fmt, opts, out, files, mapping, spill, bad, parse, blocks, is_train, 
     meta = writer.close(source=source)
     seconds = time.perf_counter() - t0
     return Result(
-        out=str(out),
+        out=str(output.target),
         rows={k: meta.num_samples(k) for k in ("train", "eval", "test") if k in meta.splits},
         skipped=bad.count,
         bad_examples=bad.examples,

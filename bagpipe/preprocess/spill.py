@@ -33,8 +33,8 @@ class Parsed:
 
 
 class Spill:
-    """Parsed blocks of pass 1, kept on disk next to the output directory (the output
-    directory itself is cleared when the writer starts) and replayed by pass 2."""
+    """Parsed blocks of pass 1, kept on disk next to the output directory (in a folder
+    of its own, removed at the end) and replayed by pass 2."""
 
     def __init__(self, out: Path):
         out.parent.mkdir(parents=True, exist_ok=True)

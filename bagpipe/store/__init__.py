@@ -6,9 +6,12 @@ import shutil
 from pathlib import Path
 
 from bagpipe.errors import ConfigError
+from bagpipe.files import RunLock
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.diskio import DiskIO
 from bagpipe.store.init import RowValues
+
+LOCK = ".lock"  # the store directory's lock file (one run at a time)
 
 
 def holds_store(directory: str | Path) -> bool:
@@ -44,18 +47,30 @@ def open_store(
     if directory is None:
         raise ValueError("a disk store needs a directory")
     path = Path(directory)
-    if owned and path.exists():
-        shutil.rmtree(path)
-    if not owned:
-        if holds_store(path) and not reuse:
-            raise ConfigError(
-                f"--store-dir {path} already holds a store: its rows would become this run's starting tables; "
-                "pass --init-from-store to start from them, or give an empty directory"
-            )
-        if reuse and not holds_store(path):
-            raise ConfigError(f"--init-from-store: {path} holds no store to start from")
+    if not owned and reuse and not holds_store(path):  # said before a folder is made for it
+        raise ConfigError(f"--init-from-store: {path} holds no store to start from")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"--store-dir {path}: cannot create the store's directory ({e.strerror})") from None
-    return DiskStore(init, state_dim, path, io=io)
+    # one run per store, held for the run's life: a second run writing the same rows
+    # file would silently change the first one's results
+    lock = RunLock(path / LOCK, what=f"--store-dir {path}", hint="wait for it to end or give another --store-dir")
+    lock.acquire()
+    try:
+        if owned:
+            for child in path.iterdir():  # the run's own store starts empty (its lock stays)
+                if child.name != LOCK:
+                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        else:
+            if holds_store(path) and not reuse:
+                raise ConfigError(
+                    f"--store-dir {path} already holds a store: its rows would become this run's starting tables; "
+                    "pass --init-from-store to start from them, or give an empty directory"
+                )
+            if reuse and not holds_store(path):
+                raise ConfigError(f"--init-from-store: {path} holds no store to start from")
+        return DiskStore(init, state_dim, path, io=io, lock=lock)
+    except BaseException:
+        lock.release()
+        raise

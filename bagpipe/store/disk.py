@@ -106,6 +106,8 @@ class DiskStore(EmbeddingStore):
             must match ``init`` and ``state_dim``), never overwritten.
         io: its memory settings (:class:`~bagpipe.store.diskio.DiskIO`: pages in
             flight, the dirty-page bound, the page-cache bound, chunk rows).
+        lock: the lock on ``path`` its opener holds (:func:`bagpipe.store.open_store`),
+            released when the store closes.
 
     Rows passed to :meth:`read` and :meth:`write` must be in [0, num_rows); rows of a
     write must be unique (a :class:`ValueError` otherwise). Thread safety is as in
@@ -121,9 +123,11 @@ class DiskStore(EmbeddingStore):
         threads: int | None = None,
         create: bool = True,
         io: DiskIO | None = None,
+        lock=None,
     ):
         super().__init__(init, state_dim)
         self.path = Path(path)
+        self._lock = lock
         io = io or DiskIO()
         if threads is not None:
             io = dataclasses.replace(io, threads=int(threads))
@@ -283,6 +287,8 @@ class DiskStore(EmbeddingStore):
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._lock is not None:
+            self._lock.release()
 
     # ------------------------------------------------------------------ rows
 

@@ -15,6 +15,11 @@ Both are :class:`~bagpipe.train.protocols.Backend` implementations:
 Both hand the training step the same thing: a table tensor plus the indices (global
 rows or slots) of the batch's unique rows in ascending global-row order, and the
 inverse map of every lookup. That is why their results agree bit for bit.
+
+Both live on a :class:`~bagpipe.device.Device`: the full tables, or the cache and its
+optimizer state, in its memory (a GPU's on ``--device cuda``), the index and inverse
+put there for each step; the store stays in host memory or on disk, and a cached
+backend's rows travel through one :class:`~bagpipe.cache.transfer.Transfers`.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ import torch
 from bagpipe.accel.hot import HotSet, hot_section
 from bagpipe.cache.executor import PlanExecutor
 from bagpipe.cache.slots import SlotCache
+from bagpipe.cache.transfer import Transfers
 from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
+from bagpipe.device import Device, HostDevice
 from bagpipe.memory import Fit
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
@@ -46,20 +53,22 @@ def store_lookup(store: EmbeddingStore, rows: torch.Tensor) -> torch.Tensor:
 
 
 class FullBackend:
-    """All tables in memory: the reference.
+    """All tables in the device's memory (on ``--device cuda``, the GPU's): the reference.
 
     It is also a checkpoint's row source (:class:`bagpipe.checkpoint.parts.RowSource`):
     the rows each step updates are remembered for the next incremental checkpoint.
     """
 
-    def __init__(self, init: RowInitializer, state_dim: int):
+    def __init__(self, init: RowInitializer, state_dim: int, device: Device | None = None):
         self.init = init
+        self.device = HostDevice() if device is None else device
         self.num_rows, self.dim, self.state_dim = init.num_rows, init.dim, int(state_dim)
-        self.weights = torch.empty(init.num_rows, init.dim)
+        dev = self.device.torch
+        self.weights = torch.empty(init.num_rows, init.dim, device=dev)
         for a in range(0, init.num_rows, EXPORT_CHUNK_ROWS):
             b = min(a + EXPORT_CHUNK_ROWS, init.num_rows)
             self.weights[a:b] = torch.from_numpy(init.range(a, b))
-        self.state = torch.zeros(init.num_rows, state_dim)
+        self.state = torch.zeros(init.num_rows, state_dim, device=dev)
         self._dirty = np.zeros(init.num_rows, dtype=bool)  # rows updated since the last checkpoint part
         self.memory: Fit | None = None  # the memory budget's check of the run, for the summary
 
@@ -75,8 +84,8 @@ class FullBackend:
         return self.export()
 
     def peek(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-        return self.weights.index_select(0, idx).numpy(), self.state.index_select(0, idx).numpy()
+        idx = self.device.put(torch.from_numpy(np.asarray(rows, dtype=np.int64)))
+        return self.weights.index_select(0, idx).cpu().numpy(), self.state.index_select(0, idx).cpu().numpy()
 
     def take_dirty(self) -> np.ndarray:
         rows = np.flatnonzero(self._dirty)
@@ -90,14 +99,16 @@ class FullBackend:
                 yield step, batch, uniq, inverse
 
         loader = Prefetched(prepare())
+        put = self.device.put
         try:
             for step, batch, uniq, inverse in loader:
-                yield StepInput(step, batch, self.weights, self.state, uniq, inverse)
+                self._dirty[uniq.numpy()] = True  # no checkpoint part is written before the step is done
+                yield StepInput(step, batch, self.weights, self.state, put(uniq), put(inverse))
         finally:
             loader.close()
 
     def after_step(self, inp: StepInput) -> None:
-        self._dirty[inp.index.numpy()] = True
+        pass
 
     def flush(self, label: int) -> None:
         pass
@@ -108,10 +119,10 @@ class FullBackend:
     def export(self) -> Rows:
         for a in range(0, self.init.num_rows, EXPORT_CHUNK_ROWS):
             b = min(a + EXPORT_CHUNK_ROWS, self.init.num_rows)
-            yield a, self.weights[a:b].numpy(), self.state[a:b].numpy()
+            yield a, self.weights[a:b].cpu().numpy(), self.state[a:b].cpu().numpy()
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.weights.index_select(0, rows)
+        return self.weights.index_select(0, self.device.put(rows))
 
     def phase_seconds(self) -> dict:
         return {}
@@ -137,6 +148,7 @@ class CachedBackend:
             the source's plans must then come through a ``HotSplit`` of C slots.
         autotune: the auto-tuner's choice of C and L, for the summary (None when not used).
         depth: plans the executor fetches ahead (its ``depth``); None: L + 1.
+        device: where the cache lives (default: host memory).
 
     ``memory`` is the memory budget's fit of the run (:class:`bagpipe.memory.Fit`), set by
     the topology that sized it, for the summary.
@@ -153,6 +165,7 @@ class CachedBackend:
         hot: HotSet | None = None,
         autotune: dict | None = None,
         depth: int | None = None,
+        device: Device | None = None,
     ):
         self.store = store
         self.depth = depth
@@ -161,7 +174,10 @@ class CachedBackend:
         self.executor_class = executor
         self.cold_rows = cache_rows
         self.hot = hot
-        self.cache = SlotCache(cache_rows + (len(hot) if hot is not None else 0), store.dim, store.state_dim)
+        self.device = HostDevice() if device is None else device
+        self.transfers = Transfers(self.device)
+        slots = cache_rows + (len(hot) if hot is not None else 0)
+        self.cache = SlotCache(slots, store.dim, store.state_dim, self.device.torch)
         self.writes_cached = writes_cached
         self.autotune = autotune
         self.executor: PlanExecutor | None = None
@@ -185,8 +201,9 @@ class CachedBackend:
             slots = self.cold_rows + np.arange(len(self.hot), dtype=np.int64)
             for a in range(0, len(slots), HOT_LOAD_ROWS):
                 rows = self.hot.rows[a : a + HOT_LOAD_ROWS]
-                w, s = self.store.read(rows)
-                self.cache.install(slots[a : a + HOT_LOAD_ROWS], rows, w, s)
+                self.transfers.install(
+                    self.cache, slots[a : a + HOT_LOAD_ROWS], rows, self.transfers.stage(*self.store.read(rows))
+                )
         self.executor = executor = self.executor_class(
             self.store,
             self.cache,
@@ -194,6 +211,7 @@ class CachedBackend:
             depth=self.depth if self.depth is not None else (self.lookahead or 1) + 1,
             start_step=start,
             before_evict=before_evict,
+            transfers=self.transfers,
         )
         for plan in executor:
             yield StepInput(
@@ -201,8 +219,8 @@ class CachedBackend:
                 plan.batch,
                 self.cache.weights,
                 self.cache.state,
-                torch.from_numpy(plan.slots),
-                torch.from_numpy(plan.inverse),
+                self.cache.index(plan.slots),
+                self.device.put(torch.from_numpy(plan.inverse)),
                 plan,
                 executor.install,
             )

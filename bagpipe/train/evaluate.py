@@ -33,9 +33,11 @@ EVAL_KEYS = ("eval_logloss", "eval_auc", "eval_ne", "eval_calibration", "eval_ac
 
 @torch.no_grad()
 def batch_logits(model: torch.nn.Module, lookup: Lookup, batch: Batch) -> torch.Tensor:
-    """(B,) logits of ``batch`` with the rows' weights from ``lookup`` (the model in eval mode)."""
+    """(B,) logits of ``batch`` with the rows' weights from ``lookup`` (the model in eval
+    mode), computed where the model's parameters are; on the host."""
     uniq, inverse = torch.unique(batch.rows, sorted=True, return_inverse=True)
-    return forward_logits(model, lookup(uniq), inverse, batch)
+    dev = next(model.parameters()).device
+    return forward_logits(model, lookup(uniq).to(dev), inverse.to(dev), batch).cpu()
 
 
 def scores(labels: np.ndarray, probs: np.ndarray) -> dict:

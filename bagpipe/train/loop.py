@@ -21,12 +21,14 @@ from bagpipe.checkpoint import CheckpointFolder, PartsTarget, commit_checkpoint
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
+from bagpipe.device import on_host, open_device
 from bagpipe.memory.watch import MemoryWatch, RssSampler
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.evaluate import eval_line, evaluate
+from bagpipe.train.guards import check_step
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import Backend, StepFn, Topology
 from bagpipe.train.resume import (
@@ -59,8 +61,17 @@ def train(cfg: TrainConfig, topology: Topology | None = None) -> dict | None:
     (one run per folder), the data set's files are checked, a resumed run must
     continue what the folder holds; if start-up fails in a folder this call created,
     the folder is removed again.
+
+    Without a ``topology`` the run is one process on the device ``cfg.device`` names
+    (opened here, and closed at the end).
     """
-    topo = topology if topology is not None else SingleProcess()
+    if topology is None:
+        device = open_device(cfg.device.device, deterministic=cfg.device.deterministic)
+        try:
+            return train(cfg, SingleProcess(device))
+        finally:
+            device.close()
+    topo = topology
     rc = cfg.run
     if not topo.reports:  # trainers 1..N-1 write nothing to the run folder
         return _start(cfg, topo, RunDir(rc.out))
@@ -87,7 +98,8 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
     stream = train_stream(dataset, cfg.data, rc.seed)
     mcfg = cfg.arch.model_config()
     torch.manual_seed(rc.seed)
-    model = build_model(mcfg, meta.num_dense, meta.num_features)
+    # built on the host (the same initial values on every device), then moved
+    model = build_model(mcfg, meta.num_dense, meta.num_features).to(topo.device.torch)
     net = topo.wrap(model)
     dense_opt = cfg.optim.dense_optimizer(model.parameters())
     sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
@@ -101,8 +113,8 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
             topo.restore_rows(ckpt, backend)
             if topo.reports:
                 log.info(f"resumed from step {start}")
-        if topo.reports:
-            run.write_config(
+        if topo.reports:  # written by the first step's heartbeat: a refusal before it leaves the folder as it was
+            run.write_config_later(
                 cfg.to_json(),
                 mcfg,
                 {
@@ -112,7 +124,6 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
                     "num_dense": meta.num_dense,
                 },
             )
-            run.started()
         run_ = _Run(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start)
         summary = run_.train()
         failed = False
@@ -167,8 +178,8 @@ class _Run:
             return
         dense = {
             "step": step,
-            "model": self.model.state_dict(),
-            "dense_optimizer": self.dense_opt.state_dict(),
+            "model": on_host(self.model.state_dict()),  # loadable on any machine
+            "dense_optimizer": on_host(self.dense_opt.state_dict()),
             "torch_rng": torch.get_rng_state(),
             "lr_schedule": self.schedule.state(step, self.bases),
         }
@@ -244,6 +255,7 @@ class _Run:
                 loss = run_step(self.net, self.dense_opt, rows, inp, meter.times)
                 backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
                 step = inp.step + 1
+                check_step(step, loss, self.model, inp)  # a NaN or infinite loss, gradient or row stops the run here
                 meter.record(step, loss)
                 if topo.reports:
                     run.heartbeat(step)
@@ -287,6 +299,7 @@ class _Run:
             summary = Summary.of(
                 mode=cfg.cache.mode,
                 model=cfg.arch.model,
+                device=topo.device.describe(),
                 optimizer=cfg.optim.optimizer,
                 batch_size=cfg.data.batch_size,
                 steps=step,

@@ -25,10 +25,16 @@ def pyplot():
 
 
 def save_png(fig, path: Path) -> None:
-    """Lay out, write and close a figure."""
+    """Lay out, write and close a figure: a PNG at exactly ``path`` (no suffix added),
+    which appears only complete."""
+    from bagpipe.files import atomic_file
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
+    try:
+        with atomic_file(path, "wb") as f:
+            fig.savefig(f, dpi=110, format="png")
+    finally:
+        pyplot().close(fig)
 
 
 def read_metrics(run: str | Path) -> tuple[list[dict], list[dict]]:
@@ -61,6 +67,9 @@ def plot_runs(
     labels = labels or [Path(r).name or str(r) for r in runs]
     if len(labels) != len(runs):
         raise DataError(f"{len(labels)} labels for {len(runs)} runs")
+    out = Path(out)
+    if out.is_dir():
+        raise DataError(f"--out {out}: is a directory; give the PNG file to write (e.g. {out / 'curves.png'})")
     data = [read_metrics(r) for r in runs]
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -75,7 +84,6 @@ def plot_runs(
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_png(fig, out)
     return out

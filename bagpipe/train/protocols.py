@@ -37,6 +37,7 @@ from bagpipe.config.train import TrainConfig
 from bagpipe.data.batch import Batch
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
+from bagpipe.device import Device
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
@@ -50,9 +51,11 @@ Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
 class StepInput:
     """What one training step needs from the embedding side.
 
-    weights/state: (R or C, D) / (R or C, S) the tensors the rows live in.
-    index: (U,) int64 positions in ``weights`` of the batch's unique rows (ascending row).
-    inverse: (N,) int64 position in ``index`` of every lookup.
+    weights/state: (R or C, D) / (R or C, S) the tensors the rows live in (on the device).
+    index: (U,) int64 positions in ``weights`` of the batch's unique rows (ascending row),
+        on the device.
+    inverse: (N,) int64 position in ``index`` of every lookup, on the device.
+    batch: the batch, in host memory (the step copies what the model reads).
     plan: the cache plan of the step (None for the full tables).
     ready: puts any rows still being fetched in place (Hotline fetches its cold rows while
         the popular micro-batch computes); a step calls it before it reads them.
@@ -201,6 +204,8 @@ class Topology(Protocol):
 
     reports: bool
     """Whether this process writes the run's files (config, metrics, checkpoints, summary)."""
+    device: Device
+    """Where this trainer computes: the model, and the backend's tables or cache."""
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The model as the step runs it (DDP on a data-parallel trainer)."""

@@ -10,12 +10,11 @@ size resumes any other's checkpoint, since checkpoints hold rows in global order
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.config import to_flat
+from bagpipe.config.environ import env_int
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
@@ -60,7 +59,7 @@ MAY_CHANGE = (
 def elastic_restart() -> bool:
     """Whether torchrun restarted this process after a failure (``--max-restarts``):
     then it continues from the run's latest checkpoint, as if given --resume."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    return env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
 
 
 def resume_point(run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool = True) -> Checkpoint | None:

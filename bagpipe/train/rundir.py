@@ -21,23 +21,22 @@ row's weights and optimizer state in global row order.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-import socket
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import torch
 
 from bagpipe.errors import ConfigError
-from bagpipe.files import atomic_write_text
+from bagpipe.files import RunLock, atomic_write_text
+
+__all__ = ["LOCK_HELD_ENV", "MetricsLog", "RunDir", "RunLock", "dense_digest", "digest_of", "hashed"]
 
 #: Set by the local launcher in its roles' environment: the launcher holds the run's lock.
 LOCK_HELD_ENV = "BAGPIPE_RUN_LOCK_HELD"
@@ -46,64 +45,37 @@ Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
 
 
 class MetricsLog:
-    """Appends one JSON object per line to RUN/metrics.jsonl (flushed per record)."""
+    """Appends one JSON object per line to RUN/metrics.jsonl (flushed per record).
 
-    def __init__(self, path: Path):
-        self.f = open(path, "a")
-
-    def write(self, **record) -> None:
-        self.f.write(json.dumps(record) + "\n")
-        self.f.flush()
-
-    def close(self) -> None:
-        self.f.close()
-
-
-class RunLock:
-    """One run per run folder: an exclusive ``flock`` on RUN/.lock for the life of the run.
-
-    The kernel drops a ``flock`` when its holder dies however it dies (even SIGKILL), so
-    a lock left by a dead process never blocks the next run; the file keeps the last
-    holder's pid, host and start time, which a refused run names.
+    The file is touched only at the first record: then the records of steps after
+    ``since`` are dropped (a run resumed at ``since`` replays those steps; a fresh one,
+    ``since`` 0, starts empty). A run refused before its first step changes nothing.
     """
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd: int | None = None
+    def __init__(self, path: Path, since: int = 0):
+        self.path, self.since = path, since
+        self.f: TextIO | None = None
 
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise ConfigError(
-                f"{self.path.parent} is in use by another run ({holder}); wait for it to end or choose another --out"
-            ) from None
-        os.ftruncate(fd, 0)
-        info = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv[:3]),
-        }
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-        self.fd = fd
+    def _open(self) -> TextIO:
+        if self.path.exists():
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and self.since and json.loads(line).get("step", 0) <= self.since
+            ]
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        return open(self.path, "a")
 
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+    def write(self, **record) -> None:
+        if self.f is None:
+            self.f = self._open()
+        f = self.f
+        f.write(json.dumps(record) + "\n")
+        f.flush()
 
-
-def _read_holder(fd: int) -> str:
-    try:
-        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
-    except (ValueError, KeyError, OSError):
-        return "holder unknown"
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
 
 
 class RunDir:
@@ -113,14 +85,18 @@ class RunDir:
         self.path = Path(path)
         self.created = False  # whether this process made the folder (it removes it if start-up fails)
         self._lock: RunLock | None = None
+        self._started = True  # claim() makes it False until the first step is done
+        self._pending_config: tuple | None = None
 
     @contextmanager
     def claim(self, *, lock: bool = True):
         """Create the folder if needed and hold its lock for the ``with`` block.
 
-        If the block fails before :meth:`started` was called and this process created
-        the folder, the folder is removed: a run that fails at start-up leaves nothing
-        half-made behind. ``lock=False`` when another process (the launcher) holds it.
+        If the block fails before :meth:`started` was called (by the first step's
+        :meth:`heartbeat`) and this process created the folder, the folder is removed:
+        a run that fails at start-up -- a refusal, a cache too small for the first
+        batch, a missing optional package -- leaves nothing half-made behind.
+        ``lock=False`` when another process (the launcher) holds it.
         """
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"--out {self.path}: exists and is not a directory")
@@ -144,7 +120,11 @@ class RunDir:
             self._release()
 
     def started(self) -> None:
-        """Start-up is over: from here on a failure keeps the folder (metrics, checkpoints)."""
+        """Start-up is over: from here on a failure keeps the folder (metrics,
+        checkpoints). Writes the config that :meth:`write_config_later` holds back."""
+        if self._pending_config is not None:
+            self.write_config(*self._pending_config)
+            self._pending_config = None
         self._started = True
 
     def _release(self) -> None:
@@ -174,6 +154,11 @@ class RunDir:
         text = json.dumps({"train": train, "model": dataclasses.asdict(model), "dataset": dataset}, indent=2)
         atomic_write_text(self.config_file, text)
 
+    def write_config_later(self, train: dict, model, dataset: dict) -> None:
+        """The config to write once start-up is over (:meth:`started`): a run refused
+        before its first step leaves the folder's config.json as it was."""
+        self._pending_config = (train, model, dataset)
+
     def read_config(self) -> dict:
         from bagpipe.data.schema import read_json
 
@@ -182,15 +167,7 @@ class RunDir:
     def metrics(self, since: int = 0) -> MetricsLog:
         """The metrics log, keeping only the records of steps <= ``since`` from before
         (a run resumed at ``since`` replays the steps after it; a fresh one starts empty)."""
-        self.create()
-        if self.metrics_file.exists():
-            kept = [
-                line
-                for line in self.metrics_file.read_text().splitlines()
-                if line.strip() and since and json.loads(line).get("step", 0) <= since
-            ]
-            atomic_write_text(self.metrics_file, "".join(line + "\n" for line in kept))
-        return MetricsLog(self.metrics_file)
+        return MetricsLog(self.metrics_file, since)
 
     @property
     def heartbeat_file(self) -> Path:
@@ -198,7 +175,9 @@ class RunDir:
 
     def heartbeat(self, step: int) -> None:
         """Record the steps done so far (8 bytes rewritten in place; the launcher reads
-        it to say at which step a role died)."""
+        it to say at which step a role died). The first step done ends start-up."""
+        if not self._started:
+            self.started()
         if getattr(self, "_beat", None) is None:
             self._beat = os.open(self.heartbeat_file, os.O_WRONLY | os.O_CREAT, 0o644)
         os.pwrite(self._beat, int(step).to_bytes(8, "little"), 0)

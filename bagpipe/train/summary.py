@@ -186,6 +186,9 @@ class DistributedStats:
     """Bytes trainer 0 sent through the transport (requests, write-backs, marks, credits)."""
     bytes_received_by_trainer0: int
     """Bytes trainer 0 received through the transport (rows, plans)."""
+    trainer_backend: str = "gloo"
+    """The collectives' backend among the trainers (DDP, embedding all-reduce): nccl when
+    every trainer has a GPU of its own, gloo otherwise; none with one trainer."""
 
 
 @dataclass
@@ -356,6 +359,8 @@ class Summary:
     """What an approximate run left out; None when exact."""
     model: str
     """--model."""
+    device: str
+    """Where the trainer computed: cpu, cpu-async, or cuda:INDEX (the GPU's name) (--device)."""
     optimizer: str
     """--optimizer."""
     steps: int
@@ -422,6 +427,7 @@ class Summary:
         model: str,
         optimizer: str,
         batch_size: int,
+        device: str = "cpu",
         steps: int,
         timing: Timing,
         train_logloss: float | None,
@@ -444,6 +450,7 @@ class Summary:
             exact=approximation is None,
             approximation=approximation,
             model=model,
+            device=device,
             optimizer=optimizer,
             steps=steps,
             epochs=epochs,

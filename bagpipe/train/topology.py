@@ -20,6 +20,7 @@ from bagpipe.checkpoint import Checkpoint, Part, PartsTarget, write_part
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
+from bagpipe.device import Device, HostDevice
 from bagpipe.faults import pause_at
 from bagpipe.memory import memory_plan
 from bagpipe.memory.budget import full_tables_fit
@@ -33,9 +34,13 @@ from bagpipe.train.step import LocalRowUpdate
 
 
 class SingleProcess:
-    """One trainer with its store (memory or disk) in the same process."""
+    """One trainer with its store (memory or disk) in the same process, computing on
+    ``device`` (default: the host, ``--device cpu``)."""
 
     reports = True
+
+    def __init__(self, device: Device | None = None):
+        self.device = HostDevice() if device is None else device
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -52,7 +57,7 @@ class SingleProcess:
         c, spec = cfg.cache, cfg.cache.spec
         memory = memory_plan(cfg, dataset, stream)
         if not spec.store:
-            full = FullBackend(init, state_dim)
+            full = FullBackend(init, state_dim, self.device)
             full.memory = full_tables_fit(memory.budget, memory.shape)
             return full
         setup = set_up_cache(
@@ -86,6 +91,7 @@ class SingleProcess:
             hot=setup.hot,
             autotune=setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
             depth=setup.staged,
+            device=self.device,
         )
         backend.memory = setup.memory
         return backend

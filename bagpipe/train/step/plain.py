@@ -53,9 +53,11 @@ class LocalRowUpdate:
 
 
 def forward_logits(model: torch.nn.Module, rows_u: torch.Tensor, inverse: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """(B,) logits of ``batch`` given the values (U, D) of its unique rows."""
-    pooled = pool(rows_u, inverse, batch.offsets, batch.batch_size, batch.num_features)
-    return model(batch.dense, pooled)
+    """(B,) logits of ``batch`` given the values (U, D) of its unique rows; computed on
+    ``rows_u``'s device (the batch, which lives on the host, is copied there)."""
+    dev = rows_u.device
+    pooled = pool(rows_u, inverse, batch.offsets.to(dev), batch.batch_size, batch.num_features)
+    return model(batch.dense.to(dev), pooled)
 
 
 def train_step(
@@ -73,7 +75,7 @@ def train_step(
     t0 = time.perf_counter()
     rows_u = gather_rows(inp.weights, inp.index)
     logits = forward_logits(model, rows_u, inp.inverse, inp.batch)
-    loss = F.binary_cross_entropy_with_logits(logits, inp.batch.labels)
+    loss = F.binary_cross_entropy_with_logits(logits, inp.batch.labels.to(logits.device))
     t1 = time.perf_counter()
     dense_opt.zero_grad(set_to_none=True)
     loss.backward()

@@ -1,0 +1,218 @@
+"""A folder bagpipe writes whole (a dataset, an export): built beside its target and
+swapped in only when complete, and replaced only where everything in it is bagpipe's.
+
+The life of ``OutputDir(target, ...)``:
+
+1. :meth:`OutputDir.open` checks everything before any folder changes: the target is a
+   directory or nothing; no input lies inside it; if it already holds a finished output
+   it is replaced only with ``overwrite``, and only when every file in it is one this
+   output wrote (its manifest, ``.bagpipe-files.json``) -- a note, a sub-folder, a run
+   or a raw log someone put there makes ``--overwrite`` refuse, naming it; a non-empty
+   folder that holds no output is never written into. Then it takes the target's lock
+   (``.NAME.lock`` beside it, held until :meth:`close`; a second writer of the same
+   target is refused naming the holder) and makes the staging folder
+   ``.NAME.partial-PID`` beside the target, where everything is written.
+2. :meth:`OutputDir.commit` writes the manifest (every file of the staging folder), then
+   swaps the staging folder in: an atomic exchange (``renameat2(RENAME_EXCHANGE)``)
+   where the kernel has it, else the old folder renamed aside and the new one renamed
+   in (a crash between the two leaves the old one beside, whole); the old folder is
+   removed last. Into an empty target folder (which may be the current one) the
+   entries move one by one, the file that marks the output finished last. Replacing a
+   folder that holds the current one is refused (it would leave the shell in a removed
+   folder).
+3. :meth:`OutputDir.close` (or leaving the ``with`` block) removes the staging folder
+   if the output was not committed: a failed or interrupted build leaves the target as
+   it was. A staging folder left by a killed process is removed by the next writer of
+   the same target, which holds the lock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from bagpipe.errors import ConfigError, DataError
+from bagpipe.files import RunLock, atomic_write_text, fsync_dir
+
+MANIFEST = ".bagpipe-files.json"
+
+
+def inside(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (symbolic links resolved)."""
+    p, f = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return p == f or f in p.parents
+
+
+def listing(folder: Path) -> list[str]:
+    """Every file and folder under ``folder``, as sorted relative paths (folders end in /)."""
+    out = []
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        out += [f"{(rel / d).as_posix()}/" for d in dirs] + [(rel / f).as_posix() for f in files]
+    return sorted(p[2:] if p.startswith("./") else p for p in out)
+
+
+class OutputDir:
+    """A whole output folder ``target`` of one ``kind`` ("dataset", "export"), finished
+    when ``finished_file`` exists in it (see the module docstring).
+
+    ``inputs``: flag -> paths the command reads; none may lie inside the target.
+    ``flag``: the option that names the target, for messages (``--out``).
+    """
+
+    def __init__(
+        self,
+        target: str | os.PathLike,
+        kind: str,
+        finished_file: str,
+        *,
+        overwrite: bool = False,
+        inputs: dict[str, Iterable] | None = None,
+        flag: str = "--out",
+    ):
+        self.target = Path(target)  # as the user named it, for messages
+        # where it is, for renames: "." or a symbolic link is swapped at the folder it names
+        self.path = Path(os.path.realpath(target))
+        self.kind, self.finished_file, self.overwrite, self.flag = kind, finished_file, overwrite, flag
+        self.inputs = {k: [Path(p) for p in v if p] for k, v in (inputs or {}).items()}
+        self.staging: Path | None = None
+        self._lock: RunLock | None = None
+        self.committed = False
+
+    # -- checks -------------------------------------------------------------------------
+    def check(self) -> None:
+        """Every refusal, before anything changes (see the module docstring)."""
+        t, flag = self.target, self.flag
+        if t.exists() and not t.is_dir():
+            raise DataError(f"{flag} {t}: exists and is not a directory")
+        for opt, paths in self.inputs.items():
+            for p in paths:
+                if t.exists() and inside(p, t):
+                    raise ConfigError(
+                        f"{opt} {p} lies inside {flag} {t}, which this command replaces as a whole; "
+                        f"move it out or choose another {flag}"
+                    )
+        if not t.exists() or not any(t.iterdir()):
+            return
+        if not (t / self.finished_file).exists():
+            raise DataError(
+                f"{t}: directory is not empty and holds no {self.kind}; refusing to write into it "
+                f"(choose another {flag})"
+            )
+        if not self.overwrite:
+            raise DataError(
+                f"{t}: already holds a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind} "
+                "(pass --overwrite to replace it)"
+            )
+        if inside(os.getcwd(), self.path):
+            raise ConfigError(
+                f"{flag} {t} is (or holds) the current folder, which --overwrite replaces as a whole; "
+                "run the command from outside it"
+            )
+        foreign = self.foreign()
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise DataError(
+                f"{t}: --overwrite replaces only what bagpipe wrote there, and {foreign[0]}{more} is not "
+                f"part of the {self.kind}; move it out (or remove the folder yourself) and run again"
+            )
+
+    def foreign(self) -> list[str]:
+        """What the target holds that its manifest does not list (everything, without one)."""
+        try:
+            written = set(json.loads((self.target / MANIFEST).read_text())["files"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return [f"{MANIFEST} (the list of files bagpipe wrote, missing or unreadable)"]
+        return [p for p in listing(self.target) if p != MANIFEST and p not in written]
+
+    # -- life ---------------------------------------------------------------------------
+    def open(self) -> Path:
+        """Check, lock, and make the staging folder; returns it (write everything there)."""
+        self.check()
+        parent = self.path.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{self.flag} {self.target}: cannot create {parent} ({e.strerror})") from None
+        name = self.path.name
+        self._lock = RunLock(
+            parent / f".{name}.lock",
+            what=f"{self.flag} {self.target}",
+            hint=f"wait for it to end or choose another {self.flag}",
+        )
+        self._lock.acquire()
+        try:
+            self.check()  # again, now that no other writer of this target can change it
+            for old in parent.glob(f".{name}.partial-*"):  # left by a killed writer (we hold the lock)
+                shutil.rmtree(old, ignore_errors=True)
+            self.staging = parent / f".{name}.partial-{os.getpid()}"
+            self.staging.mkdir()
+        except BaseException:
+            self.close()
+            raise
+        return self.staging
+
+    def commit(self) -> None:
+        """Write the manifest and swap the finished staging folder in for the target."""
+        assert self.staging is not None, "open() first"
+        files = [p for p in listing(self.staging) if p != MANIFEST]
+        atomic_write_text(self.staging / MANIFEST, json.dumps({"kind": self.kind, "files": files}, indent=1))
+        t = self.path
+        if not t.exists():
+            os.rename(self.staging, t)
+        elif not any(t.iterdir()):  # an empty folder (perhaps the current one) is kept: the entries move in
+            entries = sorted(self.staging.iterdir(), key=lambda p: p.name == self.finished_file)  # finished last
+            for p in entries:
+                os.rename(p, t / p.name)
+            self.staging.rmdir()
+        elif _exchange(self.staging, t):
+            shutil.rmtree(self.staging)  # now the old folder
+        else:
+            aside = t.parent / f".{t.name}.old-{os.getpid()}"
+            os.rename(t, aside)
+            os.rename(self.staging, t)
+            shutil.rmtree(aside)
+        fsync_dir(t.parent)
+        self.staging = None
+        self.committed = True
+
+    def close(self) -> None:
+        """Remove an uncommitted staging folder and release the lock (idempotent)."""
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+        if self._lock is not None:
+            try:  # removed while still held: the lock file exists only while a writer works
+                self._lock.path.unlink()
+            except OSError:
+                pass
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> Path:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders atomically (Linux ``renameat2``); False where it is not available."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    AT_FDCWD = -100
+    rc = fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return rc == 0

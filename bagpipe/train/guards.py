@@ -1,0 +1,58 @@
+"""The training loop's guard against non-finite values: a run that diverges stops at once.
+
+After every step :func:`check_step` looks at what the step produced: the loss (a
+Python float), the gradient of every dense parameter and the values of the embedding
+rows the step updated (a NaN or infinite row gradient shows there, since every
+row-wise optimizer carries it into the row). The first non-finite one stops the run
+with :class:`Diverged`, one line naming the step and what went non-finite. The
+loop's own error path then writes nothing more: no checkpoint of the poisoned
+parameters, no summary; the checkpoints written before stay the run's latest (a
+resume continues from the last good one).
+
+Cost: one ``isfinite().all()`` per dense parameter and one over the step's U x D rows,
+reduced to a single host sync per step; the values are only read, so a guarded run
+computes bit for bit what an unguarded one does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from bagpipe.errors import BagpipeError
+
+
+class Diverged(BagpipeError):
+    """A training step produced a NaN or an infinite loss, gradient or row."""
+
+
+def check_step(step: int, loss: float, model: torch.nn.Module, inp) -> None:
+    """Raise :class:`Diverged` if step ``step`` (1-based: the steps done) left a
+    non-finite ``loss``, dense gradient or updated row (``inp``: the step's
+    :class:`~bagpipe.train.step.StepInput`)."""
+    if not math.isfinite(loss):
+        raise Diverged(_message(step, f"the loss is {loss}"))
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flags = [torch.isfinite(g).all() for g in grads]
+    rows = inp.weights.index_select(0, inp.index) if inp.index.numel() else None
+    if rows is not None:
+        flags.append(torch.isfinite(rows).all())
+    if flags and not bool(torch.stack(flags).all()):
+        names = [
+            n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+        ]
+        what = (
+            f"the gradient of {names[0]} holds NaN or infinite values"
+            if names
+            else "an embedding row's gradient made the row NaN or infinite"
+        )
+        raise Diverged(_message(step, what))
+
+
+def _message(step: int, what: str) -> str:
+    return (
+        f"training diverged at step {step}: {what}; stopped without checkpointing it (the run's latest "
+        "checkpoint, if any, is from before); start again with a lower --lr / --embedding-lr, or check the data "
+        "with `bagpipe check`"
+    )
