@@ -10,7 +10,8 @@ Unit (no training):
   a default hot tier, the default cache), and refuses in one line naming the smallest
   budget that works; a bigger cache or a longer window never estimates smaller;
 * the disk store's write-behind starts writeback every half of its dirty bound (counted
-  on a real file), ``pages_spanned`` counts distinct pages, and a store's reads and
+  on a real file); its residency sample (``mincore``) calls a round of never-read pages
+  of a sparse file cold and the same pages warm once read, so only a cold round is hinted; ``pages_spanned`` counts distinct pages, and a store's reads and
   writes agree with a dict across rounds smaller than a batch and with rows out of order;
 * ``params_sha256`` does not depend on how the rows are chunked (a store's chunks follow
   its budget).
@@ -35,7 +36,7 @@ from bagpipe.config.modes import mode_spec
 from bagpipe.memory.budget import MARGIN, Budget, BudgetError, Wanted, fit, smallest_io
 from bagpipe.memory.cgroup import Group, own_group
 from bagpipe.memory.estimate import MIB, RunShape, Sizes, estimate
-from bagpipe.store.diskio import PAGE, DiskIO, WriteBehind, pages_spanned
+from bagpipe.store.diskio import PAGE, DiskIO, Residency, WriteBehind, pages_spanned
 
 # --------------------------------------------------------------------------- cgroups
 
@@ -185,6 +186,29 @@ def test_write_behind_starts_writeback_every_half_bound(tmp_path):
         assert wb.rounds == 2 and wb.pending == 16 * PAGE  # after 32 and 64 pages; 16 pending
     finally:
         os.close(fd)
+
+
+@pytest.mark.unit
+def test_residency_tells_cold_pages_from_cached_ones(tmp_path):
+    import mmap
+
+    pages = np.arange(0, 1024, 32)
+    with open(tmp_path / "f", "w+b") as f:
+        f.truncate(1024 * PAGE)  # sparse: no page of it has been read, none is cached
+        m = mmap.mmap(f.fileno(), 1024 * PAGE)
+        m.madvise(mmap.MADV_RANDOM)  # as the store maps it: a fault reads its page only
+        try:
+            r = Residency(m)
+            if r.base is None:
+                pytest.skip("no mincore in this C library")
+            assert r.cold(pages)
+            for p in pages.tolist():
+                m[p * PAGE]  # read: the page enters the page cache
+            assert not r.cold(pages)
+            assert r.cold(pages + 16)  # the pages between stay cold
+        finally:
+            del r
+            m.close()
 
 
 @pytest.mark.unit
