@@ -20,8 +20,9 @@ reads matter more.
                     after step from the store under the same limit (:mod:`bagpipe.bench.readprobe`)
 
 The table file is written once, every row materialised (its initial value and zero
-state); before each run the rows the previous run could have written (every row of
-its batches) are rewritten to their initial values and the file is dropped from the
+state); before each run the rows the previous runs could have written (every row of
+their batches, in this invocation and the earlier ones that used the same file: their
+union is kept beside it) are rewritten to their initial values and the file is dropped from the
 page cache, so each run starts cold from the same tables and every mode's
 ``params_sha256`` must equal ``full``'s. Repetitions interleave the configurations.
 
@@ -55,6 +56,7 @@ from bagpipe.optim.names import row_state_dim
 CONFIGS = ("full", "nocache", "lru", "lookahead", "lookahead+hot")
 PROBE = "reads-only"
 SEED = 0  # bagpipe train's default --seed: the initial rows of the table file
+TOUCHED = "store-touched-rows.npy"  # every row a run of this table file may have written
 
 
 @dataclass(kw_only=True)
@@ -185,6 +187,9 @@ def run(b: ScaleBench) -> dict:
         h = json.loads(header_file.read_text())
         if (h.get("dim"), h.get("state_dim"), h.get("table_sizes")) != (dim, state_dim, meta.table_sizes):
             shutil.rmtree(store_dir)  # a table file of other tables
+    touched_file = out / TOUCHED
+    if header_file.exists() and not touched_file.exists():
+        shutil.rmtree(store_dir)  # an earlier invocation's rows, which ones unknown: start over
     fresh = not header_file.exists()
     materialise_disk_store(store_dir, meta, dim, state_dim, seed=SEED)
     table_bytes = total * row_bytes
@@ -195,6 +200,9 @@ def run(b: ScaleBench) -> dict:
         flush=True,
     )
     touched = touched_rows(data, b.batch_size, b.steps + b.lookahead + 1, SEED)
+    if not fresh:  # an earlier invocation's runs (other batches, other steps) wrote these too
+        touched = np.union1d(touched, np.load(touched_file))
+    np.save(touched_file, touched)  # before any run can write them
     opts = settings(b, cache_rows, row_bytes)
     configs = [c for c in CONFIGS if c in b.configs]
     results: dict[str, list[dict]] = {c: [] for c in configs}
