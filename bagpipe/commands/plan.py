@@ -30,9 +30,10 @@ Examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config import add_options
+    from bagpipe.config.argtypes import path
     from bagpipe.config.train import TrainConfig
 
-    p.add_argument("--config", metavar="FILE", help="TOML file with settings (command-line options win)")
+    p.add_argument("--config", type=path, metavar="FILE", help="TOML file with settings (command-line options win)")
     # the run folder is not written: --out is optional here
     add_options(p, TrainConfig, skip=("out",))
 
