@@ -32,7 +32,9 @@ ABOUT = {
     "modes": "Every mode (full, nocache, lru, lookahead) trained side by side on generated Criteo-Kaggle-shaped "
              "data, memory and disk stores; throughput, time per step by phase, peak memory, cache hit rate. "
              "On a GPU (`--device cuda`): not measured yet, see [gpu.md](gpu.md).",
-    "oracle": "The lookahead oracle's planning throughput alone (one thread), by batch size and lookahead L.",
+    "oracle": "The lookahead oracle's planning throughput alone (one thread), by batch size and lookahead L: the "
+              "map-based read beside the reference read (one sort of every lookup), interleaved, with a check that "
+              "both give the same plans; the load average before and after.",
     "sweep": "The lookahead mode (memory store) over cache size x lookahead L: throughput, hit rate, forced "
              "evictions; and the `--cache-budget-mb` auto-tuner compared with the best measured point.",
     "convergence": "Eval AUC and log loss per step of `full` and `lookahead` on generated data and on the real "

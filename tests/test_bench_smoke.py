@@ -67,6 +67,8 @@ def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
         assert 0 < part["sync_bytes_per_step"] < part["replicated_sync_bytes_per_step_counterfactual"]
     elif scenario == "oracle":
         assert res and all(v["lookups_per_s"] > 0 for v in res.values())
+        assert all(v["reference"]["lookups_per_s"] > 0 and v["reference"]["identical_plans"] is True for v in res.values())
+        assert len(payload["load_average"]["start"]) == 3 and "load average" in md
         assert all(v["hot"]["ms_per_batch"] > 0 and 0.5 < v["hot"]["lookup_share"] < 1 for v in res.values())
     elif scenario == "accel":
         assert set(res) == {"fae", "hotline", "lookahead", "lookahead+hot"}

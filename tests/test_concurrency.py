@@ -15,7 +15,9 @@ Three pieces that are otherwise reached only through multi-process jobs:
   drops the write-backs queued behind it; ``close()`` first drains every queued
   write-back; ``close()`` while the planner is still working ends every thread at
   once. Synchronous mode does the same reads and writes in the caller's thread, in
-  plan order, only when asked for the next plan. Over lookahead-oracle plans with
+  plan order, only when asked for the next plan. The time the trainer's thread waits
+  for a plan (a slow planner) is counted apart from the time it waits for rows (held
+  write-backs gating a fetch), pipelined and synchronously. Over lookahead-oracle plans with
   forced evictions (and no-cache plans synchronously), the store ends bit-identical
   to applying every step's update to a plain array, with the store in process or
   behind two embedding servers.
@@ -513,6 +515,32 @@ def test_close_while_the_planner_is_working_ends_every_thread(store, executors):
     release.set()
     closing.result(within=3.0)
     assert wait_until(lambda: not any(t.is_alive() for t in ex._threads), 1.0), [t.name for t in ex._threads if t.is_alive()]
+
+
+def slow_planner(plans: list[Plan], before: int, seconds: float) -> Iterator[Plan]:
+    """``plans``, taking ``seconds`` to plan step ``before``."""
+    for p in plans:
+        if p.step == before:
+            time.sleep(seconds)
+        yield p
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_the_trainer_waiting_for_a_plan_is_told_apart_from_waiting_for_rows(store, executors, pipelined):
+    ex = executors(slow_planner(hand_plans(), 2, 0.4), pipelined=pipelined)
+    run_steps(ex)
+    t = ex.times
+    # step 2's plan came 0.4 s after step 1's (steps 0 and 1 take no time): the trainer waited for it
+    assert t.plan_waits >= 1 and 0.3 <= t.wait_plan <= t.wait_embeddings, t
+    if pipelined:  # a step whose plan was ready but whose rows were not: write-backs held for 0.4 s
+        store.gate.clear()
+        opens = threading.Timer(0.4, store.gate.set)
+        ex = executors(hand_plans())
+        opens.start()
+        run_steps(ex)  # step 2 refetches row 0, written back after step 0: held until the gate opens
+        opens.join()
+        t = ex.times
+        assert t.wait_embeddings >= 0.3 and t.wait_plan <= t.wait_embeddings - 0.25, t
 
 
 def test_synchronous_mode_works_in_the_callers_thread_in_plan_order(store, executors, init):

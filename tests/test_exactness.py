@@ -13,6 +13,10 @@ rate and weight decay (shorter runs, one model each); a lookahead run resumed fr
 checkpoint taken mid-warm-up ends with the uninterrupted run's digest, and the
 reference's logged rates equal the schedule's closed form.
 
+Each run's summary also tells the trainer's waits for a plan apart from its waits for
+rows (``cache.pipeline_s``): within the total wait, and every step after the first for
+the synchronous modes, whose planning runs in the trainer's thread.
+
 Every cached run here computes on the asynchronous CPU twin (``--device cpu-async``,
 :mod:`bagpipe.device.twin`): its rows travel between store and cache through staged
 copies that run late and out of order on a worker thread, ordered only by the events
@@ -94,6 +98,11 @@ def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mod
     assert c["rows_fetched"] == c["misses"]
     if mode == "nocache":
         assert c["hits"] == 0 and c["rows_written_back"] == c["rows_fetched"]
+    # the trainer's waits for a plan, apart from its waits for rows (summary.json's cache.pipeline_s)
+    waits = c["pipeline_s"]
+    assert 0 <= waits["wait_plan"] <= waits["wait_embeddings"] and waits["first_plan_wait"] >= 0
+    if mode != "lookahead":  # planned in the trainer's thread: every step waited for its plan
+        assert waits["plan_waits"] == STEPS - 1 and waits["first_plan_wait"] > 0
     if mode == "lookahead":
         assert c["hits"] > 0
         # every fetched row was written back by the end: the store holds the model

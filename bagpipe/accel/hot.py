@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -165,7 +165,9 @@ class HotSplit:
 
     def wrap(self, planner, batches: Iterable[tuple[int, Batch]]) -> Iterator[HotPlan]:
         """The plans of ``(step, batch)`` pairs (in step order), ``planner`` planning the cold rows."""
-        return self._merge(planner.plans(self._split(batches)))
+        # the planner's own way to find a batch's unique rows when it has one (the lookahead
+        # oracle's uses its row map as scratch space): the same result as unique_inverse
+        return self._merge(planner.plans(self._split(batches, getattr(planner, "unique_inverse", unique_inverse))))
 
     def _next_use(self, step: int, pos: np.ndarray) -> np.ndarray:
         """``next_use`` of the hot rows ``pos`` (indices in the hot set) of ``step``: step + 1
@@ -183,10 +185,14 @@ class HotSplit:
         """What the hot tier served so far, and the schedule (the summary's ``cache.hot``)."""
         return self.stats.as_dict() | {"schedule": self.schedule}
 
-    def _split(self, batches: Iterable[tuple[int, Batch]]) -> Iterator[tuple[int, _ColdLookups]]:
+    def _split(
+        self,
+        batches: Iterable[tuple[int, Batch]],
+        unique: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] = unique_inverse,
+    ) -> Iterator[tuple[int, _ColdLookups]]:
         for step, batch in batches:
             t0 = time.perf_counter()
-            uniq, inverse = unique_inverse(batch.rows.numpy())
+            uniq, inverse = unique(batch.rows.numpy())
             hot = self.hot.contains(uniq)
             part = _ColdLookups(torch.from_numpy(uniq[~hot]), batch, uniq, inverse, hot, self.hot.position(uniq[hot]))
             self._hot_pos[step] = part.hot_pos

@@ -51,6 +51,14 @@ class PipelineTimes:
 
     wait_embeddings: float = 0.0
     """Waiting for a plan and its fetched rows, and installing them into the cache."""
+    wait_plan: float = 0.0
+    """The part of ``wait_embeddings`` during which the step's plan did not exist yet: the
+    trainer waited for the planner, not for rows (every step but the first; synchronously
+    the planner runs in the trainer's thread, so all its time counts)."""
+    plan_waits: int = 0
+    """Steps (the first left out) whose trainer waited for their plan: 0 when the planner kept up."""
+    first_plan_wait: float = 0.0
+    """The first step's wait for its plan (the pipeline filling: L + 1 batches read first)."""
     writeback: float = 0.0
     """Copying expired rows out of the cache (and, synchronously, writing them)."""
     fetch_busy: float = 0.0
@@ -107,6 +115,8 @@ class PlanExecutor:
         # label of the last step whose write-backs reached the store; before the first
         # planned step the store holds everything
         self._written = start_step - 1
+        self._planned_at: dict[int, float] = {}  # step -> when a planner thread handed its plan over
+        self._first = True
 
     # -------------------------------------------------------------- the stages
     def __iter__(self) -> Iterator[Plan]:
@@ -116,7 +126,9 @@ class PlanExecutor:
             if item is None:
                 return
             plan, fetched = item
-            self.times.wait_embeddings += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.times.wait_embeddings += t1 - t0
+            self._count_plan_wait(t0, min(self._planned_at.pop(plan.step, t1), t1))
             if self.before_evict is not None:
                 self.before_evict(plan)
             self._write_back(plan.evict_before_slots, plan.evict_before_rows, closes=plan.step - 1)
@@ -129,6 +141,16 @@ class PlanExecutor:
         """The next plan and its rows if they were read already (None: the plans ended)."""
         plan = next(self.plans, None)
         return None if plan is None else (plan, None)
+
+    def _count_plan_wait(self, t0: float, planned: float) -> None:
+        """The trainer began waiting for the next step at ``t0``; its plan existed from ``planned``."""
+        waited = max(0.0, planned - t0)
+        if self._first:
+            self._first = False
+            self.times.first_plan_wait = waited
+        elif waited > 0:
+            self.times.wait_plan += waited
+            self.times.plan_waits += 1
 
     def _fetch(self, plan: Plan, fetched: Fetched | None) -> None:
         """Make the plan's misses present in the cache before it is yielded."""

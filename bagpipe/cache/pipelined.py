@@ -98,6 +98,7 @@ class PipelinedExecutor(PlanExecutor):
     def _plan_loop(self) -> None:
         try:
             for plan in self.plans:
+                self._planned_at[plan.step] = time.perf_counter()
                 if not self._put(self._plan_q, plan):
                     return
             self._put(self._plan_q, _DONE)

@@ -29,9 +29,10 @@ import numpy as np
 from bagpipe.data.batch import Batch
 from bagpipe.errors import CapacityError, ConfigError
 from bagpipe.oracle.plan import Plan, PlanStats
-from bagpipe.oracle.unique import unique_inverse
+from bagpipe.oracle.unique import unique_inverse, unique_inverse_in
 
 _WRAP = np.int64(1 << 31)
+_WRAP_MASK = _WRAP - 1
 #: Largest per-row map (4 bytes a row) the oracle allocates; larger tables get a WindowMap.
 DENSE_MAP_BYTES = 256 << 20
 
@@ -43,7 +44,7 @@ class DenseMap:
         self.latest = np.full(num_rows, -1, dtype=np.int32)
 
     def get(self, rows: np.ndarray) -> np.ndarray:
-        return self.latest[rows].astype(np.int64)
+        return self.latest.take(rows).astype(np.int64)
 
     def set(self, rows: np.ndarray, seqs: np.ndarray, lo: int) -> None:
         self.latest[rows] = (seqs % _WRAP).astype(np.int32)
@@ -107,9 +108,13 @@ class LookaheadOracle:
         num_rows: rows in the global row space (all tables).
         cache_rows: C, slots in the trainer's cache.
         lookahead: L >= 1, batches looked ahead.
+        enough: a cache size that holds every batch of the run (for the hint of a too-small cache).
+        fast: find a batch's unique rows with the dense row map as scratch space (no sort of
+            the N lookups, :meth:`unique_inverse`); False sorts them, the reference: the
+            plans are the same either way.
     """
 
-    def __init__(self, num_rows: int, cache_rows: int, lookahead: int, enough: int | None = None):
+    def __init__(self, num_rows: int, cache_rows: int, lookahead: int, enough: int | None = None, *, fast: bool = True):
         if lookahead < 1:
             raise ConfigError(f"lookahead must be >= 1, got {lookahead}")
         if cache_rows < 1:
@@ -117,6 +122,7 @@ class LookaheadOracle:
         self.num_rows = int(num_rows)
         self.C = int(cache_rows)
         self.L = int(lookahead)
+        self.fast = fast
         self.latest = DenseMap(self.num_rows) if 4 * self.num_rows <= DENSE_MAP_BYTES else WindowMap()
         self._alloc_ring(1 << 14)
         self.lo = 0  # oldest live occurrence sequence number
@@ -130,13 +136,18 @@ class LookaheadOracle:
 
     # ring of occurrences -------------------------------------------------------------
     def _alloc_ring(self, cap: int) -> None:
+        # np.empty: an entry is only read once [lo, hi) covers it, and _read writes every
+        # field of an occurrence before that
         self.cap = cap
         self.mask = cap - 1  # cap is a power of two: seq & mask is the ring index
-        self.ent_row = np.zeros(cap, np.int64)
-        self.ent_prev = np.full(cap, -1, np.int64)  # seq of the row's previous occurrence
-        self.ent_next = np.full(cap, -1, np.int32)  # step of the row's next use (-1: none read yet)
-        self.ent_slot = np.full(cap, -1, np.int32)  # slot held after this step, -1 none
-        self.ent_evict = np.full(cap, -1, np.int32)  # write-back label when it left its slot
+        self.ent_row = np.empty(cap, np.int64)
+        self.ent_prev = np.empty(cap, np.int64)  # seq of the row's previous occurrence
+        self.ent_next = np.empty(cap, np.int32)  # step of the row's next use (-1: none read yet)
+        self.ent_slot = np.empty(cap, np.int32)  # slot held after this step, -1 none
+        self.ent_evict = np.empty(cap, np.int32)  # write-back label when it left its slot
+
+    def _ring(self) -> tuple[np.ndarray, ...]:
+        return self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict
 
     def _ensure(self, extra: int) -> None:
         need = self.hi + extra - self.lo
@@ -145,14 +156,12 @@ class LookaheadOracle:
         new_cap = self.cap
         while new_cap < need + need // 8:  # the window's size settles after 2L+1 steps: little headroom
             new_cap *= 2
-        old: tuple[np.ndarray, ...] = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
-        old_cap = self.cap
+        old = self._ring()
+        old_span = self._span(self.lo, self.hi - self.lo)
         self._alloc_ring(new_cap)
-        seqs = np.arange(self.lo, self.hi, dtype=np.int64)
-        src, dst = seqs & (old_cap - 1), seqs & (new_cap - 1)
-        arrays: tuple[np.ndarray, ...] = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict)
-        for new, o in zip(arrays, old):
-            new[dst] = o[src]
+        new_span = self._span(self.lo, self.hi - self.lo)
+        for new, o in zip(self._ring(), old):
+            new[new_span] = o[old_span]
 
     def _span(self, start: int, n: int):
         """Ring positions of the occurrences [start, start+n): a slice unless it wraps.
@@ -167,16 +176,30 @@ class LookaheadOracle:
 
     # reading ------------------------------------------------------------------------
     def _read(self, step: int, batch: Batch) -> tuple[int, int, np.ndarray]:
-        rows = batch.rows.numpy()
-        uniq, inverse = unique_inverse(rows)
-        n = len(uniq)
-        self._ensure(n)
-        start = self.hi
-        seqs = np.arange(start, start + n, dtype=np.int64)
-        idx = self._span(start, n)
+        uniq, inverse = self.unique_inverse(batch.rows.numpy())
         v = self.latest.get(uniq)
-        full = self.lo + (v - self.lo) % _WRAP  # candidate sequence number of the previous occurrence
-        ok = (v >= 0) & (full < self.hi) & (self.ent_row[full & self.mask] == uniq)
+        self.latest.set(uniq, np.arange(self.hi, self.hi + len(uniq), dtype=np.int64), self.lo)
+        return self._link(step, uniq, v, inverse)
+
+    def unique_inverse(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted unique rows, inverse) of a batch's lookups ``rows`` (N,): with the row map
+        as scratch space when it is dense and ``fast`` (:func:`unique_inverse_in`), else by
+        sorting them (:func:`unique_inverse`). A hot tier in front of the oracle uses it too."""
+        if self.fast and isinstance(self.latest, DenseMap):
+            return unique_inverse_in(self.latest.latest, rows)
+        uniq, inverse = unique_inverse(rows)
+        return uniq, inverse.astype(np.int64, copy=False)
+
+    def _link(self, step: int, uniq: np.ndarray, v: np.ndarray, inverse: np.ndarray) -> tuple[int, int, np.ndarray]:
+        """Append step's occurrences ``uniq`` (U,) to the ring at sequence numbers hi..,
+        linked to their previous occurrences: ``v`` (U,) the map's candidates for them."""
+        start, n = self.hi, len(uniq)
+        self._ensure(n)
+        idx = self._span(start, n)
+        # the candidate sequence number of the previous occurrence: the one in [lo, lo + 2^31)
+        # that is v modulo 2^31 (& as % for a power of two)
+        full = self.lo + ((v - self.lo) & _WRAP_MASK)
+        ok = (v >= 0) & (full < self.hi) & (self.ent_row.take(full & self.mask) == uniq)
         prev = np.where(ok, full, -1)
         self.ent_next[full[ok] & self.mask] = step
         self.ent_row[idx] = uniq
@@ -184,10 +207,9 @@ class LookaheadOracle:
         self.ent_next[idx] = -1
         self.ent_slot[idx] = -1
         self.ent_evict[idx] = -1
-        self.latest.set(uniq, seqs, self.lo)
         self.hi += n
         self.steps_live.append((step, start))
-        return start, n, inverse.astype(np.int64, copy=False)
+        return start, n, inverse
 
     # planning -----------------------------------------------------------------------
     def _push_free(self, slots: np.ndarray) -> None:
@@ -202,7 +224,7 @@ class LookaheadOracle:
         rows = self.ent_row[idx].copy()
         prev = self.ent_prev[idx]
         pv = prev >= self.lo
-        slots = np.where(pv, self.ent_slot[prev & mask], -1).astype(np.int64)
+        slots = np.where(pv, self.ent_slot.take(prev & mask), -1).astype(np.int64)
         hit = slots >= 0
         # hits move their slot from the previous occurrence to this one
         self.ent_slot[prev[hit] & mask] = -1
@@ -294,7 +316,7 @@ class LookaheadOracle:
     @property
     def state_bytes(self) -> int:
         """Memory of the oracle's state: the row map, the occurrence ring, the free-slot stack."""
-        arrays = (self.ent_row, self.ent_prev, self.ent_next, self.ent_slot, self.ent_evict, self.free, self.slot_seq)
+        arrays = (*self._ring(), self.free, self.slot_seq)
         return self.latest.nbytes + sum(a.nbytes for a in arrays)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,23 @@ class Plan:
     @property
     def misses(self) -> int:
         return len(self.fetch_rows)
+
+
+def same_plan(a: Plan, b: Plan) -> bool:
+    """Whether two plans are equal: the same type, every array field equal with the same
+    dtype, every other field but the batch equal (the batch is what was planned, not the plan)."""
+    if type(a) is not type(b):
+        return False
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "batch":
+            continue
+        if isinstance(x, np.ndarray):
+            if not (isinstance(y, np.ndarray) and x.dtype == y.dtype and np.array_equal(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 @dataclass

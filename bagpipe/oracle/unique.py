@@ -1,9 +1,16 @@
 """Sorted unique values with the inverse map, faster than ``np.unique(return_inverse=True)``.
 
-``np.unique`` finds the inverse through a stable argsort, several times slower than
-sorting the values themselves. Packing (value, position) into one int64 key lets a
-plain sort carry the permutation along: 53k lookups take ~1 ms instead of ~3.5 ms,
-which is most of the oracle's per-batch cost.
+Two ways, with the same result:
+
+* :func:`unique_inverse` sorts the N values. ``np.unique`` finds the inverse through a
+  stable argsort, several times slower than sorting the values themselves; packing
+  (value, position) into one int64 key lets a plain sort carry the permutation along
+  (53k lookups: ~2 ms instead of ~3.5 ms). It needs nothing but the values: the
+  reference, and the way for values without a scratch array (rows of huge tables).
+* :func:`unique_inverse_in` sorts only the U distinct values (a Criteo-Kaggle batch of
+  2048 has U ~ 15k of N = 53k lookups), finding them by scattering into an int32
+  *scratch* array indexed by value -- the lookahead oracle's per-row map, which it
+  leaves as it found it: ~0.7 ms for the same batch.
 """
 
 from __future__ import annotations
@@ -34,3 +41,32 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inverse = np.empty(n, dtype=np.int64)
     inverse[perm] = group
     return sorted_vals[np.flatnonzero(new)], inverse
+
+
+def unique_inverse_in(scratch: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`unique_inverse` returns, for int64 ``values`` (N,) in ``[0, len(scratch))``,
+    using ``scratch`` (an int32 array, ``len(scratch) < 2^31``) as working space; its content
+    is restored before returning (not thread-safe: nothing else may use it meanwhile).
+
+    Scattering each value's position into its entry leaves exactly one position per
+    distinct value (whichever write lands last), so the values whose own position reads
+    back are the U distinct ones; only those are sorted (as int32). Writing each distinct
+    value's rank into its entry then gives every value its index in the sorted array.
+    ``take`` / ``compress`` rather than ``[]``: the same result, ~25% less time here; an
+    out-of-range value raises IndexError as indexing would (a negative one wraps, as there).
+    """
+    n = len(values)
+    ramp = np.arange(n, dtype=np.int32)
+    old = scratch.take(values)
+    scratch[values] = ramp
+    first = scratch.take(values) == ramp  # (N,) one True per distinct value
+    distinct = values.compress(first)
+    scratch[distinct] = old.compress(first)  # restored: every entry written is a distinct value's
+    uniq = distinct.astype(np.int32)
+    uniq.sort()
+    uniq = uniq.astype(np.int64)
+    kept = scratch.take(uniq)
+    scratch[uniq] = ramp[: len(uniq)]  # each value's rank ...
+    inverse = scratch.take(values).astype(np.int64)  # ... read back by every occurrence
+    scratch[uniq] = kept
+    return uniq, inverse

@@ -137,7 +137,8 @@ class CacheStats:
     store: dict = field(default_factory=dict)
     """The store's counters (reads, rows read, writes, rows written, ...: :class:`bagpipe.store.base.StoreStats`)."""
     pipeline_s: dict = field(default_factory=dict)
-    """Cumulative seconds of the executor's phases (:class:`bagpipe.cache.executor.PipelineTimes`)."""
+    """Cumulative seconds of the executor's phases (:class:`bagpipe.cache.executor.PipelineTimes`);
+    ``wait_plan`` / ``plan_waits``: how long and at how many steps the trainer waited for its plan."""
     autotune: dict | None = None
     """The auto-tuner's choice of C and L for --cache-budget-mb, with its reason; None when not used."""
 
