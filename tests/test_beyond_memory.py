@@ -11,7 +11,7 @@ within the memory they are given and flat over time.
   memory at step 200 within 5% of step 100, the store's dirty pages within twice the
   bound its budget set (and 64 MiB), and the estimate the run was sized by within 25% of
   its measured peak anonymous memory. Skipped, with the reason, where no memory cgroup can
-  be made (~40 s at load 2.5 on this 2-core machine).
+  be made (29 s at load 1.3, 41 s at load 3.9 on this 2-core machine).
 * Where none can be made, the scenario says so in one line and exits 0 (forced here by
   making the detection fail).
 * (slow) a second invocation on the same table file with other batches restores every row
