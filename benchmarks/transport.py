@@ -1,7 +1,7 @@
 """gloo point-to-point vs torch.distributed.rpc for an embedding server's reads.
 
 Two processes on loopback; the client asks for ROWS rows of D floats and waits for
-them, REPEAT times, through (a) bagpipe's Transport (pickled message over gloo
+them, REPEAT times, through (a) bagpipe's Transport (authenticated data-only message over gloo
 send/recv, what the embedding servers use) and (b) ``rpc_sync`` of a function that
 returns the rows (TensorPipe). Also (c) the same exchange as bare gloo tensors, the floor of (a). Prints the
 median round trip of each and the ratio of (b) to (a);
@@ -38,17 +38,19 @@ def _gloo(rank: int, port: int, n: int, d: int, repeat: int, q) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     t = Transport()
+    t.join([1 - rank], b"a benchmark's secret, 32 bytes..")
     table = _rows(n, d)
+    state = np.ones((n, 1), np.float32)
     if rank == 1:
         for _ in range(repeat + 3):
             msg = t.recv(0, REQUEST)
-            t.send(0, REPLY, {"w": table[: len(msg["rows"])]})
+            t.send(0, REPLY, {"w": table[: len(msg["rows"])], "s": state[: len(msg["rows"])]})
     else:
         rows = np.arange(n, dtype=np.int64)
         times = []
         for i in range(repeat + 3):
             t0 = time.perf_counter()
-            t.send(1, REQUEST, {"op": "read", "rows": rows})
+            t.send(1, REQUEST, {"op": "read", "rows": rows, "after": -1, "count": True})
             w = t.recv(1, REPLY)["w"]
             if i >= 3:
                 times.append(time.perf_counter() - t0)

@@ -9,6 +9,7 @@
 * The option names users have today reach the settings of the scenarios they applied
   to, and ``--quick`` with an option keeps the rest of the quick size.
 * :func:`bagpipe.bench.runner.train_args` builds options ``bagpipe train`` accepts.
+* ``bench cluster`` where namespaces cannot be made prints one line saying why and writes it to results.json.
 """
 
 from __future__ import annotations
@@ -163,3 +164,15 @@ def test_train_args_are_bagpipe_train_options(tmp_path):
     assert "--warmup-steps" not in args and "--eval-samples" not in args and "--no-digest" not in args
     assert args[args.index("--steps") + 1] == "7" and "--threads" not in args
     assert parser.parse_args(["train", *args]).digest is None
+
+
+def test_cluster_skips_in_one_line_without_namespaces(tmp_path, capsys, monkeypatch):
+    import json
+
+    import bagpipe.bench.cluster as cluster
+    from bagpipe.cli import main
+
+    monkeypatch.setattr(cluster, "unavailable", lambda: "emulated hosts need root (network namespaces, veth, tc)")
+    assert main(["bench", "cluster", "--quick", "--out", str(tmp_path / "c")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "bench cluster: skipped: emulated hosts need root (network namespaces, veth, tc)"
+    assert json.loads((tmp_path / "c" / "results.json").read_text())["skipped"].startswith("bench cluster: skipped: ")

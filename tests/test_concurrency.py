@@ -1,6 +1,6 @@
 """The concurrency core, tested directly: threads and an in-memory network, no processes.
 
-Three pieces that are otherwise reached only through multi-process jobs:
+Two pieces that are otherwise reached only through multi-process jobs:
 
 * :class:`PlanExecutor` and :class:`PipelinedExecutor` (``bagpipe/cache/executor.py``,
   ``bagpipe/cache/pipelined.py``), over a store that logs every
@@ -15,9 +15,11 @@ Three pieces that are otherwise reached only through multi-process jobs:
   drops the write-backs queued behind it; ``close()`` first drains every queued
   write-back; ``close()`` while the planner is still working ends every thread at
   once. Synchronous mode does the same reads and writes in the caller's thread, in
-  plan order, only when asked for the next plan. The time the trainer's thread waits
-  for a plan (a slow planner) is counted apart from the time it waits for rows (held
-  write-backs gating a fetch), pipelined and synchronously. Over lookahead-oracle plans with
+  plan order, only when asked for the next plan, marking each step's label after its
+  write-backs and reading with the plan's ``fetch_after`` (what lets several trainers
+  run lru / nocache plans against shared embedding servers). The time the trainer's
+  thread waits for a plan (a slow planner) is counted apart from the time it waits for
+  rows (held write-backs gating a fetch), pipelined and synchronously. Over lookahead-oracle plans with
   forced evictions (and no-cache plans synchronously), the store ends bit-identical
   to applying every step's update to a plain array, with the store in process or
   behind two embedding servers.
@@ -30,24 +32,17 @@ Three pieces that are otherwise reached only through multi-process jobs:
   fails instead of hanging; rows route to server g % S at local row g // S (S = 1, 2,
   3), reads and ``read_range`` reassemble in the caller's order, and after
   ``finish_writes`` untracked reads wait for every client's last write-back.
-* :class:`Transport` (``bagpipe/distributed/transport.py``) over an in-memory wire:
-  the exact parts of each message (a small pickle inside the 4 KiB header, a larger
-  one sent after it, numpy arrays out of band unless there are more than
-  ``_MAX_BUFFERS``, zero-length arrays not sent at all), read-only and non-contiguous
-  arrays, the byte counters, streams kept apart, several sending threads never
-  interleaving the parts of their messages, and a wire error becoming
-  :class:`PeerLost` naming the peer's role; the default wire makes exactly the
-  ``dist.send(t, dst=, tag=)`` / ``dist.recv(t, src=, tag=)`` calls.
+The transport's own framing, encoding and authentication are tested in
+``tests/test_wire.py``; here every server and client joins with the job's secret first.
 
 Every thread a test starts must have ended when it finishes (``every_thread_ends``).
 """
 
 from __future__ import annotations
 
-import pickle
 import threading
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import chain, islice
@@ -57,26 +52,19 @@ import numpy as np
 import pytest
 import torch
 
-import bagpipe.distributed.transport as transport_mod
 from bagpipe.cache.executor import PlanExecutor
 from bagpipe.cache.pipelined import PipelinedExecutor
 from bagpipe.cache.slots import SlotCache
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.server import FINAL, EmbeddingServer, RemoteStore, ShardInit
-from bagpipe.distributed.transport import (
-    _MAX_BUFFERS,
-    HEADER_BYTES,
-    REPLY,
-    REQUEST,
-    PeerLost,
-    Transport,
-)
+from bagpipe.distributed.transport import REQUEST, PeerLost, Transport
 from bagpipe.errors import BagpipeError
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.policies import NoCachePlanner
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
+from fakes import FakeNet, join_all, role_name
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -84,7 +72,6 @@ D = 4  # embedding dimension
 S_DIM = 1  # optimizer state per row
 SOON = 5.0  # "promptly": generous for two busy cores
 HELD = 0.3  # how long a test watches something that must *not* happen
-GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:{port}"
 
 
 # threads ---------------------------------------------------------------------------
@@ -136,75 +123,6 @@ def every_thread_ends():
         return [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
 
     assert wait_until(lambda: not left()), f"threads still running: {left()}"
-
-
-# a fake wire -----------------------------------------------------------------------
-class FakeNet:
-    """gloo point-to-point in memory, for :class:`Transport` instances in threads of one process.
-
-    One FIFO per (src, dst, tag); a send copies its tensor (the sender may reuse it) and
-    returns at once; a recv must be given a tensor of exactly the sent dtype and size
-    (a framing bug is a test failure here, not a PeerLost). ``kill(rank)`` is a process
-    dying: what it sent before still arrives, then every send or recv to or from it
-    raises gloo's RuntimeError. A recv that waits longer than ``timeout`` fails the test.
-    """
-
-    def __init__(self, timeout: float = 20.0):
-        self.timeout = timeout
-        self._cond = threading.Condition()
-        self._fifos: dict[tuple[int, int, int], deque] = defaultdict(deque)
-        self._dead: set[int] = set()
-
-    def wire(self, rank: int) -> FakeWire:
-        return FakeWire(self, rank)
-
-    def kill(self, *ranks: int) -> None:
-        with self._cond:
-            self._dead.update(ranks)
-            self._cond.notify_all()
-
-    def _check(self, a: int, b: int) -> None:
-        for r in (a, b):
-            if r in self._dead:
-                raise RuntimeError(GLOO_CLOSED.format(port=29500 + r))
-
-
-class FakeWire:
-    """One rank's end of a :class:`FakeNet`; ``sent`` lists (peer, tag, bytes) of every send."""
-
-    def __init__(self, net: FakeNet, rank: int):
-        self.net, self._rank = net, rank
-        self.sent: list[tuple[int, int, int]] = []
-
-    def rank(self) -> int:
-        return self._rank
-
-    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
-        net = self.net
-        with net._cond:
-            net._check(self._rank, peer)
-            net._fifos[(self._rank, peer, tag)].append(tensor.clone())
-            self.sent.append((peer, tag, tensor.numel() * tensor.element_size()))
-            net._cond.notify_all()
-        time.sleep(0)  # let another thread run between the parts of a message
-
-    def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
-        net = self.net
-        fifo = net._fifos[(peer, self._rank, tag)]
-        deadline = time.monotonic() + net.timeout
-        with net._cond:
-            while not fifo:
-                net._check(self._rank, peer)
-                left = deadline - time.monotonic()
-                assert left > 0, f"fake wire: rank {self._rank} got nothing from rank {peer} on tag {tag}"
-                net._cond.wait(left)
-            got = fifo.popleft()
-        assert (got.dtype, got.shape) == (tensor.dtype, tensor.shape), f"framing: sent {got.dtype}{tuple(got.shape)}, received into {tensor.dtype}{tuple(tensor.shape)}"
-        tensor.copy_(got)
-
-
-def role_name(trainers: int) -> Callable[[int], str]:
-    return lambda r: f"trainer {r}" if r < trainers else f"server {r - trainers}"
 
 
 # a store that logs what reaches it -------------------------------------------------
@@ -554,9 +472,11 @@ def test_synchronous_mode_works_in_the_callers_thread_in_plan_order(store, execu
     assert store.ops() == [Op("read", (0, 1), -1, "MainThread")]
     run_steps(ex, ref, plans=chain([first], it))
     ex.close()
-    assert [(op.kind, op.rows) for op in store.ops()] == [
-        ("read", (0, 1)), ("write", (0,)), ("read", (2,)), ("write", (1, 2)),
-        ("read", (0,)), ("write", (0,)), ("read", (1,)), ("write", (1,)),
+    # each step's write-backs, then its label marked (another trainer's read of a remote store waits for
+    # it), then the next plan's read, which carries its fetch_after
+    assert [(op.kind, op.rows, op.label) for op in store.ops()] == [
+        ("read", (0, 1), -1), ("write", (0,), None), ("mark", (), 0), ("read", (2,), -1), ("write", (1, 2), None),
+        ("mark", (), 1), ("read", (0,), 0), ("write", (0,), None), ("mark", (), 2), ("read", (1,), 1), ("write", (1,), None),
     ]
     assert {op.thread for op in store.ops()} == {"MainThread"}
     assert_store_holds(store, ref, 3)
@@ -618,12 +538,14 @@ class Cluster:
         name = role_name(trainers)
         self.trainer_ranks = list(range(trainers))
         self.server_ranks = list(range(trainers, trainers + servers))
+        t = {r: Transport(name, self.net.wire(r)) for r in self.trainer_ranks + self.server_ranks}
+        assert not join_all(t, {r: self.server_ranks if r < trainers else self.trainer_ranks for r in t})
         self.servers = [
-            EmbeddingServer(MemoryStore(ShardInit(init, k, servers), S_DIM), Transport(name, self.net.wire(r)), self.trainer_ranks)
+            EmbeddingServer(MemoryStore(ShardInit(init, k, servers), S_DIM), t[r], self.trainer_ranks)
             for k, r in enumerate(self.server_ranks)
         ]
         self.serving = [Background(partial(self._serve, srv, r), f"server {k}") for k, (srv, r) in enumerate(zip(self.servers, self.server_ranks))]
-        self.clients = [RemoteStore(init, S_DIM, Transport(name, self.net.wire(r)), self.server_ranks) for r in self.trainer_ranks]
+        self.clients = [RemoteStore(init, S_DIM, t[r], self.server_ranks) for r in self.trainer_ranks]
 
     def _serve(self, server: EmbeddingServer, rank: int):
         try:
@@ -723,21 +645,13 @@ def test_a_client_that_disappears_stops_serve_and_the_reads_waiting_for_it(clust
         reading.result()
 
 
-@pytest.mark.parametrize(
-    "bad,says",
-    [
-        ({"op": "frobnicate"}, r"^unknown request 'frobnicate' from rank 1$"),
-        ({"op": "write", "rows": np.array([99]), "w": np.zeros((1, D), np.float32), "s": np.zeros((1, S_DIM), np.float32)},
-         r"^serving trainer rank 1 failed: index 99 is out of bounds"),
-    ],
-    ids=["unknown-op", "store-error"],
-)
-def test_a_bad_request_fails_serve_naming_the_client(bad, says, clusters, init):
+def test_a_bad_request_fails_serve_naming_the_client(clusters, init):
     cl = clusters(init, servers=1)
     c0, c1 = cl.clients
+    bad = {"op": "write", "rows": np.array([99]), "w": np.zeros((1, D), np.float32), "s": np.zeros((1, S_DIM), np.float32)}
     c1.t.send(cl.server_ranks[0], REQUEST, bad)
     c0.close()  # the other client ends cleanly: the failure is still what serve() reports
-    with pytest.raises(BagpipeError, match=says):
+    with pytest.raises(BagpipeError, match=r"^serving trainer rank 1 failed: index 99 is out of bounds"):
         cl.serving[0].result()
 
 
@@ -781,166 +695,3 @@ def test_after_finish_writes_untracked_reads_wait_for_every_clients_end(clusters
     got_w, got_s = ranging.result()
     np.testing.assert_array_equal(got_w[rows], w)
     np.testing.assert_array_equal(got_s[rows], s)
-
-
-# Transport framing -----------------------------------------------------------------
-@pytest.fixture
-def pair():
-    """Two transports, trainer 0 and server 0 (rank 1), joined by a fake wire."""
-    net = FakeNet(timeout=5.0)
-    name = role_name(1)
-    return Transport(name, net.wire(0)), Transport(name, net.wire(1)), net
-
-
-def roundtrip(pair, obj, stream: int = REQUEST):
-    """obj sent 0 -> 1 and received; (received object, bytes of each part sent)."""
-    a, b, _ = pair
-    n = len(a.wire.sent)
-    a.send(1, stream, obj)
-    got = b.recv(0, stream)
-    return got, [nbytes for _, _, nbytes in a.wire.sent[n:]]
-
-
-def assert_same(got, want) -> None:
-    assert type(got) is type(want)
-    if isinstance(want, np.ndarray):
-        assert (got.dtype, got.shape) == (want.dtype, want.shape)
-        np.testing.assert_array_equal(got, want)
-    elif isinstance(want, dict):
-        assert got.keys() == want.keys()
-        for k in want:
-            assert_same(got[k], want[k])
-    elif isinstance(want, list):
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert_same(g, w)
-    else:
-        assert got == want
-
-
-def test_a_small_object_travels_inside_the_header(pair):
-    obj = {"op": "mark", "label": 12345, "rows": list(range(50))}
-    got, parts = roundtrip(pair, obj)
-    assert_same(got, obj)
-    assert parts == [HEADER_BYTES]
-    assert pair[0].bytes_sent == pair[1].bytes_received == HEADER_BYTES
-
-
-def test_a_pickle_too_large_for_the_header_follows_it(pair):
-    obj = {"op": "setup", "names": [f"feature-{i}" for i in range(500)]}
-    size = len(pickle.dumps(obj, protocol=5))
-    assert size > HEADER_BYTES
-    got, parts = roundtrip(pair, obj)
-    assert_same(got, obj)
-    assert parts == [HEADER_BYTES, size]
-    assert pair[0].bytes_sent == pair[1].bytes_received == HEADER_BYTES + size
-
-
-def test_arrays_travel_out_of_band_and_zero_length_ones_not_at_all(pair):
-    rng = np.random.default_rng(0)
-    obj = {
-        "w": rng.standard_normal((100, 8)).astype(np.float32),
-        "rows": np.arange(37, dtype=np.int64),
-        "fortran": np.asfortranarray(rng.standard_normal((5, 3))),
-        "empty": np.zeros((0, 8), np.float32),
-        "strided": np.arange(24.0).reshape(4, 6)[:, ::2],  # not contiguous: pickled in band
-        "after": 3,
-    }
-    got, parts = roundtrip(pair, obj)
-    assert_same(got, obj)
-    arrays = [obj["w"].nbytes, obj["rows"].nbytes, obj["fortran"].nbytes]
-    assert parts == [HEADER_BYTES] + arrays
-    assert pair[0].bytes_sent == pair[1].bytes_received == HEADER_BYTES + sum(arrays)
-    got["w"][0, 0] = 1.0  # the receiver owns its arrays
-
-
-@pytest.mark.filterwarnings("error")  # torch warns when it wraps a non-writable array
-def test_a_read_only_array_is_sent_unchanged(pair):
-    a = np.arange(64, dtype=np.float32)
-    a.flags.writeable = False
-    got, parts = roundtrip(pair, {"w": a})
-    assert_same(got["w"], a)
-    assert parts == [HEADER_BYTES, a.nbytes]
-    np.testing.assert_array_equal(a, np.arange(64, dtype=np.float32))
-
-
-@pytest.mark.parametrize("count", [_MAX_BUFFERS, _MAX_BUFFERS + 1])
-def test_more_arrays_than_the_header_can_size_go_in_band(pair, count):
-    arrays = [np.full(200, i, np.float32) for i in range(count)]
-    got, parts = roundtrip(pair, arrays)
-    assert_same(got, arrays)
-    if count <= _MAX_BUFFERS:
-        assert parts == [HEADER_BYTES] + [800] * count
-    else:
-        assert parts == [HEADER_BYTES, len(pickle.dumps(arrays, protocol=5))]
-    assert pair[0].bytes_sent == pair[1].bytes_received == sum(parts)
-
-
-def test_streams_are_kept_apart(pair):
-    a, b, _ = pair
-    a.send(1, REQUEST, {"n": 1, "w": np.ones(3)})
-    a.send(1, REPLY, {"n": 2, "w": np.zeros(5)})
-    assert b.recv(0, REPLY)["n"] == 2  # the later message, on its own stream
-    assert b.recv(0, REQUEST)["n"] == 1
-
-
-def test_threads_sending_to_one_peer_never_interleave_their_messages(pair):
-    a, b, _ = pair
-    senders, messages = 4, 25
-
-    def send_all(k: int):
-        for i in range(messages):
-            a.send(1, REQUEST, {"from": k, "i": i, "w": np.full((i + 1, 3), k, np.float32), "rows": np.arange(k + i)})
-
-    threads = [Background(partial(send_all, k), f"sender {k}") for k in range(senders)]
-    seen: dict[int, list[int]] = defaultdict(list)
-    for _ in range(senders * messages):
-        msg = b.recv(0, REQUEST)
-        k, i = msg["from"], msg["i"]
-        np.testing.assert_array_equal(msg["w"], np.full((i + 1, 3), k, np.float32))
-        np.testing.assert_array_equal(msg["rows"], np.arange(k + i))
-        seen[k].append(i)
-    for t in threads:
-        t.result()
-    assert seen == {k: list(range(messages)) for k in range(senders)}
-
-
-@pytest.mark.parametrize("doing", ["sending to", "receiving from"])
-def test_a_broken_wire_is_peer_lost_naming_the_peers_role(pair, doing):
-    a, _, net = pair
-    net.kill(1)
-    with pytest.raises(PeerLost, match=rf"^trainer 0 lost contact with server 0 while {doing} it \(Connection closed by peer \[127\.0\.0\.1\]:29501\)$") as caught:
-        if doing == "sending to":
-            a.send(1, REQUEST, {"op": "read"})
-        else:
-            a.recv(1, REPLY)
-    assert isinstance(caught.value.__cause__, RuntimeError)
-
-
-def test_the_default_wire_makes_the_gloo_calls_of_the_default_group(monkeypatch):
-    calls, fifo = [], deque()
-
-    def send(tensor, *, dst, tag):  # keyword-only: the exact call Transport always made
-        calls.append(("send", dst, tag, tensor.numel() * tensor.element_size()))
-        fifo.append(tensor.clone())
-
-    def recv(tensor, *, src, tag):
-        calls.append(("recv", src, tag, tensor.numel() * tensor.element_size()))
-        tensor.copy_(fifo.popleft())
-
-    monkeypatch.setattr(transport_mod.dist, "send", send)
-    monkeypatch.setattr(transport_mod.dist, "recv", recv)
-    t = Transport(role_name(1))
-    obj = {"w": np.ones((3, 4), np.float32), "names": [f"feature-{i}" for i in range(500)]}
-    size = len(pickle.dumps(obj, protocol=5, buffer_callback=lambda b: None))
-    t.send(1, REPLY, obj)
-    assert_same(t.recv(1, REPLY), obj)
-    parts = [HEADER_BYTES, size, 48]
-    assert calls == [("send", 1, REPLY, n) for n in parts] + [("recv", 1, REPLY, n) for n in parts]
-
-    def refused(tensor, *, dst, tag):
-        raise RuntimeError(GLOO_CLOSED.format(port=4242))
-
-    monkeypatch.setattr(transport_mod.dist, "send", refused)
-    with pytest.raises(PeerLost, match=r"^this process lost contact with server 0 while sending to it \(Connection closed by peer \[127\.0\.0\.1\]:4242\)$"):
-        t.send(1, REQUEST, {})  # outside a process group the sender has no role name

@@ -13,6 +13,9 @@
 * cDLRM's periodic averaging (``--cache-sync periodic:1``) with SGD ends within 1e-5 of
   ``--mode full`` too, and all-reduces the exact partitioned cache's bytes; it is marked
   approximate in the summary.
+* The baselines across servers: ``--mode nocache`` (2 trainers x 1 server) and
+  ``--mode lru`` (2 x 2, under ``slow``), whose plans run synchronously, are within
+  1e-5 of ``--mode full``.
 * Two identical distributed runs end with the same params_sha256.
 * Killing one server mid-run stops every other role within 30 s with an error naming
   it; Ctrl-C (SIGINT to the launcher) stops them all; no process is left behind.
@@ -184,6 +187,26 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
         [f"trainer-{i}.log" for i in range(trainers)] + [f"server-{k}.log" for k in range(servers)] + ["oracle.log"])
 
 
+@pytest.mark.parametrize("mode,trainers,servers", [("nocache", 2, 1), pytest.param("lru", 2, 2, marks=pytest.mark.slow)])
+def test_the_baselines_across_servers_match_full(tiny_data, full_runs, tmp_path, mode, trainers, servers):
+    """lru and nocache plans, executed synchronously against the servers (each step's
+    label marked after its write-backs, each read held for it): the maths of --mode full,
+    also when a row one trainer wrote back is read by the other at the next step."""
+    ref = full_runs("adagrad")
+    out = tmp_path / "dist"
+    args = common(tiny_data, "adagrad")
+    args = args[: args.index("--cache-rows")] + args[args.index("--lookahead") + 2 :]  # settings these modes refuse
+    if mode == "lru":
+        args += ["--cache-rows", 1500]
+    r = bagpipe("train", *args, "--out", out, "--mode", mode, "--trainers", trainers, "--servers", servers)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_all_stopped(out)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["mode"] == mode and s["distributed"]["trainers"] == trainers
+    assert_close(params(out), params(ref))
+    assert s["cache"]["rows_fetched"] > 0
+
+
 def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -331,17 +354,21 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     servers with `bagpipe serve`), no launcher to stop them; each must notice the dead
     server (or the roles that left because of it) and exit with an error on its own,
     none hanging."""
+    from bagpipe.distributed.auth import SECRET_ENV, new_secret, write_secret_file
     from bagpipe.distributed.launch import free_port
 
     port, procs = free_port(), []
+    secret = new_secret()
+    secret_file = write_secret_file(tmp_path / "job.secret", secret)
     try:
         for rank in range(5):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                        WORLD_SIZE="5", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-            if rank in (2, 3):  # the servers as a user starts them on storage machines
+            if rank in (2, 3):  # the servers as a user starts them on storage machines, the secret in a file
                 cmd = ["serve", "--rank", str(rank), "--trainers", "2", "--servers", "2",
-                       "--master-addr", "127.0.0.1", "--master-port", str(port)]
-            else:
+                       "--master-addr", "127.0.0.1", "--master-port", str(port), "--secret-file", str(secret_file)]
+            else:  # the others as torchrun would, the secret in the environment
+                env[SECRET_ENV] = secret.decode()
                 cmd = ["worker", "--data", tiny_data, "--out", str(tmp_path / "job"), "--steps", "1000000",
                        "--batch-size", "64", "--mode", "lookahead", "--trainers", "2", "--servers", "2",
                        "--cache-rows", "2000", "--lookahead", "4"]
@@ -398,7 +425,7 @@ def test_ctrl_c_stops_every_role(tiny_data, tmp_path):
     "args,message",
     [
         (["--trainers", "2"], "need embedding servers"),
-        (["--servers", "1", "--mode", "full"], "use --mode lookahead"),
+        (["--servers", "1", "--mode", "full"], "use --mode nocache or lru or lookahead, got --mode full"),
         (["--servers", "1", "--mode", "lookahead", "--trainers", "3", "--batch-size", "256"], "split evenly over 3 trainers"),
     ],
 )

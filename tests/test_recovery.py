@@ -187,7 +187,7 @@ def test_torchrun_restarts_every_role_from_the_checkpoint(tiny_data, tmp_path, f
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "4", "--max-restarts", "1", "-m", "bagpipe.cli", "worker",
            *settings(tiny_data, out, "--mode", "lookahead", "--trainers", 1, "--servers", 2)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", BAGPIPE_JOB_SECRET="a secret for this test job only")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
                             start_new_session=True)
     try:

@@ -360,7 +360,8 @@ def test_a_server_says_what_it_waits_for_and_gives_up_in_one_line(tmp_path):
     port = free_port()
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "bagpipe.cli", "serve", "--rank", "1", "--trainers", "1", "--servers", "1",
-                        "--master-port", str(port), "--rendezvous-timeout", "3"], capture_output=True, text=True, timeout=60)
+                        "--master-port", str(port), "--rendezvous-timeout", "3"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, BAGPIPE_JOB_SECRET="a secret for this test job only"))
     assert time.monotonic() - t0 < 30
     assert f"waiting for the job's other processes at 127.0.0.1:{port} (up to 3 s)" in r.stdout
     one_line_error(r.returncode, r.stderr, "did not all arrive", f"127.0.0.1:{port}", "within 3 s", "--rendezvous-timeout")
@@ -371,7 +372,8 @@ def test_a_taken_port_is_one_line(tiny_data, tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="3")
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="3",
+                   BAGPIPE_JOB_SECRET="a secret for this test job only")
         r = subprocess.run([sys.executable, "-m", "bagpipe.cli", "worker", "--data", tiny_data, "--out", str(tmp_path / "j"),
                             "--mode", "lookahead", "--trainers", "1", "--servers", "1", "--rendezvous-timeout", "5"],
                            capture_output=True, text=True, timeout=60, env=env)

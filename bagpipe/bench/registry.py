@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from bagpipe.bench import (
     accel,
     approx,
+    cluster,
     convergence,
     distributed,
     memory,
@@ -79,6 +80,12 @@ SCENARIOS: dict[str, Scenario] = {
             memory.MemoryBench,
             memory.run,
             "bagpipe plan's estimate against the measured peak memory of real runs (modes, stores, servers)",
+        ),
+        Scenario(
+            cluster.ClusterBench,
+            cluster.run,
+            "an emulated cluster: every role in its own network namespace, shaped links; "
+            "nocache/lru/lookahead vs link rate and trainers",
         ),
         Scenario(
             scale.ScaleBench,

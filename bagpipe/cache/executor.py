@@ -74,9 +74,12 @@ class PlanExecutor:
     """The synchronous executor: every stage in the caller's (the trainer's) thread.
 
     Threads: none. When asked for the next plan it takes it from the planner (the
-    planner runs in this thread too), writes back, reads the misses from the store and
+    planner runs in this thread too), writes back, marks the previous step's label as
+    written, reads the misses from the store (with the plan's ``fetch_after``) and
     installs them, then yields. ``nocache`` and ``lru`` run on it: their plans depend
-    on the previous step (``fetch_after = step - 1``), so nothing could run ahead.
+    on the previous step (``fetch_after = step - 1``), so nothing could run ahead. The
+    mark and the label are what let several trainers run them against shared embedding
+    servers (a server holds a read until every trainer has marked its label).
 
     Args:
         store: where the rows live.
@@ -155,7 +158,12 @@ class PlanExecutor:
     def _fetch(self, plan: Plan, fetched: Fetched | None) -> None:
         """Make the plan's misses present in the cache before it is yielded."""
         t0 = time.perf_counter()
-        staged = fetched if fetched is not None else self.transfers.stage(*self.store.read(plan.fetch_rows))
+        # with the plan's label: embedding servers hold the read until every trainer wrote back up to it
+        staged = (
+            fetched
+            if fetched is not None
+            else self.transfers.stage(*self.store.read(plan.fetch_rows, after=plan.fetch_after))
+        )
         self.transfers.install(self.cache, plan.fetch_slots, plan.fetch_rows, staged)
         self.times.wait_embeddings += time.perf_counter() - t0
 
@@ -169,6 +177,8 @@ class PlanExecutor:
         if len(slots):
             w, s = self.transfers.download(*self.cache.take(slots)).result()
             self.store.write(rows, w, s)
+        if closes is not None and closes >= 0:  # other trainers' reads of a remote store wait for this label
+            self.store.mark_written(closes)
         self.times.writeback += time.perf_counter() - t0
 
     # ------------------------------------------------------------ the caller's side

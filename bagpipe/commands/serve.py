@@ -16,7 +16,10 @@ the interface that holds --bind, 127.0.0.1 unless you give another address.
 
 Example (the other roles started with torchrun / bagpipe worker, see docs/distributed.md):
   bagpipe serve --rank 2 --trainers 2 --servers 2 --master-addr 10.0.0.1 \\
-      --bind 10.0.0.7 --store disk --store-dir /nvme/bagpipe-shard
+      --bind 10.0.0.7 --secret-file job.secret --store disk --store-dir /nvme/bagpipe-shard
+
+Every role of the job must hold the same secret (a file of mode 0600 or
+$BAGPIPE_JOB_SECRET); a role that cannot prove it holds it is refused.
 """
 
 
@@ -50,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MIB",
         help="MiB this server may use, page cache included (default: its memory cgroup's limit; 0: none); "
         "its disk store's I/O bounds are sized to it, and a shard that does not fit is refused before serving",
+    )
+    p.add_argument(
+        "--secret-file",
+        metavar="FILE",
+        help="file (mode 0600) holding the job's secret, the same on every role (default $BAGPIPE_JOB_SECRET, "
+        "else the file named by $BAGPIPE_JOB_SECRET_FILE)",
     )
     p.add_argument(
         "--init-from-store",
@@ -88,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         rendezvous_timeout=args.rendezvous_timeout,
         init_from_store=args.init_from_store,
         memory_budget_mb=args.memory_budget_mb,
+        secret_file=args.secret_file,
     )
     os.environ.update(
         MASTER_ADDR=master_addr,

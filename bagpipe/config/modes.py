@@ -77,12 +77,18 @@ MODE_TABLE: tuple[ModeSpec, ...] = (
     ModeSpec(
         "full", "every table in trainer memory: the reference, plain pooled lookups", planner=None, skip_stale=True
     ),
-    ModeSpec("nocache", "a store; fetch the batch's rows, train, write them all back (synchronous)", planner="nocache"),
+    ModeSpec(
+        "nocache",
+        "a store; fetch the batch's rows, train, write them all back (synchronous)",
+        planner="nocache",
+        distributed=True,
+    ),
     ModeSpec(
         "lru",
         "a store + a C-row LRU cache, misses fetched synchronously (what FBGEMM/TorchRec caches do)",
         planner="lru",
         sized_cache=True,
+        distributed=True,
     ),
     ModeSpec(
         "lookahead",

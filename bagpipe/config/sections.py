@@ -320,6 +320,10 @@ class DistConfig(Section):
     max_restarts: int = 0
     """When a role dies, stop the others and restart every role from the latest complete
     checkpoint, up to this many times (the local launcher; torchrun has its own)."""
+    secret_file: str | None = None
+    """File holding the job's secret (mode 0600), which every role proves it holds before
+    the others talk to it (torchrun and hand-started roles; default $BAGPIPE_JOB_SECRET,
+    else the file $BAGPIPE_JOB_SECRET_FILE). The local launcher makes a new one itself."""
 
     def validate(self) -> None:
         need(self.trainers >= 1, f"trainers must be >= 1, got {self.trainers}")

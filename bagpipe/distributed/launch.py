@@ -22,12 +22,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bagpipe.checkpoint import CheckpointFolder, Manifest
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
+from bagpipe.distributed.auth import SECRET_ENV, load_secret, new_secret
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.distributed.roles import ERROR_PREFIX
 from bagpipe.errors import BagpipeError, ConfigError
@@ -58,10 +60,19 @@ def interface_of(address: str) -> str | None:
 
 
 def role_env(
-    layout: Layout, rank: int, master_addr: str, master_port: int, threads: int, run_dir: Path | None = None
+    layout: Layout,
+    rank: int,
+    master_addr: str,
+    master_port: int,
+    threads: int,
+    run_dir: Path | None = None,
+    secret: bytes | None = None,
 ) -> dict:
-    """The environment of one role: torchrun's variables plus loopback-only gloo."""
+    """The environment of one role: torchrun's variables, loopback-only gloo, and the
+    job's ``secret`` (in the environment: never on a command line, never in a file)."""
     env = dict(os.environ)
+    if secret is not None:
+        env[SECRET_ENV] = secret.decode()
     env.update(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
@@ -86,6 +97,25 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each role runs when not every role is a process on this machine's loopback
+    (``bagpipe bench cluster``: each role in a network namespace of its own).
+
+    Attributes:
+        master_addr: the rendezvous, trainer 0's address.
+        prefix: the command prefix that runs a rank's process where it belongs (e.g.
+            ``ip netns exec NS``).
+        iface: the interface gloo binds to (GLOO_SOCKET_IFNAME) in every role's host.
+        port: the rendezvous port (each host has its own ports: no need to find a free one).
+    """
+
+    master_addr: str
+    prefix: Callable[[int], list[str]]
+    iface: str
+    port: int = 29500
 
 
 @dataclass
@@ -117,8 +147,9 @@ class RoleFailed(BagpipeError):
 class Launcher:
     """Starts, watches and stops the roles of one job (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, stop_grace_s: float = STOP_GRACE_S):
+    def __init__(self, cfg: TrainConfig, stop_grace_s: float = STOP_GRACE_S, placement: Placement | None = None):
         self.cfg = cfg
+        self.placement = placement
         self.layout = Layout(cfg.dist.trainers, cfg.dist.servers)
         self.grace = stop_grace_s
         self.out = Path(cfg.run.out)
@@ -138,14 +169,30 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         job = self.out / "job.json"
         job.write_text(json.dumps(self.cfg.to_json(), indent=2))
-        port = free_port()
+        place = self.placement
+        port = place.port if place else free_port()
+        # a new secret for every attempt (unless the job names a file): a role of an earlier attempt cannot join
+        secret = None if self.cfg.dist.secret_file else new_secret()
         for rank in range(self.layout.world_size):
             name = self.layout.name(rank)
             threads = role_threads(self.cfg.run.threads, self.layout, rank, environ={})
             log_path = logs / f"{name.replace(' ', '-')}.log"
+            env = role_env(
+                self.layout, rank, place.master_addr if place else "127.0.0.1", port, threads, self.out, secret
+            )
+            if place:
+                env["GLOO_SOCKET_IFNAME"] = place.iface
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bagpipe.cli", "worker", "--job", str(job)],
-                env=role_env(self.layout, rank, "127.0.0.1", port, threads, self.out),
+                [
+                    *(place.prefix(rank) if place else []),
+                    sys.executable,
+                    "-m",
+                    "bagpipe.cli",
+                    "worker",
+                    "--job",
+                    str(job),
+                ],
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -244,12 +291,17 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def launch(cfg: TrainConfig) -> dict:
-    """Run a distributed job on this machine; returns trainer 0's summary.
+def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
+    """Run a distributed job on this machine (every role on loopback, or where
+    ``placement`` puts it); returns trainer 0's summary.
 
     The launcher checks the data set and holds the run folder's lock for the whole job
     (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
     dataset = Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
+    if cfg.dist.secret_file:
+        load_secret(
+            cfg.dist.secret_file
+        )  # a missing or readable-by-others secret file: one line, before any role starts
     if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store and not cfg.run.resume:
         for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
             shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"
@@ -271,7 +323,7 @@ def launch(cfg: TrainConfig) -> dict:
         attempt, restarts = cfg, 0
         while True:
             try:
-                Launcher(attempt).run()
+                Launcher(attempt, placement=placement).run()
                 break
             except RoleFailed as failure:
                 if finished(run, cfg.run.steps) and _stamp(summary) != before:  # a role died after the job's end

@@ -55,6 +55,14 @@ class Layout:
             return "server", rank - self.trainers
         return "oracle", 0
 
+    def peers(self, rank: int) -> list[int]:
+        """The ranks ``rank`` exchanges messages with: a trainer every server and the
+        oracle, a server or the oracle every trainer (trainers meet each other only in
+        collectives)."""
+        if self.role(rank)[0] == "trainer":
+            return self.server_ranks + [self.oracle_rank]
+        return self.trainer_ranks
+
     def name(self, rank: int) -> str:
         """Human name of a rank's role, as the logs and error messages print it."""
         role, index = self.role(rank)

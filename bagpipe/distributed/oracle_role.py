@@ -12,44 +12,25 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
-from bagpipe.cache.setup import LocalPlans, set_up_cache
+from bagpipe.cache.setup import CacheSetup, LocalPlans, set_up_cache
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
-from bagpipe.data.stream import train_stream
+from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.distributed.layout import Layout
+from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.memory import memory_plan
 from bagpipe.optim.names import row_state_dim
 
 
-@dataclass
-class OracleReport:
-    """Counters of the whole run, sent to every trainer with the last message."""
-
-    plan: dict = field(default_factory=dict)
-    cache_rows: int = 0
-    lookahead: int = 0
-    cache_sync: str = "partitioned"
-    plans_in_flight: int = 0
-    sync_rows: int = 0  # synchronised rows, summed over steps
-    sync_urgent_rows: int = 0  # of which the next step needed (the rest overlapped its compute)
-    replicated_sync_rows: int = 0  # the same had every planned row been synchronised
-    fetched_rows: list = field(default_factory=list)  # per trainer
-    seconds_planning: float = 0.0
-    seconds_waiting_for_credit: float = 0.0
-    max_in_flight: int = 0
-
-
-def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
-    """Plan the job's global batches and send each trainer its part, to the end of the run."""
+def oracle_cache(cfg: TrainConfig) -> tuple[BatchStream, CacheSetup]:
+    """The global batches of job ``cfg`` and the cache every trainer allocates: set up once,
+    by the oracle, exactly as one process sets it up (``bench cluster``'s cost model replays it)."""
     dataset = Dataset(cfg.data.data)
     stream = train_stream(dataset, cfg.data, cfg.run.seed)
-    start = resume_step(cfg)
     dim = cfg.arch.model_config().embedding_dim
-    # the cache every trainer allocates: set up once, here, exactly as one process sets it up
     setup = set_up_cache(
         cfg.cache.spec,
         cfg.cache,
@@ -64,6 +45,13 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
         # --memory-budget-mb, else this machine's cgroup limit)
         memory=memory_plan(cfg, dataset, stream, role="remote-trainer"),
     )
+    return stream, setup
+
+
+def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> OracleReport:
+    """Plan the job's global batches and send each trainer its part, to the end of the run."""
+    stream, setup = oracle_cache(cfg)
+    start = resume_step(cfg)
     hot = setup.hot
     info = {
         "staged": setup.staged,

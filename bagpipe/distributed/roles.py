@@ -78,6 +78,8 @@ class ServerConfig(Section):
     not fit stops the server before it serves, naming the smallest budget that works."""
     request_rows: int = 1 << 16
     """Rows one request of a trainer carries at most (the estimate's staging)."""
+    secret_file: str | None = None
+    """File holding the job's secret (default $BAGPIPE_JOB_SECRET or $BAGPIPE_JOB_SECRET_FILE)."""
 
     def validate(self) -> None:
         need(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
@@ -97,6 +99,7 @@ class ServerConfig(Section):
             rendezvous_timeout=cfg.dist.rendezvous_timeout,
             memory_budget_mb=cfg.memory.server_memory_budget_mb,
             request_rows=max(1, cfg.data.batch_size * 32 // layout.servers),  # ~32 lookups a sample at most
+            secret_file=cfg.dist.secret_file,
         )
 
 
@@ -222,10 +225,13 @@ def joined(
     rank: int,
     threads: int,
     rendezvous_timeout_s: float,
+    secret_file: str | None = None,
     placement: TrainerPlacement | None = None,
     report_errors: bool = False,
 ):
-    """Join the job's process group; yields (transport, trainer group); always leaves it.
+    """Join the job's process group and prove the job's secret (``secret_file``, else the
+    environment's) to every role this one talks to; yields (transport, trainer group);
+    always leaves the group.
 
     ``placement``: a trainer's GPU (None on a server or the oracle); the trainers' group
     runs NCCL when every trainer has a GPU of its own, gloo otherwise
@@ -234,8 +240,10 @@ def joined(
     import torch
     import torch.distributed as dist
 
+    from bagpipe.distributed.auth import load_secret
     from bagpipe.distributed.transport import Transport, gloo_reason
 
+    secret = load_secret(secret_file)  # before waiting for anyone: a missing secret is a one-line error now
     torch.set_num_threads(max(1, threads))  # N + S + 1 processes share the machine's cores
     store = rendezvous(layout, rank, rendezvous_timeout_s)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
@@ -246,8 +254,10 @@ def joined(
             store.set(f"trainer-gpu/{rank}", placement.tag)
         backend = trainer_backend([store.get(f"trainer-gpu/{r}").decode() for r in layout.trainer_ranks])
         group = dist.new_group(layout.trainer_ranks, backend=backend) if layout.trainers > 1 else None
+        transport = Transport(layout.name, log=log.warning)
+        transport.join(layout.peers(rank), secret)
         log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
-        yield Transport(layout.name), group
+        yield transport, group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
         lost = BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})")
         if report_errors:
@@ -288,11 +298,14 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
         # opened before joining: a trainer without its GPU fails at once, naming why
         device = open_device(cfg.device.device, placement.index, cfg.device.deterministic)
         try:
-            with joined(layout, rank, threads, timeout, placement, report_errors=True) as (transport, group):
+            with joined(layout, rank, threads, timeout, cfg.dist.secret_file, placement, report_errors=True) as (
+                transport,
+                group,
+            ):
                 return run_trainer(cfg, layout, rank, transport, group, device)
         finally:
             device.close()
-    with joined(layout, rank, threads, timeout, report_errors=True) as (transport, group):
+    with joined(layout, rank, threads, timeout, cfg.dist.secret_file, report_errors=True) as (transport, group):
         from bagpipe.distributed.oracle_role import run_oracle
 
         report = run_oracle(cfg, layout, transport)
@@ -325,7 +338,10 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
-    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, report_errors=report_errors) as (transport, _):
+    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, scfg.secret_file, report_errors=report_errors) as (
+        transport,
+        _,
+    ):
         init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
         directory = (

@@ -49,6 +49,7 @@ MAY_CHANGE = (
     "plans_in_flight",
     "rendezvous_timeout",
     "max_restarts",
+    "secret_file",
     "checkpoint_compact_every",
     "hot_budget_mb",
     "hot_rows",

@@ -1,0 +1,412 @@
+"""``bagpipe bench cluster``: BagPipe's headline measured on an emulated cluster.
+
+Every role of a distributed job -- N trainers, S embedding servers, the oracle -- runs
+in a network namespace of its own with its own address on a bridge
+(:mod:`bagpipe.bench.netns`); the job starts through the same rendezvous as a
+multi-machine job, at trainer 0's address (never loopback); gloo binds to ``eth0``;
+TSO/GSO/GRO are off and the MTU is 1500; both directions of every link are shaped
+(``tbf``) to the link rate, a trainer's at ``rate`` and a server's and the oracle's at
+``server_ratio`` x ``rate`` (the paper's 10 : 25 Gbit/s); every role runs one OpenMP
+thread. The job's secret reaches the roles in their environment.
+
+Sweep (interleaved over repetitions): link rates x trainers (batch per trainer fixed)
+x modes (``nocache``, ``lru``, ``lookahead`` at each L), and ``--mode full`` on one
+process with no network at all as the ideal (per trainer; N trainers ideally reach N
+times it). For each configuration: samples/s and its spread; speedups over nocache and
+lru; bytes per step on every host's link (its interface counters, read when trainer 0
+starts and when trainer 0 finishes the last step) beside the cost model's
+(:mod:`bagpipe.bench.cluster_model`); the rate a TCP probe achieves on each link under
+the same shaping; trainer 0's time per step split into compute (forward, backward,
+optimizer), waiting for rows (fetch waits and synchronous write-backs) and
+synchronisation (waiting for deferred embedding sync); each role's CPU use over the
+measured steps (share of one core); and the model's predicted step time.
+
+All roles share this machine's cores: the CPU column says how much each took, and so
+how far compute is inflated against a machine per role (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bagpipe.bench.cluster_report import plot, summarise
+from bagpipe.bench.config import CachePoint, Throughput
+from bagpipe.bench.netns import EmulatedNet, Host, probe_rate, terminate_as_interrupt, unavailable
+from bagpipe.bench.report import header, write_results
+from bagpipe.bench.runner import data_samples, ensure_synth
+from bagpipe.bench.runner import launch as launch_train
+from bagpipe.config.modes import mode_spec
+from bagpipe.config.train import TrainConfig, only_applicable
+from bagpipe.data.schema import DatasetMeta
+from bagpipe.distributed.launch import Placement, launch
+from bagpipe.distributed.layout import Layout
+
+MODES = ("nocache", "lru", "lookahead")
+PORT = 29500
+
+
+@dataclass(kw_only=True)
+class ClusterBench(CachePoint, Throughput):
+    """Every role in a network namespace of its own on a bridge, links shaped both ways
+    (tbf; a server's and the oracle's at --server-ratio times a trainer's rate), one
+    thread per role: samples/s of nocache, lru and lookahead against link rate and
+    number of trainers (batch per trainer fixed), --mode full on one process as the
+    ideal; bytes per step on every link against a cost model, probe rates, time per
+    step by phase, CPU per role. Needs root and network namespaces (skips in one line
+    without). --batch-size is the batch of each trainer."""
+
+    name = "cluster"
+    QUICK = dict(
+        scale=0.01,
+        recipe="debug",
+        batch_size=128,
+        steps=10,
+        warmup=3,
+        reps=1,
+        rates=(20.0,),
+        trainers=(1,),
+        modes=("nocache", "lookahead"),
+        lookahead=4,
+        large_lookahead=0,
+        eval_samples=256,
+        probe_s=0.3,
+        embedding_dim=16,
+        digest=True,
+    )
+
+    batch_size: int = 1024
+    steps: int = 40
+    warmup: int = 8
+    eval_samples: int = 2048
+    scale: float = 0.25
+    rates: tuple[float, ...] = (1000.0, 300.0, 100.0, 30.0)
+    """Link rates of a trainer in Mbit/s, each direction (a server's and the oracle's are --server-ratio times it)."""
+    server_ratio: float = 2.5
+    """A server's (and the oracle's) link rate over a trainer's (the paper: 25 / 10 Gbit/s)."""
+    trainers: tuple[int, ...] = (1, 2, 4)
+    """Numbers of trainers (each trains on --batch-size samples a step)."""
+    servers: int = 1
+    """Embedding servers."""
+    modes: tuple[str, ...] = MODES
+    """Modes across the network: a comma-separated subset of nocache,lru,lookahead (full always runs, on one process)."""
+    large_lookahead: int = 60
+    """A second, larger L for lookahead (0: only --lookahead)."""
+    embedding_dim: int = 48
+    """D (the paper's Criteo Kaggle runs: 48)."""
+    probe_s: float = 1.0
+    """Seconds each link probe sends for."""
+    digest: bool = False
+    """Compute params_sha256 of every run (the exactness check of --quick: every one-trainer run equals full's)."""
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_subset("modes", MODES)
+        self.check("rates", bool(self.rates) and all(r > 0 for r in self.rates), "must be link rates > 0 in Mbit/s")
+        self.check(
+            "trainers", bool(self.trainers) and all(n >= 1 for n in self.trainers), "must be numbers of trainers >= 1"
+        )
+        self.check("servers", 1 <= self.servers <= 8, "must be in 1..8")
+        self.check("server_ratio", self.server_ratio > 0, "must be > 0")
+        self.check(
+            "large_lookahead",
+            self.large_lookahead == 0 or self.large_lookahead > self.lookahead,
+            f"must be 0 or larger than --lookahead ({self.lookahead})",
+        )
+        self.check("threads", self.threads in (0, 1), "must be 1 (or 0): every role runs one thread")
+        self.check("embedding_dim", self.embedding_dim >= 1, "must be >= 1")
+        self.check("probe_s", self.probe_s > 0, "must be > 0")
+
+    def configs(self) -> list[tuple[str, str, int]]:
+        """(key, mode, L) of every mode across the network."""
+        out = []
+        for mode in self.modes:
+            if mode_spec(mode).looks_ahead:  # one configuration per L
+                out += [(f"{mode}-L{L}", mode, L) for L in (self.lookahead, self.large_lookahead) if L]
+            else:
+                out.append((mode, mode, 1))
+        return out
+
+
+def _hosts(net: EmulatedNet, b: ClusterBench) -> dict[str, Host]:
+    """Trainers t0.., servers s0.., the oracle and an unshaped probe host."""
+    names = [f"t{i}" for i in range(max(b.trainers))] + [f"s{k}" for k in range(b.servers)] + ["or"]
+    hosts = {n: net.add(n) for n in names}
+    hosts["probe"] = net.add("pr")
+    return hosts
+
+
+def _rank_hosts(hosts: dict[str, Host], layout: Layout) -> list[Host]:
+    return (
+        [hosts[f"t{r}"] for r in layout.trainer_ranks] + [hosts[f"s{k}"] for k in range(layout.servers)] + [hosts["or"]]
+    )
+
+
+def _shape(net: EmulatedNet, hosts: dict[str, Host], b: ClusterBench, rate: float) -> None:
+    for name, h in hosts.items():
+        if name != "probe":
+            net.shape(h, rate if name.startswith("t") else rate * b.server_ratio)
+
+
+def _probe(net: EmulatedNet, hosts: dict[str, Host], b: ClusterBench) -> dict[str, dict[str, float]]:
+    """Mbit/s a TCP stream achieves out of and into trainer 0, server 0 and the oracle (to and from the probe host)."""
+    out = {}
+    for name, role in (("t0", "trainer 0"), ("s0", "server 0"), ("or", "oracle")):
+        out[role] = {
+            "sent": probe_rate(net, hosts[name], hosts["probe"], b.probe_s),
+            "received": probe_rate(net, hosts["probe"], hosts[name], b.probe_s),
+        }
+    return out
+
+
+class _Window:
+    """What a job did on the network and the CPUs: every host's interface counters from
+    before its roles start to when trainer 0 finishes the last step (every step's traffic,
+    the cold start's included), and every role's CPU time from the end of the warm-up to
+    the last step (polling trainer 0's heartbeat). ``at_end`` runs once the last step is
+    done (the links are unshaped for the evaluation and the digest, which are not measured)."""
+
+    def __init__(
+        self, net: EmulatedNet, hosts: list[Host], names: list[str], run_dir: Path, warmup: int, steps: int, at_end
+    ):
+        self.net, self.hosts, self.names, self.run = net, hosts, names, run_dir
+        self.warmup, self.steps, self.at_end = max(warmup, 1), steps, at_end
+        self.start = self._bytes()
+        self.snaps: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="cluster-window")
+        self._thread.start()
+
+    def _step(self) -> int:
+        try:
+            return int.from_bytes((self.run / ".step").read_bytes()[:8], "little")
+        except (OSError, ValueError):
+            return 0
+
+    def _bytes(self) -> dict[str, tuple[int, int]]:
+        every = self.net.all_counters()  # one instant for every host
+        return {n: every[h.name] for n, h in zip(self.names, self.hosts)}
+
+    def _cpu(self) -> dict[str, float]:
+        import psutil
+
+        cpu = {}
+        try:
+            for r in json.loads((self.run / "roles.json").read_text()):
+                try:
+                    t = psutil.Process(r["pid"]).cpu_times()
+                    cpu[r["role"]] = t.user + t.system
+                except psutil.Error:
+                    pass
+        except (OSError, ValueError):
+            pass
+        return cpu
+
+    def _watch(self) -> None:
+        # a role that has finished keeps its last reading (the oracle, which may have sent
+        # its last plan before the warm-up ends: then it used no CPU in the window)
+        last_cpu: dict[str, float] = {}
+        for mark in (self.warmup, self.steps):
+            polled = 0.0
+            while self._step() < mark:
+                if time.monotonic() - polled > 0.2:
+                    last_cpu.update(self._cpu())
+                    polled = time.monotonic()
+                if self._stop.wait(0.005):
+                    return
+            self.snaps.append(
+                {
+                    "t": time.perf_counter(),
+                    "step": self._step(),
+                    "cpu": last_cpu | self._cpu(),
+                    "bytes": self._bytes() if mark == self.steps else None,
+                }
+            )
+        self.at_end()
+
+    def result(self) -> dict | None:
+        self._stop.set()
+        self._thread.join(5)
+        if len(self.snaps) < 2:
+            return None
+        a, z = self.snaps
+        wall = z["t"] - a["t"]
+        steps = max(z["step"], 1)
+        return {
+            "steps": steps,
+            "bytes_per_step": {
+                n: {
+                    "sent": (z["bytes"][n][0] - self.start[n][0]) / steps,
+                    "received": (z["bytes"][n][1] - self.start[n][1]) / steps,
+                }
+                for n in self.names
+            },
+            "cpu_share": {role: (z["cpu"][role] - a["cpu"][role]) / wall for role in z["cpu"] if role in a["cpu"]},
+        }
+
+
+def _unshape(net: EmulatedNet, hosts: list[Host]) -> None:
+    for h in hosts:
+        net.unshape(h)
+
+
+@contextmanager
+def _roles_logged_to(path: Path) -> Iterator[None]:
+    """The launcher's lines (every role's output) into ``path`` instead of the bench's own output."""
+    logger = logging.getLogger("bagpipe.distributed.launch")
+    handler = logging.FileHandler(path)
+    old = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+        logger.propagate = old
+
+
+def _job(
+    b: ClusterBench,
+    net: EmulatedNet,
+    hosts: dict[str, Host],
+    data: Path,
+    run_dir: Path,
+    n: int,
+    mode: str,
+    L: int,
+    cache_rows: int,
+    log: Path,
+) -> dict:
+    cfg = TrainConfig.of(
+        **only_applicable(  # a baseline's cache is not sized, nor does it look ahead
+            dict(
+                mode=mode,
+                cache_rows=cache_rows,
+                lookahead=L,
+                trainers=n,
+                servers=b.servers,
+            )
+        ),
+        data=str(data),
+        out=str(run_dir),
+        model=b.model,
+        recipe=b.recipe,
+        embedding_dim=b.embedding_dim,
+        batch_size=b.batch_size * n,
+        optimizer=b.optimizer,
+        lr=b.lr,
+        steps=b.steps,
+        warmup_steps=b.warmup,
+        eval_samples=b.eval_samples,
+        threads=1,
+        progress=False,
+        final_checkpoint=False,
+        digest=b.digest,
+        rendezvous_timeout=120.0,
+    )
+    layout = Layout(n, b.servers)
+    by_rank = _rank_hosts(hosts, layout)
+    placement = Placement(
+        master_addr=by_rank[0].addr, prefix=lambda r: by_rank[r].exec_prefix(), iface="eth0", port=PORT
+    )
+    window = _Window(
+        net,
+        by_rank,
+        [layout.name(r) for r in range(layout.world_size)],
+        run_dir,
+        b.warmup,
+        b.steps,
+        at_end=lambda: _unshape(net, by_rank),
+    )
+    t0 = time.perf_counter()
+    try:
+        with _roles_logged_to(log):
+            summary = launch(cfg, placement=placement)
+    finally:
+        measured = window.result()
+    return {"summary": summary, "window": measured, "wall_s": time.perf_counter() - t0, "config": cfg}
+
+
+def run(b: ClusterBench) -> dict:
+    assert b.out is not None  # set by BenchConfig
+    out = Path(b.out)
+    reason = unavailable()
+    if reason:
+        why = f"bench cluster: skipped: {reason}"
+        print(why, flush=True)
+        payload = {**header(b), "skipped": why, "table": why}
+        write_results(out, "cluster", payload, why)
+        return payload
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "data"
+    ensure_synth(data, b.profile, data_samples(b.batch_size * max(b.trainers), b.steps), b.scale, seed=1)
+    meta = DatasetMeta.load(data)
+    cache_rows = b.cache_rows(meta.total_rows, b.batch_size * max(b.trainers) * meta.num_features)
+    ideal = _ideal_runs(b, data, out)
+    results: dict[tuple[int, float, str], list[dict]] = {}
+    probes: dict[float, dict] = {}
+    log = out / "roles.log"  # every role's output, run after run
+    log.unlink(missing_ok=True)
+    (out / "runs.jsonl").unlink(missing_ok=True)
+
+    with terminate_as_interrupt(), EmulatedNet("cl") as net:
+        hosts = _hosts(net, b)
+        for rep in range(b.reps):
+            rates = b.rates if rep % 2 == 0 else b.rates[::-1]  # alternate the order: drift hits all alike
+            for rate in rates:
+                _shape(net, hosts, b, rate)
+                if rate not in probes:
+                    probes[rate] = _probe(net, hosts, b)
+                for n in b.trainers:
+                    for key, mode, L in b.configs():
+                        _shape(net, hosts, b, rate)  # the previous job's evaluation ran unshaped
+                        print(f"[rep {rep + 1}/{b.reps}] {rate:g} Mbit/s, {n} trainer(s), {key} ...", flush=True)
+                        run_dir = out / "runs" / f"{rate:g}-{n}-{key}"
+                        shutil.rmtree(run_dir, ignore_errors=True)
+                        r = _job(b, net, hosts, data, run_dir, n, mode, L, cache_rows, log)
+                        results.setdefault((n, rate, key), []).append(r)
+                        with open(out / "runs.jsonl", "a") as f:  # what a long sweep has measured so far
+                            f.write(
+                                json.dumps(
+                                    {
+                                        "rate": rate,
+                                        "trainers": n,
+                                        "config": key,
+                                        "rep": rep,
+                                        "wall_s": r["wall_s"],
+                                        "summary": r["summary"],
+                                        "window": r["window"],
+                                    }
+                                )
+                                + "\n"
+                            )
+                        print(f"    {r['summary']['samples_per_s']:,.0f} samples/s ({r['wall_s']:.0f} s)", flush=True)
+                        if not (rep == b.reps - 1 and rate == rates[-1]):
+                            shutil.rmtree(run_dir, ignore_errors=True)
+    payload = summarise(b, results, ideal, probes, cache_rows, meta)
+    plot(out, payload)
+    write_results(out, "cluster", payload, payload["table"])
+    return payload
+
+
+def _ideal_runs(b: ClusterBench, data: Path, out: Path) -> list[dict]:
+    """--mode full on one process, one thread, the batch of one trainer, no network: the ideal."""
+    runs = []
+    for rep in range(b.reps):
+        print(f"[rep {rep + 1}/{b.reps}] full, one process, no network (the ideal) ...", flush=True)
+        run_dir = out / "runs" / "full"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        s = launch_train(
+            b, data, run_dir, "full", digest=b.digest, threads=1, embedding_dim=b.embedding_dim, mode="full"
+        )
+        runs.append(s)
+        print(f"    {s['samples_per_s']:,.0f} samples/s", flush=True)
+    return runs

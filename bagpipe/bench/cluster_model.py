@@ -1,0 +1,245 @@
+"""The cost model of ``bagpipe bench cluster``: bytes per step on every link, from the
+plans alone, and the step time they predict.
+
+**Bytes.** The oracle's planner is replayed here on the run's own batches (same data,
+stream, cache size, L, number of trainers) and every plan split as the oracle role
+splits it (:func:`bagpipe.distributed.partition.partition`). For each step the model
+lists every message a trainer exchanges, with its size on the wire as the transport
+frames it (a :data:`~bagpipe.distributed.transport.HEADER_BYTES` header, the body of
+:mod:`bagpipe.distributed.wire` when it does not fit inside it):
+
+* oracle -> trainer: its plan; trainer -> oracle: one credit;
+* trainer -> server k: the read request (row ids), write-backs (ids, weights, optimizer
+  state), one ``mark`` a step; server k -> trainer: the rows read (D + S floats a row);
+* between trainers (N > 1): the synchronised rows' gradients (K x D floats) and DDP's
+  dense gradients, each all-reduced in a ring: 2 (N - 1) / N of the buffer each way.
+
+Each gloo message carries a 48-byte preamble; TCP cuts it into segments of at most
+:data:`MSS` bytes of payload, each a frame with :data:`FRAME_HEADERS` bytes of
+Ethernet/IP/TCP headers (what an interface counter counts), and the receiver returns
+one :data:`FRAME_HEADERS`-byte ACK per two segments. The model therefore predicts the
+interface counters of every host, both directions.
+
+**Time.** A link direction needs bytes / rate (the rate a TCP probe achieves under the
+same shaping). Lookahead plans are prefetched by background threads, so a step takes
+``max(compute, slowest link)``. The baselines (``nocache``, ``lru``) run synchronously
+in the trainer's thread: it takes the plan, sends the write-backs, asks for the rows
+and waits for them, one after the other, so their step is ``compute + trainer 0's bytes
+sent / its up rate + bytes received / its down rate`` (at least the slowest link).
+``compute`` is the measured forward + backward + optimizer time of the run's trainer 0.
+
+A pipelined trainer's write-backs of its last step (every row still cached) leave on
+its write-back thread just as the interface counters are read; the model counts them
+and says how many bytes race the reading, and a measurement between the two counts
+as agreeing (:meth:`PlanTraffic.within`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bagpipe.cache.setup import LocalPlans
+from bagpipe.config.train import TrainConfig
+from bagpipe.data.schema import DatasetMeta
+from bagpipe.distributed.layout import Layout
+from bagpipe.distributed.oracle_role import oracle_cache
+from bagpipe.distributed.partition import partition
+from bagpipe.distributed.transport import HEADER_BYTES, INLINE_BYTES
+from bagpipe.distributed.wire import PLAN, REPLY, REQUEST, encode
+from bagpipe.optim.names import row_state_dim
+
+MSS = 1448  # TCP payload of a full segment: MTU 1500 - IP 20 - TCP 20 - timestamps 12
+FRAME_HEADERS = 66  # Ethernet 14 + IP 20 + TCP 32 bytes per frame
+GLOO_PREAMBLE = 48  # gloo's header of every message (six 64-bit words)
+SEGMENTS_PER_ACK = 2  # delayed ACKs
+
+
+@dataclass
+class Direction:
+    """One direction of one host's link, per step: the transport's messages and what they become on the wire."""
+
+    payload: float = 0.0  # bytes handed to gloo
+    segments: float = 0.0
+
+    def add(self, nbytes: float, count: float = 1.0) -> None:
+        """``count`` gloo messages of ``nbytes`` each."""
+        per = math.ceil((nbytes + GLOO_PREAMBLE) / MSS) if nbytes else 1
+        self.payload += count * (nbytes + GLOO_PREAMBLE)
+        self.segments += count * per
+
+    @property
+    def data_frames_bytes(self) -> float:
+        return self.payload + self.segments * FRAME_HEADERS
+
+
+@dataclass
+class Link:
+    up: Direction = field(default_factory=Direction)  # what the host sends
+    down: Direction = field(default_factory=Direction)  # what it receives
+
+    def wire(self) -> tuple[float, float]:
+        """(bytes sent, bytes received) per step on the host's interface, ACKs included."""
+        acks_up = self.down.segments / SEGMENTS_PER_ACK * FRAME_HEADERS
+        acks_down = self.up.segments / SEGMENTS_PER_ACK * FRAME_HEADERS
+        return self.up.data_frames_bytes + acks_up, self.down.data_frames_bytes + acks_down
+
+
+def message(d: Direction, body_bytes: int) -> None:
+    """One transport message with a body of ``body_bytes`` into ``d``."""
+    d.add(HEADER_BYTES)
+    if body_bytes > INLINE_BYTES:
+        d.add(body_bytes)
+
+
+def _pad8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+@dataclass
+class PlanTraffic:
+    """Bytes per step (averaged over the measured steps) on every host's link, and what the
+    synchronous baselines wait for."""
+
+    links: dict[str, Link]
+    racing: dict[str, Link]  # part of ``links``: what may leave just before or just after the counters are read
+    rows_fetched: float  # per trainer per step
+    rows_written: float
+    plan_bytes: float  # one trainer's plan, encoded
+
+    def per_link(self, links: dict[str, Link] | None = None) -> dict[str, dict[str, float]]:
+        return {name: dict(zip(("sent", "received"), link.wire())) for name, link in (links or self.links).items()}
+
+    def within(self, measured: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """Measured bytes over the model's for every link and direction: 1 when inside the
+        model's range (its bytes, less those racing the counters' reading, up to all of them),
+        else the ratio to the nearer end."""
+        full, racing = self.per_link(), self.per_link(self.racing)
+        out: dict[str, dict[str, float]] = {}
+        for role, dirs in measured.items():
+            if role in full:
+                out[role] = {}
+                for d, got in dirs.items():
+                    hi = full[role][d]
+                    lo = hi - racing[role][d]
+                    out[role][d] = 1.0 if lo <= got <= hi else got / (lo if got < lo else hi)
+        return out
+
+
+def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffic:
+    """Replay the oracle of run ``cfg`` and count its messages (see the module docstring)."""
+    D = cfg.arch.model_config().embedding_dim
+    state = row_state_dim(cfg.optim.optimizer, D)
+    stream, setup = oracle_cache(cfg)  # the cache and planner the oracle role sets up for this run
+    planner = LocalPlans(setup)
+    layout = Layout(cfg.dist.trainers, cfg.dist.servers)
+    N, S = layout.trainers, layout.servers
+    reply_overhead = len(encode(REPLY, {"w": np.zeros((0, D), np.float32), "s": np.zeros((0, state), np.float32)}))
+    names = [layout.name(r) for r in range(layout.world_size)]
+    links: dict[str, Link] = {n: Link() for n in names}
+    end: dict[str, Link] = {n: Link() for n in names}
+    fetched = written = plan_bytes = 0.0
+    measured = max(cfg.run.steps - warmup, 1)
+
+    def rows_msg(rows: np.ndarray, values: bool) -> int:
+        body = (
+            {"op": "write", "rows": rows, "w": np.zeros((0, D), np.float32), "s": np.zeros((0, state), np.float32)}
+            if values
+            else {"op": "read", "rows": rows, "after": 1, "count": True}
+        )
+        extra = _pad8(len(rows) * D * 4) + _pad8(len(rows) * state * 4) if values else 0
+        return len(encode(REQUEST, body)) + extra
+
+    pipelined = cfg.cache.spec.pipelined
+    for gplan in planner.plans(stream, 0, cfg.run.steps):
+        if gplan.step < warmup:
+            continue
+        last = gplan.step == cfg.run.steps - 1
+        for t, p in enumerate(partition(gplan, N)):
+            tl, ol = links[names[t]], links["oracle"]
+            body = len(encode(PLAN, p))
+            message(tl.down, body)
+            message(ol.up, body)
+            message(tl.up, 0)  # the credit
+            message(ol.down, 0)
+            plan_bytes += body / N / measured
+            fetched += len(p.fetch_rows) / N / measured
+            for k in range(S):
+                sl = links[names[N + k]]
+                for rows, values in ((p.fetch_rows, False), (p.evict_before_rows, True), (p.evict_after_rows, True)):
+                    mine = rows[rows % S == k] // S
+                    if not len(mine):
+                        continue
+                    size = rows_msg(mine, values)
+                    message(tl.up, size)
+                    message(sl.down, size)
+                    if pipelined and last and values:  # the write-back of the last step races the counters' reading
+                        message(end[names[t]].up, size)
+                        message(end[names[N + k]].down, size)
+                    if not values:  # the reply
+                        reply = reply_overhead + _pad8(len(mine) * D * 4) + _pad8(len(mine) * state * 4)
+                        message(tl.down, reply)
+                        message(sl.up, reply)
+                    else:
+                        written += len(mine) / N / measured
+                message(tl.up, 0)  # the step's mark
+                message(sl.down, 0)
+            if N > 1:  # ring all-reduces: 2 (N - 1) messages of 1/N of each buffer each way
+                for buffer in (len(p.sync_slots) * D * 4, dense_params * 4):
+                    tl.up.add(buffer / N, 2 * (N - 1))
+                    tl.down.add(buffer / N, 2 * (N - 1))
+    for link in [*links.values(), *end.values()]:  # per step
+        for d in (link.up, link.down):
+            d.payload /= measured
+            d.segments /= measured
+    return PlanTraffic(links, end, fetched, written, plan_bytes)
+
+
+def predict_step_ms(
+    traffic: PlanTraffic, rates_bytes_s: dict[str, tuple[float, float]], compute_ms: float, pipelined: bool
+) -> dict[str, float | str]:
+    """The model's step time (ms) from the bytes of every link and the rate each achieves
+    (host -> (up, down) bytes/s): ``max(compute, slowest link)`` for pipelined plans,
+    ``compute + trainer 0's serial transfers`` (at least the slowest link) for synchronous ones."""
+    wire = traffic.per_link()
+    link_ms = {
+        name: max(wire[name]["sent"] / rates_bytes_s[name][0], wire[name]["received"] / rates_bytes_s[name][1]) * 1000
+        for name in wire
+        if name in rates_bytes_s
+    }
+    slowest = max(link_ms.values()) if link_ms else 0.0
+    if pipelined:
+        step = max(compute_ms, slowest)
+    else:  # every byte trainer 0 sends or receives is waited for in turn (measured so: see docs/distributed.md)
+        up, down = rates_bytes_s["trainer 0"]
+        step = max(compute_ms + (wire["trainer 0"]["sent"] / up + wire["trainer 0"]["received"] / down) * 1000, slowest)
+    link = max(link_ms, key=lambda name: link_ms[name]) if link_ms else ""
+    return {"step_ms": step, "slowest_link_ms": slowest, "bottleneck": link if slowest > compute_ms else "compute"}
+
+
+def model_for(cfg: TrainConfig, traffic, time_per_step_ms: dict, rates: dict[str, dict[str, float]]) -> dict:
+    """The cost model's prediction for a run of ``cfg`` (its ``traffic``, :func:`plan_traffic`)
+    at the probed ``rates`` (role -> Mbit/s sent and received), with the run's compute time."""
+    mbit = {role: (v["sent"] * 1e6 / 8, v["received"] * 1e6 / 8) for role, v in rates.items()}
+    for role in traffic.links:  # links not probed: shaped as the probed one of their kind
+        if role not in mbit:
+            mbit[role] = mbit["trainer 0" if role.startswith("trainer") else "server 0"]
+    t = time_per_step_ms
+    pred = predict_step_ms(
+        traffic, mbit, t["forward"] + t["backward"] + t["optimizer"], pipelined=cfg.cache.spec.pipelined
+    )
+    step_ms = float(pred["step_ms"])
+    return {**pred, "samples_per_s": cfg.data.batch_size / step_ms * 1000 if step_ms else float("nan")}
+
+
+def traffic_for(cfg: TrainConfig, meta: DatasetMeta, warmup: int) -> PlanTraffic:
+    """:func:`plan_traffic` of a run (the dense parameters counted from its model)."""
+    import torch
+
+    from bagpipe.models.registry import build_model
+
+    torch.manual_seed(0)
+    dense = sum(p.numel() for p in build_model(cfg.arch.model_config(), meta.num_dense, meta.num_features).parameters())
+    return plan_traffic(cfg, dense, warmup)

@@ -1,0 +1,120 @@
+"""What each stream between the roles carries: the schema of every message, and
+:func:`encode` / :func:`decode`, which check it.
+
+The body of a message is the data-only encoding of :mod:`bagpipe.distributed.codec`
+(never a pickle); on top of it every stream has a schema (:data:`SCHEMAS`): the
+messages allowed on it, field by field, with the dtype and number of dimensions of
+every array -- each server request and reply, the set-up, the oracle's info, plans,
+the end of the plan stream with the oracle's report, credits, checkpoint requests and
+the join handshake. A message that does not match raises :class:`WireError`: the
+sender refuses to send it (a bug), the receiving transport refuses it (logged).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bagpipe.accel.hot import HotPlan
+from bagpipe.distributed.codec import decode_value, encode_value
+from bagpipe.distributed.oracle_report import OracleReport
+from bagpipe.distributed.partition import TrainerPlan
+from bagpipe.distributed.schema import (
+    BOOL_,
+    BYTES_,
+    DATA,
+    FLOAT_,
+    INT_,
+    STR_,
+    Spec,
+    WireError,
+    array,
+    by_op,
+    list_of,
+    maybe,
+    one_of,
+    record,
+    struct_,
+)
+from bagpipe.oracle.plan import Plan
+
+# streams (gloo tags); one per direction of each conversation
+REQUEST = 1  # client -> embedding server
+REPLY = 2  # embedding server -> client
+PLAN = 3  # oracle -> trainer
+CREDIT = 4  # trainer -> oracle
+CONTROL = 5  # trainer 0 -> other roles (setup, end)
+HELLO = 6  # the join handshake (bagpipe.distributed.auth)
+STREAM_NAMES = {REQUEST: "request", REPLY: "reply", PLAN: "plan", CREDIT: "credit", CONTROL: "control", HELLO: "hello"}
+
+ROWS = array("int64", 1)
+VALUES = array("float32", 2)
+REQUESTS = {
+    "read": struct_({"rows": ROWS, "after": INT_, "count": BOOL_}),
+    "range": struct_({"start": INT_, "stop": INT_, "after": INT_}),
+    "write": struct_({"rows": ROWS, "w": VALUES, "s": VALUES}),
+    "mark": struct_({"label": INT_}),
+    "flush": struct_({}),
+    "stats": struct_({}),
+    "bye": struct_({}),
+    "checkpoint": struct_({"step": INT_}, {"dir": STR_, "kind": STR_}),  # trainer 0 names the folder and kind
+}
+SCHEMAS: dict[int, Spec] = {
+    REQUEST: by_op(REQUESTS),
+    REPLY: one_of(
+        rows=struct_({"w": VALUES, "s": VALUES}),
+        done=struct_({}),
+        part=struct_({"part": DATA}),
+        error=struct_({"error": STR_}),
+        stats=struct_({"store": DATA, "requests": DATA, "waited_s": FLOAT_}),
+    ),
+    CONTROL: struct_(
+        {"table_sizes": list_of(INT_), "dim": INT_, "seed": INT_, "state_dim": INT_, "restore": maybe(STR_)}
+    ),
+    PLAN: one_of(
+        plan=record(Plan, TrainerPlan, HotPlan),
+        info=struct_(
+            {
+                "cache_rows": INT_,
+                "lookahead": INT_,
+                "trainers": INT_,
+                "autotune": DATA,
+                "hot": maybe(struct_({"rows": ROWS, "report": DATA})),
+            }
+        ),
+        end=struct_({"end": BOOL_, "report": record(OracleReport)}),
+    ),
+    CREDIT: maybe(INT_),  # 1 per plan taken; None: no more
+    HELLO: one_of(
+        hello=struct_({"version": INT_, "nonce": BYTES_}),
+        answer=struct_({"nonce": BYTES_, "proof": BYTES_}),
+        proof=struct_({"proof": BYTES_}),
+    ),
+}
+
+
+def check(stream: int, obj: Any) -> None:
+    """Raise WireError unless ``obj`` is a message ``stream`` carries."""
+    spec = SCHEMAS.get(stream)
+    if spec is None:
+        raise WireError(f"no stream {stream}")
+    spec(obj, f"{STREAM_NAMES[stream]} message")
+
+
+def encode(stream: int, obj: Any) -> np.ndarray:
+    """The body of message ``obj`` on ``stream`` as a uint8 array; raises WireError if
+    ``obj`` is not a message the stream's schema allows (a bug in the sender)."""
+    check(stream, obj)
+    return encode_value(obj)
+
+
+def decode(stream: int, body: np.ndarray) -> Any:
+    """The message in ``body`` (a uint8 array the result's arrays may view), checked
+    against ``stream``'s schema; raises WireError for anything else."""
+    obj = decode_value(body)
+    check(stream, obj)
+    return obj
+
+
+__all__ = ["WireError", "encode", "decode", "check", "SCHEMAS", "STREAM_NAMES"]
