@@ -55,7 +55,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
     hot = setup.hot
     info = {
         "staged": setup.staged,
-        "memory": setup.memory,
+        "memory": setup.memory.as_dict() if setup.memory is not None else None,  # plain data for the wire
         "cache_rows": setup.cache_rows,
         "lookahead": setup.size.lookahead,
         "trainers": layout.trainers,

@@ -223,9 +223,9 @@ class MemoryReport:
 
     @classmethod
     def of(cls, fit, watch, peak_anon_mb: float) -> MemoryReport:
-        """From a :class:`bagpipe.memory.Fit` (may be None: no memory plan) and a
-        :class:`bagpipe.memory.watch.MemoryWatch`."""
-        d = fit.as_dict() if fit is not None else {}
+        """From a :class:`bagpipe.memory.Fit` or its ``as_dict()`` (a remote trainer's, from the
+        oracle role; None: no memory plan) and a :class:`bagpipe.memory.watch.MemoryWatch`."""
+        d = fit if isinstance(fit, dict) else (fit.as_dict() if fit is not None else {})
         est = d.get("estimate", {})
         return cls(
             budget_mb=d.get("budget_mb"),
