@@ -276,6 +276,30 @@ class HotConfig(Section):
 
 
 @dataclass(kw_only=True)
+class MemoryConfig(Section):
+    """memory budget (docs/beyond-memory.md#memory-budgets; `bagpipe plan` prints the estimate)"""
+
+    memory_budget_mb: float | None = None
+    """MiB this run may use, page cache included. Default: the limit of the memory cgroup
+    it runs in (v2 memory.max, v1 memory.limit_in_bytes, found through /proc/self/cgroup),
+    none without one; 0: no budget. The run sizes the plans it reads ahead, the disk
+    store's I/O buffers and dirty pages, a default hot tier and a default cache to fit it
+    with 10% kept free, and stops before training, naming the smallest budget that works,
+    when even its smallest configuration does not fit."""
+    server_memory_budget_mb: float | None = None
+    """Each embedding server's own budget (--servers), applied the same way to its store;
+    default: the limit of the server's own memory cgroup."""
+
+    def validate(self) -> None:
+        for name in ("memory_budget_mb", "server_memory_budget_mb"):
+            v = getattr(self, name)
+            need(
+                v is None or (finite(v) and v >= 0),
+                f"--{name.replace('_', '-')} must be a finite number of MiB >= 0 (0: no budget), got {v}",
+            )
+
+
+@dataclass(kw_only=True)
 class DistConfig(Section):
     """distributed (one machine: every role a process on loopback)"""
 

@@ -26,6 +26,7 @@ from bagpipe.config.sections import (
     DeviceConfig,
     DistConfig,
     HotConfig,
+    MemoryConfig,
     OptimConfig,
     RunConfig,
 )
@@ -42,6 +43,7 @@ class TrainConfig:
     optim: OptimConfig
     cache: CacheConfig
     hot: HotConfig
+    memory: MemoryConfig
     dist: DistConfig
     approx: ApproxConfig
     device: DeviceConfig

@@ -22,6 +22,7 @@ from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
+from bagpipe.memory import memory_plan
 from bagpipe.optim.names import row_state_dim
 
 
@@ -41,6 +42,9 @@ def oracle_cache(cfg: TrainConfig) -> tuple[BatchStream, CacheSetup]:
         dim=dim,
         state_dim=row_state_dim(cfg.optim.optimizer, dim),
         seed=cfg.run.seed,
+        # the trainers' memory: the cache, the plans they read ahead (their budget is
+        # --memory-budget-mb, else this machine's cgroup limit)
+        memory=memory_plan(cfg, dataset, stream, role="remote-trainer"),
     )
     return stream, setup
 
@@ -51,6 +55,8 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
     start = resume_step(cfg)
     hot = setup.hot
     info = {
+        "staged": setup.staged,
+        "memory": setup.memory.as_dict() if setup.memory is not None else None,  # plain data for the wire
         "cache_rows": setup.cache_rows,
         "lookahead": setup.size.lookahead,
         "trainers": layout.trainers,

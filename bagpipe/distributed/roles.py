@@ -96,6 +96,12 @@ class ServerConfig(Section):
     """torch threads."""
     rendezvous_timeout: float = 300.0
     """Seconds to wait for the job's other processes to start."""
+    memory_budget_mb: float | None = None
+    """MiB this server may use, page cache included (default: the limit of its memory
+    cgroup; 0: none): its disk store's I/O bounds are sized to it, and a shard that does
+    not fit stops the server before it serves, naming the smallest budget that works."""
+    request_rows: int = 1 << 16
+    """Rows one request of a trainer carries at most (the estimate's staging)."""
     secret_file: str | None = None
     """File holding the job's secret (default $BAGPIPE_JOB_SECRET or $BAGPIPE_JOB_SECRET_FILE)."""
 
@@ -115,6 +121,8 @@ class ServerConfig(Section):
             run_dir=cfg.run.out,
             threads=role_threads(cfg.run.threads, layout, rank),
             rendezvous_timeout=cfg.dist.rendezvous_timeout,
+            memory_budget_mb=cfg.memory.server_memory_budget_mb,
+            request_rows=max(1, cfg.data.batch_size * 32 // layout.servers),  # ~32 lookups a sample at most
             secret_file=cfg.dist.secret_file,
         )
 
@@ -349,6 +357,7 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
         receive_setup,
         restore_shard,
     )
+    from bagpipe.memory import Budget, server_fit
     from bagpipe.store import open_store
 
     role, shard = layout.role(rank)
@@ -363,6 +372,8 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
         directory = (
             Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store"
         ) / f"shard-{shard}-of-{layout.servers}"
+        budget = Budget.of(scfg.memory_budget_mb, option="--server-memory-budget-mb")
+        io, est = server_fit(budget, sinit.num_rows, init.dim, state_dim, scfg.store, scfg.request_rows)
         # the run's own store starts fresh, as in one process; a checkpoint overwrites every row
         store = open_store(
             scfg.store,
@@ -371,10 +382,13 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
             directory,
             owned=not scfg.store_dir,
             reuse=scfg.init_from_store or restore is not None,
+            io=io,
         )
         phases.mark("ready")
         log.info(
-            f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store"
+            f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), "
+            f"{scfg.store} store; memory estimate {est.mib:,.0f} MiB, budget "
+            + (f"{budget.mib:,.0f} MiB ({budget.source})" if budget.bytes is not None else budget.source)
         )
         if restore is not None:
             t0 = time.perf_counter()
@@ -385,7 +399,13 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
                 f"in {time.perf_counter() - t0:.1f} s"
             )
         try:
-            report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()
+            memory = {
+                "budget_mb": budget.mib,
+                "budget_source": budget.source,
+                "estimate_mb": round(est.mib, 1),
+                "estimate_parts_mb": est.as_dict()["parts_mb"],
+            }
+            report = EmbeddingServer(store, transport, layout.trainer_ranks, memory).serve()
         finally:
             store.close()
         log.info(

@@ -31,6 +31,7 @@ from bagpipe.checkpoint.writer import no_space
 from bagpipe.distributed.transport import CONTROL, PART, REPLY, REQUEST, Transport
 from bagpipe.errors import BagpipeError
 from bagpipe.faults import pause_at
+from bagpipe.memory.watch import RssSampler
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowInitializer
 
@@ -83,8 +84,10 @@ class EmbeddingServer:
         clients: ranks of the trainers.
     """
 
-    def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int]):
+    def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int], memory: dict | None = None):
         self.store = store
+        self.memory = dict(memory or {})  # its budget and estimate, reported with its measured peak
+        self._rss: RssSampler | None = None
         assert isinstance(store.init, ShardInit), "a server's store holds one shard of the rows"
         self.init: ShardInit = store.init  # which shard of how many
         self.t = transport
@@ -98,6 +101,7 @@ class EmbeddingServer:
         self.report = ServerReport()
 
     def serve(self) -> ServerReport:
+        self._rss = RssSampler()
         threads = [
             threading.Thread(target=self._client_loop, args=(c,), name=f"serve-{c}", daemon=True) for c in self.clients
         ]
@@ -107,6 +111,7 @@ class EmbeddingServer:
             th.join()
         if self._part_writer is not None:
             self._part_writer.join()
+        self._rss.stop()
         if self._failure is not None:
             client, exc = self._failure
             if isinstance(exc, BagpipeError):  # PeerLost names the trainer already
@@ -240,6 +245,7 @@ class EmbeddingServer:
                 "store": self.store.stats.as_dict(),
                 "requests": dict(self.report.requests),
                 "waited_s": self.report.waited_s,
+                "memory": self.memory | {"peak_anon_mb": self._rss.peak_anon_mb if self._rss else None},
             }
         raise BagpipeError(f"unknown request {op!r} from rank {client}")
 

@@ -119,7 +119,7 @@ class DataParallel:
         plans = RemotePlans(PlanReceiver(self.t, self.layout.oracle_rank))
         info = plans.receiver.info
         hot = HotSet(info["hot"]["rows"], init.num_rows, info["hot"]["report"]) if info.get("hot") else None
-        return RemoteBackend(
+        backend = RemoteBackend(
             store,
             int(info["cache_rows"]),
             plans,
@@ -127,8 +127,11 @@ class DataParallel:
             writes_cached=self.rank == 0,
             hot=hot,
             autotune=info.get("autotune"),
+            depth=info.get("staged"),
             device=self.device,
         )
+        backend.memory = info.get("memory")  # the oracle role sized the trainers' memory
+        return backend
 
     @staticmethod
     def _remote(backend: Backend) -> RemoteBackend:

@@ -81,7 +81,7 @@ SCHEMAS: dict[int, Spec] = {
         cut=struct_({"cut": INT_}),
         written=struct_({"rows": ROWS}),
         error=struct_({"error": STR_}),
-        stats=struct_({"store": DATA, "requests": DATA, "waited_s": FLOAT_}),
+        stats=struct_({"store": DATA, "requests": DATA, "waited_s": FLOAT_}, {"memory": DATA}),
     ),
     CONTROL: struct_(
         {"table_sizes": list_of(INT_), "dim": INT_, "seed": INT_, "state_dim": INT_, "restore": maybe(STR_)}
@@ -95,7 +95,8 @@ SCHEMAS: dict[int, Spec] = {
                 "trainers": INT_,
                 "autotune": DATA,
                 "hot": maybe(struct_({"rows": ROWS, "report": DATA})),
-            }
+            },
+            {"staged": maybe(INT_), "memory": DATA},  # the trainers' memory, sized by the oracle role
         ),
         end=struct_({"end": BOOL_, "report": record(OracleReport)}),
     ),

@@ -20,7 +20,7 @@ import numpy as np
 
 from bagpipe.store.init import RowValues
 
-EXPORT_CHUNK_ROWS = 1 << 20
+EXPORT_CHUNK_ROWS = 1 << 16  # rows per chunk of a full read (export, digests): bounds its memory
 
 
 def bitmap_rows(bits: np.ndarray, num_rows: int, at: np.ndarray | None = None) -> np.ndarray:
@@ -61,6 +61,8 @@ class EmbeddingStore(ABC):
 
     #: Whether writes are remembered for incremental checkpoints (:meth:`take_dirty`).
     tracks_writes = True
+    #: Rows per chunk of :meth:`chunks` (a disk store's is sized by its memory budget).
+    chunk_rows = EXPORT_CHUNK_ROWS
 
     def __init__(self, init: RowValues, state_dim: int):
         self.init = init
@@ -152,8 +154,10 @@ class EmbeddingStore(ABC):
         """Rows [start, stop) for digests and export; does not count as training reads."""
         return self._read(np.arange(start, stop, dtype=np.int64))
 
-    def chunks(self, chunk_rows: int = EXPORT_CHUNK_ROWS) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Every row in order, as (start, weights, state) chunks (export, digests, checkpoints)."""
+    def chunks(self, chunk_rows: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Every row in order, as (start, weights, state) chunks of ``chunk_rows`` rows
+        (default the store's :attr:`chunk_rows`; export, digests, checkpoints)."""
+        chunk_rows = chunk_rows or self.chunk_rows
         for a in range(0, self.num_rows, chunk_rows):
             b = min(a + chunk_rows, self.num_rows)
             w, s = self.read_range(a, b)

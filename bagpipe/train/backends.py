@@ -37,6 +37,7 @@ from bagpipe.checkpoint import CheckpointReader, Snapshot, restore_rows, take_sn
 from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
+from bagpipe.memory import Fit
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
 from bagpipe.store.init import RowInitializer
@@ -81,6 +82,7 @@ class FullBackend:
         self.state = torch.zeros(init.num_rows, state_dim, device=dev)
         self._dirty = np.zeros(init.num_rows, dtype=bool)  # rows updated since the last checkpoint's cut
         self._written = np.zeros(init.num_rows, dtype=bool)  # rows updated (or restored) since initialisation
+        self.memory: Fit | None = None  # the memory budget's check of the run, for the summary
 
     # a restore's target (RowTarget) and a cut's source (RowSource)
     def load(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
@@ -176,7 +178,11 @@ class CachedBackend:
         hot: the hot rows (slots C..C+H-1, read from the store when training starts), if any;
             the source's plans must then come through a ``HotSplit`` of C slots.
         autotune: the auto-tuner's choice of C and L, for the summary (None when not used).
+        depth: plans the executor fetches ahead (its ``depth``); None: L + 1.
         device: where the cache lives (default: host memory).
+
+    ``memory`` is the memory budget's fit of the run (:class:`bagpipe.memory.Fit`), set by
+    the topology that sized it, for the summary.
     """
 
     def __init__(
@@ -189,9 +195,12 @@ class CachedBackend:
         writes_cached: bool = True,
         hot: HotSet | None = None,
         autotune: dict | None = None,
+        depth: int | None = None,
         device: Device | None = None,
     ):
         self.store = store
+        self.depth = depth
+        self.memory: Fit | None = None
         self.source = source
         self.executor_class = executor
         self.cold_rows = cache_rows
@@ -246,7 +255,7 @@ class CachedBackend:
             self.store,
             self.cache,
             self.source.plans(stream, start, stop),
-            depth=(self.lookahead or 1) + 1,
+            depth=self.depth if self.depth is not None else (self.lookahead or 1) + 1,
             start_step=start,
             before_evict=before_evict,
             transfers=self.transfers,

@@ -24,13 +24,13 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.device import on_host, open_device
 from bagpipe.faults import pause_at
+from bagpipe.memory.watch import MemoryWatch, RssSampler
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.evaluate import eval_line, evaluate
 from bagpipe.train.guards import StepGuard
-from bagpipe.train.metrics import RssSampler
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import Backend, StepFn, Topology
 from bagpipe.train.resume import (
@@ -43,7 +43,15 @@ from bagpipe.train.rundir import RunDir, dense_copy, digest_of
 from bagpipe.train.space import check_checkpoint_space
 from bagpipe.train.step import STEPS
 from bagpipe.train.step.slipstream import StaleSkip, stale_skip_for
-from bagpipe.train.summary import LOSS_WINDOW, Approximation, CheckpointStats, EndOfRun, StepMeter, Summary
+from bagpipe.train.summary import (
+    LOSS_WINDOW,
+    Approximation,
+    CheckpointStats,
+    EndOfRun,
+    MemoryReport,
+    StepMeter,
+    Summary,
+)
 from bagpipe.train.tensorboard import with_tensorboard
 from bagpipe.train.topology import SingleProcess
 
@@ -246,6 +254,7 @@ class _Run:
             quiet=not topo.reports,
         )
         rss = RssSampler()
+        watch = MemoryWatch()
         schedule, bases = self.schedule, self.bases
         run_step: StepFn = STEPS[spec.step]
         if skipper is not None:  # Slipstream: the stale inputs are left out of the step
@@ -274,6 +283,7 @@ class _Run:
                         f"(the train split holds {stream.batches_per_epoch} batches; each epoch reshuffles its blocks)"
                     )
                 if step % LOG_EVERY == 0 or step == rc.steps or step == start + 1:
+                    watch.mark(step)
                     recent = topo.mean(meter.losses[-LOG_EVERY:])  # every trainer takes part
                     sps = meter.samples_per_s()
                     progress.show(step, recent, sps)
@@ -338,6 +348,7 @@ class _Run:
                 checkpoints=CheckpointStats.of(self.writer.history, start),
                 approximation=_approximation(approx, skipper, rows.stats()),
                 end_of_run_s=end,
+                memory=MemoryReport.of(backend.memory, watch, watch.stop()),
             ).to_json()
             run.write_summary(summary, also=rc.summary_json)
             return summary
@@ -347,6 +358,7 @@ class _Run:
             raise
         finally:
             rss.stop()
+            watch.stop()
             progress.close()
             if metrics is not None:
                 metrics.close()

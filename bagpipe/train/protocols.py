@@ -145,6 +145,10 @@ class Backend(Protocol):
     :meth:`close` always.
     """
 
+    memory: Any
+    """The memory budget's fit of the run (:class:`bagpipe.memory.Fit`: the budget, the
+    sizes it chose, their estimate) for the summary, or None where nothing was sized."""
+
     def restore(self, reader: CheckpointReader) -> None:
         """Hold the checkpoint's rows (before training starts): the rows it holds are
         loaded, every other row is (again) its initial value. Costs the rows it holds."""

@@ -230,7 +230,8 @@ class DistributedStats:
     oracle_waiting_for_credit_s: float
     """The oracle role's time waiting for a trainer to take a plan (back-pressure)."""
     servers_report: list
-    """Each server's request counts and the time its reads were held for other trainers' write-backs."""
+    """Each server's request counts, the time its reads were held for other trainers'
+    write-backs, and its memory: budget, estimate and measured peak anonymous MiB."""
     bytes_sent_by_trainer0: int
     """Bytes trainer 0 sent through the transport (requests, write-backs, marks, credits)."""
     bytes_received_by_trainer0: int
@@ -238,6 +239,54 @@ class DistributedStats:
     trainer_backend: str = "gloo"
     """The collectives' backend among the trainers (DDP, embedding all-reduce): nccl when
     every trainer has a GPU of its own, gloo otherwise; none with one trainer."""
+
+
+@dataclass
+class MemoryReport:
+    """The run's memory: its budget, the estimate it was sized by, and what it used
+    (the summary's ``memory``; docs/beyond-memory.md#memory-budgets)."""
+
+    budget_mb: float | None
+    """The budget: --memory-budget-mb, else the memory cgroup's limit; None: no budget."""
+    budget_source: str
+    """Where the budget came from."""
+    estimate_mb: float
+    """The estimate of the process's peak that the run was sized by (what `bagpipe plan` prints), MiB."""
+    estimate_parts_mb: dict
+    """The estimate, part by part, MiB."""
+    sizes: dict
+    """What the budget chose: cache_rows, hot_rows, lookahead, staged_plans, and the disk
+    store's io_threads, hint_mb (pages in flight), dirty_mb, page_cache_mb, chunk_rows."""
+    changes: list
+    """What the budget changed from the run's defaults, one line each."""
+    peak_anon_mb: float
+    """Measured: the process's peak anonymous memory over the whole run -- training,
+    evaluation, digest (sampled every 50 ms) -- MiB."""
+    by_step: list
+    """Measured every 10 steps (at most 128 points, evenly thinned): [step, the process's
+    anonymous MiB, its memory cgroup's usage, page cache, dirty and writeback MiB (None
+    without a cgroup)]."""
+    group_max_mb: dict
+    """Measured: the largest usage, anon, file, dirty, writeback and mapped MiB of the
+    process's memory cgroup over those samples (empty without a cgroup)."""
+
+    @classmethod
+    def of(cls, fit, watch, peak_anon_mb: float) -> MemoryReport:
+        """From a :class:`bagpipe.memory.Fit` or its ``as_dict()`` (a remote trainer's, from the
+        oracle role; None: no memory plan) and a :class:`bagpipe.memory.watch.MemoryWatch`."""
+        d = fit if isinstance(fit, dict) else (fit.as_dict() if fit is not None else {})
+        est = d.get("estimate", {})
+        return cls(
+            budget_mb=d.get("budget_mb"),
+            budget_source=d.get("budget_source", "not sized"),
+            estimate_mb=est.get("total_mb", 0.0),
+            estimate_parts_mb=est.get("parts_mb", {}),
+            sizes=d.get("sizes", {}),
+            changes=d.get("changes", []),
+            peak_anon_mb=peak_anon_mb,
+            by_step=watch.points,
+            group_max_mb=watch.maxima,
+        )
 
 
 @dataclass
@@ -419,6 +468,8 @@ class Summary:
     """A data-parallel job's figures; None on one process."""
     checkpoints: CheckpointStats | None
     """Checkpoints written by this run."""
+    memory: MemoryReport | None
+    """The memory budget, the estimate the run was sized by, and what it used."""
     end_of_run_s: EndOfRun | None = None
     """The work after the last step, by part (seconds)."""
 
@@ -445,6 +496,7 @@ class Summary:
         checkpoints: CheckpointStats | None = None,
         approximation: Approximation | None = None,
         end_of_run_s: EndOfRun | None = None,
+        memory: MemoryReport | None = None,
     ) -> Summary:
         """The summary of a run: ``timing`` from :meth:`StepMeter.result`, ``evaluation`` from
         :func:`bagpipe.train.evaluate.evaluate`; the process's memory is read now."""
@@ -482,6 +534,7 @@ class Summary:
             distributed=distributed,
             checkpoints=checkpoints,
             end_of_run_s=end_of_run_s,
+            memory=memory,
         )
 
     def to_json(self) -> dict:

@@ -22,6 +22,8 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
 from bagpipe.faults import pause_at
+from bagpipe.memory import memory_plan
+from bagpipe.memory.budget import full_tables_fit
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
@@ -53,8 +55,11 @@ class SingleProcess:
         ckpt: Checkpoint | None,
     ) -> Backend:
         c, spec = cfg.cache, cfg.cache.spec
+        memory = memory_plan(cfg, dataset, stream)
         if not spec.store:
-            return FullBackend(init, state_dim, self.device)
+            full = FullBackend(init, state_dim, self.device)
+            full.memory = full_tables_fit(memory.budget, memory.shape)
+            return full
         setup = set_up_cache(
             spec,
             c,
@@ -65,6 +70,7 @@ class SingleProcess:
             dim=init.dim,
             state_dim=state_dim,
             seed=cfg.run.seed,
+            memory=memory,
         )
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
         # a resumed run overwrites every row with its checkpoint's: its own old store may stay
@@ -75,16 +81,20 @@ class SingleProcess:
             store_dir,
             owned=not c.store_dir,
             reuse=c.init_from_store or ckpt is not None,
+            io=setup.memory.sizes.io if setup.memory is not None else None,
         )
-        return CachedBackend(
+        backend = CachedBackend(
             store,
             setup.cache_rows,
             LocalPlans(setup),
             EXECUTORS[spec.executor],
             hot=setup.hot,
             autotune=setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
+            depth=setup.staged,
             device=self.device,
         )
+        backend.memory = setup.memory
+        return backend
 
     def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
         backend.restore(ckpt.reader())
