@@ -5,8 +5,9 @@ Every topology (one process, a data-parallel trainer) and the TorchRec peer of
 :class:`Summary`, so ``summary.json`` has one schema and one meaning everywhere. The
 schema is the dataclasses below -- :class:`Summary` and the sections it nests
 (:class:`StepTimes`, :class:`IoPerStep`, :class:`CacheStats`, :class:`DistributedStats`,
-:class:`CheckpointStats`, :class:`EndOfRun`, :class:`Approximation`) -- with a docstring per field;
-``docs/runs.md`` points here. Two rules hold for every figure:
+:class:`CheckpointStats`, :class:`EndOfRun`, :class:`Approximation`, :class:`MemoryReport`) -- with a
+docstring per field; ``docs/runs.md`` points here. This module is long because the schema is one
+place: every section with its field docs, which a test keeps in step with the docs. Two rules hold for every figure:
 
 * ``samples_per_s`` and ``time_per_step_ms`` cover the *measured* steps: the steps of
   this run after the first ``warmup_steps`` (all of them when there is no warm-up);
