@@ -402,8 +402,10 @@ def test_a_missing_vocabulary_the_export_lists_is_blamed_on_the_export(tmp_path)
 
 # =========================================================================== hangs and misleading messages
 
-def test_a_port_held_by_a_stranger_is_given_up_on_within_the_time_out(run_cli):
+def test_a_port_held_by_a_stranger_is_given_up_on_within_the_time_out(run_cli, monkeypatch):
     from bagpipe.distributed.roles import RENDEZVOUS_GRACE_S
+
+    monkeypatch.setenv("BAGPIPE_JOB_SECRET", "a secret for this test job only")  # a role needs the job's secret
 
     with socket.socket() as s:  # accepts connections and never answers: not a bagpipe job
         s.bind(("127.0.0.1", 0))
@@ -417,7 +419,8 @@ def test_a_port_held_by_a_stranger_is_given_up_on_within_the_time_out(run_cli):
     assert took < 1 + RENDEZVOUS_GRACE_S + 5  # the time-out, the grace, a probe of the port
 
 
-def test_an_unresolvable_master_host_is_named(run_cli):
+def test_an_unresolvable_master_host_is_named(run_cli, monkeypatch):
+    monkeypatch.setenv("BAGPIPE_JOB_SECRET", "a secret for this test job only")
     one_line(*run_cli("serve", "--rank", "1", "--trainers", "1", "--servers", "1", "--master-addr", "no-such-host.invalid",
                       "--rendezvous-timeout", 2)[::2], "cannot resolve the master host 'no-such-host.invalid'")
 

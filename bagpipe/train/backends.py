@@ -48,10 +48,12 @@ HOT_LOAD_ROWS = 1 << 16  # hot rows read from the store at a time when training 
 TOUCHED_CHUNK = 1 << 18  # rows read at a time for the digest
 
 
-def touched_rows(rows: np.ndarray, peek) -> IdRows:
-    """(rows, weights, state) chunks of ascending ``rows``, values from ``peek``."""
-    for a in range(0, len(rows), TOUCHED_CHUNK):
-        ids = rows[a : a + TOUCHED_CHUNK]
+def touched_rows(rows: np.ndarray, peek, chunk_rows: int = TOUCHED_CHUNK) -> IdRows:
+    """(rows, weights, state) chunks of at most ``chunk_rows`` of ascending ``rows``, values
+    from ``peek`` (a store's chunks follow its memory budget: the digest's copies are the
+    largest thing the end of a run allocates)."""
+    for a in range(0, len(rows), chunk_rows):
+        ids = rows[a : a + chunk_rows]
         w, s = peek(ids)
         yield ids, w, s
 
@@ -237,7 +239,7 @@ class CachedBackend:
     def touched(self) -> IdRows:
         """Every row the store holds a written value of (after :meth:`finish`: every row
         trained), for the digest; the rows never written are not read."""
-        return touched_rows(self.store.written_rows(), self.store.peek)
+        return touched_rows(self.store.written_rows(), self.store.peek, self.store.chunk_rows)
 
     def steps(
         self, stream: BatchStream, start: int, stop: int, before_evict: Callable[[Plan], None] | None = None
