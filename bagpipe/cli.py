@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preprocess": ("bagpipe.commands.preprocess", "convert raw Criteo / Avazu / Taobao logs to shards"),
     "profile": ("bagpipe.commands.profile", "find a dataset's hot rows for a memory budget (FAE's profiler)"),
     "train": ("bagpipe.commands.train", "train a model (reference, cached or lookahead mode)"),
+    "plan": ("bagpipe.commands.plan", "what a training run would need in memory, part by part, and whether it fits"),
     "eval": ("bagpipe.commands.eval", "evaluate a finished run on a dataset"),
     "check": ("bagpipe.commands.check", "check every file of a dataset against its meta.json"),
     "plot": ("bagpipe.commands.plot", "draw loss and AUC curves of runs to a PNG"),

@@ -1,11 +1,13 @@
 """A fault-injection seam for the recovery tests: a pause at a named point.
 
 ``BAGPIPE_TEST_PAUSE=POINT:STEP:FLAGFILE`` makes the first process that reaches
-``POINT`` (``checkpoint``: a checkpoint's rows are being written; ``commit``: every
-part is written, nothing committed) at ``STEP`` create FLAGFILE (holding its pid) and
-sleep, so that a test can SIGKILL it at exactly that moment; once FLAGFILE exists the
-pause is spent (a restarted job passes). Unset, as in every real run, it costs one
-dictionary lookup.
+``POINT`` at ``STEP`` create FLAGFILE (holding its pid) and wait, so that a test can
+SIGKILL it at exactly that moment, or change the world (fill the disk) and let it go on
+by creating ``FLAGFILE.go``; once FLAGFILE exists the pause is spent (a restarted job
+passes). The points: ``cut`` (the training thread, before a checkpoint's cut),
+``checkpoint`` (a checkpoint's rows are being written, in the background: training goes
+on), ``commit`` (every part is written, nothing committed). Unset, as in every real
+run, it costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -32,4 +34,7 @@ def pause_at(point: str, step: int) -> None:
         ) from None
     if want == point and at == int(step) and not Path(flag).exists():
         Path(flag).write_text(str(os.getpid()))
-        time.sleep(600)  # the test kills us here
+        go = Path(flag + ".go")
+        deadline = time.monotonic() + 600  # the test kills us, or lets us go on
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)

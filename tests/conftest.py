@@ -5,6 +5,9 @@
   :func:`bagpipe.data.synthetic.generate`. Tests must treat it as read-only.
 * ``run_cli``: runs ``bagpipe ARGS...`` in-process and returns ``(exit code, stdout,
   stderr)``; an ``argparse`` exit (``--help``, a bad choice) is turned into its code.
+* ``small_disk``: ``small_disk(path, size)`` mounts a tmpfs of ``size`` ("256k") at
+  ``path`` -- a real filesystem that fills up -- unmounted after the test; the test is
+  skipped where none can be mounted (it needs root). ``small_disk.fill(path)`` fills it.
 
 torch's thread count is left at its default here; modules whose models are tiny may
 lower it for themselves (and restore it afterwards).
@@ -45,6 +48,38 @@ def run_cli(capsys):
 
     return run
 
+
+
+@pytest.fixture
+def small_disk():
+    import errno
+    import os
+    import subprocess
+
+    made = []
+
+    def mount(where, size: str):
+        where.mkdir(parents=True, exist_ok=True)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True).returncode:
+            pytest.skip("cannot mount a small tmpfs here (needs root)")
+        made.append(where)
+        return where
+
+    def fill(where) -> None:
+        """Fill the filesystem of ``where`` with a file (another program's)."""
+        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"x" * 512)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+
+    mount.fill = fill
+    yield mount
+    for where in made:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @pytest.fixture(scope="module")

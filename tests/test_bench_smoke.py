@@ -103,15 +103,18 @@ def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quick_recovery_scenario(tmp_path, capsys):
-    """The recovery scenario at its --quick size on one topology: checkpoint cost and a
-    killed server's recovery are measured and reported (the mechanics themselves are
-    test_recovery.py's)."""
+    """The recovery scenario at its --quick size on one topology: checkpoint cost, every
+    checkpoint's rows and bytes, and a killed server's recovery with its phases are
+    measured and reported (the mechanics themselves are test_recovery.py's)."""
     out = tmp_path / "recovery"
     rc = main(["bench", "recovery", "--quick", "--out", str(out), "--topologies", "1x2", "--intervals", "30"])
     assert rc == 0, capsys.readouterr().out[-2000:]
     payload = json.loads((out / "results.json").read_text())
     assert set(payload["results"]) == {"1x2/0", "1x2/30"}
-    assert payload["results"]["1x2/30"]["checkpoints"] >= 2 and payload["results"]["1x2/30"]["full_checkpoint_mib"] > 0
-    rec = payload["recovery"]["1x2"]
-    assert rec["kill_to_training_s"] > 0 and rec["from_checkpoint"] == 30 and rec["steps_replayed"] >= 5
+    res = payload["results"]["1x2/30"]
+    assert res["checkpoints"] >= 2 and res["full_checkpoint_mib"] > 0
+    assert all(h["bytes"] > 0 and h["rows"] > 0 for h in res["history"])
+    (rec,) = payload["recovery"]["1x2"]
+    assert rec["role"] == "server 1" and rec["kill_to_training_s"] > 0 and rec["from_checkpoint"] == 30
+    assert rec["steps_replayed"] >= 5 and rec["phases_s"]["total"] > 0
     assert (out / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

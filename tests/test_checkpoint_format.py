@@ -1,14 +1,25 @@
 """The checkpoint format (``bagpipe/checkpoint/``), checked on hand-made stores.
 
 * A full checkpoint written by S shards reads back, bit for bit, as every row in
-  order, and as the rows of any shard of any other S' (re-partitioning).
+  order, and as the rows of any shard of any other S' (re-partitioning); it holds only
+  the rows written since initialisation (its bytes are those rows'), the others read as
+  their initial value.
 * Delta checkpoints hold exactly the rows written since the previous checkpoint; a
   chain of deltas on a full base reads back as the latest values; every
-  ``compact_every``-th checkpoint is full again.
+  ``compact_every``-th checkpoint is full again, merged from the chain (the rows of the
+  chain plus those written since, nothing else).
 * A checkpoint counts only once committed: a staged folder without its manifest is
   never the latest, a later commit removes it, and pruning keeps the newest
   checkpoints and every checkpoint their chains rest on.
+* A restore loads the checkpoint's rows and returns every other row the target wrote to
+  its initial value (memory and disk stores, the full tables).
+* Version 2 checkpoints (every row in a full part) still read, also under a version-3
+  delta; another version is refused in one line.
 * A broken chain or a missing part is a one-line CheckpointError.
+* A part that does not fit its disk fails with ENOSPC before writing anything (a real
+  full filesystem: a small tmpfs; skipped where none can be mounted); the writer then
+  discards it, says so in one line, keeps the previous checkpoint as the latest, and
+  makes the next one full.
 """
 
 from __future__ import annotations
@@ -16,9 +27,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bagpipe.checkpoint import CheckpointFolder, CheckpointReader, Manifest, write_part
+from bagpipe.checkpoint import (
+    CheckpointFolder,
+    CheckpointReader,
+    CheckpointWriter,
+    InitialRows,
+    Manifest,
+    RowSpace,
+    restore_rows,
+    take_snapshot,
+    write_part,
+)
 from bagpipe.distributed.server import ShardInit
 from bagpipe.errors import CheckpointError
+from bagpipe.store.disk import DiskStore
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
 
@@ -26,10 +48,13 @@ pytestmark = pytest.mark.unit
 
 SIZES = [37, 11, 52]  # 100 rows
 D, S_STATE = 4, 1
+SEED = 3
+SPACE = RowSpace(sum(SIZES), D, S_STATE, InitialRows(SEED, SIZES))
+ROW_BYTES = 8 + 4 * (D + S_STATE)  # a stored row: its id and its values
 
 
 def stores(shards: int) -> list[MemoryStore]:
-    init = RowInitializer(SIZES, D, seed=3)
+    init = RowInitializer(SIZES, D, seed=SEED)
     return [MemoryStore(ShardInit(init, k, shards) if shards > 1 else init, S_STATE) for k in range(shards)]
 
 
@@ -54,13 +79,15 @@ def truth(shard_stores) -> tuple[np.ndarray, np.ndarray]:
 
 
 def checkpoint(folder: CheckpointFolder, shard_stores, step: int, compact_every: int = 3) -> Manifest:
-    staging = folder.begin(step)
-    kind, base, chain = folder.next_kind(compact_every)
-    parts = [write_part(staging, st, k, len(shard_stores), kind) for k, st in enumerate(shard_stores)]
-    folder.write_dense(staging, {"step": step})
-    m = Manifest(step=step, num_rows=sum(SIZES), dim=D, state_dim=S_STATE, kind=kind, base=base, parts=parts, chain=chain)
-    folder.commit(staging, m)
-    return m
+    """What a run does, every shard's part written by its own store (in the caller's thread)."""
+    writer = CheckpointWriter(folder, compact_every, SPACE, background=False)
+    target = writer.begin(step)
+    snaps = [take_snapshot(st, target.everything) for st in shard_stores]
+    S = len(shard_stores)
+    writer.submit(
+        target, {"step": step}, lambda: [write_part(target.staging, sn, k, S, target.kind, target.base_reader()) for k, sn in enumerate(snaps)], 0.0
+    )
+    return Manifest.load(folder.root / f"step-{step:08d}")
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3])
@@ -68,7 +95,8 @@ def test_full_checkpoint_reads_back_in_any_layout(tmp_path, shards):
     st = stores(shards)
     write_rows(st, np.array([0, 5, 36, 37, 99, 64]), 1.0)
     folder = CheckpointFolder(tmp_path)
-    checkpoint(folder, st, 10)
+    m = checkpoint(folder, st, 10)
+    assert m.rows == 6 and m.bytes == 6 * ROW_BYTES + 2 * 128 * shards  # the rows written, not the 100 of the tables
     r = folder.latest().reader()
     w, s = r.arrays()
     tw, ts = truth(st)
@@ -84,12 +112,17 @@ def test_deltas_hold_the_rows_written_since_and_compaction_starts_a_new_chain(tm
     st = stores(2)
     folder = CheckpointFolder(tmp_path)
     kinds = []
+    written: set[int] = set()
     for step, rows in ((10, [1, 2, 3]), (20, [3, 40]), (30, [99]), (40, [0]), (50, [])):
         write_rows(st, np.array(rows, dtype=np.int64), float(step))
+        written |= set(rows)
         m = checkpoint(folder, st, step, compact_every=3)
         kinds.append(m.kind)
         if m.kind == "delta":
-            assert sum(p.rows for p in m.parts) == len(rows)  # only what changed
+            assert m.rows == len(rows)  # only what changed
+        else:  # every row written since initialisation (step 40: merged from the chain), nothing else
+            assert m.rows == len(written) and m.base is None
+        assert m.bytes == m.rows * ROW_BYTES + 2 * 128 * len(m.parts)  # the rows, and two .npy headers a part
         w, s = folder.latest().reader().arrays()
         tw, ts = truth(st)
         assert np.array_equal(w, tw) and np.array_equal(s, ts), step
@@ -116,7 +149,7 @@ def test_an_uncommitted_checkpoint_never_counts(tmp_path):
     folder = CheckpointFolder(tmp_path)
     checkpoint(folder, st, 10)
     staging = folder.begin(20)  # a writer dies here: parts written, no manifest
-    write_part(staging, st[0], 0, 1, "full")
+    write_part(staging, take_snapshot(st[0], True), 0, 1, "full")
     assert folder.latest().step == 10
     checkpoint(folder, st, 30)
     assert not staging.exists() and folder.latest().step == 30
@@ -128,11 +161,108 @@ def test_a_broken_chain_or_a_missing_part_is_one_line(tmp_path):
     checkpoint(folder, st, 10, compact_every=5)
     write_rows(st, np.array([7]), 2.0)
     checkpoint(folder, st, 20, compact_every=5)
-    (tmp_path / "checkpoints" / "step-00000010" / "rows-1-of-2.npy").unlink()
-    with pytest.raises(CheckpointError, match=r"rows-1-of-2.npy: missing"):
+    (tmp_path / "checkpoints" / "step-00000010" / "full-1-of-2.npy").unlink()
+    with pytest.raises(CheckpointError, match=r"full-1-of-2.npy: missing"):
         CheckpointReader(tmp_path / "checkpoints" / "step-00000020")
     import shutil
 
     shutil.rmtree(tmp_path / "checkpoints" / "step-00000010")
     with pytest.raises(CheckpointError, match=r"base checkpoint step-00000010 is missing"):
         CheckpointReader(tmp_path / "checkpoints" / "step-00000020")
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk", "full"])
+def test_a_restore_loads_the_checkpoint_and_returns_later_rows_to_their_initial_value(tmp_path, kind):
+    from bagpipe.train.backends import FullBackend
+
+    st = stores(1)
+    write_rows(st, np.array([3, 50, 77]), 1.0)
+    folder = CheckpointFolder(tmp_path / "run")
+    checkpoint(folder, st, 10)
+    init = RowInitializer(SIZES, D, seed=SEED)
+    if kind == "memory":
+        target = MemoryStore(init, S_STATE)
+    elif kind == "disk":
+        target = DiskStore(init, S_STATE, tmp_path / "store")
+    else:
+        target = FullBackend(init, S_STATE)
+    # the target trained on after the checkpoint: rows 50 (also in it) and 90 (not)
+    target.load(np.array([50, 90]), np.full((2, D), 9.0, np.float32), np.full((2, 1), 9.0, np.float32))
+    assert restore_rows(target, folder.latest().reader()) == 3
+    tw, ts = truth(st)
+    w, s = target.peek(np.arange(sum(SIZES)))
+    assert np.array_equal(w, tw) and np.array_equal(s, ts)  # row 90 is its initial value again
+    assert target.written_rows().tolist() == [3, 50, 77]
+
+
+def _v2_checkpoint(root, step: int, w: np.ndarray, s: np.ndarray) -> None:
+    """A version-2 full checkpoint as an older bagpipe wrote it: every row in rows-0-of-1.npy."""
+    import json
+
+    import torch
+
+    folder = root / "checkpoints" / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    np.save(folder / "rows-0-of-1.npy", np.concatenate([w, s], axis=1))
+    torch.save({"step": step}, folder / "dense.pt")
+    part = {"shard": 0, "shards": 1, "kind": "full", "rows": len(w), "bytes": 0}
+    manifest = {"format": "bagpipe.checkpoint", "version": 2, "step": step, "num_rows": len(w), "dim": D,
+                "state_dim": S_STATE, "kind": "full", "base": None, "parts": [part], "chain": 0}
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    (root / "checkpoints" / "LATEST").write_text(folder.name + "\n")
+
+
+def test_a_version_2_checkpoint_still_reads_also_under_a_version_3_delta(tmp_path):
+    st = stores(1)
+    write_rows(st, np.array([4, 60]), 1.0)
+    _v2_checkpoint(tmp_path, 10, *truth(st))
+    folder = CheckpointFolder(tmp_path)
+    r = folder.latest().reader()
+    assert np.array_equal(r.arrays()[0], truth(st)[0]) and r.manifest.version == 2
+    st[0].take_dirty()  # what the restored run would have: nothing written since the restore
+    write_rows(st, np.array([60, 61]), 2.0)
+    m = checkpoint(folder, st, 20, compact_every=5)  # a resumed old run: a version-3 delta on it
+    assert m.kind == "delta" and m.base == "step-00000010" and m.rows == 2
+    w, s = folder.latest().reader().arrays()
+    assert np.array_equal(w, truth(st)[0]) and np.array_equal(s, truth(st)[1])
+
+
+@pytest.mark.parametrize("version", [1, 4])
+def test_another_format_version_is_refused_in_one_line(tmp_path, version):
+    import json
+
+    st = stores(1)
+    folder = CheckpointFolder(tmp_path)
+    checkpoint(folder, st, 10)
+    path = tmp_path / "checkpoints" / "step-00000010" / "MANIFEST.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"version": version}))
+    with pytest.raises(CheckpointError, match=rf"^{path}: not a bagpipe checkpoint of format version 2 or 3 \(it says 'bagpipe.checkpoint' version {version}\)$"):
+        folder.latest()
+
+
+def test_a_checkpoint_that_does_not_fit_is_discarded_in_one_line_and_the_next_is_full(small_disk, tmp_path, caplog):
+    st = stores(1)
+    disk = small_disk(tmp_path / "small", "256k")
+    folder = CheckpointFolder(disk)
+    write_rows(st, np.array([1, 2]), 1.0)
+    checkpoint(folder, st, 10)
+    small_disk.fill(disk)  # the disk fills up (another program's file)
+    filler = disk / "filler"
+    write_rows(st, np.array([5]), 2.0)
+    with caplog.at_level("WARNING", logger="bagpipe"):
+        checkpoint_tried = CheckpointWriter(folder, 3, SPACE, background=False)
+        target = checkpoint_tried.begin(20)
+        snap = take_snapshot(st[0], target.everything)
+        checkpoint_tried.submit(target, {"step": 20}, lambda: [write_part(target.staging, snap, 0, 1, target.kind)], 0.0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("checkpoint of step 20 not written: no space left on the disk of ")
+    assert lines[0].endswith("its partial files are removed and step-00000010 stays the latest checkpoint")
+    assert folder.latest().step == 10 and not target.staging.exists()
+    assert checkpoint_tried.history[-1].failed is not None
+    filler.unlink()  # space again: the next checkpoint holds every row written (row 5 is in no checkpoint yet)
+    nxt = checkpoint_tried.begin(30)
+    assert (nxt.kind, nxt.base) == ("full", None)
+    snap = take_snapshot(st[0], nxt.everything)
+    checkpoint_tried.submit(nxt, {"step": 30}, lambda: [write_part(nxt.staging, snap, 0, 1, nxt.kind)], 0.0)
+    w, s = folder.latest().reader().arrays()
+    assert folder.latest().step == 30 and np.array_equal(w, truth(st)[0]) and np.array_equal(s, truth(st)[1])

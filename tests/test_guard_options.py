@@ -58,6 +58,7 @@ def reached(*args, **kwargs):
 
 WORK = {
     "train": [("bagpipe.train.loop", "train"), ("bagpipe.distributed.launch", "launch")],
+    "plan": [("bagpipe.memory", "memory_plan")],
     "worker": [("bagpipe.distributed.roles", "run_role")],
     "serve": [("bagpipe.distributed.roles", "serve")],
     "eval": [("bagpipe.train.evaluate", "evaluate")],
@@ -99,6 +100,7 @@ def baselines(w: dict, out: Path) -> dict[tuple[str, ...], list[str]]:
         ("synth",): ["--profile", "tiny", "--samples", "1000", "--out", o, "--no-progress"],
         ("profile",): ["--data", d, "--hot-budget-mb", "0.01", "--no-progress"],
         ("train",): train,
+        ("plan",): ["--data", d, "--batch-size", "64"],
         ("eval",): ["--run", w["run"], "--data", d],
         ("check",): [d, "--no-progress"],
         ("plot",): [w["run"], "--out", str(out / "c.png")],

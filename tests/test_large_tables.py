@@ -102,6 +102,18 @@ def test_dcn_mlperf_recipe():
     assert out.shape == (4,) and torch.isfinite(out).all()
 
 
+def test_dcn_mlperf_recipe_brings_mlperfs_optimizer_unless_given():
+    from bagpipe.config.train import TrainConfig, load_config
+
+    base = dict(data="d", out="o", model="dcn", recipe="dcn-mlperf")
+    cfg = TrainConfig.of(**base)
+    assert (cfg.optim.optimizer, cfg.optim.lr) == ("adagrad", 0.005)
+    assert load_config(None, base).optim.lr == 0.005  # the command line's path
+    assert TrainConfig.of(**base, lr=0.01).optim.lr == 0.01
+    assert TrainConfig.of(**base, optimizer="sgd").optim.lr == 0.05  # another optimizer: the default rate
+    assert TrainConfig.of(data="d", out="o").optim.lr == 0.05  # other recipes: unchanged
+
+
 def test_dcn_mlperf_recipe_is_dcn_only():
     from bagpipe.models import recipe
 
@@ -123,14 +135,15 @@ def test_memory_limit_holds():
     assert report["oom_kills"] >= 1 and 0 < report["peak_mb"] <= 64
 
 
-def test_hinted_reads_across_rounds(tmp_path, monkeypatch):
+def test_hinted_reads_across_rounds(tmp_path):
     import bagpipe.store.disk as disk
+    from bagpipe.store.diskio import PAGE, DiskIO
     from bagpipe.store.init import RowInitializer
 
-    monkeypatch.setattr(disk, "_HINT_ROWS", 100)  # several hint rounds per read and write
     init = RowInitializer([3000, 7000], 8, seed=1)
     rng = np.random.default_rng(0)
-    with disk.DiskStore(init, 1, tmp_path / "s", threads=3) as store:
+    io = DiskIO(threads=3, hint_bytes=100 * PAGE)  # several hint rounds (of 100 rows) per read and write
+    with disk.DiskStore(init, 1, tmp_path / "s", io=io) as store:
         rows = rng.choice(10_000, 900, replace=False)
         w = rng.standard_normal((900, 8)).astype(np.float32)
         st = rng.standard_normal((900, 1)).astype(np.float32)

@@ -4,13 +4,20 @@
   that checkpoints ends with the digest of one that does not (the uninterrupted run).
 * The launcher with ``--max-restarts``: SIGKILL a trainer, a server or the oracle at a
   step the test picks at random (the seed is printed), or a server while it writes its
-  checkpoint part; the launcher names the role and the step, restarts every role from
-  the latest complete checkpoint, and the run ends with the uninterrupted digest --
-  for one trainer that is ``--mode full``'s, bit for bit. No process is left behind.
+  checkpoint part in the background (training has gone on meanwhile); the launcher
+  names the role and the step, restarts every role from the latest complete
+  checkpoint, records where the seconds of the restart went (``recovery.json``'s
+  phases), and the run ends with the uninterrupted digest -- for one trainer that is
+  ``--mode full``'s, bit for bit. No process is left behind.
 * ``torchrun --max-restarts`` does the same without our launcher: restarted roles
   find the latest checkpoint on their own.
-* One process: ``kill -9`` at a random moment, or while a checkpoint is half written,
-  then ``--resume``, ends bitwise equal to ``--mode full`` (disk store).
+* One process: ``kill -9`` at a random moment, or while a checkpoint is half written in
+  the background and training has gone on past it, then ``--resume``, ends bitwise
+  equal to ``--mode full`` (disk store).
+* Checkpoints hold only the rows trained: a one-process checkpoint holds exactly the
+  rows its steps touched (the union of their batches' rows), and restoring it -- rows
+  never written re-derived from the seed -- on embedding servers ends with ``--mode
+  full``'s digest.
 * Resume anywhere: a one-process checkpoint resumes as a distributed run and the other
   way round, and a checkpoint resumes on another number of servers (bitwise) or of
   trainers (within the distributed tolerance).
@@ -30,16 +37,21 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from bagpipe.checkpoint import latest
 from bagpipe.config.train import TrainConfig
+from bagpipe.data.shards import Dataset
+from bagpipe.data.stream import train_stream
+from bagpipe.phases import PHASES
 from bagpipe.train.loop import train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 STEPS, BATCH, EVERY = 40, 64, 5
 JOB_TIMEOUT = 240
+PHASE_NAMES = [name for name, _ in PHASES]
 
 
 def settings(data: str, out: Path, *extra) -> list[str]:
@@ -131,6 +143,23 @@ def two_by_two(tiny_data, tmp_path_factory) -> str:
     return digest(out)
 
 
+def spares(launcher: subprocess.Popen, out: Path) -> int:
+    """The launcher's pre-started spare processes (``bagpipe worker --standby``) waiting
+    now: a spare that became a role keeps its command line, so the job's roles are left out."""
+    try:
+        kids = psutil.Process(launcher.pid).children()
+        roles = {r["pid"] for r in json.loads((out / "roles.json").read_text())}
+    except (psutil.NoSuchProcess, OSError, ValueError):
+        return 0
+    n = 0
+    for k in kids:
+        try:
+            n += "--standby" in k.cmdline() and k.pid not in roles
+        except psutil.Error:
+            pass
+    return n
+
+
 def kill(out: Path, role: str) -> int:
     pid = {r["role"]: r["pid"] for r in json.loads((out / "roles.json").read_text())}[role]
     os.kill(pid, signal.SIGKILL)
@@ -138,12 +167,13 @@ def kill(out: Path, role: str) -> int:
 
 
 def test_a_killed_trainer_and_then_a_killed_oracle_are_recovered_exactly(tiny_data, tmp_path, two_by_two):
-    """2 trainers + 2 servers: trainer 1, then the oracle, SIGKILLed at random steps."""
+    """2 trainers + 2 servers: trainer 1, then the oracle, SIGKILLed at random steps; the
+    roles restart into new interpreters (--no-spares; the test below uses the spares)."""
     out, seeds = tmp_path / "job", []
     pick_step(seeds)
     first = random.Random(seeds[0]).randint(EVERY + 2, STEPS - 18)
     second = random.Random(seeds[0] + 1).randint(first + EVERY + 3, STEPS - 2)
-    proc = launch(tiny_data, out, 2, 2, "--max-restarts", 2)
+    proc = launch(tiny_data, out, 2, 2, "--max-restarts", 2, "--no-spares")  # restarts into new interpreters
     wait_for(lambda: heartbeat(out) >= first, proc, f"step {first}")
     pids = {kill(out, "trainer 1")}
     wait_for(lambda: (out / "recovery.json").exists() and heartbeat(out) >= second, proc, f"step {second} after a restart")
@@ -161,23 +191,31 @@ def test_a_killed_trainer_and_then_a_killed_oracle_are_recovered_exactly(tiny_da
 
 def test_a_killed_server_and_a_server_killed_while_writing_are_recovered_bitwise(tiny_data, tmp_path, full_digest):
     """1 trainer + 2 servers: server 1 SIGKILLed at a random step, then a server killed
-    while it writes its part of the checkpoint of step 30 (which therefore never
-    completes: the job falls back to step 25's); ends bitwise equal to --mode full."""
+    while it writes its part of the checkpoint of step 30 in the background, training
+    having gone on (the checkpoint therefore never completes: the job falls back to step
+    25's); the restarts go into the launcher's pre-started spares; ends bitwise equal to
+    --mode full."""
     out, flag, seeds = tmp_path / "job", tmp_path / "paused", []
     pick_step(seeds)
     at = random.Random(seeds[0]).randint(EVERY + 2, 20)
     env = dict(os.environ, BAGPIPE_TEST_PAUSE=f"checkpoint:30:{flag}")
     proc = launch(tiny_data, out, 1, 2, "--max-restarts", 2, env=env)
-    wait_for(lambda: heartbeat(out) >= at, proc, f"step {at}")
+    wait_for(lambda: heartbeat(out) >= at and spares(proc, out) == 4, proc, f"step {at} and the spares")
     pids = {kill(out, "server 1")}
     wait_for(flag.exists, proc, "a server pausing inside its checkpoint write")
     pids.add(int(flag.read_text()))
+    wait_for(lambda: heartbeat(out) >= 33 and spares(proc, out) == 4, proc, "training going on while the part is written")
     assert (out / "checkpoints" / ".tmp-step-00000030").is_dir()  # the write is under way
     os.kill(int(flag.read_text()), signal.SIGKILL)
     stdout, _ = finish(proc)
     events = json.loads((out / "recovery.json").read_text())
     assert [e["role"] for e in events][0] == "server 1" and len(events) == 2, seeds
     assert events[1]["from_checkpoint"] == 25 and "restarting all roles from the checkpoint of step 25" in stdout
+    assert stdout.count("[launcher] 4 of 4 roles start in pre-started spare processes") == 2
+    for e in events:  # where the seconds went: consecutive phases that add up to the whole
+        ph = e["phases"]
+        assert list(ph) == [*PHASE_NAMES, "total"] and all(v >= 0 for v in ph.values()), ph
+        assert abs(sum(ph[k] for k in PHASE_NAMES) - ph["total"]) < 1e-6 and ph["total"] > 0
     assert digest(out) == full_digest, seeds
     assert_nothing_left(out, pids)
 
@@ -223,7 +261,8 @@ def one_process(data: str, out: Path, *extra, env=None) -> subprocess.Popen:
 
 def test_one_process_killed_at_any_moment_and_while_checkpointing_resumes_exactly(tiny_data, tmp_path):
     """kill -9 inside a random step, --resume; then kill -9 while the checkpoint of step
-    175 is half written, --resume again: bitwise --mode full (disk store)."""
+    175 is half written in the background and training has gone on past it, --resume
+    again: bitwise --mode full (disk store)."""
     steps = 200  # one process runs the short job of the other tests in about a second
     ref = TrainConfig.of(data=tiny_data, out=str(tmp_path / "full"), steps=steps, batch_size=BATCH, optimizer="adagrad",
                          lr=0.05, threads=1, progress=False)
@@ -240,6 +279,7 @@ def test_one_process_killed_at_any_moment_and_while_checkpointing_resumes_exactl
     assert latest(out) is not None, seeds
     proc = one_process(tiny_data, out, *extra, "--resume", env=dict(os.environ, BAGPIPE_TEST_PAUSE=f"checkpoint:175:{flag}"))
     wait_for(flag.exists, proc, "the checkpoint of step 175 half written")
+    wait_for(lambda: heartbeat(out) >= 178, proc, "training going on while it is written")
     proc.kill()
     proc.wait()
     assert latest(out).step == 170 and (out / "checkpoints" / ".tmp-step-00000175").is_dir()
@@ -264,11 +304,22 @@ def job(data: str, out: Path, steps: int, *extra) -> None:
                             stderr=subprocess.PIPE, text=True))
 
 
-def test_a_one_process_checkpoint_resumes_distributed_bitwise(tiny_data, tmp_path, full_digest):
-    """One process to step 20, then 1 trainer + 2 servers to the end: --mode full's digest."""
+def test_a_checkpoint_of_the_touched_rows_resumes_distributed_bitwise(tiny_data, tmp_path, full_digest):
+    """One process to step 20: its checkpoint holds exactly the rows the 20 steps touched
+    (bytes: theirs alone); then 1 trainer + 2 servers restore it, re-deriving every other
+    row from the seed, and train to the end: --mode full's digest."""
     out = tmp_path / "run"
-    train(TrainConfig.of(data=tiny_data, batch_size=BATCH, optimizer="adagrad", lr=0.05, threads=1, progress=False,
-                         out=str(out), steps=20, mode="lookahead", cache_rows=1000, lookahead=4, checkpoint_every=EVERY))
+    cfg = TrainConfig.of(data=tiny_data, batch_size=BATCH, optimizer="adagrad", lr=0.05, threads=1, progress=False,
+                         out=str(out), steps=20, mode="lookahead", cache_rows=1000, lookahead=4, checkpoint_every=EVERY)
+    train(cfg)
+    stream = train_stream(Dataset(tiny_data), cfg.data, cfg.run.seed)
+    touched = np.unique(np.concatenate([stream.batch(k).rows.numpy() for k in range(20)]))
+    ck = latest(out)
+    reader = ck.reader()
+    assert np.array_equal(reader.stored_ids(), touched) and len(touched) < reader.num_rows // 4
+    stored = sum(m.rows for _, m in reader.chain)  # the chain: the first full checkpoint, then deltas
+    row_bytes = 8 + 4 * (8 + 1)  # a row's id, its D = 8 weights and Adagrad's one value
+    assert sum(m.bytes for _, m in reader.chain) == stored * row_bytes + 2 * 128 * len(reader.chain)  # + .npy headers
     job(tiny_data, out, STEPS, "--trainers", 1, "--servers", 2, "--resume")
     assert digest(out) == full_digest
 

@@ -14,6 +14,8 @@ What this proves (``--mode full`` on the shared ``tiny`` dataset):
   ``.tmp-step-...`` directory from a crash mid-checkpoint is ignored and LATEST's
   checkpoint is used; LATEST naming a missing checkpoint is a clean error;
 * ``bagpipe eval`` reproduces the summary's eval AUC and log loss (to 1e-6);
+* a loss that explodes stops the run at once: exit 2, one line naming the step, no
+  checkpoint of the blown-up parameters, no summary;
 * bad configuration (bad numbers, missing or unfinished data, bad TOML, a batch larger
   than the split) fails at start-up with exit code 2 and one line on stderr, no
   traceback; a TOML ``--config`` supplies settings and the command line overrides them;
@@ -26,6 +28,7 @@ The models are tiny, so torch runs single-threaded in this module (10x faster on
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -200,6 +203,31 @@ def test_resume_after_crash_is_exact(run_cli, tiny_data, tmp_path, straight, mon
     s = train_ok(run_cli, tiny_data, out, "--model", "dcn", "--steps", 2 * N, "--checkpoint-every", N, "--resume")
     assert s["steps"] == 2 * N and s["steps_this_run"] == N
     assert s["params_sha256"] == straight["params_sha256"]
+
+
+def test_a_loss_that_explodes_stops_the_run_in_one_line_naming_the_step(run_cli, tiny_data, tmp_path):
+    from bagpipe.train.guards import Diverged, StepGuard
+
+    out = tmp_path / "run"
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, "--batch-size", 64, "--optimizer", "sgd",
+                         "--lr", 1000, "--steps", 30, "--checkpoint-every", 1, "--no-progress")  # fmt: skip
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    found = re.fullmatch(
+        r"bagpipe train: error: training diverged at step (\d+): the loss (is nan|has stayed above 100 for 5 steps "
+        r"\(it is \S+\)); stopped without checkpointing it \(the run's latest checkpoint, if any, is from before\); "
+        r"start again with a lower --lr / --embedding-lr, or check the data with `bagpipe check`",
+        lines[0],
+    )
+    assert found, lines[0]
+    step = int(found.group(1))
+    assert (out / "checkpoints" / "LATEST").read_text().strip() == f"step-{step - 1:08d}"  # the last good one
+    assert not (out / "summary.json").exists()
+    guard = StepGuard()  # a spike that training recovers from is no divergence (DLRM, Adagrad: 1,752 at step 2)
+    for k, loss in enumerate([0.69, 1752.0, 0.71, 7.9, 0.83, 0.61] + [150.0] * 4, start=1):
+        guard.check(k, loss)
+    with pytest.raises(Diverged, match="^training diverged at step 11: the loss has stayed above 100 for 5 steps"):
+        guard.check(11, 7.7e11)
 
 
 def test_resume_without_checkpoint_fails_cleanly(run_cli, tiny_data, tmp_path):

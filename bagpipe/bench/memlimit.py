@@ -17,9 +17,12 @@ the reason is returned as one line and the caller skips.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bagpipe.memory.cgroup import Group
 
 V1_ROOT = Path("/sys/fs/cgroup/memory")
 V2_ROOT = Path("/sys/fs/cgroup")
@@ -94,7 +97,8 @@ def find_memory_controller() -> tuple[Controller | None, str]:
 
 
 class MemoryGroup:
-    """One child memory group with a limit of ``limit_bytes`` (page cache included).
+    """One child memory group with a limit of ``limit_bytes`` (page cache included; 0:
+    no limit of its own, a group only to measure what its processes use).
 
     Use as a context manager; put a child process in it with ``preexec_fn=group.enter``.
     """
@@ -105,11 +109,12 @@ class MemoryGroup:
         self.path = controller.parent / f"{name}-{os.getpid()}"
         self.path.mkdir()
         try:
+            limit = self.limit_bytes if self.limit_bytes > 0 else ("-1" if controller.version == 1 else "max")
             if controller.version == 1:
-                self._write("memory.limit_in_bytes", self.limit_bytes)
+                self._write("memory.limit_in_bytes", limit)
                 self._write("memory.swappiness", 0)  # no swap here; never trade the limit for swap
             else:
-                self._write("memory.max", self.limit_bytes)
+                self._write("memory.max", limit)
                 self._write("memory.swap.max", 0)
         except OSError:
             self.remove()
@@ -142,12 +147,15 @@ class MemoryGroup:
 
     def stat(self) -> dict[str, int]:
         """memory.stat as numbers."""
-        out = {}
-        for line in self._read("memory.stat").splitlines():
-            k, _, v = line.partition(" ")
-            if v.strip().isdigit():
-                out[k] = int(v)
-        return out
+        return Group(self.controller.version, self.path).stat()
+
+    def figures(self) -> dict[str, float]:
+        """MiB now: usage, anon, file, dirty, writeback, mapped (:meth:`Group.figures`)."""
+        return Group(self.controller.version, self.path).figures()
+
+    def sample(self, interval_s: float = 1.0) -> GroupSampler:
+        """Start sampling :meth:`figures` every ``interval_s`` seconds (``stop()`` it)."""
+        return GroupSampler(self, interval_s)
 
     def oom_kills(self) -> int:
         """Processes the kernel killed for going over the limit."""
@@ -174,7 +182,7 @@ class MemoryGroup:
         st = self.stat()
         return {
             "cgroup_version": self.controller.version,
-            "limit_mb": self.limit_bytes / 2**20,
+            "limit_mb": self.limit_bytes / 2**20 if self.limit_bytes > 0 else None,
             "peak_mb": (self.peak_bytes() or 0) / 2**20,
             "limit_hits": self.limit_hits(),
             "oom_kills": self.oom_kills(),
@@ -202,3 +210,35 @@ class MemoryGroup:
 
     def __exit__(self, *exc):
         self.remove()
+
+
+class GroupSampler:
+    """A thread recording a group's figures over time: ``series`` is a list of
+    ``{"t": seconds since the start, "usage": MiB, "anon": ..., "file", "dirty",
+    "writeback", "mapped"}`` (:meth:`MemoryGroup.figures`), one per ``interval_s``."""
+
+    def __init__(self, group: MemoryGroup, interval_s: float = 1.0):
+        self.group = group
+        self.interval = interval_s
+        self.series: list[dict[str, float]] = []
+        self._t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bagpipe-group-sampler")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.series.append({"t": round(time.monotonic() - self._t0, 2)} | self.group.figures())
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> list[dict[str, float]]:
+        """Stop sampling; the series."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.series
+
+    def maxima(self) -> dict[str, float]:
+        """The largest value of each figure over the series."""
+        keys = [k for k in (self.series[0] if self.series else {}) if k != "t"]
+        return {k: max(s[k] for s in self.series) for k in keys}

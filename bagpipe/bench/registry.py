@@ -17,6 +17,7 @@ from bagpipe.bench import (
     cluster,
     convergence,
     distributed,
+    memory,
     mlperf,
     modes,
     oracle,
@@ -58,7 +59,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             recovery.RecoveryBench,
             recovery.run,
-            "checkpoint cost (every N steps vs none, full vs incremental bytes) and recovery time of a killed server",
+            "checkpoint cost (every N steps vs none), bytes against rows trained, and recovery time by phase of a killed role",
         ),
         Scenario(
             accel.AccelBench,
@@ -74,6 +75,11 @@ SCENARIOS: dict[str, Scenario] = {
             mlperf.MLPerfBench,
             mlperf.run,
             "MLPerf DLRM-DCNv2 at full size (204M rows, 105 GB) for a bounded number of steps on the disk store",
+        ),
+        Scenario(
+            memory.MemoryBench,
+            memory.run,
+            "bagpipe plan's estimate against the measured peak memory of real runs (modes, stores, servers)",
         ),
         Scenario(
             cluster.ClusterBench,

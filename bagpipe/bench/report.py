@@ -34,6 +34,7 @@ def machine() -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 

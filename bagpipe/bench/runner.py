@@ -120,8 +120,11 @@ def data_samples(batch_size: int, steps: int) -> int:
 
 
 def make_data(b, data: Path, progress: bool = True) -> bool:
-    """The generated data set of a training scenario (seed 1, sized by :func:`data_samples`)."""
-    return ensure_synth(data, b.profile, data_samples(b.batch_size, b.steps), b.scale, seed=1, progress=progress)
+    """The generated data set of a training scenario (seed 1, sized by :func:`data_samples`;
+    the scenario's ``zipf_exponent`` when it has one)."""
+    samples = data_samples(b.batch_size, b.steps)
+    zipf = getattr(b, "zipf_exponent", None)
+    return ensure_synth(data, b.profile, samples, b.scale, seed=1, progress=progress, zipf_exponent=zipf)
 
 
 def prepare(b, progress: bool = True):
@@ -150,24 +153,29 @@ def widest_batch(data: Path, batch_size: int, steps: int) -> int:
     return max(len(np.unique(stream.batch(i).rows.numpy())) for i in range(steps))
 
 
-def ensure_synth(data: Path, profile: str, samples: int, scale: float, seed: int, progress: bool = True) -> bool:
-    """Generate ``profile`` data into ``data`` unless a dataset of that size and scale is
-    there; True when it was (re)generated."""
+def ensure_synth(
+    data: Path,
+    profile: str,
+    samples: int,
+    scale: float,
+    seed: int,
+    progress: bool = True,
+    zipf_exponent: float | None = None,
+) -> bool:
+    """Generate ``profile`` data into ``data`` unless a dataset of that size, scale and
+    skew (``zipf_exponent``: None, the generator's default) is there; True when it was
+    (re)generated."""
     from bagpipe.data.synthetic import SynthConfig, generate
 
+    zipf = SynthConfig.zipf_exponent if zipf_exponent is None else zipf_exponent
     meta_file = Path(data) / "meta.json"
     if meta_file.exists():
         src = json.loads(meta_file.read_text()).get("source", {})
-        same = (src.get("samples"), src.get("scale"), src.get("profile", profile), src.get("seed", seed)) == (
-            samples,
-            scale,
-            profile,
-            seed,
-        )
-        if same:
+        have = (src.get("samples"), src.get("scale"), src.get("profile", profile), src.get("seed", seed))
+        if have == (samples, scale, profile, seed) and src.get("zipf_exponent", SynthConfig.zipf_exponent) == zipf:
             return False
     generate(
-        SynthConfig(profile=profile, samples=samples, scale=scale, seed=seed),
+        SynthConfig(profile=profile, samples=samples, scale=scale, seed=seed, zipf_exponent=zipf),
         str(data),
         overwrite=True,
         progress=progress,

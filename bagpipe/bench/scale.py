@@ -2,32 +2,36 @@
 
 Each configuration is a ``bagpipe train`` process. The cached modes run on the disk
 store inside a fresh memory control group (:mod:`bagpipe.bench.memlimit`) whose limit
-``--memory-limit-mb`` counts the page cache too, so the table file (Criteo-Kaggle
-profile at full cardinality, D = 64 by default: 33.8M rows x 65 floats = 8.8 GB, 4.3x
-the 2 GiB limit) cannot be cached: a miss is a real device read. ``full`` runs on the
-memory store with no limit: the ceiling the others are held to.
+``--memory-limit-mb`` counts the page cache too, so the table file cannot be cached and
+a miss is a real device read; each run takes its memory budget from that group (no
+``--memory-budget-mb``: the default). ``full`` runs on the memory store with no limit:
+the ceiling the others are held to. By default: the Criteo-Kaggle profile at half its
+cardinality (16.9M rows), D = 64 with Adagrad's state (a 4.1 GiB table file) under a
+1 GiB limit (4.1x), 1,000 steps of batch 2048, a cache of 1% of the rows (so ``lru``
+evicts from its ~10th step on); ``--zipf-exponent`` makes a less skewed profile where
+reads matter more.
 
     full            every table in memory, no limit (also the compute-only step time)
     nocache         each batch's rows read and written back, synchronously
     lru             LRU cache of --cache-fraction of the rows, misses read synchronously
     lookahead       the oracle's cache of the same size, L = --lookahead
     lookahead+hot   the same memory: --hot-share of it a hot tier, the rest cache
-    reads-only      (a probe, not training) the lookahead run's misses read step after
-                    step from the store under the same limit (:mod:`bagpipe.bench.readprobe`)
+    reads-only      (--probe: a probe, not training) the lookahead run's misses read step
+                    after step from the store under the same limit (:mod:`bagpipe.bench.readprobe`)
 
 The table file is written once, every row materialised (its initial value and zero
-state, the tables every mode starts from; nothing is left as a hole to be initialised
-lazily). A run writes back the rows it trained; before the next run those rows (every
-row of the run's batches) are rewritten to their initial values, and the file is
-dropped from the page cache (fsync, ``POSIX_FADV_DONTNEED``) before every run, so each
-starts cold from the same tables and every mode's ``params_sha256`` must equal
-``full``'s. Repetitions interleave the configurations.
+state); before each run the rows the previous runs could have written (every row of
+their batches, in this invocation and the earlier ones that used the same file: their
+union is kept beside it) are rewritten to their initial values and the file is dropped from the
+page cache, so each run starts cold from the same tables and every mode's
+``params_sha256`` must equal ``full``'s. Repetitions interleave the configurations.
 
-Reported per configuration: samples/s (median, spread), its ratios to full, nocache and
-lru, ms per step, bytes read from the device per measured step (``/proc/self/io``), the
-group's peak memory (page cache included) against the limit, limit hits and OOM kills,
-the cache's hit rate, the digest; and the targets: lookahead's step time against
-max(full's step time, the reads-only step time).
+While a run lasts, its group's memory.stat (anonymous memory, page cache, dirty,
+writeback, mapped) is sampled every ``--sample-s`` seconds into results.json and the
+plot; the run's own summary adds its anonymous memory and its group's figures every 10
+steps (``memory.by_step``). A run that fails (an OOM kill, an error, a time-out) is
+reported as failed with the reason, never as a ratio or a digest. The report's figures
+and targets: :mod:`bagpipe.bench.scale_report`.
 """
 
 from __future__ import annotations
@@ -44,31 +48,23 @@ import numpy as np
 from bagpipe.bench.config import CachePoint, Throughput
 from bagpipe.bench.memlimit import MemoryGroup, find_memory_controller
 from bagpipe.bench.modes import drop_cached, materialise_disk_store
-from bagpipe.bench.report import (
-    header,
-    markdown_table,
-    median,
-    median_spread,
-    pyplot,
-    save_png,
-    stacked_step_times,
-    step_times,
-    write_results,
-)
+from bagpipe.bench.report import header, write_results
 from bagpipe.bench.runner import TrainFailed, launch, prepare
+from bagpipe.bench.scale_report import plot, summarise, thin
 from bagpipe.optim.names import row_state_dim
 
 CONFIGS = ("full", "nocache", "lru", "lookahead", "lookahead+hot")
 PROBE = "reads-only"
 SEED = 0  # bagpipe train's default --seed: the initial rows of the table file
+TOUCHED = "store-touched-rows.npy"  # every row a run of this table file may have written
 
 
 @dataclass(kw_only=True)
 class ScaleBench(CachePoint, Throughput):
     """full (memory store, no limit) against nocache, lru and lookahead (with and without a
     hot tier) on a disk store inside a memory cgroup far smaller than the table file:
-    Criteo-Kaggle profile at full cardinality, D = 64 (8.8 GB of rows and Adagrad state)
-    under 2 GiB, DLRM Kaggle MLPs, batch 2048, Adagrad, a 5% cache."""
+    Criteo-Kaggle profile at half cardinality, D = 64 (4.1 GiB of rows and Adagrad
+    state) under 1 GiB, DLRM Kaggle MLPs, batch 2048, Adagrad, a 1% cache, 1,000 steps."""
 
     name = "scale"
     QUICK = dict(
@@ -80,27 +76,36 @@ class ScaleBench(CachePoint, Throughput):
         warmup=3,
         reps=1,
         lookahead=4,
+        cache_fraction=0.05,
         memory_limit_mb=1024,
         eval_samples=512,
         threads=1,
+        sample_s=0.25,
         configs=CONFIGS[:4],
     )
 
-    steps: int = 40
-    warmup: int = 10
+    scale: float = 0.5
+    steps: int = 1000
+    warmup: int = 50
+    cache_fraction: float = 0.01
     eval_samples: int = 4096
     embedding_dim: int = 64
     """D of every table (bagpipe train --embedding-dim)."""
-    memory_limit_mb: float = 2048.0
-    """The memory group's limit for each cached run, MiB, page cache included."""
+    zipf_exponent: float = 1.15
+    """Skew of the generated data (bagpipe synth's; 1.15: the top 1% of a 10M-row table's
+    rows take 90% of its lookups; lower is less skewed: more rows to read)."""
+    memory_limit_mb: float = 1024.0
+    """The memory group's limit for each cached run, MiB, page cache included (the run's budget)."""
     configs: tuple[str, ...] = CONFIGS
     """Configurations to run: a comma-separated subset of """ + ",".join(CONFIGS) + """ (full runs first)."""
     hot_share: float = 0.75
     """Share of the cache's memory lookahead+hot gives its hot tier (the rest is its cache)."""
-    probe: bool = True
+    probe: bool = False
     """Also run the reads-only probe (the lookahead run's misses read under the limit, nothing else)."""
     digest: bool = True
     """Compute every run's params_sha256 (reads the whole table at the end of each run, not timed)."""
+    sample_s: float = 1.0
+    """Seconds between two samples of a run's group memory (memory.stat)."""
 
     def validate(self) -> None:
         super().validate()
@@ -108,6 +113,8 @@ class ScaleBench(CachePoint, Throughput):
         self.check("embedding_dim", self.embedding_dim >= 1, "must be >= 1")
         self.check("memory_limit_mb", self.memory_limit_mb >= 64, "must be >= 64")
         self.check("hot_share", 0 < self.hot_share < 1, "must be in (0, 1)")
+        self.check("zipf_exponent", 0.5 <= self.zipf_exponent <= 3, "must be in [0.5, 3]")
+        self.check("sample_s", self.sample_s > 0, "must be > 0")
 
 
 def touched_rows(data: Path, batch_size: int, steps: int, seed: int) -> np.ndarray:
@@ -116,7 +123,10 @@ def touched_rows(data: Path, batch_size: int, steps: int, seed: int) -> np.ndarr
     from bagpipe.data.stream import BatchStream
 
     stream = BatchStream(Dataset(data), "train", batch_size, seed=seed)
-    return np.unique(np.concatenate([stream.batch(k).rows.numpy() for k in range(steps)]))
+    seen = np.zeros(stream.dataset.meta.total_rows, dtype=bool)
+    for k in range(steps):
+        seen[stream.batch(k).rows.numpy()] = True
+    return np.flatnonzero(seen)
 
 
 def restore_rows(store_dir: Path, meta, dim: int, state_dim: int, rows: np.ndarray) -> None:
@@ -127,8 +137,8 @@ def restore_rows(store_dir: Path, meta, dim: int, state_dim: int, rows: np.ndarr
 
     init = RowInitializer(meta.table_sizes, dim, SEED)
     with DiskStore(init, state_dim, store_dir, create=False) as store:
-        for a in range(0, len(rows), 1 << 20):
-            r = rows[a : a + (1 << 20)]
+        for a in range(0, len(rows), 1 << 18):
+            r = rows[a : a + (1 << 18)]
             store.write(r, init.rows(r), np.zeros((len(r), state_dim), np.float32))
         store.drop_page_cache()
 
@@ -144,6 +154,14 @@ def settings(b: ScaleBench, cache_rows: int, row_bytes: int) -> dict[str, dict]:
         "lookahead": dict(la, cache_rows=cache_rows),
         "lookahead+hot": dict(la, cache_rows=cache_rows - hot_rows, hot_budget_mb=hot_rows * row_bytes / 2**20),
     }
+
+
+def _why(e: TrainFailed, report: dict) -> str:
+    """One line: why a run failed."""
+    if report.get("oom_kills"):
+        return f"OOM-killed (group peak {report['peak_mb']:,.0f} MiB of {report['limit_mb']:,.0f})"
+    last = [line for line in e.stderr.strip().splitlines() if line.strip()]
+    return f"exit {e.returncode}: " + (last[-1][:300] if last else "no message")
 
 
 def run(b: ScaleBench) -> dict:
@@ -165,78 +183,106 @@ def run(b: ScaleBench) -> dict:
     cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
     store_dir = out / "store"
     header_file = store_dir / "header.json"
-    if header_file.exists() and json.loads(header_file.read_text()).get("dim") != dim:
-        shutil.rmtree(store_dir)  # a table file of another D
+    if header_file.exists():
+        h = json.loads(header_file.read_text())
+        if (h.get("dim"), h.get("state_dim"), h.get("table_sizes")) != (dim, state_dim, meta.table_sizes):
+            shutil.rmtree(store_dir)  # a table file of other tables
+    touched_file = out / TOUCHED
+    if header_file.exists() and not touched_file.exists():
+        shutil.rmtree(store_dir)  # an earlier invocation's rows, which ones unknown: start over
+    fresh = not header_file.exists()
     materialise_disk_store(store_dir, meta, dim, state_dim, seed=SEED)
     table_bytes = total * row_bytes
     limit = int(b.memory_limit_mb * 2**20)
     print(
         f"table file {table_bytes / 2**30:.2f} GiB ({total:,} rows x {row_bytes} B) under a "
-        f"{b.memory_limit_mb:g} MiB limit ({table_bytes / limit:.1f}x)",
+        f"{b.memory_limit_mb:g} MiB limit ({table_bytes / limit:.1f}x); cache {cache_rows:,} rows",
         flush=True,
     )
     touched = touched_rows(data, b.batch_size, b.steps + b.lookahead + 1, SEED)
+    if not fresh:  # an earlier invocation's runs (other batches, other steps) wrote these too
+        touched = np.union1d(touched, np.load(touched_file))
+    np.save(touched_file, touched)  # before any run can write them
     opts = settings(b, cache_rows, row_bytes)
     configs = [c for c in CONFIGS if c in b.configs]
     results: dict[str, list[dict]] = {c: [] for c in configs}
-    failures: dict[str, list[str]] = {}
     probes: list[dict] = []
-    dirty = False
+    dirty = not fresh  # a table file of an earlier invocation may hold its rows
     for rep in range(b.reps):
         for key in configs:
             print(f"[rep {rep + 1}/{b.reps}] {key} ...", flush=True)
             run_dir = out / "runs" / key.replace("+", "-")
             shutil.rmtree(run_dir, ignore_errors=True)
             if key == "full":
-                s = launch(b, data, run_dir, key, digest=b.digest, embedding_dim=dim, **opts[key])
+                try:
+                    s = launch(b, data, run_dir, key, digest=b.digest, embedding_dim=dim, **opts[key])
+                    s["status"] = "ok"
+                except TrainFailed as e:
+                    s = {"status": "failed", "why": _why(e, {})}
             else:
                 if dirty:
                     restore_rows(store_dir, meta, dim, state_dim, touched)
                 drop_cached(store_dir)
                 dirty = True
-                with MemoryGroup(controller, limit, "bagpipe-scale") as group:
-                    try:
-                        s = launch(
-                            b,
-                            data,
-                            run_dir,
-                            key,
-                            preexec_fn=group.enter,
-                            digest=b.digest,
-                            embedding_dim=dim,
-                            store="disk",
-                            store_dir=store_dir,
-                            init_from_store=True,
-                            **opts[key],
-                        )
-                    except TrainFailed as e:
-                        report = group.report()
-                        failures.setdefault(key, []).append(f"{e.stderr.strip()[-300:]} (group: {report})")
-                        print(
-                            f"    failed: OOM kills {report['oom_kills']}, peak {report['peak_mb']:.0f} MiB", flush=True
-                        )
-                        continue
-                    s["memory_group"] = group.report()
+                s = limited_run(b, controller, limit, data, run_dir, key, store_dir, dim, opts[key])
             results[key].append(s)
-            g = s.get("memory_group")
-            print(
-                f"    {s['samples_per_s']:,.0f} samples/s, {_io(s)['read_bytes'] / 2**20:.1f} MiB read/step"
-                + (f", group peak {g['peak_mb']:.0f} MiB of {g['limit_mb']:.0f}" if g else ""),
-                flush=True,
-            )
+            print("    " + _line(s), flush=True)
             shutil.rmtree(run_dir, ignore_errors=True)
         if b.probe and "lookahead" in configs:  # a configuration of this scenario (the probe reads as it does)
             print(f"[rep {rep + 1}/{b.reps}] {PROBE} ...", flush=True)
             drop_cached(store_dir)  # the probe only reads: the file stays as the last run left it
             probes.append(run_probe(b, controller, limit, out, data, store_dir, cache_rows, dim, state_dim))
-            print(
-                f"    {probes[-1]['ms_per_step']:.0f} ms/step for {probes[-1]['fetched_rows_per_step']:,.0f} rows",
-                flush=True,
-            )
-    payload = summarise(b, results, failures, probes, total, cache_rows, table_bytes, where)
-    _plot(out, payload)
+    payload = summarise(b, results, probes, total, cache_rows, table_bytes, where)
+    plot(out, payload)
     write_results(out, "scale", payload, payload["table"])
     return payload
+
+
+def limited_run(
+    b: ScaleBench, controller, limit: int, data: Path, run_dir: Path, key: str, store_dir: Path, dim: int, opts: dict
+) -> dict:
+    """One cached configuration in its own memory group, its memory sampled; a failed run's
+    record says why (``status``, ``why``)."""
+    failure: TrainFailed | None = None
+    with MemoryGroup(controller, limit, "bagpipe-scale") as group:
+        sampler = group.sample(b.sample_s)
+        try:
+            s = launch(
+                b,
+                data,
+                run_dir,
+                key,
+                preexec_fn=group.enter,
+                digest=b.digest,
+                embedding_dim=dim,
+                store="disk",
+                store_dir=store_dir,
+                init_from_store=True,
+                **opts,
+            )
+            s["status"] = "ok"
+        except TrainFailed as e:
+            s = {"status": "failed"}
+            failure = e
+        series = sampler.stop()
+        report = group.report()
+    if failure is not None:
+        s["why"] = _why(failure, report)
+    s["memory_group"] = report | {"max": sampler.maxima()}
+    s["memory_series"] = thin(series)
+    return s
+
+
+def _line(s: dict) -> str:
+    g = s.get("memory_group")
+    if s["status"] != "ok":
+        return f"FAILED: {s['why']}"
+    io = s.get("io_per_step") or {}
+    return f"{s['samples_per_s']:,.0f} samples/s, {io.get('read_bytes', 0) / 2**20:.1f} MiB read/step" + (
+        f", group peak {g['peak_mb']:.0f} MiB of {g['limit_mb']:.0f}, max dirty {g['max'].get('dirty', 0):.0f} MiB"
+        if g
+        else ""
+    )
 
 
 def run_probe(
@@ -276,207 +322,5 @@ def run_probe(
         if proc.returncode != 0:
             raise TrainFailed(PROBE, proc.returncode, proc.stderr)
         res = json.loads(result_file.read_text()) | {"memory_group": group.report()}
+    print(f"    {res['ms_per_step']:.0f} ms/step for {res['fetched_rows_per_step']:,.0f} rows", flush=True)
     return res
-
-
-def _io(s: dict) -> dict:
-    return s.get("io_per_step") or {
-        "read_bytes": float("nan"),
-        "write_bytes": float("nan"),
-        "major_faults": float("nan"),
-    }
-
-
-def _med(runs: list[dict], fn) -> float:
-    return median_spread([fn(r) for r in runs])[0] if runs else float("nan")
-
-
-def summarise(
-    b: ScaleBench,
-    results: dict[str, list[dict]],
-    failures: dict,
-    probes: list[dict],
-    total_rows: int,
-    cache_rows: int,
-    table_bytes: int,
-    where: str,
-) -> dict:
-    sps = {
-        k: median_spread([r["samples_per_s"] for r in runs]) if runs else (float("nan"), float("nan"))
-        for k, runs in results.items()
-    }
-    ref = {k: sps.get(k, (float("nan"),))[0] for k in ("full", "nocache", "lru")}
-    digests = {k: sorted({r.get("params_sha256") for r in runs}, key=str) for k, runs in results.items()}
-    full_digest = digests.get("full", [None])
-    rows, res = [], {}
-    for key, runs in results.items():
-        med, spread = sps[key]
-        step_ms = 1000 * b.batch_size / med if med == med and med else float("nan")
-        cache = (runs[0].get("cache") or {}) if runs else {}
-        group = [r["memory_group"] for r in runs if "memory_group" in r]
-        peak = max((g["peak_mb"] for g in group), default=float("nan"))
-        res[key] = {
-            "samples_per_s": med,
-            "spread": spread,
-            "step_ms": step_ms,
-            "ratio_to_full": med / ref["full"],
-            "ratio_to_nocache": med / ref["nocache"],
-            "ratio_to_lru": med / ref["lru"],
-            "read_mb_per_step": _med(runs, lambda r: _io(r)["read_bytes"] / 2**20),
-            "written_mb_per_step": _med(runs, lambda r: _io(r)["write_bytes"] / 2**20),
-            "major_faults_per_step": _med(runs, lambda r: _io(r)["major_faults"]),
-            "group_peak_mb": peak,
-            "limit_mb": b.memory_limit_mb if group else None,
-            "limit_hits": [g["limit_hits"] for g in group],
-            "oom_kills": sum(g["oom_kills"] for g in group),
-            "peak_anon_rss_mb": median(runs, "peak_anon_rss_mb") if runs else float("nan"),
-            "hit_rate": cache.get("hit_rate"),
-            "hot": (cache.get("hot") or {}).get("lookup_share"),
-            "time_per_step_ms": step_times(runs) if runs else {},
-            "params_sha256": digests[key],
-            "same_digest_as_full": (digests[key] == full_digest) if b.digest and "full" in results else None,
-            "runs": [r["samples_per_s"] for r in runs],
-            "failures": failures.get(key, []),
-        }
-        r = res[key]
-        rows.append(
-            [
-                key,
-                med,
-                f"{spread:.0%}" if spread == spread else "-",
-                step_ms,
-                f"{r['ratio_to_full']:.2f}x",
-                f"{r['ratio_to_nocache']:.2f}x",
-                f"{r['ratio_to_lru']:.2f}x",
-                r["read_mb_per_step"],
-                "-" if not group else f"{peak:,.0f} / {b.memory_limit_mb:g}",
-                "-" if not group else r["oom_kills"],
-                "-" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}",
-                {True: "= full", False: "DIFFERS", None: "-"}[r["same_digest_as_full"]] if key != "full" else "-",
-            ]
-        )
-    probe = {}
-    if probes:
-        probe = {
-            "ms_per_step": median_spread([p["ms_per_step"] for p in probes])[0],
-            "spread": median_spread([p["ms_per_step"] for p in probes])[1],
-            "fetched_rows_per_step": probes[0]["fetched_rows_per_step"],
-            "rows_per_s": median_spread([p["rows_per_s"] for p in probes])[0],
-            "read_mb_per_step": median_spread([p["read_bytes"] / 2**20 / max(p["steps"], 1) for p in probes])[0],
-            "group_peak_mb": max(p["memory_group"]["peak_mb"] for p in probes),
-            "runs": probes,
-        }
-        rows.append(
-            [
-                PROBE,
-                float("nan"),
-                f"{probe['spread']:.0%}",
-                probe["ms_per_step"],
-                "-",
-                "-",
-                "-",
-                probe["read_mb_per_step"],
-                f"{probe['group_peak_mb']:,.0f} / {b.memory_limit_mb:g}",
-                "-",
-                "-",
-                "-",
-            ]
-        )
-    headers = [
-        "config",
-        "samples/s",
-        "spread",
-        "ms/step",
-        "vs full",
-        "vs nocache",
-        "vs lru",
-        "MiB read/step",
-        "group peak MiB / limit",
-        "OOM kills",
-        "hit rate",
-        "params_sha256",
-    ]
-    targets = _targets(res, probe)
-    table = markdown_table(headers, rows) + "\n\n" + _targets_lines(targets)
-    return {
-        **header(b),
-        "memory_controller": where,
-        "total_rows": total_rows,
-        "cache_rows": cache_rows,
-        "cache_fraction_of_rows": cache_rows / total_rows,
-        "table_gib": table_bytes / 2**30,
-        "table_to_limit": table_bytes / (b.memory_limit_mb * 2**20),
-        "results": res,
-        "reads_only": probe,
-        "targets": targets,
-        "table": table,
-    }
-
-
-def _targets(res: dict, probe: dict) -> dict:
-    la = res.get("lookahead")
-    if not la:
-        return {}
-    compute = res.get("full", {}).get("step_ms", float("nan"))
-    reads = probe.get("ms_per_step", float("nan"))
-    bound = max(compute, reads) if reads == reads else compute
-    within = [g for k, v in res.items() if k != "full" for g in [v["group_peak_mb"]] if g == g]
-    return {
-        "lookahead_step_ms": la["step_ms"],
-        "compute_only_step_ms": compute,
-        "reads_only_step_ms": reads,
-        "lookahead_vs_bound": la["step_ms"] / bound,
-        "bound_side": "reads" if reads == reads and reads > compute else "compute",
-        "lookahead_vs_nocache": la["ratio_to_nocache"],
-        "lookahead_vs_lru": la["ratio_to_lru"],
-        "lookahead_vs_full": la["ratio_to_full"],
-        "peak_within_limit": all(v["group_peak_mb"] <= v["limit_mb"] for v in res.values() if v["limit_mb"])
-        and bool(within),
-        "oom_kills": sum(v["oom_kills"] for v in res.values()),
-    }
-
-
-def _targets_lines(t: dict) -> str:
-    if not t:
-        return ""
-    ok = lambda c: "met" if c else "missed"  # noqa: E731
-    return "\n".join(
-        [
-            f"- lookahead step {t['lookahead_step_ms']:.0f} ms vs max(compute {t['compute_only_step_ms']:.0f} ms, reads "
-            f"{t['reads_only_step_ms']:.0f} ms) = {t['lookahead_vs_bound']:.2f}x (target <= 1.15x: "
-            f"{ok(t['lookahead_vs_bound'] <= 1.15)}; the bound is the {t['bound_side']} side)",
-            f"- lookahead vs nocache {t['lookahead_vs_nocache']:.2f}x (target >= 2x: {ok(t['lookahead_vs_nocache'] >= 2)}), "
-            f"vs lru {t['lookahead_vs_lru']:.2f}x (target >= 1.3x: {ok(t['lookahead_vs_lru'] >= 1.3)}), "
-            f"vs full {t['lookahead_vs_full']:.2f}x (target >= 0.7x: {ok(t['lookahead_vs_full'] >= 0.7)})",
-            f"- every group's peak within its limit: {t['peak_within_limit']}; OOM kills: {t['oom_kills']}",
-        ]
-    )
-
-
-def _plot(out: Path, payload: dict) -> None:
-    plt = pyplot()
-    res = payload["results"]
-    keys = [k for k in res if res[k]["runs"]]
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
-    stacked_step_times(ax1, keys, [res[k]["time_per_step_ms"] for k in keys])
-    probe = payload.get("reads_only") or {}
-    if probe:
-        ax1.axhline(probe["ms_per_step"], color="k", ls="--", lw=1, label="reads-only probe")
-    ax1.set_title("time per iteration (trainer thread)")
-    ax1.legend(fontsize=7)
-    ax1.tick_params(axis="x", rotation=30)
-    ax2.bar(keys, [res[k]["samples_per_s"] for k in keys], color="tab:green")
-    ax2.set_ylabel("samples/s")
-    ax2.set_title(
-        f"throughput ({payload['table_gib']:.1f} GiB of rows, limit {payload['config']['memory_limit_mb']:g} MiB)"
-    )
-    ax2.tick_params(axis="x", rotation=30)
-    limited = [k for k in keys if res[k]["limit_mb"]]
-    ax3.bar(limited, [res[k]["group_peak_mb"] for k in limited], color="tab:blue", label="group peak")
-    ax3.bar(limited, [res[k]["peak_anon_rss_mb"] for k in limited], color="tab:orange", label="trainer anon RSS")
-    ax3.axhline(payload["config"]["memory_limit_mb"], color="r", ls="--", label="limit")
-    ax3.set_ylabel("MiB")
-    ax3.set_title("memory of the group (page cache included)")
-    ax3.legend(fontsize=7)
-    ax3.tick_params(axis="x", rotation=30)
-    save_png(fig, out / "scale.png")

@@ -133,9 +133,9 @@ def train_torchrec(
     from bagpipe.data.prefetch import Prefetched
     from bagpipe.data.shards import Dataset
     from bagpipe.data.stream import BatchStream
+    from bagpipe.memory.watch import RssSampler
     from bagpipe.models import build_model, recipe
     from bagpipe.train.evaluate import no_eval, scores
-    from bagpipe.train.metrics import RssSampler
     from bagpipe.train.summary import LOSS_WINDOW, StepMeter, Summary
 
     if kernel not in ("fused", "dense"):

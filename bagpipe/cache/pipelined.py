@@ -73,7 +73,9 @@ class PipelinedExecutor(PlanExecutor):
         self._wb_error: BaseException | None = None
         self._plan_q: queue.Queue = queue.Queue(maxsize=max(2, self.depth))
         self._ready_q: queue.Queue = queue.Queue(maxsize=max(1, self.depth))
-        self._wb_q: queue.Queue = queue.Queue()
+        # bounded: a writer behind the trainer holds the trainer back instead of letting
+        # copied-out rows pile up in memory (the budget counts depth + 1 groups)
+        self._wb_q: queue.Queue = queue.Queue(maxsize=max(2, self.depth + 1))
         for target, name in (
             (self._plan_loop, "bagpipe-planner"),
             (self._fetch_loop, "bagpipe-fetch"),
@@ -175,8 +177,21 @@ class PipelinedExecutor(PlanExecutor):
         if len(slots) or closes is not None:
             out = self.transfers.download(*self.cache.take(slots)) if len(slots) else None
             self._check_wb()
-            self._wb_q.put(_WriteBack(rows, out, closes))
+            self._queue_wb(_WriteBack(rows, out, closes))
         self.times.writeback += time.perf_counter() - t0
+
+    def _queue_wb(self, item) -> None:
+        """Put ``item`` on the write-back queue, waiting while it is full; gives up when
+        the writer has stopped (its error, if any, is raised)."""
+        while True:
+            try:
+                self._wb_q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if item is not _DONE:
+                    self._check_wb()
+                if not self._threads[2].is_alive():
+                    return
 
     def _check_wb(self) -> None:
         if self._wb_error is not None:
@@ -209,7 +224,7 @@ class PipelinedExecutor(PlanExecutor):
         finally:
             self._closed = True
             self._stop.set()
-            self._wb_q.put(_DONE)
+            self._queue_wb(_DONE)
             with self._cond:
                 self._cond.notify_all()
             for t in self._threads:

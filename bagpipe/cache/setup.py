@@ -4,11 +4,14 @@
 picks the hot tier, and returns a :class:`CacheSetup` whose :class:`LocalPlans` make the
 run's plans. A one-process run (:class:`bagpipe.train.topology.SingleProcess`) and the
 oracle role of a distributed job (:mod:`bagpipe.distributed.oracle_role`) both call it,
-so a run's cache is the same wherever its planner runs.
+so a run's cache is the same wherever its planner runs. Given the run's memory plan it
+also fits the cache, the plans read ahead, a default hot tier and the disk store's I/O
+bounds to the run's memory budget (:mod:`bagpipe.memory`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +22,10 @@ from bagpipe.config.modes import ModeSpec
 from bagpipe.config.sections import CacheConfig, HotConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
+from bagpipe.memory import MemoryPlan
+from bagpipe.memory.budget import Fit, Wanted, fit
+from bagpipe.memory.estimate import MIB, Sizes, estimate
+from bagpipe.memory.shape import with_traffic
 from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.planners import Planner, build_planner
 from bagpipe.oracle.sizing import CacheSize, lookups_per_batch, size_cache
@@ -38,6 +45,8 @@ class CacheSetup:
         enough: a cache size that holds every batch of the run (the hint of a too-small
             cache's error).
         fae_schedule: ``keep`` the data order, or ``split`` it as FAE does.
+        memory: the sizes chosen for the run's memory budget and their estimate
+            (:mod:`bagpipe.memory.budget`), or None when the caller gave no memory plan.
     """
 
     spec: ModeSpec
@@ -46,6 +55,13 @@ class CacheSetup:
     hot: HotSet | None
     enough: int
     fae_schedule: str = "keep"
+    memory: Fit | None = None
+
+    @property
+    def staged(self) -> int | None:
+        """Plans whose rows are fetched ahead of the step (the pipelined executor's depth),
+        as the budget chose; None: the executor's own default."""
+        return self.memory.sizes.staged if self.memory is not None and self.spec.pipelined else None
 
     @property
     def cache_rows(self) -> int:
@@ -73,9 +89,15 @@ def set_up_cache(
     dim: int,
     state_dim: int,
     seed: int,
+    memory: MemoryPlan | None = None,
 ) -> CacheSetup:
     """The cache of a run of ``spec`` (a mode with a store) over ``dataset``'s train ``stream``
-    for ``steps`` steps, rows of D = ``dim`` with S = ``state_dim`` optimizer values."""
+    for ``steps`` steps, rows of D = ``dim`` with S = ``state_dim`` optimizer values.
+
+    With a ``memory`` plan (the budget and the run's shape), the sizes the user left to
+    their defaults are fitted to the budget (:func:`bagpipe.memory.budget.fit`: the plans
+    read ahead, a mode's default hot tier, the default cache; the disk store's I/O
+    bounds), and a run that cannot fit raises :class:`~bagpipe.memory.budget.BudgetError`."""
     num_rows = dataset.meta.total_rows
     lookups = lookups_per_batch(dataset.meta, stream, steps)
     size = size_cache(
@@ -83,8 +105,43 @@ def set_up_cache(
     )
     if size.tuned is not None:
         log.info(size.tuned.line())
-    rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed)
-    return CacheSetup(spec, num_rows, size, rows, enough=min(lookups, num_rows), fae_schedule=hot.fae_schedule)
+    if memory is None:
+        rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed)
+        return CacheSetup(spec, num_rows, size, rows, enough=min(lookups, num_rows), fae_schedule=hot.fae_schedule)
+    # a hot tier the user asked for is chosen first (its size is then known); a mode's
+    # default one is sized by the budget below
+    rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed) if hot.on else None
+    row_bytes = 4 * (dim + state_dim)
+    hot_rows = len(rows) if rows is not None else int(spec.hot_budget_mb * MIB // row_bytes)
+    wanted = Wanted(
+        Sizes(
+            cache_rows=size.rows,
+            hot_rows=hot_rows,
+            lookahead=size.lookahead if spec.looks_ahead else 0,
+            staged=(size.lookahead + 1) if spec.pipelined else 0,
+            io=memory.io,
+        ),
+        cache_fixed=spec.sized_cache and (cache.cache_rows > 0 or cache.cache_budget_mb > 0),
+        hot_fixed=hot.on,
+        minimum_cache=min(lookups, num_rows) if spec.sized_cache else size.rows,
+    )
+    shape = with_traffic(memory.shape, stream, size.rows + hot_rows, size.lookahead, steps)
+    chosen = fit(memory.budget, shape, wanted, memory.role)
+    if chosen.sizes.cache_rows != size.rows:  # a smaller cache misses more: estimate it with its own traffic
+        rows_ = chosen.sizes.cache_rows + chosen.sizes.hot_rows
+        shape = with_traffic(memory.shape, stream, rows_, size.lookahead, steps)
+        chosen = dataclasses.replace(chosen, estimate=estimate(shape, chosen.sizes, memory.role))
+    log.info(chosen.line())
+    if chosen.sizes.cache_rows != size.rows:
+        size = dataclasses.replace(size, rows=chosen.sizes.cache_rows)
+    if not hot.on and chosen.sizes.hot_rows:  # the mode's default hot tier, as large as the budget let it be
+        fitted = hot
+        if chosen.sizes.hot_rows < hot_rows:
+            fitted = dataclasses.replace(hot, hot_budget_mb=chosen.sizes.hot_rows * row_bytes / MIB)
+        rows = hot_set_for(fitted, spec, dataset, dim, state_dim, seed)
+    return CacheSetup(
+        spec, num_rows, size, rows, enough=min(lookups, num_rows), fae_schedule=hot.fae_schedule, memory=chosen
+    )
 
 
 class LocalPlans:

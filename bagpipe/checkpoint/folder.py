@@ -1,10 +1,10 @@
 """A run's checkpoints folder: begin, commit, find the latest, keep what is needed.
 
-Writing a checkpoint of step K is one sequence, :func:`commit_checkpoint`, for every
-topology::
+Writing a checkpoint of step K is one sequence for every topology
+(:mod:`bagpipe.checkpoint.writer`: the cut at the step, then the files in the background)::
 
-    staging = ckpts.begin(K)              # RUN/checkpoints/.tmp-step-K/ (a fresh, empty folder)
     kind, base, chain = ckpts.next_kind(compact_every)
+    staging = ckpts.begin(K)              # RUN/checkpoints/.tmp-step-K/ (a fresh, empty folder)
     ...every part's writer fills staging (parts.write_part), trainer 0 writes dense.pt...
     ckpts.commit(staging, manifest)       # MANIFEST.json, rename, LATEST, prune
 
@@ -21,17 +21,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from bagpipe.checkpoint.format import DENSE, LATEST, Kind, Manifest, Part, step_name
-from bagpipe.checkpoint.parts import RowSource
+from bagpipe.checkpoint.format import DENSE, LATEST, Kind, Manifest, step_name
 from bagpipe.checkpoint.reader import CheckpointReader
 from bagpipe.errors import CheckpointError
-from bagpipe.faults import pause_at
 from bagpipe.files import atomic_write_text, fsync_dir
 
 KEEP = 2
@@ -106,23 +103,26 @@ class CheckpointFolder:
 
     def next_kind(self, compact_every: int) -> tuple[Kind, str | None, int]:
         """(kind, base, chain length) of the next checkpoint: a delta on the latest
-        complete one, or full when there is none or its chain reached ``compact_every``."""
+        complete one (``base``), or full when its chain reached ``compact_every`` -- then
+        ``base`` names the checkpoint to merge it from -- or when there is none (base None)."""
         name = self.latest_name()
-        if name is None or compact_every <= 1:
+        if name is None:
             return "full", None, 0
         try:
             prev = Manifest.load(self.root / name)
         except CheckpointError:
             return "full", None, 0
         chain = prev.chain + 1
-        if chain >= compact_every:
-            return "full", None, 0
+        if compact_every <= 1 or chain >= compact_every:
+            return "full", name, 0
         return "delta", name, chain
 
     @staticmethod
     def write_dense(staging: Path, dense: dict) -> None:
-        torch.save(dense, staging / DENSE)
-        with open(staging / DENSE, "rb") as f:
+        """dense.pt, fsynced; through a Python file, so that a full disk is an OSError (ENOSPC)."""
+        with open(staging / DENSE, "wb") as f:
+            torch.save(dense, f)
+            f.flush()
             os.fsync(f.fileno())
 
     def commit(self, staging: Path, manifest: Manifest) -> Path:
@@ -139,6 +139,10 @@ class CheckpointFolder:
         atomic_write_text(self.root / LATEST, final.name + "\n")
         self.prune()
         return final
+
+    def discard(self, staging: Path) -> None:
+        """Remove an unfinished checkpoint's folder (it failed; the latest stays as it was)."""
+        shutil.rmtree(staging, ignore_errors=True)
 
     def prune(self, keep: int = KEEP) -> None:
         """Remove leftovers of unfinished checkpoints and checkpoints nothing needs."""
@@ -157,47 +161,3 @@ class CheckpointFolder:
             stale_tmp = p.name.startswith(".tmp-")
             if (p.name.startswith("step-") and p.name not in needed) or stale_tmp:
                 shutil.rmtree(p, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class PartsTarget:
-    """Where a checkpoint's row parts go: the staging folder, the kind of part to write,
-    and what to do while they are written (the dense state)."""
-
-    step: int
-    staging: Path
-    kind: Kind
-    meanwhile: Callable[[], None]
-
-
-def commit_checkpoint(
-    folder: CheckpointFolder,
-    step: int,
-    compact_every: int,
-    rows: RowSource,
-    dense: dict,
-    write_parts: Callable[[PartsTarget], list[Part]],
-) -> Manifest:
-    """Write and commit the checkpoint of ``step``: the one commit sequence of every topology.
-
-    ``write_parts`` writes the row parts into the target's staging folder (the process
-    itself, or every embedding server in parallel), calling ``meanwhile`` -- which
-    writes ``dense`` -- while they are written; ``rows`` gives the row space the
-    manifest records. Nothing counts until :meth:`CheckpointFolder.commit`.
-    """
-    staging = folder.begin(step)
-    kind, base, chain = folder.next_kind(compact_every)
-    parts = write_parts(PartsTarget(step, staging, kind, lambda: folder.write_dense(staging, dense)))
-    pause_at("commit", step)  # a test kills us here: every part written, nothing committed
-    manifest = Manifest(
-        step=step,
-        num_rows=rows.num_rows,
-        dim=rows.dim,
-        state_dim=rows.state_dim,
-        kind=kind,
-        base=base,
-        parts=parts,
-        chain=chain,
-    )
-    folder.commit(staging, manifest)
-    return manifest

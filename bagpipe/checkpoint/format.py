@@ -1,22 +1,34 @@
-"""The checkpoint format: one for every mode and topology (format version 2).
+"""The checkpoint format: one for every mode and topology (format version 3; version 2 is read).
 
 A checkpoint is a folder ``RUN/checkpoints/step-NNNNNNNN/``::
 
     MANIFEST.json          what the checkpoint is (written last, atomically): the step,
-                           the row space (rows, D, S), whether its rows are *full* or a
-                           *delta* on the previous checkpoint (``base``), and its parts
+                           the row space (rows, D, S) and the initialiser's identity
+                           (seed, table sizes), whether its rows are *full* or a *delta*
+                           on the previous checkpoint (``base``), and its parts
     dense.pt               model, dense optimizer, torch RNG state and step (trainer 0)
-    rows-K-of-S.npy        a full part: every row g with g % S == K, in local order
-                           l = g // S, as (n_K, D + S_state) float32 (weights then state)
-    delta-K-of-S.ids.npy   a delta part: the global rows of shard K that changed since
-    delta-K-of-S.npy       ``base``, ascending (m,) int64, and their values (m, D + S_state)
+    full-K-of-S.ids.npy    a full part: the global rows g of shard K (g % S == K) whose
+    full-K-of-S.npy        value may differ from their initial one, ascending (m,) int64,
+                           and their values (m, D + S_state) float32 (weights then state)
+    delta-K-of-S.ids.npy   a delta part: the rows of shard K written since ``base``,
+    delta-K-of-S.npy       ascending, and their values
+
+Rows are stored **relative to the initial tables**: a row never written since
+initialisation is in no part, and reads as its initial value -- a pure function of
+(seed, row) (:class:`bagpipe.store.init.RowInitializer`) -- with zero optimizer state.
+A checkpoint therefore costs what was trained, not what the tables hold: the first one
+of a run is as small as the rows trained so far, and a delta as small as the rows
+written since the previous checkpoint.
 
 One process is shard 0 of 1; in a distributed job each embedding server writes its own
 part, in parallel, straight into the checkpoint folder. Rows are named by global row,
 so a checkpoint written by S servers restores onto any number of servers, or onto one
-process, and the other way round. A delta checkpoint holds only rows changed since the
-previous checkpoint; every ``compact_every``-th checkpoint is full again, so the chain
-a restore reads stays short (:class:`bagpipe.checkpoint.reader.CheckpointReader`).
+process, and the other way round. Every ``compact_every``-th checkpoint is full again
+(merged from the chain in the background, :func:`bagpipe.checkpoint.parts.write_part`),
+so the chain a restore reads stays short (:class:`bagpipe.checkpoint.reader.CheckpointReader`).
+
+Version 2 (read, never written) stored a full part as every row of the shard in local
+order (``rows-K-of-S.npy``, (n_K, D + S)); its deltas are as above.
 
 A checkpoint counts only once ``MANIFEST.json`` exists (written after every part is
 fsynced) and ``LATEST`` names it; a crash at any moment leaves the previous
@@ -35,7 +47,8 @@ from bagpipe.errors import CheckpointError
 from bagpipe.files import atomic_write_text
 
 FORMAT = "bagpipe.checkpoint"
-VERSION = 2
+VERSION = 3
+READS = (2, 3)  # format versions this bagpipe reads
 MANIFEST = "MANIFEST.json"
 DENSE = "dense.pt"
 LATEST = "LATEST"
@@ -43,12 +56,14 @@ LATEST = "LATEST"
 Kind = Literal["full", "delta"]
 
 
-def full_name(shard: int, shards: int) -> str:
+def dense_name(shard: int, shards: int) -> str:
+    """A version-2 full part: every row of the shard, in local order."""
     return f"rows-{shard}-of-{shards}.npy"
 
 
-def delta_names(shard: int, shards: int) -> tuple[str, str]:
-    return f"delta-{shard}-of-{shards}.ids.npy", f"delta-{shard}-of-{shards}.npy"
+def part_names(kind: Kind, shard: int, shards: int) -> tuple[str, str]:
+    """(ids file, values file) of a sparse part."""
+    return f"{kind}-{shard}-of-{shards}.ids.npy", f"{kind}-{shard}-of-{shards}.npy"
 
 
 def step_name(step: int) -> str:
@@ -62,14 +77,25 @@ class Part:
     shard: int
     shards: int
     kind: Kind
-    rows: int  # rows in the part (n_K for a full part, m for a delta)
+    rows: int  # rows in the part
     bytes: int = 0
+    dense: bool = False  # a version-2 full part: every row of the shard, no ids file
 
     @property
     def files(self) -> list[str]:
         return (
-            [full_name(self.shard, self.shards)] if self.kind == "full" else list(delta_names(self.shard, self.shards))
+            [dense_name(self.shard, self.shards)]
+            if self.dense
+            else list(part_names(self.kind, self.shard, self.shards))
         )
+
+
+@dataclass(frozen=True)
+class InitialRows:
+    """Which initial tables the rows are relative to: what re-derives a row never written."""
+
+    seed: int
+    table_sizes: list[int]
 
 
 @dataclass
@@ -84,16 +110,29 @@ class Manifest:
     base: str | None  # a delta's previous checkpoint (folder name); None for a full one
     parts: list[Part] = field(default_factory=list)
     chain: int = 0  # deltas since the last full checkpoint (0 for a full one)
+    init: InitialRows | None = None  # None only in version 2 (its full parts hold every row)
+    version: int = VERSION
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, **asdict(self)}
+        d = asdict(self)
+        d.pop("version")
+        for p in d["parts"]:
+            p.pop("dense")
+        return {"format": FORMAT, "version": VERSION, **d}
 
     @classmethod
     def from_json(cls, d: dict, where: Path) -> Manifest:
-        if d.get("format") != FORMAT or d.get("version") != VERSION:
-            raise CheckpointError(f"{where}: not a bagpipe checkpoint of format version {VERSION}")
+        version = d.get("version")
+        if d.get("format") != FORMAT or version not in READS:
+            raise CheckpointError(
+                f"{where}: not a bagpipe checkpoint of format version {' or '.join(map(str, READS))} "
+                f"(it says {d.get('format')!r} version {version!r})"
+            )
         try:
-            parts = [Part(**p) for p in d["parts"]]
+            parts = [Part(**p, dense=version == 2 and p["kind"] == "full") for p in d["parts"]]
+            init = d.get("init")
+            if version >= 3 and not init:
+                raise KeyError("init")
             return cls(
                 step=int(d["step"]),
                 num_rows=int(d["num_rows"]),
@@ -103,6 +142,8 @@ class Manifest:
                 base=d["base"],
                 parts=parts,
                 chain=int(d.get("chain", 0)),
+                init=InitialRows(int(init["seed"]), [int(n) for n in init["table_sizes"]]) if init else None,
+                version=int(version),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: malformed manifest ({e})") from None
@@ -116,6 +157,16 @@ class Manifest:
         if not path.exists():
             raise CheckpointError(f"{folder}: incomplete checkpoint (no {MANIFEST})")
         return cls.from_json(read_json(path), path)
+
+    @property
+    def rows(self) -> int:
+        """Rows the parts hold, in all."""
+        return sum(p.rows for p in self.parts)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the parts, in all."""
+        return sum(p.bytes for p in self.parts)
 
     def check_parts(self, folder: Path) -> None:
         """Every part's files exist; the shards cover the row space once."""

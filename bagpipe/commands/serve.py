@@ -47,6 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how long to wait for the job's other processes to start (default 300)",
     )
     p.add_argument(
+        "--memory-budget-mb",
+        type=real(0),
+        default=None,
+        metavar="MIB",
+        help="MiB this server may use, page cache included (default: its memory cgroup's limit; 0: none); "
+        "its disk store's I/O bounds are sized to it, and a shard that does not fit is refused before serving",
+    )
+    p.add_argument(
         "--secret-file",
         metavar="FILE",
         help="file (mode 0600) holding the job's secret, the same on every role (default $BAGPIPE_JOB_SECRET, "
@@ -88,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         rendezvous_timeout=args.rendezvous_timeout,
         init_from_store=args.init_from_store,
+        memory_budget_mb=args.memory_budget_mb,
         secret_file=args.secret_file,
     )
     os.environ.update(

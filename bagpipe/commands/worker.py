@@ -30,19 +30,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--job", type=path, help="JSON of the whole configuration (written by the launcher); replaces the options below"
     )
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="a spare of the local launcher: import everything a role needs, then wait for a line on stdin "
+        'naming the role ({"job": FILE, "env": {...}}); a restart then starts no interpreter',
+    )
     train_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
     import os
     import sys
 
+    import bagpipe.phases as phases
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.distributed.layout import Layout
-    from bagpipe.distributed.roles import env_rank, report_error, run_role
+    from bagpipe.distributed.roles import env_rank, import_role_modules, report_error, run_role
     from bagpipe.errors import BagpipeError
 
+    if args.standby:  # a pre-started spare: everything imported before it is needed
+        import_role_modules()
+        line = sys.stdin.readline()
+        if not line.strip():  # the launcher is done with its spares
+            return 0
+        assignment = json.loads(line)
+        os.environ.update(assignment["env"])
+        args.job = assignment["job"]
+        phases.mark("started", fresh=True)
+    else:
+        phases.mark("started", fresh=True)
+        import_role_modules()
+    phases.mark("imported")
     if args.job:
         from bagpipe.data.schema import read_json
 

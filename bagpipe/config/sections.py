@@ -50,7 +50,8 @@ class ArchConfig(Section):
     """The CTR model."""
     recipe: RecipeName = "debug"
     """Model size: debug (trains in seconds on a laptop), kaggle (DLRM's Criteo Kaggle sizes) or
-    dcn-mlperf (--model dcn only: MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile)."""
+    dcn-mlperf (--model dcn only: MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile;
+    it also brings MLPerf's optimizer, adagrad at --lr 0.005, unless --optimizer or --lr is given)."""
     embedding_dim: int | None = None
     """D, overrides the recipe's embedding dimension."""
 
@@ -275,6 +276,30 @@ class HotConfig(Section):
 
 
 @dataclass(kw_only=True)
+class MemoryConfig(Section):
+    """memory budget (docs/beyond-memory.md#memory-budgets; `bagpipe plan` prints the estimate)"""
+
+    memory_budget_mb: float | None = None
+    """MiB this run may use, page cache included. Default: the limit of the memory cgroup
+    it runs in (v2 memory.max, v1 memory.limit_in_bytes, found through /proc/self/cgroup),
+    none without one; 0: no budget. The run sizes the plans it reads ahead, the disk
+    store's I/O buffers and dirty pages, a default hot tier and a default cache to fit it
+    with 10% kept free, and stops before training, naming the smallest budget that works,
+    when even its smallest configuration does not fit."""
+    server_memory_budget_mb: float | None = None
+    """Each embedding server's own budget (--servers), applied the same way to its store;
+    default: the limit of the server's own memory cgroup."""
+
+    def validate(self) -> None:
+        for name in ("memory_budget_mb", "server_memory_budget_mb"):
+            v = getattr(self, name)
+            need(
+                v is None or (finite(v) and v >= 0),
+                f"--{name.replace('_', '-')} must be a finite number of MiB >= 0 (0: no budget), got {v}",
+            )
+
+
+@dataclass(kw_only=True)
 class DistConfig(Section):
     """distributed (one machine: every role a process on loopback)"""
 
@@ -296,6 +321,9 @@ class DistConfig(Section):
     max_restarts: int = 0
     """When a role dies, stop the others and restart every role from the latest complete
     checkpoint, up to this many times (the local launcher; torchrun has its own)."""
+    spares: bool = True
+    """With --max-restarts: keep one pre-started process per role, its imports done, so a
+    restart starts no interpreter (each costs its imports' CPU once and ~300 MiB)."""
     secret_file: str | None = None
     """File holding the job's secret (mode 0600), which every role proves it holds before
     the others talk to it (torchrun and hand-started roles; default $BAGPIPE_JOB_SECRET,

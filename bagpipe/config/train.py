@@ -26,10 +26,12 @@ from bagpipe.config.sections import (
     DeviceConfig,
     DistConfig,
     HotConfig,
+    MemoryConfig,
     OptimConfig,
     RunConfig,
 )
 from bagpipe.config.typed import need
+from bagpipe.models.config import RECIPE_OPTIMIZER
 
 
 @dataclass(kw_only=True)
@@ -41,6 +43,7 @@ class TrainConfig:
     optim: OptimConfig
     cache: CacheConfig
     hot: HotConfig
+    memory: MemoryConfig
     dist: DistConfig
     approx: ApproxConfig
     device: DeviceConfig
@@ -120,7 +123,7 @@ class TrainConfig:
     @classmethod
     def of(cls, **settings) -> TrainConfig:
         """A config from settings by name (``TrainConfig.of(data=..., out=..., steps=10)``)."""
-        return build(cls, settings)
+        return build(cls, with_recipe_settings(settings))
 
     def replace(self, **settings) -> TrainConfig:
         """A copy with some settings changed (by name, whatever their section)."""
@@ -240,4 +243,14 @@ def load_config(file: str | None, overrides: dict) -> TrainConfig:
         values = flatten(TrainConfig, raw, str(file))
         source = str(file)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return build(TrainConfig, values, source)
+    return build(TrainConfig, with_recipe_settings(values), source)
+
+
+def with_recipe_settings(values: dict) -> dict:
+    """``values`` with the optimizer settings its recipe is known to train with
+    (:data:`bagpipe.models.config.RECIPE_OPTIMIZER`) where they are not given; a run that
+    names another optimizer gets none of them (the recipe's rate is that optimizer's)."""
+    known = RECIPE_OPTIMIZER.get(str(values.get("recipe", "")))
+    if not known or values.get("optimizer", known["optimizer"]) != known["optimizer"]:
+        return values
+    return known | values

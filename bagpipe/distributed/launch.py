@@ -7,6 +7,9 @@ keeps a log per role under RUN/logs/. The first role to fail stops the job: the
 launcher names it, stops every other role (SIGTERM, then SIGKILL after a grace
 period) and returns an error. Ctrl-C stops every role the same way. RUN/roles.json
 lists the roles' ranks and pids while the job runs.
+
+This module is long because it also holds the restart loop and the pre-started spares
+(:class:`Spares`), which share the launcher's process handling.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.distributed.roles import ERROR_PREFIX
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.files import atomic_write_text
+from bagpipe.phases import ENV as PHASES_ENV
+from bagpipe.phases import RESTART_ENV
 from bagpipe.store import holds_store
 from bagpipe.train.resume import finished, refuse_overwrite, resume_point
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
+from bagpipe.train.space import check_checkpoint_space
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +142,22 @@ class RoleFailed(BagpipeError):
 
     ``reason``: the one line the role that stopped first printed (its own refusal, e.g.
     ``cannot resume ...``), when one did; roles that only lost contact with it are not
-    the cause and are not named."""
+    the cause and are not named. ``times``: when it was reaped (``died``), when the
+    launcher acted (``noticed``), when every other role was gone (``stopped``),
+    wall-clock seconds."""
 
-    def __init__(self, name: str, rank: int, code: int, stopped: int, log_path: Path, reason: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        rank: int,
+        code: int,
+        stopped: int,
+        log_path: Path,
+        reason: str | None = None,
+        times: dict | None = None,
+    ):
         self.name, self.rank, self.code, self.reason = name, rank, code, reason
+        self.times = times or {}
         why = f": {reason}" if reason else f" ({describe_exit(code)})"
         super().__init__(f"{name} (rank {rank}) failed{why}; stopped {stopped} other role(s); its log: {log_path}")
 
@@ -147,8 +165,17 @@ class RoleFailed(BagpipeError):
 class Launcher:
     """Starts, watches and stops the roles of one job (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, stop_grace_s: float = STOP_GRACE_S, placement: Placement | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        stop_grace_s: float = STOP_GRACE_S,
+        restart: int = 0,
+        spares: Spares | None = None,
+        placement: Placement | None = None,
+    ):
         self.cfg = cfg
+        self.restart = restart  # 0: the first attempt; n: the n-th restart after a failure
+        self.spares = spares if placement is None else None  # spares run on this host only
         self.placement = placement
         self.layout = Layout(cfg.dist.trainers, cfg.dist.servers)
         self.grace = stop_grace_s
@@ -167,12 +194,15 @@ class Launcher:
         what the run may do in it (see :func:`launch`)."""
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        phases_dir = self.out / ".phases"  # each role's start-up marks (bagpipe.phases)
+        phases_dir.mkdir(exist_ok=True)
         job = self.out / "job.json"
         job.write_text(json.dumps(self.cfg.to_json(), indent=2))
         place = self.placement
         port = place.port if place else free_port()
         # a new secret for every attempt (unless the job names a file): a role of an earlier attempt cannot join
         secret = None if self.cfg.dist.secret_file else new_secret()
+        in_spares = 0
         for rank in range(self.layout.world_size):
             name = self.layout.name(rank)
             threads = role_threads(self.cfg.run.threads, self.layout, rank, environ={})
@@ -182,27 +212,40 @@ class Launcher:
             )
             if place:
                 env["GLOO_SOCKET_IFNAME"] = place.iface
-            proc = subprocess.Popen(
-                [
-                    *(place.prefix(rank) if place else []),
-                    sys.executable,
-                    "-m",
-                    "bagpipe.cli",
-                    "worker",
-                    "--job",
-                    str(job),
-                ],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the roles itself
-            )
+            env[PHASES_ENV] = str(phases_dir)
+            if self.restart:
+                env[RESTART_ENV] = str(self.restart)
+            spare = self.spares.take() if self.spares is not None else None
+            in_spares += spare is not None
+            if spare is not None:  # a pre-started interpreter, its imports done: it becomes this role
+                proc = spare
+                assert proc.stdin is not None
+                proc.stdin.write((json.dumps({"job": str(job), "env": env}) + "\n").encode())
+                proc.stdin.close()
+            else:
+                proc = subprocess.Popen(
+                    [
+                        *(place.prefix(rank) if place else []),
+                        sys.executable,
+                        "-m",
+                        "bagpipe.cli",
+                        "worker",
+                        "--job",
+                        str(job),
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the roles itself
+                )
             role = Role(rank, name, proc, log_path)
             role.pump = threading.Thread(target=self._pump, args=(role,), daemon=True, name=f"log-{name}")
             role.pump.start()
             threading.Thread(target=self._wait, args=(role,), daemon=True, name=f"wait-{name}").start()
             self.roles.append(role)
+        if in_spares:
+            self._say(f"[launcher] {in_spares} of {len(self.roles)} roles start in pre-started spare processes")
         (self.out / "roles.json").write_text(
             json.dumps(
                 [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles],
@@ -224,7 +267,7 @@ class Launcher:
 
     def _wait(self, role: Role) -> None:
         code = role.proc.wait()
-        self._events.put((time.monotonic(), role, code))
+        self._events.put((time.time(), role, code))
 
     def run(self) -> None:
         """Start the job and wait for it; raises BagpipeError naming the first role that failed."""
@@ -232,15 +275,19 @@ class Launcher:
         try:
             done = 0
             while done < len(self.roles):
-                _, role, code = self._events.get()
+                died, role, code = self._events.get()
                 done += 1
                 if code != 0:
+                    noticed = time.time()
                     self._say(
                         f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles"
                     )
                     stopped = self.stop()
+                    times = {"died": died, "noticed": noticed, "stopped": time.time()}
                     self._join_pumps()
-                    raise self._failure(role, code, stopped)
+                    failure = self._failure(role, code, stopped)
+                    failure.times = times
+                    raise failure
         except KeyboardInterrupt:
             self._say("[launcher] interrupted: stopping every role")
             self.stop()
@@ -298,6 +345,7 @@ def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
     The launcher checks the data set and holds the run folder's lock for the whole job
     (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
     dataset = Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
+    check_checkpoint_space(cfg, dataset)  # said once, before any role starts
     if cfg.dist.secret_file:
         load_secret(
             cfg.dist.secret_file
@@ -310,7 +358,7 @@ def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
                     f"--store-dir {shard} already holds a store: its rows would become this run's "
                     "starting tables; pass --init-from-store to start from them, or give an empty directory"
                 )
-    with RunDir(cfg.run.out).claim() as run:
+    with RunDir(cfg.run.out).claim() as run, Spares(cfg, run) as spares:
         # what trainer 0 would refuse (a finished run, a changed setting, another run's
         # checkpoints), said here in one line before anything in the folder changes
         if cfg.run.resume:
@@ -323,7 +371,9 @@ def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
         attempt, restarts = cfg, 0
         while True:
             try:
-                Launcher(attempt, placement=placement).run()
+                if restarts < cfg.dist.max_restarts and placement is None:  # a restart may still come
+                    spares.fill_when_training(time.time())
+                Launcher(attempt, restart=restarts, spares=spares if spares.count else None, placement=placement).run()
                 break
             except RoleFailed as failure:
                 if finished(run, cfg.run.steps) and _stamp(summary) != before:  # a role died after the job's end
@@ -379,7 +429,78 @@ def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int) 
             "died_at_step": died,
             "from_checkpoint": step,
             "time": time.time(),
+            **failure.times,
         }
     )
     atomic_write_text(record, json.dumps(events, indent=2))
     return cfg.replace(resume=step is not None)
+
+
+class Spares:
+    """Pre-started ``bagpipe worker --standby`` processes: each has imported everything a
+    role needs and waits for its role on stdin, so a restart after a failure
+    (``--max-restarts``) starts no interpreter and imports nothing -- on a busy machine
+    that is most of a restart. One spare per role of the job, started once the job is
+    training (their imports would otherwise compete with its start-up), and again after
+    each restart has used them; the unused ones are stopped when the job ends.
+    """
+
+    def __init__(self, cfg: TrainConfig, run: RunDir):
+        d = cfg.dist
+        self.count = Layout(d.trainers, d.servers).world_size if d.max_restarts > 0 and d.spares else 0
+        self.run = run
+        self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def __enter__(self) -> Spares:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def fill_when_training(self, since: float) -> None:
+        """Start the missing spares once the run trains a step after ``since`` (wall clock), in a thread."""
+        if self.count:
+            threading.Thread(target=self._fill, args=(since,), daemon=True, name="spares").start()
+
+    def _beat(self) -> float:
+        try:
+            return self.run.heartbeat_file.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _fill(self, since: float) -> None:
+        while not self._closed.is_set() and self._beat() <= since:
+            time.sleep(0.2)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        with self._lock:
+            self._procs = [p for p in self._procs if p.poll() is None]
+            while not self._closed.is_set() and len(self._procs) < self.count:
+                self._procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "bagpipe.cli", "worker", "--standby"],
+                        env=env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+
+    def take(self) -> subprocess.Popen | None:
+        """A live spare for a role (None: start an interpreter)."""
+        with self._lock:
+            while self._procs:
+                p = self._procs.pop(0)
+                if p.poll() is None:
+                    return p
+        return None
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            for p in self._procs:
+                _signal(p, signal.SIGKILL)
+                p.wait()
+            self._procs.clear()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+import bagpipe.phases as phases
 from bagpipe.cache.setup import CacheSetup, LocalPlans, set_up_cache
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -21,6 +22,7 @@ from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
+from bagpipe.memory import memory_plan
 from bagpipe.optim.names import row_state_dim
 
 
@@ -40,6 +42,9 @@ def oracle_cache(cfg: TrainConfig) -> tuple[BatchStream, CacheSetup]:
         dim=dim,
         state_dim=row_state_dim(cfg.optim.optimizer, dim),
         seed=cfg.run.seed,
+        # the trainers' memory: the cache, the plans they read ahead (their budget is
+        # --memory-budget-mb, else this machine's cgroup limit)
+        memory=memory_plan(cfg, dataset, stream, role="remote-trainer"),
     )
     return stream, setup
 
@@ -50,6 +55,8 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
     start = resume_step(cfg)
     hot = setup.hot
     info = {
+        "staged": setup.staged,
+        "memory": setup.memory.as_dict() if setup.memory is not None else None,  # plain data for the wire
         "cache_rows": setup.cache_rows,
         "lookahead": setup.size.lookahead,
         "trainers": layout.trainers,
@@ -58,6 +65,7 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
     }
     for r in layout.trainer_ranks:
         transport.send(r, PLAN, info)
+    phases.mark("ready")
     d = cfg.dist
     source = LocalPlans(setup)
     report = OracleReport(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import bagpipe.phases as phases
 from bagpipe.config import Section, need
 from bagpipe.config.environ import MAX_PORT, env_int
 from bagpipe.config.sections import Store
@@ -35,6 +36,29 @@ OP_TIMEOUT = timedelta(minutes=30)
 # Beyond --rendezvous-timeout, how long a rendezvous may take to report its own time-out
 # before the role stops waiting for it.
 RENDEZVOUS_GRACE_S = 3.0
+
+
+def import_role_modules() -> None:
+    """Import what every role runs (torch, the training loop, the oracle, the servers) and
+    take one step of each dense optimizer (its first step imports much of torch, ~1 s on
+    an idle core, sympy included): the recovery phase ``imports``, which a pre-started
+    spare has done before it is needed."""
+    import torch
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    import bagpipe.distributed.oracle_role  # noqa: F401
+    import bagpipe.distributed.server  # noqa: F401
+    import bagpipe.distributed.trainer  # noqa: F401
+    import bagpipe.optim.build  # noqa: F401
+    import bagpipe.store.disk  # noqa: F401
+    import bagpipe.store.memory  # noqa: F401
+
+    layer = torch.nn.Linear(2, 1)
+    for opt in (torch.optim.Adagrad, torch.optim.Adam, torch.optim.SGD):
+        layer.zero_grad()
+        layer(torch.ones(1, 2)).sum().backward()
+        opt(layer.parameters(), lr=0.1).step()
 
 
 def env_rank(layout: Layout) -> int:
@@ -73,6 +97,12 @@ class ServerConfig(Section):
     """torch threads."""
     rendezvous_timeout: float = 300.0
     """Seconds to wait for the job's other processes to start."""
+    memory_budget_mb: float | None = None
+    """MiB this server may use, page cache included (default: the limit of its memory
+    cgroup; 0: none): its disk store's I/O bounds are sized to it, and a shard that does
+    not fit stops the server before it serves, naming the smallest budget that works."""
+    request_rows: int = 1 << 16
+    """Rows one request of a trainer carries at most (the estimate's staging)."""
     secret_file: str | None = None
     """File holding the job's secret (default $BAGPIPE_JOB_SECRET or $BAGPIPE_JOB_SECRET_FILE)."""
 
@@ -92,6 +122,8 @@ class ServerConfig(Section):
             run_dir=cfg.run.out,
             threads=role_threads(cfg.run.threads, layout, rank),
             rendezvous_timeout=cfg.dist.rendezvous_timeout,
+            memory_budget_mb=cfg.memory.server_memory_budget_mb,
+            request_rows=max(1, cfg.data.batch_size * 32 // layout.servers),  # ~32 lookups a sample at most
             secret_file=cfg.dist.secret_file,
         )
 
@@ -269,6 +301,7 @@ def joined(
         group = dist.new_group(layout.trainer_ranks, backend=backend) if layout.trainers > 1 else None
         transport = Transport(layout.name, log=log.warning)
         transport.join(layout.peers(rank), secret)
+        phases.mark("joined")
         log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield transport, group
     except RuntimeError as e:  # a collective (DDP, embedding sync) whose peer is gone
@@ -347,6 +380,7 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
         receive_setup,
         restore_shard,
     )
+    from bagpipe.memory import Budget, server_fit
     from bagpipe.store import open_store
 
     role, shard = layout.role(rank)
@@ -361,6 +395,8 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
         directory = (
             Path(scfg.store_dir) if scfg.store_dir else Path(scfg.run_dir) / "store"
         ) / f"shard-{shard}-of-{layout.servers}"
+        budget = Budget.of(scfg.memory_budget_mb, option="--server-memory-budget-mb")
+        io, est = server_fit(budget, sinit.num_rows, init.dim, state_dim, scfg.store, scfg.request_rows)
         # the run's own store starts fresh, as in one process; a checkpoint overwrites every row
         store = open_store(
             scfg.store,
@@ -369,18 +405,30 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
             directory,
             owned=not scfg.store_dir,
             reuse=scfg.init_from_store or restore is not None,
+            io=io,
         )
+        phases.mark("ready")
         log.info(
-            f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), {scfg.store} store"
+            f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), "
+            f"{scfg.store} store; memory estimate {est.mib:,.0f} MiB, budget "
+            + (f"{budget.mib:,.0f} MiB ({budget.source})" if budget.bytes is not None else budget.source)
         )
         if restore is not None:
             t0 = time.perf_counter()
-            step = restore_shard(store, restore, shard, layout.servers)
+            step, rows = restore_shard(store, restore, shard, layout.servers)
+            phases.mark("restored")
             log.info(
-                f"server {shard}: restored its rows from the checkpoint of step {step} in {time.perf_counter() - t0:.1f} s"
+                f"server {shard}: restored its rows from the checkpoint of step {step} ({rows:,} rows trained) "
+                f"in {time.perf_counter() - t0:.1f} s"
             )
         try:
-            report = EmbeddingServer(store, transport, layout.trainer_ranks).serve()
+            memory = {
+                "budget_mb": budget.mib,
+                "budget_source": budget.source,
+                "estimate_mb": round(est.mib, 1),
+                "estimate_parts_mb": est.as_dict()["parts_mb"],
+            }
+            report = EmbeddingServer(store, transport, layout.trainer_ranks, memory).serve()
         finally:
             store.close()
         log.info(

@@ -26,10 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.checkpoint.parts import write_part
-from bagpipe.distributed.transport import CONTROL, REPLY, REQUEST, Transport
+from bagpipe.checkpoint import CheckpointReader, NoSpace, Part, restore_rows, take_snapshot, write_part
+from bagpipe.checkpoint.writer import no_space
+from bagpipe.distributed.transport import CONTROL, PART, REPLY, REQUEST, Transport
 from bagpipe.errors import BagpipeError
 from bagpipe.faults import pause_at
+from bagpipe.memory.watch import RssSampler
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowInitializer
 
@@ -82,8 +84,10 @@ class EmbeddingServer:
         clients: ranks of the trainers.
     """
 
-    def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int]):
+    def __init__(self, store: EmbeddingStore, transport: Transport, clients: list[int], memory: dict | None = None):
         self.store = store
+        self.memory = dict(memory or {})  # its budget and estimate, reported with its measured peak
+        self._rss: RssSampler | None = None
         assert isinstance(store.init, ShardInit), "a server's store holds one shard of the rows"
         self.init: ShardInit = store.init  # which shard of how many
         self.t = transport
@@ -93,9 +97,11 @@ class EmbeddingServer:
         self._store_lock = threading.Lock()  # the stores allow one reader + one writer; clients are many
         self._failure: tuple[int, BaseException] | None = None
         self._checkpoints: dict[int, dict] = {}  # step -> the clients arrived, rank 0's request, the result
+        self._part_writer: threading.Thread | None = None  # writes the last cut's part in the background
         self.report = ServerReport()
 
     def serve(self) -> ServerReport:
+        self._rss = RssSampler()
         threads = [
             threading.Thread(target=self._client_loop, args=(c,), name=f"serve-{c}", daemon=True) for c in self.clients
         ]
@@ -103,6 +109,9 @@ class EmbeddingServer:
             th.start()
         for th in threads:
             th.join()
+        if self._part_writer is not None:
+            self._part_writer.join()
+        self._rss.stop()
         if self._failure is not None:
             client, exc = self._failure
             if isinstance(exc, BagpipeError):  # PeerLost names the trainer already
@@ -129,9 +138,11 @@ class EmbeddingServer:
                 self._cond.notify_all()
 
     def _checkpoint(self, client: int, msg: dict) -> dict:
-        """One trainer's part of a checkpoint barrier: when every trainer has asked (so
-        every write-back before the cut is applied: each client's requests are served in
-        order), the last to arrive writes this shard's part; each gets the result."""
+        """One trainer's part of a checkpoint's cut: when every trainer has asked (so every
+        write-back before the cut is applied: each client's requests are served in order),
+        the last to arrive copies the rows this shard's part needs and starts writing the
+        part in the background; each trainer gets the reply at once, and trainer 0 learns
+        on the PART stream when the part is durable (see :meth:`_write_part`)."""
         step = int(msg["step"])
         with self._cond:
             c = self._checkpoints.setdefault(step, {"clients": set(), "params": None, "result": None})
@@ -140,17 +151,21 @@ class EmbeddingServer:
                 c["params"] = msg
             writer = len(c["clients"]) == len(self.clients) and c["params"] is not None and c["result"] is None
             if writer:
-                c["result"] = "writing"
+                c["result"] = "cutting"
         if writer:
             try:
                 p = c["params"]
-                pause_at("checkpoint", step)
-                with self._store_lock:  # nothing else touches the shard while its part is written
-                    self.store.flush()
-                    part = write_part(Path(p["dir"]), self.store, self.init.shard, self.init.num_shards, p["kind"])
-                result: dict = {"part": asdict(part)}
+                with self._store_lock:  # nothing else touches the shard during the cut
+                    if self._part_writer is not None:  # trainer 0 waited for it before this cut: it is done
+                        self._part_writer.join()
+                    snap = take_snapshot(self.store, bool(p["everything"]))
+                self._part_writer = threading.Thread(
+                    target=self._write_part, args=(p, snap), name=f"checkpoint-{step}", daemon=True
+                )
+                self._part_writer.start()
+                result: dict = {"cut": step}
             except BaseException as e:  # noqa: BLE001 - reported to every trainer
-                result = {"error": f"server {self.init.shard} could not write its checkpoint part: {e}"}
+                result = {"error": f"server {self.init.shard} could not take its checkpoint cut: {e}"}
             with self._cond:
                 c["result"] = result
                 self._cond.notify_all()
@@ -163,6 +178,23 @@ class EmbeddingServer:
             if not c["clients"]:
                 del self._checkpoints[step]
             return c["result"]
+
+    def _write_part(self, params: dict, snap) -> None:
+        """Write this shard's part of the checkpoint ``params`` names from the cut's copy
+        ``snap``, then tell trainer 0 (the PART stream): the part, or why it failed."""
+        step, shard, shards = int(params["step"]), self.init.shard, self.init.num_shards
+        try:
+            pause_at("checkpoint", step)  # a test kills us here: the part is being written, training goes on
+            base = CheckpointReader(params["base"]) if params.get("base") else None
+            part = write_part(Path(params["dir"]), snap, shard, shards, params["kind"], base)
+            result: dict = {"step": step, "part": asdict(part)}
+        except BaseException as e:  # noqa: BLE001 - reported to trainer 0, which discards the checkpoint
+            result = {
+                "step": step,
+                "error": f"server {shard} could not write its checkpoint part: {e}",
+                "no_space": no_space(e),
+            }
+        self.t.send(self.clients[0], PART, result)
 
     def _wait_for(self, label: int) -> None:
         """Block until every client announced ``label`` (all their write-backs <= label sent)."""
@@ -203,6 +235,9 @@ class EmbeddingServer:
             with self._store_lock:
                 self.store.flush()
             return {}
+        if op == "written":  # the rows this shard wrote since initialisation (the digest)
+            with self._store_lock:
+                return {"rows": self.store.written_rows()}
         if op == "checkpoint":
             return self._checkpoint(client, msg)
         if op == "stats":
@@ -210,6 +245,7 @@ class EmbeddingServer:
                 "store": self.store.stats.as_dict(),
                 "requests": dict(self.report.requests),
                 "waited_s": self.report.waited_s,
+                "memory": self.memory | {"peak_anon_mb": self._rss.peak_anon_mb if self._rss else None},
             }
         raise BagpipeError(f"unknown request {op!r} from rank {client}")
 
@@ -323,19 +359,37 @@ class RemoteStore(EmbeddingStore):
             for r in self.servers:
                 self.t.recv(r, REPLY)
 
-    def checkpoint(self, request: dict, meanwhile=None) -> list[dict]:
-        """Ask every server for its part of a checkpoint (see EmbeddingServer._checkpoint);
-        runs ``meanwhile()`` while they write; returns the parts in shard order."""
+    def checkpoint(self, request: dict) -> None:
+        """Ask every server for its cut of a checkpoint (see EmbeddingServer._checkpoint);
+        returns once every server has taken it (their parts are written afterwards)."""
         with self._reply_lock:
             for r in self.servers:
                 self.t.send(r, REQUEST, request)
-            if meanwhile is not None:
-                meanwhile()
             replies = [self.t.recv(r, REPLY) for r in self.servers]
         for rep in replies:
             if "error" in rep:
                 raise BagpipeError(rep["error"])
-        return [rep["part"] for rep in replies]
+
+    def parts(self, step: int) -> list[Part]:
+        """Wait until every server has written its part of the checkpoint of ``step`` (the
+        PART stream; trainer 0's checkpoint writer calls it); the parts in shard order.
+        A server that failed for lack of space raises :class:`NoSpace`."""
+        replies = [self.t.recv(r, PART) for r in self.servers]
+        for rep in replies:
+            if rep.get("step") != step:  # pragma: no cover - a protocol bug
+                raise BagpipeError(f"a checkpoint part of step {rep.get('step')} came while waiting for step {step}")
+        failed = [rep for rep in replies if "error" in rep]
+        if failed:
+            raise (NoSpace if all(r["no_space"] for r in failed) else BagpipeError)(failed[0]["error"])
+        return [Part(**rep["part"]) for rep in replies]
+
+    def written_rows(self) -> np.ndarray:
+        """Every global row a server wrote since initialisation, ascending (asks each server)."""
+        with self._reply_lock:
+            for r in self.servers:
+                self.t.send(r, REQUEST, {"op": "written"})
+            local = [self.t.recv(r, REPLY)["rows"] for r in self.servers]
+        return np.sort(np.concatenate([rows * self.S + k for k, rows in enumerate(local)]))
 
     def server_stats(self) -> list[dict]:
         with self._reply_lock:
@@ -372,13 +426,11 @@ def receive_setup(transport: Transport, trainer0: int) -> tuple[RowInitializer, 
     return RowInitializer(msg["table_sizes"], msg["dim"], msg["seed"]), int(msg["state_dim"]), msg.get("restore")
 
 
-def restore_shard(store: EmbeddingStore, folder: str, shard: int, shards: int) -> int:
-    """Load this shard's rows (g % shards == shard) from the checkpoint in ``folder``,
-    whatever layout wrote it; returns the checkpoint's step."""
-    from bagpipe.checkpoint import CheckpointReader
-
+def restore_shard(store: EmbeddingStore, folder: str, shard: int, shards: int) -> tuple[int, int]:
+    """Make this shard's rows (g % shards == shard) those of the checkpoint in ``folder``,
+    whatever layout wrote it: the rows it holds are loaded, the shard's other written rows
+    go back to their initial value. Returns (the checkpoint's step, rows loaded)."""
     reader = CheckpointReader(folder)
-    for local, w, s in reader.shard_rows(shard, shards):
-        store.load(local, w, s)
+    loaded = restore_rows(store, reader, shard, shards)
     store.flush()
-    return reader.manifest.step
+    return reader.manifest.step, loaded

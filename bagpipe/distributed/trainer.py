@@ -20,7 +20,7 @@ from bagpipe.accel.profile import HotSet
 from bagpipe.cache import EXECUTORS
 from bagpipe.cache.periodic import PeriodicRowUpdate
 from bagpipe.cache.sync import SyncedRowUpdate
-from bagpipe.checkpoint import Checkpoint, Part, PartsTarget
+from bagpipe.checkpoint import Checkpoint, CutTarget
 from bagpipe.config.sections import DistConfig
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -36,7 +36,7 @@ from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import CachedBackend
 from bagpipe.train.loop import train
 from bagpipe.train.progress import ProgressKind
-from bagpipe.train.protocols import Backend
+from bagpipe.train.protocols import Backend, PartsWriter
 from bagpipe.train.summary import DistributedStats
 
 
@@ -119,7 +119,7 @@ class DataParallel:
         plans = RemotePlans(PlanReceiver(self.t, self.layout.oracle_rank))
         info = plans.receiver.info
         hot = HotSet(info["hot"]["rows"], init.num_rows, info["hot"]["report"]) if info.get("hot") else None
-        return RemoteBackend(
+        backend = RemoteBackend(
             store,
             int(info["cache_rows"]),
             plans,
@@ -127,8 +127,11 @@ class DataParallel:
             writes_cached=self.rank == 0,
             hot=hot,
             autotune=info.get("autotune"),
+            depth=info.get("staged"),
             device=self.device,
         )
+        backend.memory = info.get("memory")  # the oracle role sized the trainers' memory
+        return backend
 
     @staticmethod
     def _remote(backend: Backend) -> RemoteBackend:
@@ -138,16 +141,27 @@ class DataParallel:
     def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
         """Nothing here: each server restored its own rows at start-up (no process funnels every row)."""
 
-    def checkpoint_parts(self, step: int, backend: Backend, target: PartsTarget | None) -> list[Part]:
-        """A cut at step ``step``: every trainer asks every server for its part (a server
-        writes once all trainers asked, so every write-back before the cut is in); trainer
-        0 names the folder and the kind, and writes dense.pt meanwhile."""
-        store = self._remote(backend).remote
+    def checkpoint_cut(self, step: int, backend: Backend, target: CutTarget | None) -> PartsWriter | None:
+        """A cut at step ``step``: every trainer drains its write-backs (trainer 0 also sends
+        its cached rows) and asks every server for its cut; a server takes it once every
+        trainer asked (so every write-back before the cut is in), copies the rows its part
+        needs and writes the part in the background. Trainer 0 names the folder and the
+        kind; its checkpoint writer then waits for every server's part."""
+        remote = self._remote(backend)
+        remote.flush(step - 1, durable=False)
+        request: dict = {"op": "checkpoint", "step": step}
+        if target is not None:
+            merge = target.root / target.base if target.kind == "full" and target.base else None
+            request |= {
+                "dir": str(target.staging.resolve()),
+                "kind": target.kind,
+                "everything": target.everything,
+                "base": str(merge.resolve()) if merge is not None else None,
+            }
+        remote.remote.checkpoint(request)
         if target is None:
-            store.checkpoint({"op": "checkpoint", "step": step})
-            return []
-        request = {"op": "checkpoint", "step": step, "dir": str(target.staging.resolve()), "kind": target.kind}
-        return [Part(**p) for p in store.checkpoint(request, meanwhile=target.meanwhile)]
+            return None
+        return lambda: remote.remote.parts(step)
 
     def row_update(self, opt: SparseOptimizer, backend: Backend) -> SyncedRowUpdate | PeriodicRowUpdate:
         cache = self._remote(backend).cache

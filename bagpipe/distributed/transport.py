@@ -55,6 +55,7 @@ from bagpipe.distributed.wire import (  # noqa: F401 - the streams are part of t
     CONTROL,
     CREDIT,
     HELLO,
+    PART,
     PLAN,
     REPLY,
     REQUEST,

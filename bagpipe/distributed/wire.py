@@ -46,7 +46,16 @@ PLAN = 3  # oracle -> trainer
 CREDIT = 4  # trainer -> oracle
 CONTROL = 5  # trainer 0 -> other roles (setup, end)
 HELLO = 6  # the join handshake (bagpipe.distributed.auth)
-STREAM_NAMES = {REQUEST: "request", REPLY: "reply", PLAN: "plan", CREDIT: "credit", CONTROL: "control", HELLO: "hello"}
+PART = 7  # embedding server -> trainer 0: its part of a checkpoint is durable (or failed)
+STREAM_NAMES = {
+    REQUEST: "request",
+    REPLY: "reply",
+    PLAN: "plan",
+    CREDIT: "credit",
+    CONTROL: "control",
+    HELLO: "hello",
+    PART: "part",
+}
 
 ROWS = array("int64", 1)
 VALUES = array("float32", 2)
@@ -58,7 +67,10 @@ REQUESTS = {
     "flush": struct_({}),
     "stats": struct_({}),
     "bye": struct_({}),
-    "checkpoint": struct_({"step": INT_}, {"dir": STR_, "kind": STR_}),  # trainer 0 names the folder and kind
+    "written": struct_({}),  # the rows the shard wrote since initialisation (the digest)
+    # the cut of a checkpoint; trainer 0 names the folder, the kind, whether every written
+    # row goes in, and the checkpoint a full one merges with
+    "checkpoint": struct_({"step": INT_}, {"dir": STR_, "kind": STR_, "everything": BOOL_, "base": maybe(STR_)}),
 }
 SCHEMAS: dict[int, Spec] = {
     REQUEST: by_op(REQUESTS),
@@ -66,8 +78,10 @@ SCHEMAS: dict[int, Spec] = {
         rows=struct_({"w": VALUES, "s": VALUES}),
         done=struct_({}),
         part=struct_({"part": DATA}),
+        cut=struct_({"cut": INT_}),
+        written=struct_({"rows": ROWS}),
         error=struct_({"error": STR_}),
-        stats=struct_({"store": DATA, "requests": DATA, "waited_s": FLOAT_}),
+        stats=struct_({"store": DATA, "requests": DATA, "waited_s": FLOAT_}, {"memory": DATA}),
     ),
     CONTROL: struct_(
         {"table_sizes": list_of(INT_), "dim": INT_, "seed": INT_, "state_dim": INT_, "restore": maybe(STR_)}
@@ -81,11 +95,16 @@ SCHEMAS: dict[int, Spec] = {
                 "trainers": INT_,
                 "autotune": DATA,
                 "hot": maybe(struct_({"rows": ROWS, "report": DATA})),
-            }
+            },
+            {"staged": maybe(INT_), "memory": DATA},  # the trainers' memory, sized by the oracle role
         ),
         end=struct_({"end": BOOL_, "report": record(OracleReport)}),
     ),
     CREDIT: maybe(INT_),  # 1 per plan taken; None: no more
+    PART: one_of(
+        part=struct_({"step": INT_, "part": DATA}),
+        error=struct_({"step": INT_, "error": STR_, "no_space": BOOL_}),
+    ),
     HELLO: one_of(
         hello=struct_({"version": INT_, "nonce": BYTES_}),
         answer=struct_({"nonce": BYTES_, "proof": BYTES_}),

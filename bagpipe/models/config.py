@@ -13,6 +13,14 @@ RecipeName = Literal["debug", "kaggle", "dcn-mlperf"]
 MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
 RECIPE_SIZES: tuple[str, ...] = get_args(RecipeName)
 
+#: The optimizer settings a recipe is known to train with, used where a run does not give
+#: them (:func:`bagpipe.config.train.with_recipe_settings`). ``dcn-mlperf``: MLPerf Training's
+#: DLRM-DCNv2 reference trains with Adagrad at a learning rate of 0.005; the default 0.05
+#: made its loss explode (7.7e11 within 8 steps of batch 1024 on the criteo-1tb profile).
+RECIPE_OPTIMIZER: dict[str, dict[str, object]] = {
+    "dcn-mlperf": {"optimizer": "adagrad", "lr": 0.005},
+}
+
 
 @dataclass(kw_only=True)
 class ModelConfig:

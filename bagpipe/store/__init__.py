@@ -8,6 +8,7 @@ from pathlib import Path
 from bagpipe.errors import ConfigError
 from bagpipe.files import RunLock
 from bagpipe.store.base import EmbeddingStore
+from bagpipe.store.diskio import DiskIO
 from bagpipe.store.init import RowValues
 
 LOCK = ".lock"  # the store directory's lock file (one run at a time)
@@ -19,7 +20,14 @@ def holds_store(directory: str | Path) -> bool:
 
 
 def open_store(
-    kind: str, init: RowValues, state_dim: int, directory: str | Path | None, *, owned: bool, reuse: bool = False
+    kind: str,
+    init: RowValues,
+    state_dim: int,
+    directory: str | Path | None,
+    *,
+    owned: bool,
+    reuse: bool = False,
+    io: DiskIO | None = None,
 ) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
@@ -27,7 +35,8 @@ def open_store(
     run starts from the initial tables or from its checkpoint. Otherwise (a user's
     ``--store-dir``) a directory that already holds a store is opened only when
     ``reuse`` says so: its rows then become the starting tables, which a run must ask
-    for (``--init-from-store``), never get by accident.
+    for (``--init-from-store``), never get by accident. ``io``: the disk store's memory
+    settings (:class:`~bagpipe.store.diskio.DiskIO`; its defaults when None).
     """
     if kind == "memory":
         from bagpipe.store.memory import MemoryStore
@@ -61,7 +70,7 @@ def open_store(
                 )
             if reuse and not holds_store(path):
                 raise ConfigError(f"--init-from-store: {path} holds no store to start from")
-        return DiskStore(init, state_dim, path, lock=lock)
+        return DiskStore(init, state_dim, path, io=io, lock=lock)
     except BaseException:
         lock.release()
         raise

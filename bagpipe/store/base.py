@@ -3,6 +3,10 @@
 Rows are addressed by global row index g in [0, num_rows). Each row has D weights and
 S optimizer-state values (S = 0 for SGD, 1 for row-wise Adagrad). A row that was never
 written reads as its deterministic initial value (:class:`~bagpipe.store.init.RowInitializer`) and zero state.
+
+A store knows which rows were written since initialisation (:meth:`EmbeddingStore.written_rows`)
+and which since the last checkpoint's cut (:meth:`EmbeddingStore.take_dirty`): checkpoints
+and the digest cost the rows trained, never the tables.
 """
 
 from __future__ import annotations
@@ -16,7 +20,18 @@ import numpy as np
 
 from bagpipe.store.init import RowValues
 
-EXPORT_CHUNK_ROWS = 1 << 20
+EXPORT_CHUNK_ROWS = 1 << 16  # rows per chunk of a full read (export, digests): bounds its memory
+
+
+def bitmap_rows(bits: np.ndarray, num_rows: int, at: np.ndarray | None = None) -> np.ndarray:
+    """The rows (ascending int64) whose bit is set in a little-endian bitmap of ``num_rows``
+    bits; ``at``: ``bits`` holds only those bytes of the bitmap (ascending byte indices)."""
+    if at is None:
+        at = np.flatnonzero(bits)  # only the bytes with a row set: cheap for a sparse set
+        bits = bits[at]
+    set_ = np.unpackbits(bits, bitorder="little").reshape(-1, 8).astype(bool)
+    rows = (np.asarray(at, np.int64)[:, None] * 8 + np.arange(8))[set_]
+    return rows[rows < num_rows]
 
 
 @dataclass
@@ -46,6 +61,8 @@ class EmbeddingStore(ABC):
 
     #: Whether writes are remembered for incremental checkpoints (:meth:`take_dirty`).
     tracks_writes = True
+    #: Rows per chunk of :meth:`chunks` (a disk store's is sized by its memory budget).
+    chunk_rows = EXPORT_CHUNK_ROWS
 
     def __init__(self, init: RowValues, state_dim: int):
         self.init = init
@@ -105,10 +122,18 @@ class EmbeddingStore(ABC):
             bits, self._dirty = self._dirty, None
         if bits is None:
             return np.zeros(0, dtype=np.int64)
-        nz = np.flatnonzero(bits)  # only the bytes with a row written: cheap for a sparse set
-        set_ = np.unpackbits(bits[nz], bitorder="little").reshape(-1, 8).astype(bool)
-        rows = (nz[:, None].astype(np.int64) * 8 + np.arange(8))[set_]
-        return rows[rows < self.num_rows]
+        return bitmap_rows(bits, self.num_rows)
+
+    def written_rows(self) -> np.ndarray:
+        """(m,) int64 ascending: every row written (or loaded) since the store was created,
+        i.e. every row that may differ from its initial value. Costs the rows written
+        (and, for a bitmap, num_rows / 8 bytes scanned), never a read of the rows."""
+        raise NotImplementedError(f"{type(self).__name__} does not track its written rows")
+
+    def reset(self, rows: np.ndarray) -> None:
+        """``rows`` return to their initial value and zero state, as if never written
+        (a restore: rows written after the checkpoint it restores)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset rows")
 
     def mark_written(self, label: int) -> None:
         """Every write-back labelled <= ``label`` by this client has been issued (remote stores)."""
@@ -129,8 +154,10 @@ class EmbeddingStore(ABC):
         """Rows [start, stop) for digests and export; does not count as training reads."""
         return self._read(np.arange(start, stop, dtype=np.int64))
 
-    def chunks(self, chunk_rows: int = EXPORT_CHUNK_ROWS) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Every row in order, as (start, weights, state) chunks (export, digests, checkpoints)."""
+    def chunks(self, chunk_rows: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Every row in order, as (start, weights, state) chunks of ``chunk_rows`` rows
+        (default the store's :attr:`chunk_rows`; export, digests, checkpoints)."""
+        chunk_rows = chunk_rows or self.chunk_rows
         for a in range(0, self.num_rows, chunk_rows):
             b = min(a + chunk_rows, self.num_rows)
             w, s = self.read_range(a, b)

@@ -24,34 +24,43 @@ until rows are written.
 Reads go through shared memory maps of the files advised ``MADV_RANDOM`` (no
 read-around: with the default read-around every page fault reads 128 KiB..8 MiB,
 which for a table larger than RAM wastes the disk and evicts useful pages). The rows
-of a batch are sorted by offset; the calling thread first asks the kernel for every
-page they lie in (``madvise(MADV_WILLNEED)`` over each run of adjacent pages, at most
-:data:`_HINT_ROWS` rows per round), which queues all those reads on the device at once;
-then a persistent pool of ``threads`` threads gathers whole (D + S)-float rows with
-``np.take`` (numpy releases the GIL while copying), faulting on pages already read or
-in flight. Writes hint and scatter the same way (a contiguous run of rows is one
-``pwrite``).
+of a batch are sorted by offset and read in rounds of at most ``io.hint_bytes`` of
+pages (:class:`~bagpipe.store.diskio.DiskIO`): the calling thread first asks the kernel
+for every page of the round (``madvise(MADV_WILLNEED)`` over each run of adjacent
+pages), which queues all those reads on the device at once; then a persistent pool of
+``threads`` threads gathers whole (D + S)-float rows with ``np.take`` (numpy releases
+the GIL while copying) into the calling thread's reused buffer, from which they go
+straight to the caller's order in the returned weights and state. Writes fill the same
+kind of buffer, hint and scatter the same way (a contiguous run of rows is one
+``pwrite``), then count the pages they dirtied: the store keeps the file's dirty pages
+under ``io.dirty_bytes`` by starting their writeback itself
+(:class:`~bagpipe.store.diskio.WriteBehind`), so a memory cgroup's page cache never fills
+with pages that cannot be reclaimed. With ``io.page_cache_bytes`` set (a budget without
+a cgroup to enforce it) the store also trims its own page cache.
 
-The read path was chosen by measurement (``benchmarks/disk_read_paths.py``, figures in
-docs/beyond-memory.md). Under a 2 GiB memory cgroup, on an
-8.2 GiB table file, batches of 40,000 uniform random 260-byte rows, this 2-core VM:
-page faults alone from 1 / 8 / 32 threads gave 8.6k / 23k / 33k rows/s, coalesced
-``pread`` from 8 / 32 threads 31k / 36k, the WILLNEED hints then a gather from 1 / 8 /
-32 threads 49k / 44k / 48k rows/s (within noise of each other), and an ``O_DIRECT``
-4 KiB random-read probe of the same pages 38k rows/s at its best (8 threads; Python
-threads cannot keep a deeper queue). Hints + 8 threads is the default: the deep queue
-comes from the kernel, not from threads competing with the trainer for the cores.
-Earlier, on a table that fit the page cache, 32 faulting threads ran at ~90-120k rows/s
-cold against ~30-40k from one thread. A row's weights and state sit side by side
-(version 2): a cold row costs one page (version 1 needed two with S > 0).
+The read path was chosen by measurement under a memory cgroup
+(``benchmarks/disk_read_paths.py``; the write path and the page-cache bounds by
+``benchmarks/disk_write_paths.py``; figures in docs/beyond-memory.md): the hints
+reached the device's random-read rate from one thread as from eight, where faulting
+threads alone needed many threads competing with the trainer for the cores. A row's
+weights and state sit side by side (version 2): a cold row costs one page.
+
+This module is long because one class holds the files, the hinted read and write paths and the
+presence bitmap (its written rows and their reset for a restore), which share its locks.
 
 Which rows are present is kept in memory as a bitmap (num_rows / 8 bytes), loaded
 from ``present.u8`` at open (only its allocated extents are read), so deciding
 which rows need I/O costs no I/O.
+
+The module is long because the file layout, the crash-safe flush and the bounded I/O
+path share the invariants of the store's files and are read together; the I/O settings,
+the dirty-page bound and the raw ``pread``/``pwrite`` helpers are in
+:mod:`bagpipe.store.diskio`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import os
@@ -63,7 +72,16 @@ import numpy as np
 
 from bagpipe.errors import DataError
 from bagpipe.files import atomic_write_text
-from bagpipe.store.base import EmbeddingStore
+from bagpipe.store.base import EmbeddingStore, bitmap_rows
+from bagpipe.store.diskio import (
+    DiskIO,
+    Residency,
+    WriteBehind,
+    drop_file_pages,
+    pages_spanned,
+    pread_into,
+    pwrite_from,
+)
 from bagpipe.store.init import RowValues
 
 FORMAT = "bagpipe.DiskStore"
@@ -73,30 +91,8 @@ ROWS = "rows.f32"
 PRESENT = "present.u8"
 
 _MIN_ROWS_PER_TASK = 16  # below this a thread hand-off costs more than it hides
-_HINT_ROWS = 1 << 16  # rows whose pages are hinted (and then gathered) per round: bounds the pages in flight
 _PAGE = mmap.PAGESIZE
-DEFAULT_THREADS = 8
-_MAX_IO = 1 << 30  # bytes per pread call (Linux caps a single read near 2 GiB)
-
-
-def _pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
-    """Fill the contiguous array ``buf`` from ``fd`` at ``offset`` (holes read as zeros)."""
-    mv = buf.data.cast("B")
-    done = 0
-    while done < len(mv):
-        n = os.preadv(fd, [mv[done : done + _MAX_IO]], offset + done)
-        if n <= 0:  # past the end of a truncated file
-            mv[done:] = b"\0" * (len(mv) - done)
-            return
-        done += n
-
-
-def _pwrite_from(fd: int, buf: np.ndarray, offset: int) -> None:
-    """Write the contiguous array ``buf`` to ``fd`` at ``offset``."""
-    mv = buf.data.cast("B")
-    done = 0
-    while done < len(mv):
-        done += os.pwritev(fd, [mv[done : done + _MAX_IO]], offset + done)
+DEFAULT_THREADS = DiskIO.threads
 
 
 class DiskStore(EmbeddingStore):
@@ -106,10 +102,13 @@ class DiskStore(EmbeddingStore):
         init: gives the initial value of any row (also fixes num_rows and D).
         state_dim: S, optimizer-state values per row.
         path: directory of the store; created if missing.
-        threads: gather/scatter threads per pool (one pool for reads, one for writes).
+        threads: gather/scatter threads per pool (one pool for reads, one for writes);
+            overrides ``io.threads``.
         create: create the store if ``path`` holds none; when False a missing store
             is a :class:`DataError`. An existing store is always reopened (its header
             must match ``init`` and ``state_dim``), never overwritten.
+        io: its memory settings (:class:`~bagpipe.store.diskio.DiskIO`: pages in
+            flight, the dirty-page bound, the page-cache bound, chunk rows).
         lock: the lock on ``path`` its opener holds (:func:`bagpipe.store.open_store`),
             released when the store closes.
 
@@ -124,14 +123,24 @@ class DiskStore(EmbeddingStore):
         state_dim: int,
         path: str | Path,
         *,
-        threads: int = DEFAULT_THREADS,
+        threads: int | None = None,
         create: bool = True,
+        io: DiskIO | None = None,
         lock=None,
     ):
         super().__init__(init, state_dim)
         self.path = Path(path)
         self._lock = lock
-        self.threads = max(1, int(threads))
+        io = io or DiskIO()
+        if threads is not None:
+            io = dataclasses.replace(io, threads=int(threads))
+        self.io = io
+        self.threads = max(1, io.threads)
+        self.chunk_rows = io.chunk_rows
+        self._round = io.round_rows()
+        self._scratch = threading.local()  # each reading / writing thread's reused buffer
+        self._touched = 0  # bytes of pages touched since the last page-cache trim
+        self._trim_lock = threading.Lock()
         self._closed = True
         self._fds: dict[str, int] = {}
         self._maps: dict[str, mmap.mmap] = {}
@@ -155,6 +164,7 @@ class DiskStore(EmbeddingStore):
         except BaseException:
             self._release()
             raise
+        self._behind = WriteBehind(self._fds[ROWS], io.dirty_bytes) if io.dirty_bytes and ROWS in self._fds else None
         self._closed = False
         self._read_pool = ThreadPoolExecutor(self.threads, thread_name_prefix="diskstore-read")
         self._write_pool = ThreadPoolExecutor(self.threads, thread_name_prefix="diskstore-write")
@@ -230,6 +240,8 @@ class DiskStore(EmbeddingStore):
                     m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                     m.madvise(mmap.MADV_RANDOM)
                     self._maps[name] = m
+                    if name == ROWS:
+                        self._residency = Residency(m)
             if new:
                 for fd in self._fds.values():
                     os.fsync(fd)
@@ -250,7 +262,7 @@ class DiskStore(EmbeddingStore):
         """Build the in-memory bitmap from the allocated extents of present.u8."""
         fd = self._fds[PRESENT]
         size = self.num_rows
-        chunk = 64 << 20
+        chunk = 8 << 20  # bytes of present.u8 per read (bounds the buffer at open)
         pos = 0
         while pos < size:
             try:
@@ -261,7 +273,7 @@ class DiskStore(EmbeddingStore):
             for a in range(start, stop, chunk):  # extents start block-aligned: a % 8 == 0
                 b = min(stop, a + chunk)
                 buf = np.empty(b - a, dtype=np.uint8)
-                _pread_into(fd, buf, a)
+                pread_into(fd, buf, a)
                 packed = np.packbits(buf != 0, bitorder="little")
                 self._bits[a // 8 : a // 8 + len(packed)] |= packed
             pos = stop
@@ -307,9 +319,13 @@ class DiskStore(EmbeddingStore):
 
     def _hint(self, srows: np.ndarray) -> None:
         """Ask the kernel to start reading the pages of ``srows`` (sorted) now: one
-        ``madvise(MADV_WILLNEED)`` per run of adjacent pages (no-op when they are cached)."""
+        ``madvise(MADV_WILLNEED)`` per run of adjacent pages -- unless a sample of those
+        pages shows them cached (:class:`~bagpipe.store.diskio.Residency`): then the
+        system calls would cost more than the few faults they spare."""
         rb = self._cols * 4
         first = srows * rb // _PAGE
+        if not self._residency.cold(first):
+            return
         last = (srows * rb + rb - 1) // _PAGE
         cut = np.flatnonzero(first[1:] > last[:-1] + 1) + 1
         starts = first[np.concatenate([[0], cut])] * _PAGE
@@ -318,15 +334,35 @@ class DiskStore(EmbeddingStore):
         for a, b in zip(starts.tolist(), ends.tolist()):
             m.madvise(mmap.MADV_WILLNEED, a, b - a)
 
-    def _hinted(self, pool: ThreadPoolExecutor, fn, srows: np.ndarray) -> None:
-        """``fn(a, b)`` over [0, len(srows)) in rounds of :data:`_HINT_ROWS` rows, each
-        round's pages hinted first (:meth:`_hint`), its rows split over the pool."""
-        n = len(srows)
-        for lo in range(0, n, _HINT_ROWS):
-            hi = min(n, lo + _HINT_ROWS)
-            if ROWS in self._maps:
-                self._hint(srows[lo:hi])
-            self._run(pool, fn, [(lo + a, lo + b) for a, b in self._split(hi - lo)])
+    def _buffer(self, rows: int) -> np.ndarray:
+        """This thread's reused (rows, D + S) buffer (grown once to a round's rows; a
+        pipeline's fetch and write-back threads each keep their own)."""
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or len(buf) < rows:
+            buf = self._scratch.buf = np.empty((max(rows, self._round), self._cols), dtype=np.float32)
+        return buf
+
+    def _rounds(self, n: int):
+        """[lo, hi) rounds of at most one round's rows over n sorted rows."""
+        return ((lo, min(n, lo + self._round)) for lo in range(0, n, self._round))
+
+    def _gather_round(self, r: np.ndarray, buf: np.ndarray) -> None:
+        """Rows ``r`` (sorted, on disk) into ``buf[:len(r)]``: their pages hinted first,
+        then gathered by the read pool (a contiguous run is one ``pread``)."""
+        R = self._r
+        fd = self._fds[ROWS]
+        row_bytes = self._cols * 4
+
+        def gather(a: int, b: int) -> None:
+            part = r[a:b]
+            if part[-1] - part[0] == b - a - 1:  # a contiguous run: one pread (readahead applies)
+                pread_into(fd, buf[a:b], int(part[0]) * row_bytes)
+            else:
+                np.take(R, part, axis=0, out=buf[a:b], mode="clip")
+
+        if ROWS in self._maps:
+            self._hint(r)
+        self._run(self._read_pool, gather, self._split(len(r)))
 
     def _run(self, pool: ThreadPoolExecutor, fn, parts: list[tuple[int, int]]) -> None:
         if len(parts) == 1:
@@ -340,44 +376,29 @@ class DiskStore(EmbeddingStore):
         d = self.dim
         srows, order = self._sorted(rows)
         pres = self._present(srows)
+        w = np.empty((n, d), dtype=np.float32)
+        s = np.empty((n, self.state_dim), dtype=np.float32)
+        if not pres.all():  # rows never written: their initial value and zero state
+            a = np.flatnonzero(~pres)
+            at = a if order is None else order[a]
+            w[at] = self.init.rows(srows[a])
+            s[at] = 0.0
         p = np.flatnonzero(pres)
         prow = srows[p]
-        # Whole rows (weights and state side by side) land here: the rows on disk first,
-        # in sorted order, then the rows never written.
-        buf = np.empty((n, self._cols), dtype=np.float32)
-        R = self._r
-        fd = self._fds[ROWS]
-        row_bytes = self._cols * 4
-
-        def gather(a: int, b: int) -> None:
-            r = prow[a:b]
-            if r[-1] - r[0] == b - a - 1:  # a contiguous run: one pread (readahead applies)
-                _pread_into(fd, buf[a:b], int(r[0]) * row_bytes)
+        # each sorted row on disk goes to dest[k] of the caller's order (None: in place)
+        dest = None if (order is None and len(p) == n) else (p if order is None else order[p])
+        buf = self._buffer(min(len(p), self._round))
+        for lo, hi in self._rounds(len(p)):
+            k = hi - lo
+            self._gather_round(prow[lo:hi], buf)
+            if dest is None:
+                w[lo:hi] = buf[:k, :d]
+                s[lo:hi] = buf[:k, d:]
             else:
-                np.take(R, r, axis=0, out=buf[a:b], mode="clip")
-
-        if len(p):
-            self._hinted(self._read_pool, gather, prow)
-        if len(p) == n:  # every row on disk: reorder the gathered rows (if needed)
-            if order is None:
-                return np.ascontiguousarray(buf[:, :d]), np.ascontiguousarray(buf[:, d:])
-            pos = np.empty(n, dtype=np.intp)
-            pos[order] = np.arange(n, dtype=np.intp)
-        else:  # one gather below puts the rows on disk and the rows never written in place
-            a = np.flatnonzero(~pres)
-            buf[len(p) :, :d] = self.init.rows(srows[a])
-            buf[len(p) :, d:] = 0.0
-            pos = np.empty(n, dtype=np.intp)  # sorted row k is row pos[k] of buf
-            pos[p] = np.arange(len(p), dtype=np.intp)
-            pos[a] = np.arange(len(p), n, dtype=np.intp)
-            if order is not None:
-                pos_caller = np.empty(n, dtype=np.intp)
-                pos_caller[order] = pos
-                pos = pos_caller
-        # Reorder whole rows (np.take would copy a strided half before gathering it),
-        # then split each row into its weights and its state.
-        buf = np.take(buf, pos, axis=0)
-        return np.ascontiguousarray(buf[:, :d]), np.ascontiguousarray(buf[:, d:])
+                w[dest[lo:hi]] = buf[:k, :d]
+                s[dest[lo:hi]] = buf[:k, d:]
+        self._touch(pages_spanned(prow, self._cols * 4))
+        return w, s
 
     def _write(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
         n = len(rows)
@@ -386,33 +407,63 @@ class DiskStore(EmbeddingStore):
         srows, order = self._sorted(rows)
         if n > 1 and bool(np.any(srows[1:] == srows[:-1])):
             raise ValueError("DiskStore.write: rows must be unique")
-        # Whole rows in sorted order: weights then state, as laid out in rows.f32.
-        buf = np.empty((n, self._cols), dtype=np.float32)
-        if order is None:
-            buf[:, :d] = weights
-            buf[:, d:] = state
-        else:
-            buf[:, :d] = np.take(weights, order, axis=0)
-            buf[:, d:] = np.take(state, order, axis=0)
         R = self._r
         fd = self._fds[ROWS]
         row_bytes = self._cols * 4
-
-        def scatter(a: int, b: int) -> None:
-            r = srows[a:b]
-            if r[-1] - r[0] == b - a - 1:  # a contiguous run: plain writes, no page faults
-                _pwrite_from(fd, buf[a:b], int(r[0]) * row_bytes)
+        buf = self._buffer(min(n, self._round))
+        for lo, hi in self._rounds(n):
+            k = hi - lo
+            r = srows[lo:hi]
+            # whole rows in sorted order: weights then state, as laid out in rows.f32
+            if order is None:
+                buf[:k, :d] = weights[lo:hi]
+                buf[:k, d:] = state[lo:hi]
             else:
-                R[r] = buf[a:b]
+                buf[:k, :d] = weights[order[lo:hi]]
+                buf[:k, d:] = state[order[lo:hi]]
 
-        self._hinted(self._write_pool, scatter, srows)
+            def scatter(a: int, b: int, r=r) -> None:
+                part = r[a:b]
+                if part[-1] - part[0] == b - a - 1:  # a contiguous run: plain writes, no page faults
+                    pwrite_from(fd, buf[a:b], int(part[0]) * row_bytes)
+                else:
+                    R[part] = buf[a:b]
+
+            if ROWS in self._maps:
+                self._hint(r)
+            self._run(self._write_pool, scatter, self._split(k))
+            pages = pages_spanned(r, row_bytes)
+            if self._behind is not None:
+                self._behind.wrote(pages * _PAGE)  # round by round: the dirty pages stay under io.dirty_bytes
+            self._touch(pages)
         # present.u8 learns of these rows only in flush(), after their values are durable
         masks = np.left_shift(np.uint8(1), (srows & 7).astype(np.uint8))
         with self._present_lock:
             np.bitwise_or.at(self._bits, srows >> 3, masks)
 
+    def _touch(self, pages: int) -> None:
+        """Count pages touched; past ``io.page_cache_bytes`` since the last trim, trim."""
+        if self.io.page_cache_bytes is None:
+            return
+        with self._trim_lock:
+            self._touched += pages * _PAGE
+            if self._touched < self.io.page_cache_bytes:
+                return
+            self._touched = 0
+            self.trim_page_cache()
+
+    def trim_page_cache(self) -> None:
+        """Write the dirty pages, unmap every page and drop the files' clean pages from the
+        page cache (rows read later come from the device again). Safe while other
+        threads read or write: they fault the pages back in."""
+        for m in self._maps.values():
+            m.madvise(mmap.MADV_DONTNEED)
+        for fd in self._fds.values():
+            drop_file_pages(fd)
+
     def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows [start, stop) with one sequential read of rows.f32 (kernel readahead applies)."""
+        """Rows [start, stop) with sequential reads of rows.f32 (kernel readahead applies),
+        through this thread's reused buffer."""
         if self._closed:
             raise ValueError(f"DiskStore {self.path} is closed")
         start, stop = int(start), int(stop)
@@ -420,16 +471,20 @@ class DiskStore(EmbeddingStore):
             raise IndexError(f"range [{start}, {stop}) outside [0, {self.num_rows})")
         n = stop - start
         d = self.dim
-        if n == 0:
-            return np.empty((0, d), dtype=np.float32), np.empty((0, self.state_dim), dtype=np.float32)
-        buf = np.empty((n, self._cols), dtype=np.float32)
-        _pread_into(self._fds[ROWS], buf, start * self._cols * 4)
-        w, s = np.ascontiguousarray(buf[:, :d]), np.ascontiguousarray(buf[:, d:])
-        del buf
+        w = np.empty((n, d), dtype=np.float32)
+        s = np.empty((n, self.state_dim), dtype=np.float32)
+        buf = self._buffer(min(n, self._round))
+        step = len(buf)
+        for lo in range(0, n, step):
+            k = min(n, lo + step) - lo
+            pread_into(self._fds[ROWS], buf[:k], (start + lo) * self._cols * 4)
+            w[lo : lo + k] = buf[:k, :d]
+            s[lo : lo + k] = buf[:k, d:]
         missing = np.flatnonzero(~self._present(np.arange(start, stop, dtype=np.int64)))
         if len(missing):
             w[missing] = self.init.rows(missing + start)
             s[missing] = 0.0
+        self._touch(n * self._cols * 4 // _PAGE)
         return w, s
 
     # ------------------------------------------------------------------ lifecycle
@@ -453,10 +508,22 @@ class DiskStore(EmbeddingStore):
             fresh = self._bits[new] & ~self._durable[new]
             self._durable[new] |= fresh
         if len(new):
-            bits = np.unpackbits(fresh, bitorder="little").reshape(-1, 8)
-            rows = (new[:, None] * 8 + np.arange(8))[bits.astype(bool)]
-            rows = rows[rows < self.num_rows]
-            self._p[rows] = 1
+            self._p[bitmap_rows(fresh, self.num_rows, at=new)] = 1
+            self._maps[PRESENT].flush()
+        os.fsync(self._fds[PRESENT])
+
+    def written_rows(self) -> np.ndarray:
+        with self._present_lock:  # the presence bitmap: no I/O
+            return bitmap_rows(self._bits.copy(), self.num_rows)
+
+    def reset(self, rows: np.ndarray) -> None:
+        """Clear ``rows``' presence flags, durably (their old values stay in rows.f32, unread)."""
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        keep = ~np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8))
+        with self._present_lock:
+            np.bitwise_and.at(self._bits, rows >> 3, keep)
+            np.bitwise_and.at(self._durable, rows >> 3, keep)
+            self._p[rows] = 0
             self._maps[PRESENT].flush()
         os.fsync(self._fds[PRESENT])
 

@@ -33,16 +33,27 @@ from bagpipe.accel.hot import HotSet, hot_section
 from bagpipe.cache.executor import PlanExecutor
 from bagpipe.cache.slots import SlotCache
 from bagpipe.cache.transfer import Transfers
+from bagpipe.checkpoint import CheckpointReader, Snapshot, restore_rows, take_snapshot
 from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
+from bagpipe.memory import Fit
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.protocols import PlanSource, Rows, StepInput
+from bagpipe.train.protocols import IdRows, PlanSource, Rows, StepInput
 from bagpipe.train.summary import CacheStats
 
 HOT_LOAD_ROWS = 1 << 16  # hot rows read from the store at a time when training starts (bounds the copy)
+TOUCHED_CHUNK = 1 << 18  # rows read at a time for the digest
+
+
+def touched_rows(rows: np.ndarray, peek) -> IdRows:
+    """(rows, weights, state) chunks of ascending ``rows``, values from ``peek``."""
+    for a in range(0, len(rows), TOUCHED_CHUNK):
+        ids = rows[a : a + TOUCHED_CHUNK]
+        w, s = peek(ids)
+        yield ids, w, s
 
 
 def store_lookup(store: EmbeddingStore, rows: torch.Tensor) -> torch.Tensor:
@@ -54,8 +65,9 @@ def store_lookup(store: EmbeddingStore, rows: torch.Tensor) -> torch.Tensor:
 class FullBackend:
     """All tables in the device's memory (on ``--device cuda``, the GPU's): the reference.
 
-    It is also a checkpoint's row source (:class:`bagpipe.checkpoint.parts.RowSource`):
-    the rows each step updates are remembered for the next incremental checkpoint.
+    It is also a checkpoint's row source (:class:`bagpipe.checkpoint.parts.RowSource`)
+    and a restore's target (:class:`bagpipe.checkpoint.reader.RowTarget`): the rows each
+    step updates are remembered, for the next checkpoint's cut and for the digest.
     """
 
     def __init__(self, init: RowInitializer, state_dim: int, device: Device | None = None):
@@ -68,27 +80,46 @@ class FullBackend:
             b = min(a + EXPORT_CHUNK_ROWS, init.num_rows)
             self.weights[a:b] = torch.from_numpy(init.range(a, b))
         self.state = torch.zeros(init.num_rows, state_dim, device=dev)
-        self._dirty = np.zeros(init.num_rows, dtype=bool)  # rows updated since the last checkpoint part
+        self._dirty = np.zeros(init.num_rows, dtype=bool)  # rows updated since the last checkpoint's cut
+        self._written = np.zeros(init.num_rows, dtype=bool)  # rows updated (or restored) since initialisation
+        self.memory: Fit | None = None  # the memory budget's check of the run, for the summary
 
-    def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
-        n = len(weights)
-        self.weights[start : start + n] = torch.from_numpy(np.asarray(weights))
-        self.state[start : start + n] = torch.from_numpy(np.asarray(state))
+    # a restore's target (RowTarget) and a cut's source (RowSource)
+    def load(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        put = self.device.put
+        idx = put(torch.from_numpy(rows))
+        self.weights.index_copy_(0, idx, put(torch.from_numpy(np.ascontiguousarray(weights, np.float32))))
+        self.state.index_copy_(0, idx, put(torch.from_numpy(np.ascontiguousarray(state, np.float32))))
+        self._written[rows] = True
 
-    def row_source(self) -> FullBackend:
-        return self
+    def reset(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        idx = self.device.put(torch.from_numpy(rows))
+        self.weights.index_copy_(0, idx, self.device.put(torch.from_numpy(self.init.rows(rows))))
+        self.state.index_fill_(0, idx, 0.0)
+        self._written[rows] = False
 
-    def chunks(self) -> Rows:
-        return self.export()
+    def written_rows(self) -> np.ndarray:
+        return np.flatnonzero(self._written).astype(np.int64)
 
     def peek(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = self.device.put(torch.from_numpy(np.asarray(rows, dtype=np.int64)))
         return self.weights.index_select(0, idx).cpu().numpy(), self.state.index_select(0, idx).cpu().numpy()
 
     def take_dirty(self) -> np.ndarray:
-        rows = np.flatnonzero(self._dirty)
+        rows = np.flatnonzero(self._dirty).astype(np.int64)
         self._dirty[:] = False
         return rows
+
+    def restore(self, reader: CheckpointReader) -> None:
+        restore_rows(self, reader)
+
+    def snapshot(self, everything: bool) -> Snapshot:
+        return take_snapshot(self, everything)
+
+    def touched(self) -> IdRows:
+        return touched_rows(self.written_rows(), self.peek)
 
     def steps(self, stream: BatchStream, start: int, stop: int, before_evict=None) -> Iterator[StepInput]:
         def prepare():
@@ -100,7 +131,9 @@ class FullBackend:
         put = self.device.put
         try:
             for step, batch, uniq, inverse in loader:
-                self._dirty[uniq.numpy()] = True  # no checkpoint part is written before the step is done
+                rows = uniq.numpy()  # no checkpoint's cut comes before the step is done
+                self._dirty[rows] = True
+                self._written[rows] = True
                 yield StepInput(step, batch, self.weights, self.state, put(uniq), put(inverse))
         finally:
             loader.close()
@@ -108,7 +141,7 @@ class FullBackend:
     def after_step(self, inp: StepInput) -> None:
         pass
 
-    def flush(self, label: int) -> None:
+    def flush(self, label: int, durable: bool = True) -> None:
         pass
 
     def finish(self) -> None:
@@ -145,7 +178,11 @@ class CachedBackend:
         hot: the hot rows (slots C..C+H-1, read from the store when training starts), if any;
             the source's plans must then come through a ``HotSplit`` of C slots.
         autotune: the auto-tuner's choice of C and L, for the summary (None when not used).
+        depth: plans the executor fetches ahead (its ``depth``); None: L + 1.
         device: where the cache lives (default: host memory).
+
+    ``memory`` is the memory budget's fit of the run (:class:`bagpipe.memory.Fit`), set by
+    the topology that sized it, for the summary.
     """
 
     def __init__(
@@ -158,9 +195,12 @@ class CachedBackend:
         writes_cached: bool = True,
         hot: HotSet | None = None,
         autotune: dict | None = None,
+        depth: int | None = None,
         device: Device | None = None,
     ):
         self.store = store
+        self.depth = depth
+        self.memory: Fit | None = None
         self.source = source
         self.executor_class = executor
         self.cold_rows = cache_rows
@@ -172,16 +212,32 @@ class CachedBackend:
         self.writes_cached = writes_cached
         self.autotune = autotune
         self.executor: PlanExecutor | None = None
+        self._finished = False
 
     @property
     def lookahead(self) -> int | None:
         return self.source.lookahead
 
-    def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
-        self.store.load(np.arange(start, start + len(weights), dtype=np.int64), weights, state)
+    def restore(self, reader: CheckpointReader) -> None:
+        restore_rows(self.store, reader)
 
-    def row_source(self) -> EmbeddingStore:
-        return self.store
+    def snapshot(self, everything: bool) -> Snapshot:
+        """The cut's copy: the store's rows written since the previous cut (write-backs
+        drained first), then every cached row over them (the cache holds the newest values)."""
+        if self.executor is not None:
+            self.executor.drain()
+        snap = take_snapshot(self.store, everything)
+        slots, rows = self.cache.occupied()
+        if len(slots) and not self._finished:  # (after finish the store holds them too)
+            # through the copy path every write-back takes (the cache may be on a device)
+            w, st = self.transfers.download(*self.cache.read(slots)).result()
+            snap = snap.overlay(rows, w, st)
+        return snap
+
+    def touched(self) -> IdRows:
+        """Every row the store holds a written value of (after :meth:`finish`: every row
+        trained), for the digest; the rows never written are not read."""
+        return touched_rows(self.store.written_rows(), self.store.peek)
 
     def steps(
         self, stream: BatchStream, start: int, stop: int, before_evict: Callable[[Plan], None] | None = None
@@ -199,7 +255,7 @@ class CachedBackend:
             self.store,
             self.cache,
             self.source.plans(stream, start, stop),
-            depth=(self.lookahead or 1) + 1,
+            depth=self.depth if self.depth is not None else (self.lookahead or 1) + 1,
             start_step=start,
             before_evict=before_evict,
             transfers=self.transfers,
@@ -220,18 +276,21 @@ class CachedBackend:
         assert self.executor is not None and inp.plan is not None
         self.executor.after_step(inp.plan)
 
-    def flush(self, label: int) -> None:
+    def flush(self, label: int, durable: bool = True) -> None:
         """After plan ``label`` (0-based) is done: the store holds every row's latest
-        value, durably, and reads without a label of their own (evaluation, export) see it."""
-        if self.executor is not None:
+        value (``durable``: on disk), and reads without a label of their own (evaluation,
+        export, a checkpoint's cut on the servers) see it."""
+        if self.executor is not None and not self._finished:
             self.executor.drain()
             if self.writes_cached:
                 self.executor.write_cached()
         self.store.settle(label)
-        self.store.flush()
+        if durable:
+            self.store.flush()
 
     def finish(self) -> None:
         """After the last step: every row in the store, the pipeline stopped."""
+        self._finished = True
         if self.executor is not None:
             self.executor.drain()
             if self.writes_cached:

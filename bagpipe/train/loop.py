@@ -17,18 +17,20 @@ import time
 
 import torch
 
-from bagpipe.checkpoint import CheckpointFolder, PartsTarget, commit_checkpoint
+import bagpipe.phases as phases
+from bagpipe.checkpoint import CheckpointFolder, CheckpointWriter, InitialRows, RowSpace
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.device import on_host, open_device
+from bagpipe.faults import pause_at
+from bagpipe.memory.watch import MemoryWatch, RssSampler
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.evaluate import eval_line, evaluate
-from bagpipe.train.guards import check_step
-from bagpipe.train.metrics import RssSampler
+from bagpipe.train.guards import StepGuard
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import Backend, StepFn, Topology
 from bagpipe.train.resume import (
@@ -37,10 +39,19 @@ from bagpipe.train.resume import (
     restore_dense,
     resume_point,
 )
-from bagpipe.train.rundir import RunDir, digest_of
+from bagpipe.train.rundir import RunDir, dense_copy, digest_of
+from bagpipe.train.space import check_checkpoint_space
 from bagpipe.train.step import STEPS
 from bagpipe.train.step.slipstream import StaleSkip, stale_skip_for
-from bagpipe.train.summary import LOSS_WINDOW, Approximation, CheckpointStats, StepMeter, Summary
+from bagpipe.train.summary import (
+    LOSS_WINDOW,
+    Approximation,
+    CheckpointStats,
+    EndOfRun,
+    MemoryReport,
+    StepMeter,
+    Summary,
+)
 from bagpipe.train.tensorboard import with_tensorboard
 from bagpipe.train.topology import SingleProcess
 
@@ -88,10 +99,11 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
     resuming = rc.resume or elastic_restart()
     if topo.reports:
         if resuming:
-            ckpt = resume_point(run, cfg, dataset, required=rc.resume)
+            ckpt = resume_point(run, cfg, dataset, required=rc.resume, complete_ok=elastic_restart())
         else:
             refuse_overwrite(run)
             ckpt = None
+        check_checkpoint_space(cfg, dataset)  # before anything is trained: refuse what could not be saved
     else:  # trainers 1..N-1 take the checkpoint trainer 0 checked
         ckpt = CheckpointFolder(run.path).latest() if resuming else None
     meta = dataset.meta
@@ -105,12 +117,14 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
     sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, rc.seed)
     backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, ckpt)
+    phases.mark("ready")
     failed = True
     try:
         start = 0
         if ckpt is not None:
             start = restore_dense(ckpt, model, dense_opt, init, sparse_opt.state_dim)
             topo.restore_rows(ckpt, backend)
+            phases.mark("restored")
             if topo.reports:
                 log.info(f"resumed from step {start}")
         if topo.reports:  # written by the first step's heartbeat: a refusal before it leaves the folder as it was
@@ -167,40 +181,38 @@ class _Run:
         self.rows = topo.row_update(sparse_opt, backend)
         self.schedule = cfg.optim.schedule()
         self.bases = {"lr": cfg.optim.lr, "embedding_lr": cfg.optim.row_lr}
-        self.saved = CheckpointStats(last_step=start if start else None)
+        self.writer = (
+            CheckpointWriter(
+                CheckpointFolder(run.path),
+                cfg.run.checkpoint_compact_every,
+                RowSpace(init.num_rows, init.dim, sparse_opt.state_dim, InitialRows(init.seed, init.table_sizes)),
+            )
+            if topo.reports
+            else None
+        )
 
     def checkpoint(self, step: int) -> None:
-        """Save the run (every trainer takes part; the store must hold every row)."""
+        """The cut of the checkpoint of ``step`` (every trainer takes part): what it needs is
+        copied now, its files are written in the background (:mod:`bagpipe.checkpoint.writer`)."""
         t0 = time.perf_counter()
-        topo, backend = self.topo, self.backend
-        if not topo.reports:
-            topo.checkpoint_parts(step, backend, None)
+        writer = self.writer
+        if writer is not None:
+            writer.wait()  # the previous checkpoint is written (in a run that checkpoints every few minutes: long ago)
+        pause_at("cut", step)  # a test changes the world here (fills the disk)
+        self.rows.finish()  # deferred row work done: every row final
+        target = writer.begin(step) if writer is not None else None
+        write_parts = self.topo.checkpoint_cut(step, self.backend, target)
+        if writer is None:
             return
-        dense = {
-            "step": step,
-            "model": on_host(self.model.state_dict()),  # loadable on any machine
-            "dense_optimizer": on_host(self.dense_opt.state_dict()),
-            "torch_rng": torch.get_rng_state(),
-            "lr_schedule": self.schedule.state(step, self.bases),
-        }
-
-        def parts(target: PartsTarget):
-            return topo.checkpoint_parts(step, backend, target)
-
-        m = commit_checkpoint(
-            CheckpointFolder(self.run.path),
-            step,
-            self.cfg.run.checkpoint_compact_every,
-            backend.row_source(),
-            dense,
-            parts,
+        assert target is not None and write_parts is not None
+        dense = dense_copy(
+            step=step,
+            model=on_host(self.model.state_dict()),  # loadable on any machine
+            dense_optimizer=on_host(self.dense_opt.state_dict()),
+            torch_rng=torch.get_rng_state(),
+            lr_schedule=self.schedule.state(step, self.bases),
         )
-        s = self.saved
-        s.written += 1
-        s.full += m.kind == "full"
-        s.last_step = step
-        s.bytes += sum(p.bytes for p in m.parts)
-        s.seconds += time.perf_counter() - t0
+        writer.submit(target, dense, write_parts, time.perf_counter() - t0)
 
     def settle(self, step: int) -> None:
         """After ``step`` steps: every row final and in the store (for an evaluation or a
@@ -242,11 +254,13 @@ class _Run:
             quiet=not topo.reports,
         )
         rss = RssSampler()
+        watch = MemoryWatch()
         schedule, bases = self.schedule, self.bases
         run_step: StepFn = STEPS[spec.step]
         if skipper is not None:  # Slipstream: the stale inputs are left out of the step
             run_step = skipper.wrap(run_step)
         step = start
+        guard = StepGuard()
         try:
             for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
                 # the rows' optimizer scales its own rate by inp.step
@@ -254,10 +268,14 @@ class _Run:
                 loss = run_step(self.net, self.dense_opt, rows, inp, meter.times)
                 backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
                 step = inp.step + 1
-                check_step(step, loss, self.model, inp)  # a NaN or infinite loss, gradient or row stops the run here
+                guard.check(
+                    step, loss, self.model, inp
+                )  # a NaN or infinite loss, gradient or row, or an exploded loss, stops the run here
                 meter.record(step, loss)
                 if topo.reports:
                     run.heartbeat(step)
+                    if step == start + 1:
+                        phases.report(run.path)  # a restarted job: where the seconds since the failure went
                 progress.advance()
                 if step % stream.batches_per_epoch == 0 and step < rc.steps:
                     progress.note(
@@ -265,6 +283,7 @@ class _Run:
                         f"(the train split holds {stream.batches_per_epoch} batches; each epoch reshuffles its blocks)"
                     )
                 if step % LOG_EVERY == 0 or step == rc.steps or step == start + 1:
+                    watch.mark(step)
                     recent = topo.mean(meter.losses[-LOG_EVERY:])  # every trainer takes part
                     sps = meter.samples_per_s()
                     progress.show(step, recent, sps)
@@ -279,21 +298,36 @@ class _Run:
                         metrics.write(step=step, **ev, **tags)
                         progress.note(f"step {step}: {eval_line(ev)}")
                 if rc.checkpoint_every and step % rc.checkpoint_every == 0 and step < rc.steps:
-                    self.settle(step)  # part of the checkpoint's cost: its time is in samples_per_s
-                    self.checkpoint(step)
+                    self.checkpoint(step)  # the cut: its time is in samples_per_s, the write runs meanwhile
             rows.finish()
             meter.stop()
             progress.close()
+            end = EndOfRun()
+            t_end = time.perf_counter()
             train_loss = topo.mean(meter.losses[-LOSS_WINDOW:]) if meter.losses else None
             backend.finish()
-            if rc.final_checkpoint:
-                self.checkpoint(step)
+            end.finish = time.perf_counter() - t_end
+            if rc.final_checkpoint and step > start:  # (a run restarted after its end has it already)
+                t0 = time.perf_counter()
+                self.checkpoint(step)  # written while the run evaluates and hashes
+                end.checkpoint_cut = time.perf_counter() - t0
             peak_anon = rss.stop()
             if metrics is None:
                 return None
+            t0 = time.perf_counter()
             ev = evaluate(self.model, backend.lookup, self.dataset, cfg.data.batch_size, rc.eval_samples)
             metrics.write(step=step, **ev, **tags)
-            digest = digest_of(self.model, backend.export()) if rc.digest else None
+            end.evaluation = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            digest = (
+                digest_of(self.model, self.init, self.sparse_opt.state_dim, backend.touched()) if rc.digest else None
+            )
+            end.digest = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            assert self.writer is not None
+            self.writer.wait()
+            end.checkpoint_wait = time.perf_counter() - t0
+            end.total = time.perf_counter() - t_end
             summary = Summary.of(
                 mode=cfg.cache.mode,
                 model=cfg.arch.model,
@@ -311,13 +345,20 @@ class _Run:
                 cache=backend.stats(),
                 distributed=topo.section(backend, rows),
                 epochs=step / stream.batches_per_epoch,
-                checkpoints=self.saved,
+                checkpoints=CheckpointStats.of(self.writer.history, start),
                 approximation=_approximation(approx, skipper, rows.stats()),
+                end_of_run_s=end,
+                memory=MemoryReport.of(backend.memory, watch, watch.stop()),
             ).to_json()
             run.write_summary(summary, also=rc.summary_json)
             return summary
+        except BaseException:
+            if self.writer is not None:
+                self.writer.close(abandon=True)  # the run failed: its last complete checkpoint is what survives
+            raise
         finally:
             rss.stop()
+            watch.stop()
             progress.close()
             if metrics is not None:
                 metrics.close()

@@ -31,8 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bagpipe.checkpoint import Checkpoint, Part, PartsTarget
-from bagpipe.checkpoint.parts import RowSource
+from bagpipe.checkpoint import Checkpoint, CheckpointReader, CutTarget, Part, Snapshot
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.batch import Batch
 from bagpipe.data.shards import Dataset
@@ -45,6 +44,12 @@ from bagpipe.train.progress import ProgressKind
 
 Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
 """Rows in chunks: (first global row, (n, D) weights, (n, S) optimizer state)."""
+
+IdRows = Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""Some rows in chunks: ((n,) ascending global rows, (n, D) weights, (n, S) optimizer state)."""
+
+PartsWriter = Callable[[], list[Part]]
+"""Writes (or waits for) a checkpoint's row parts after its cut; returns them."""
 
 
 @dataclass
@@ -133,18 +138,25 @@ class Backend(Protocol):
     indices of the batch's unique rows in ascending global-row order, and the inverse map
     of every lookup. That is why every mode's result equals ``--mode full``'s, bit for bit.
 
-    Its life: :meth:`load_rows` (a resumed run), then :meth:`steps` (with
-    :meth:`after_step` after each step, and :meth:`flush` whenever the store must hold
-    every row: an evaluation or a checkpoint mid-run), :meth:`finish`, then
-    :meth:`export` / :meth:`lookup` (digest, evaluation), and :meth:`close` always.
+    Its life: :meth:`restore` (a resumed run), then :meth:`steps` (with
+    :meth:`after_step` after each step, :meth:`flush` whenever the store must hold
+    every row -- an evaluation mid-run -- and :meth:`snapshot` at a checkpoint's cut),
+    :meth:`finish`, then :meth:`touched` / :meth:`lookup` (digest, evaluation), and
+    :meth:`close` always.
     """
 
-    def load_rows(self, start: int, weights: np.ndarray, state: np.ndarray) -> None:
-        """Overwrite rows ``start .. start + n`` (a checkpoint's, before training starts)."""
+    memory: Any
+    """The memory budget's fit of the run (:class:`bagpipe.memory.Fit`: the budget, the
+    sizes it chose, their estimate) for the summary, or None where nothing was sized."""
+
+    def restore(self, reader: CheckpointReader) -> None:
+        """Hold the checkpoint's rows (before training starts): the rows it holds are
+        loaded, every other row is (again) its initial value. Costs the rows it holds."""
         ...
 
-    def row_source(self) -> RowSource:
-        """What a checkpoint's part is written from (the store, or the full tables)."""
+    def snapshot(self, everything: bool) -> Snapshot:
+        """A checkpoint's cut on one process: a copy of the rows written since the previous
+        cut (``everything``: since initialisation), their values as of now."""
         ...
 
     def steps(
@@ -158,9 +170,10 @@ class Backend(Protocol):
         """The step's update is done (its expired rows may leave the cache)."""
         ...
 
-    def flush(self, label: int) -> None:
-        """After plan ``label`` (0-based) is done: the store holds every row's latest value,
-        durably, and reads without a label of their own (evaluation, export) see it."""
+    def flush(self, label: int, durable: bool = True) -> None:
+        """After plan ``label`` (0-based) is done: the store holds every row's latest value
+        (``durable``: on disk), and reads without a label of their own (evaluation, export,
+        a server's checkpoint cut) see it."""
         ...
 
     def finish(self) -> None:
@@ -168,7 +181,12 @@ class Backend(Protocol):
         ...
 
     def export(self) -> Rows:
-        """Every row, in global-row order (the digest, export)."""
+        """Every row, in global-row order (the plain reference of :meth:`touched`)."""
+        ...
+
+    def touched(self) -> IdRows:
+        """Every row that may differ from its initial value (written since initialisation),
+        ascending; after :meth:`finish` (the digest). The rows never written are not read."""
         ...
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
@@ -221,13 +239,14 @@ class Topology(Protocol):
         ...
 
     def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
-        """Load every row of ``ckpt`` where this topology keeps its rows."""
+        """Make the rows of ``ckpt`` the rows where this topology keeps its rows."""
         ...
 
-    def checkpoint_parts(self, step: int, backend: Backend, target: PartsTarget | None) -> list[Part]:
-        """Write the row parts of the checkpoint of ``step`` into ``target`` (see
-        :func:`bagpipe.checkpoint.commit_checkpoint`); every trainer takes part (the store
-        holds every row), ``target`` is None on a process that does not commit."""
+    def checkpoint_cut(self, step: int, backend: Backend, target: CutTarget | None) -> PartsWriter | None:
+        """The cut of the checkpoint of ``step`` (:mod:`bagpipe.checkpoint.writer`): copy
+        what its row parts need, now, and return what writes them (or waits for the
+        processes that write them) afterwards, in the background. Every trainer takes part;
+        ``target`` is None (and so is the result) on a process that does not commit."""
         ...
 
     def row_update(self, opt: SparseOptimizer, backend: Backend) -> RowUpdate:

@@ -10,6 +10,8 @@ size resumes any other's checkpoint, since checkpoints hold rows in global order
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
@@ -18,6 +20,7 @@ from bagpipe.config.environ import env_int
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
+from bagpipe.phases import RESTART_ENV
 from bagpipe.train.rundir import RunDir
 
 #: Settings a resumed run may give other values than the run had.
@@ -49,6 +52,7 @@ MAY_CHANGE = (
     "plans_in_flight",
     "rendezvous_timeout",
     "max_restarts",
+    "spares",
     "secret_file",
     "checkpoint_compact_every",
     "hot_budget_mb",
@@ -58,21 +62,27 @@ MAY_CHANGE = (
 
 
 def elastic_restart() -> bool:
-    """Whether torchrun restarted this process after a failure (``--max-restarts``):
-    then it continues from the run's latest checkpoint, as if given --resume."""
-    return env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
+    """Whether this process was restarted after a failure (torchrun's ``--max-restarts``, or
+    the local launcher's): then it continues from the run's latest checkpoint, as if given
+    --resume, and a run whose training had ended (its final checkpoint written, not yet its
+    summary) only finishes (evaluation, digest, summary)."""
+    return env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0 or bool(os.environ.get(RESTART_ENV))
 
 
-def resume_point(run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool = True) -> Checkpoint | None:
+def resume_point(
+    run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool = True, complete_ok: bool = False
+) -> Checkpoint | None:
     """The checkpoint ``cfg`` continues, after checking it may; raises a one-line error
     (nothing to resume, a finished run, a setting or the data set changed). Without a
-    checkpoint and not ``required`` (an automatic restart before the first one): None."""
+    checkpoint and not ``required`` (an automatic restart before the first one): None.
+    ``complete_ok`` (an automatic restart): a checkpoint at the last step is continued
+    too -- the run then only finishes."""
     ckpt = CheckpointFolder(run.path).latest()
     if ckpt is None:
         if not required:
             return None
         raise CheckpointError(f"{run.path}: --resume given but the run has no checkpoint")
-    if ckpt.step >= cfg.run.steps:
+    if ckpt.step >= cfg.run.steps and not (complete_ok and ckpt.step == cfg.run.steps):
         raise ConfigError(
             f"{run.path} is complete: its checkpoint is at step {ckpt.step} and --steps is {cfg.run.steps}; "
             f"give a larger --steps to train further"

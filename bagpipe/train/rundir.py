@@ -14,12 +14,13 @@ Layout of ``RUN/``::
 
 Every topology writes these through :class:`RunDir` (in a distributed run, trainer 0
 does), so their schema is the same everywhere. The digest (``params_sha256``) is
-computed here too: one sha256 over every dense parameter by name, then every embedding
-row's weights and optimizer state in global row order.
+computed here too (:func:`digest_of`): a function of the parameters alone, which reads
+only the rows written since initialisation.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -35,13 +36,15 @@ import torch
 
 from bagpipe.errors import ConfigError
 from bagpipe.files import RunLock, atomic_write_text
+from bagpipe.store.init import RowValues
 
-__all__ = ["LOCK_HELD_ENV", "MetricsLog", "RunDir", "RunLock", "dense_digest", "digest_of", "hashed"]
+__all__ = ["LOCK_HELD_ENV", "MetricsLog", "RunDir", "RunLock", "dense_copy", "dense_digest", "digest_of", "every_row"]
 
 #: Set by the local launcher in its roles' environment: the launcher holds the run's lock.
 LOCK_HELD_ENV = "BAGPIPE_RUN_LOCK_HELD"
 
 Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
+IdRows = Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 class MetricsLog:
@@ -198,7 +201,7 @@ class RunDir:
 
 
 def dense_digest(model: torch.nn.Module):
-    """A sha256 started over every dense parameter (by name); feed it the rows with :func:`hashed`."""
+    """A sha256 started over every dense parameter (by name); feed it the rows with :func:`hash_rows`."""
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
@@ -206,18 +209,57 @@ def dense_digest(model: torch.nn.Module):
     return h
 
 
-def hashed(rows: Rows, h) -> Rows:
-    """Pass (start, weights, state) chunks through while adding them to digest ``h``."""
-    for a, w, s in rows:
-        h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
-        h.update(np.ascontiguousarray(s, dtype=np.float32).tobytes())
-        yield a, w, s
+def changed(init: RowValues, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """(n,) bool: which of global ``rows`` differ, bit for bit, from their initial value
+    (the initialiser's weights and zero optimizer state)."""
+    differ = np.zeros(len(rows), dtype=bool)
+    if state.shape[1]:  # a row whose optimizer state moved differs: its initial value need not be computed
+        differ = (np.ascontiguousarray(state, dtype=np.float32).view(np.int32) != 0).any(axis=1)
+    same = np.flatnonzero(~differ)
+    if len(same):
+        w = np.ascontiguousarray(np.asarray(weights)[same], dtype=np.float32).view(np.int32)
+        differ[same] = (w != init.rows(np.asarray(rows)[same]).view(np.int32)).any(axis=1)
+    return differ
 
 
-def digest_of(model: torch.nn.Module, rows: Rows) -> str:
-    """params_sha256: every dense parameter, then every row's weights and state in
-    global row order (``rows``: (start, weights, state) chunks)."""
+def hash_rows(h, init: RowValues, rows: IdRows) -> None:
+    """Add to digest ``h`` every row of ``rows`` (ascending global rows, in chunks) that
+    differs from its initial value, as its row number (int64), D weights and S state
+    values, row after row: the bytes do not depend on how the rows are chunked, and a row
+    equal to its initial value -- written or not -- adds nothing."""
+    for ids, w, s in rows:
+        keep = changed(init, ids, w, s)
+        if not keep.any():
+            continue
+        ids = np.asarray(ids, dtype=np.int64)[keep]
+        w = np.ascontiguousarray(np.asarray(w, dtype=np.float32)[keep])
+        s = np.ascontiguousarray(np.asarray(s, dtype=np.float32)[keep])
+        record = np.concatenate([ids.view(np.uint8).reshape(len(ids), 8), w.view(np.uint8), s.view(np.uint8)], axis=1)
+        h.update(record.tobytes())
+
+
+def digest_of(model: torch.nn.Module, init: RowValues, state_dim: int, rows: IdRows) -> str:
+    """params_sha256: a function of the parameters alone, equal for equal parameters in
+    every mode and topology. It covers every dense parameter (by name), the initial
+    tables' identity (seed, table sizes, D, S), then every embedding row whose weights or
+    optimizer state differ from their initial values (:func:`hash_rows`). ``rows`` needs
+    to hold only the rows written since initialisation (any others are equal to their
+    initial value and add nothing), so the digest costs what was trained, not the tables."""
     h = dense_digest(model)
-    for _ in hashed(rows, h):
-        pass
+    identity = {"seed": init.seed, "table_sizes": list(init.table_sizes), "dim": init.dim, "state_dim": int(state_dim)}
+    h.update(json.dumps(identity, sort_keys=True).encode())
+    hash_rows(h, init, rows)
     return h.hexdigest()
+
+
+def every_row(rows: Rows) -> IdRows:
+    """Every row of (start, weights, state) chunks with its row numbers: what the digest of
+    a backend's :meth:`export` (the plain reference of its ``touched``) is computed from."""
+    for a, w, s in rows:
+        yield np.arange(a, a + len(w), dtype=np.int64), w, s
+
+
+def dense_copy(**state) -> dict:
+    """A copy of a checkpoint's dense state (model and optimizer state_dicts hold the live
+    tensors) that training may go on changing while it is written."""
+    return copy.deepcopy(state)

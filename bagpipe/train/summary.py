@@ -5,8 +5,9 @@ Every topology (one process, a data-parallel trainer) and the TorchRec peer of
 :class:`Summary`, so ``summary.json`` has one schema and one meaning everywhere. The
 schema is the dataclasses below -- :class:`Summary` and the sections it nests
 (:class:`StepTimes`, :class:`IoPerStep`, :class:`CacheStats`, :class:`DistributedStats`,
-:class:`CheckpointStats`, :class:`Approximation`) -- with a docstring per field;
-``docs/runs.md`` points here. Two rules hold for every figure:
+:class:`CheckpointStats`, :class:`EndOfRun`, :class:`Approximation`, :class:`MemoryReport`) -- with a
+docstring per field; ``docs/runs.md`` points here. This module is long because the schema is one
+place: every section with its field docs, which a test keeps in step with the docs. Two rules hold for every figure:
 
 * ``samples_per_s`` and ``time_per_step_ms`` cover the *measured* steps: the steps of
   this run after the first ``warmup_steps`` (all of them when there is no warm-up);
@@ -80,19 +81,68 @@ class Timing:
 
 
 @dataclass
+class EndOfRun:
+    """Seconds of the work after the last step (the summary's ``end_of_run_s``): it costs
+    what was trained, not what the tables hold."""
+
+    finish: float = 0.0
+    """Write-backs drained and the cached rows written to the store; the pipeline stopped."""
+    checkpoint_cut: float = 0.0
+    """The final checkpoint's cut (its rows copied; its files are written meanwhile)."""
+    evaluation: float = 0.0
+    """The final evaluation."""
+    digest: float = 0.0
+    """params_sha256, over the rows written since initialisation."""
+    checkpoint_wait: float = 0.0
+    """Waiting for the final checkpoint's files and commit after the rest was done."""
+    total: float = 0.0
+    """From the end of the last step to the summary."""
+
+
+@dataclass
 class CheckpointStats:
-    """Checkpoints written by this run (the summary's ``checkpoints``)."""
+    """Checkpoints taken by this run (the summary's ``checkpoints``). Each is a cut at a step
+    boundary (the training thread copies what it needs) and a write in the background."""
 
     written: int = 0
-    """How many."""
+    """How many were committed."""
     full: int = 0
-    """How many of them hold every row (the others only the rows changed since the previous one)."""
+    """How many of them are full: every row written since initialisation (the others hold
+    only the rows written since the previous checkpoint)."""
     seconds: float = 0.0
-    """Time the trainer spent writing them, in all (the pipeline's drain and refill included)."""
+    """Time training waited for them, in all: the cuts (write-backs drained, the rows
+    copied) and any wait for the previous checkpoint's write to end."""
+    write_seconds: float = 0.0
+    """Time their files took to write and commit in the background, in all."""
     bytes: int = 0
     """Bytes of their row parts, in all."""
+    rows: int = 0
+    """Rows their parts hold, in all."""
+    failed: int = 0
+    """Checkpoints not written for lack of disk space (their partial files removed; the
+    next one is full)."""
     last_step: int | None = None
     """The step of the latest complete checkpoint (a resumed run's start before it writes one)."""
+    history: list[dict] = field(default_factory=list)
+    """Per checkpoint: ``step``, ``kind``, ``rows``, ``bytes``, ``cut_s``, ``write_s``,
+    ``failed`` (why it was not written, or None)."""
+
+    @classmethod
+    def of(cls, history: list, start: int) -> CheckpointStats:
+        """From a :class:`bagpipe.checkpoint.CheckpointWriter`'s history (``start``: the step
+        the run resumed from, 0 for a fresh one)."""
+        done = [w for w in history if w.failed is None]
+        return cls(
+            written=len(done),
+            full=sum(w.kind == "full" for w in done),
+            seconds=sum(w.cut_s for w in history),
+            write_seconds=sum(w.write_s for w in history),
+            bytes=sum(w.bytes for w in done),
+            rows=sum(w.rows for w in done),
+            failed=len(history) - len(done),
+            last_step=done[-1].step if done else (start or None),
+            history=[asdict(w) for w in history],
+        )
 
 
 @dataclass
@@ -181,7 +231,8 @@ class DistributedStats:
     oracle_waiting_for_credit_s: float
     """The oracle role's time waiting for a trainer to take a plan (back-pressure)."""
     servers_report: list
-    """Each server's request counts and the time its reads were held for other trainers' write-backs."""
+    """Each server's request counts, the time its reads were held for other trainers'
+    write-backs, and its memory: budget, estimate and measured peak anonymous MiB."""
     bytes_sent_by_trainer0: int
     """Bytes trainer 0 sent through the transport (requests, write-backs, marks, credits)."""
     bytes_received_by_trainer0: int
@@ -189,6 +240,54 @@ class DistributedStats:
     trainer_backend: str = "gloo"
     """The collectives' backend among the trainers (DDP, embedding all-reduce): nccl when
     every trainer has a GPU of its own, gloo otherwise; none with one trainer."""
+
+
+@dataclass
+class MemoryReport:
+    """The run's memory: its budget, the estimate it was sized by, and what it used
+    (the summary's ``memory``; docs/beyond-memory.md#memory-budgets)."""
+
+    budget_mb: float | None
+    """The budget: --memory-budget-mb, else the memory cgroup's limit; None: no budget."""
+    budget_source: str
+    """Where the budget came from."""
+    estimate_mb: float
+    """The estimate of the process's peak that the run was sized by (what `bagpipe plan` prints), MiB."""
+    estimate_parts_mb: dict
+    """The estimate, part by part, MiB."""
+    sizes: dict
+    """What the budget chose: cache_rows, hot_rows, lookahead, staged_plans, and the disk
+    store's io_threads, hint_mb (pages in flight), dirty_mb, page_cache_mb, chunk_rows."""
+    changes: list
+    """What the budget changed from the run's defaults, one line each."""
+    peak_anon_mb: float
+    """Measured: the process's peak anonymous memory over the whole run -- training,
+    evaluation, digest (sampled every 50 ms) -- MiB."""
+    by_step: list
+    """Measured every 10 steps (at most 128 points, evenly thinned): [step, the process's
+    anonymous MiB, its memory cgroup's usage, page cache, dirty and writeback MiB (None
+    without a cgroup)]."""
+    group_max_mb: dict
+    """Measured: the largest usage, anon, file, dirty, writeback and mapped MiB of the
+    process's memory cgroup over those samples (empty without a cgroup)."""
+
+    @classmethod
+    def of(cls, fit, watch, peak_anon_mb: float) -> MemoryReport:
+        """From a :class:`bagpipe.memory.Fit` or its ``as_dict()`` (a remote trainer's, from the
+        oracle role; None: no memory plan) and a :class:`bagpipe.memory.watch.MemoryWatch`."""
+        d = fit if isinstance(fit, dict) else (fit.as_dict() if fit is not None else {})
+        est = d.get("estimate", {})
+        return cls(
+            budget_mb=d.get("budget_mb"),
+            budget_source=d.get("budget_source", "not sized"),
+            estimate_mb=est.get("total_mb", 0.0),
+            estimate_parts_mb=est.get("parts_mb", {}),
+            sizes=d.get("sizes", {}),
+            changes=d.get("changes", []),
+            peak_anon_mb=peak_anon_mb,
+            by_step=watch.points,
+            group_max_mb=watch.maxima,
+        )
 
 
 @dataclass
@@ -346,8 +445,10 @@ class Summary:
     eval_samples: int
     """Samples the final evaluation covered."""
     params_sha256: str | None
-    """SHA-256 of every dense parameter, embedding row and optimizer state: equal to
-    ``--mode full``'s for every exact run (None with --no-digest)."""
+    """SHA-256 of every dense parameter and of every embedding row whose weights or optimizer
+    state differ from their initial values (with the initial tables' identity): equal for
+    equal parameters, so ``--mode full``'s for every exact run; it reads only the rows
+    written since initialisation (None with --no-digest)."""
     peak_rss_mb: float
     """The process's peak resident memory, MiB (ru_maxrss)."""
     peak_anon_rss_mb: float
@@ -368,6 +469,10 @@ class Summary:
     """A data-parallel job's figures; None on one process."""
     checkpoints: CheckpointStats | None
     """Checkpoints written by this run."""
+    memory: MemoryReport | None
+    """The memory budget, the estimate the run was sized by, and what it used."""
+    end_of_run_s: EndOfRun | None = None
+    """The work after the last step, by part (seconds)."""
 
     @classmethod
     def of(
@@ -391,6 +496,8 @@ class Summary:
         epochs: float | None = None,
         checkpoints: CheckpointStats | None = None,
         approximation: Approximation | None = None,
+        end_of_run_s: EndOfRun | None = None,
+        memory: MemoryReport | None = None,
     ) -> Summary:
         """The summary of a run: ``timing`` from :meth:`StepMeter.result`, ``evaluation`` from
         :func:`bagpipe.train.evaluate.evaluate`; the process's memory is read now."""
@@ -427,6 +534,8 @@ class Summary:
             cache=cache,
             distributed=distributed,
             checkpoints=checkpoints,
+            end_of_run_s=end_of_run_s,
+            memory=memory,
         )
 
     def to_json(self) -> dict:

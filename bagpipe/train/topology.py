@@ -16,18 +16,20 @@ import torch
 
 from bagpipe.cache import EXECUTORS
 from bagpipe.cache.setup import LocalPlans, set_up_cache
-from bagpipe.checkpoint import Checkpoint, Part, PartsTarget, write_part
+from bagpipe.checkpoint import Checkpoint, CutTarget, write_part
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
 from bagpipe.faults import pause_at
+from bagpipe.memory import memory_plan
+from bagpipe.memory.budget import full_tables_fit
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import CachedBackend, FullBackend
 from bagpipe.train.progress import ProgressKind
-from bagpipe.train.protocols import Backend, RowUpdate
+from bagpipe.train.protocols import Backend, PartsWriter, RowUpdate
 from bagpipe.train.step import LocalRowUpdate
 
 
@@ -53,8 +55,11 @@ class SingleProcess:
         ckpt: Checkpoint | None,
     ) -> Backend:
         c, spec = cfg.cache, cfg.cache.spec
+        memory = memory_plan(cfg, dataset, stream)
         if not spec.store:
-            return FullBackend(init, state_dim, self.device)
+            full = FullBackend(init, state_dim, self.device)
+            full.memory = full_tables_fit(memory.budget, memory.shape)
+            return full
         setup = set_up_cache(
             spec,
             c,
@@ -65,6 +70,7 @@ class SingleProcess:
             dim=init.dim,
             state_dim=state_dim,
             seed=cfg.run.seed,
+            memory=memory,
         )
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
         # a resumed run overwrites every row with its checkpoint's: its own old store may stay
@@ -75,28 +81,36 @@ class SingleProcess:
             store_dir,
             owned=not c.store_dir,
             reuse=c.init_from_store or ckpt is not None,
+            io=setup.memory.sizes.io if setup.memory is not None else None,
         )
-        return CachedBackend(
+        backend = CachedBackend(
             store,
             setup.cache_rows,
             LocalPlans(setup),
             EXECUTORS[spec.executor],
             hot=setup.hot,
             autotune=setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
+            depth=setup.staged,
             device=self.device,
         )
+        backend.memory = setup.memory
+        return backend
 
     def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
-        for a, w, s in ckpt.reader().chunks():
-            backend.load_rows(a, w, s)
+        backend.restore(ckpt.reader())
 
-    def checkpoint_parts(self, step: int, backend: Backend, target: PartsTarget | None) -> list[Part]:
-        """This process is shard 0 of 1: it writes the one part itself."""
+    def checkpoint_cut(self, step: int, backend: Backend, target: CutTarget | None) -> PartsWriter:
+        """This process is shard 0 of 1: the cut copies the rows its one part needs (the
+        store's written since the previous cut, and the cache's), the part is written from
+        the copy afterwards."""
         assert target is not None
-        part = write_part(target.staging, backend.row_source(), 0, 1, target.kind)
-        target.meanwhile()
-        pause_at("checkpoint", step)  # a test kills us here: parts written, nothing committed
-        return [part]
+        snap = backend.snapshot(target.everything)
+
+        def write():
+            pause_at("checkpoint", step)  # a test kills us here: training goes on, the part is being written
+            return [write_part(target.staging, snap, 0, 1, target.kind, target.base_reader())]
+
+        return write
 
     def row_update(self, opt: SparseOptimizer, backend: Backend) -> RowUpdate:
         return LocalRowUpdate(opt)

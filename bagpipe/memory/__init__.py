@@ -1,0 +1,85 @@
+"""Memory the run is given, and no more.
+
+* :mod:`bagpipe.memory.cgroup` -- the memory cgroup this process runs in, its limit, its figures;
+* :mod:`bagpipe.memory.estimate` -- what a run needs, part by part (``bagpipe plan`` prints it);
+* :mod:`bagpipe.memory.shape` -- what of a run its memory depends on, read from its config,
+  data and model;
+* :mod:`bagpipe.memory.budget` -- the budget (``--memory-budget-mb`` or the cgroup's limit)
+  and the sizes that fit it, or a one-line refusal naming the smallest budget that works.
+
+:func:`bagpipe.cache.setup.set_up_cache` applies a :class:`MemoryPlan`; an embedding
+server applies its own (:func:`server_fit`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bagpipe.memory.budget import Budget, BudgetError, Fit, Wanted, fit
+from bagpipe.memory.estimate import Estimate, RunShape, Sizes, estimate, estimate_server
+from bagpipe.store.diskio import DiskIO
+
+__all__ = [
+    "Budget",
+    "BudgetError",
+    "DiskIO",
+    "Estimate",
+    "Fit",
+    "MemoryPlan",
+    "RunShape",
+    "Sizes",
+    "Wanted",
+    "estimate",
+    "estimate_server",
+    "fit",
+    "memory_plan",
+    "server_fit",
+]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What :func:`~bagpipe.cache.setup.set_up_cache` needs to fit a run to its budget."""
+
+    budget: Budget
+    shape: RunShape
+    io: DiskIO = DiskIO()
+    role: str = "trainer"
+
+
+def memory_plan(cfg, dataset, stream, role: str = "trainer") -> MemoryPlan:
+    """The memory plan of the run ``cfg`` (a :class:`~bagpipe.config.train.TrainConfig`)
+    over ``dataset``'s train ``stream``: its budget and its shape. ``role``
+    ``remote-trainer``: the trainers of a distributed job (the oracle role sizes their
+    cache for them), each on 1/N of the batch."""
+    from bagpipe.memory.shape import run_shape
+
+    share = stream.batch_size // cfg.dist.trainers if role == "remote-trainer" else None
+    return MemoryPlan(Budget.of(cfg.memory.memory_budget_mb), run_shape(cfg, dataset, stream, share), role=role)
+
+
+def server_fit(
+    budget: Budget, num_rows: int, dim: int, state_dim: int, store: str, request_rows: int
+) -> tuple[DiskIO, Estimate]:
+    """An embedding server's disk I/O bounds for its ``budget`` and its estimate; raises
+    :class:`BudgetError` when even the smallest bounds do not fit."""
+    from bagpipe.memory.budget import io_for, need_mib
+    from bagpipe.memory.estimate import MIB
+
+    io = io_for(budget)
+    est = estimate_server(num_rows, dim, state_dim, store, io, request_rows)
+    usable = budget.usable
+    if usable is not None and est.total > usable:
+        big = sorted(est.parts, key=lambda p: -p.bytes)[:3]
+        raise BudgetError(
+            f"embedding server: memory budget {budget.mib:,.0f} MiB ({budget.source}) is too small: its shard of "
+            f"{num_rows:,} rows needs {est.mib:,.0f} MiB (" + ", ".join(f"{p.name} {p.mib:,.0f}" for p in big) + "); "
+            f"the smallest budget that works is {need_mib(est.total):,} MiB: raise "
+            "--server-memory-budget-mb, use more servers, or use --store disk"
+        )
+    if store == "disk" and usable is not None and not budget.enforced:
+        import dataclasses
+
+        left = usable - est.total + est.part("store page cache")
+        io = dataclasses.replace(io, page_cache_bytes=max(16 * MIB, left))
+    return io, est

@@ -1,0 +1,263 @@
+"""A run's memory budget, and the sizes that fit it.
+
+The budget (:class:`Budget`) is ``--memory-budget-mb`` when given, else the limit of the
+memory cgroup the process runs in (:mod:`bagpipe.memory.cgroup`), else none. A run is
+sized to fit the budget less :data:`MARGIN` (:func:`fit`):
+
+1. the disk store's I/O bounds scale with it (pages in flight and dirty pages: 1/32 of
+   the budget each, within [4, 64] and [8, 32] MiB; a digest's chunk 1/64 of it), and
+   where no cgroup enforces the budget the store also bounds its own page cache to what
+   the rest leaves;
+2. what the user set is kept (``--cache-rows``, ``--cache-budget-mb``, ``--lookahead``,
+   ``--hot-budget-mb``, ``--hot-rows``), what is a default gives way, in this order:
+   plans read ahead (down to 2, then 1), the I/O bounds (down to their smallest), the
+   default hot tier of fae and hotline (down to none), the default cache of 5% of the
+   rows (down to one batch's lookups);
+3. if even the smallest working configuration (a cache of one batch, one plan read
+   ahead, no default hot tier, the smallest I/O bounds) does not fit, the run stops
+   before it starts with one line: its estimate and the smallest budget that works;
+   if what the user set does not fit, the line names the setting and the most it may be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from bagpipe.errors import ConfigError
+from bagpipe.memory.cgroup import own_limit
+from bagpipe.memory.estimate import MIB, Estimate, RunShape, Sizes, estimate
+from bagpipe.store.diskio import DiskIO
+
+#: Share of the budget kept free: the estimate's error, the allocator's slack, the
+#: kernel's page-cache reclaim running behind.
+MARGIN = 0.10
+
+
+class BudgetError(ConfigError):
+    """The run does not fit its memory budget (one line: the estimate and what to do);
+    ``estimate``: the smallest configuration's, part by part (``bagpipe plan`` prints it)."""
+
+    def __init__(self, message: str, estimate: Estimate | None = None):
+        super().__init__(message)
+        self.estimate = estimate
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes a process may use, page cache included (None: no budget), and where that came from."""
+
+    bytes: int | None
+    source: str
+    enforced: bool = False
+    """Whether a cgroup limit enforces it (then the kernel bounds the page cache)."""
+
+    @classmethod
+    def of(cls, mb: float | None, option: str = "--memory-budget-mb") -> Budget:
+        """``mb`` MiB from ``option``; None: this process's cgroup limit; 0: no budget."""
+        limit, where = own_limit()
+        if mb is None:
+            if limit is None:
+                return cls(None, f"none ({where})")
+            return cls(limit, f"the memory cgroup's limit ({where})", enforced=True)
+        if mb == 0:
+            return cls(None, f"none ({option} 0)")
+        b = int(mb * MIB)
+        return cls(b, f"{option} {mb:g}", enforced=limit is not None and limit <= b)
+
+    @property
+    def mib(self) -> float | None:
+        return None if self.bytes is None else self.bytes / MIB
+
+    @property
+    def usable(self) -> int | None:
+        """What the run may plan for: the budget less the margin."""
+        return None if self.bytes is None else int(self.bytes * (1 - MARGIN))
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """The sizes a run would use without a budget, and which of them the user set."""
+
+    sizes: Sizes
+    cache_fixed: bool
+    hot_fixed: bool
+    minimum_cache: int
+    """The smallest cache that can run (one batch's lookups)."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The sizes chosen for a budget, their estimate, and what the budget changed."""
+
+    budget: Budget
+    sizes: Sizes
+    estimate: Estimate
+    changes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        u = self.budget.usable
+        return u is None or self.estimate.total <= u
+
+    def line(self) -> str:
+        """``memory budget M MiB (source): estimate E MiB; changes``."""
+        if self.budget.bytes is None:
+            return f"memory: estimate {self.estimate.mib:,.0f} MiB, no budget ({self.budget.source})"
+        head = (
+            f"memory budget {self.budget.mib:,.0f} MiB ({self.budget.source}): estimate "
+            f"{self.estimate.mib:,.0f} MiB with a {MARGIN:.0%} margin kept free"
+        )
+        return head + ("; " + "; ".join(self.changes) if self.changes else "")
+
+    def as_dict(self) -> dict:
+        return {
+            "budget_mb": self.budget.mib,
+            "budget_source": self.budget.source,
+            "margin": MARGIN,
+            "fits": self.fits,
+            "changes": list(self.changes),
+            "sizes": self.sizes.as_dict(),
+            "estimate": self.estimate.as_dict(),
+        }
+
+
+def io_for(budget: Budget, threads: int = DiskIO.threads) -> DiskIO:
+    """The disk store's I/O bounds for a budget (the defaults without one)."""
+    if budget.bytes is None:
+        return DiskIO(threads=threads)
+    u = budget.usable or 0
+    return DiskIO(
+        threads=threads,
+        hint_bytes=int(min(64 * MIB, max(4 * MIB, u // 32))),
+        dirty_bytes=int(min(32 * MIB, max(8 * MIB, u // 32))),
+    )
+
+
+def need_mib(total: int) -> int:
+    """The smallest whole budget in MiB whose usable part holds ``total`` bytes."""
+    return math.ceil(total / (1 - MARGIN) / MIB)
+
+
+def smallest_io(io: DiskIO) -> DiskIO:
+    """The smallest I/O bounds a run is given: 4 MiB of pages in flight, 8 MiB of dirty
+    pages, chunks of 4,096 rows."""
+    return dataclasses.replace(io, hint_bytes=4 * MIB, dirty_bytes=8 * MIB, chunk_rows=1 << 12)
+
+
+def _smallest(shape: RunShape, wanted: Wanted, io: DiskIO) -> Sizes:
+    s = wanted.sizes
+    return dataclasses.replace(
+        s,
+        cache_rows=s.cache_rows if wanted.cache_fixed else min(s.cache_rows, wanted.minimum_cache),
+        hot_rows=s.hot_rows if wanted.hot_fixed else 0,
+        staged=min(s.staged, 1),
+        io=smallest_io(io),
+    )
+
+
+def _most(shape: RunShape, sizes: Sizes, usable: int, part: str, per_row: int) -> int:
+    """How many rows of ``part`` fit: what the rest of the estimate leaves, per row."""
+    rest = estimate(shape, sizes).total - estimate(shape, sizes).part(part)
+    return max(0, (usable - rest) // per_row)
+
+
+def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") -> Fit:
+    """The sizes of ``wanted`` made to fit ``budget`` (see the module); raises BudgetError."""
+    io = io_for(budget, wanted.sizes.io.threads)
+    if budget.usable is not None:  # a digest's or checkpoint's chunk: 1/64 of the budget, 4Ki..64Ki rows
+        io = dataclasses.replace(io, chunk_rows=int(min(1 << 16, max(1 << 12, budget.usable // 64 // shape.row_bytes))))
+    sizes = dataclasses.replace(wanted.sizes, io=io)
+    usable = budget.usable
+    if usable is None:
+        return Fit(budget, sizes, estimate(shape, sizes, role))
+    smallest = _smallest(shape, wanted, io)
+    low = estimate(shape, smallest, role)
+    if low.total > usable:
+        floor = dataclasses.replace(smallest, cache_rows=min(smallest.cache_rows, wanted.minimum_cache), hot_rows=0)
+        if estimate(shape, floor, role).total <= usable:  # what the user set is what does not fit
+            what, fixes = [], []
+            if smallest.cache_rows > floor.cache_rows:
+                what.append(f"the cache of {smallest.cache_rows:,} rows")
+                most = _most(shape, dataclasses.replace(smallest, hot_rows=0), usable, "cache", shape.row_bytes + 32)
+                fixes.append(f"lower --cache-rows / --cache-budget-mb to at most {most:,} rows")
+            if smallest.hot_rows:
+                what.append(f"the hot tier of {smallest.hot_rows:,} rows")
+                fixes.append("lower --hot-budget-mb (or use a smaller --hot-rows file)")
+            raise BudgetError(
+                f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold {' and '.join(what)} "
+                f"(the run needs {low.mib:,.0f} MiB with them, {MARGIN:.0%} kept free): {', or '.join(fixes)}, "
+                f"or raise --memory-budget-mb to at least {need_mib(low.total):,}",
+                low,
+            )
+        big = sorted(low.parts, key=lambda p: -p.bytes)[:3]
+        raise BudgetError(
+            f"memory budget {budget.mib:,.0f} MiB ({budget.source}) is too small for this run: even its smallest "
+            f"configuration needs {low.mib:,.0f} MiB ("
+            + ", ".join(f"{p.name} {p.mib:,.0f}" for p in big)
+            + f"), so the smallest budget that works is {need_mib(low.total):,} MiB ({MARGIN:.0%} kept free); "
+            "raise --memory-budget-mb or run where more memory is given",
+            low,
+        )
+    changes: list[str] = []
+    if estimate(shape, sizes, role).total > usable and sizes.staged > 2:
+        staged = sizes.staged
+        while staged > 2 and estimate(shape, dataclasses.replace(sizes, staged=staged), role).total > usable:
+            staged = max(2, staged // 2)
+        sizes = dataclasses.replace(sizes, staged=staged)
+        changes.append(f"{staged} plans read ahead instead of {wanted.sizes.staged}")
+    if estimate(shape, sizes, role).total > usable and sizes.staged > 1:
+        sizes = dataclasses.replace(sizes, staged=1)
+    if estimate(shape, sizes, role).total > usable and sizes.io != smallest_io(sizes.io):
+        sizes = dataclasses.replace(sizes, io=smallest_io(sizes.io))
+        changes.append("the smallest I/O bounds (4 MiB of pages in flight, 8 MiB of dirty pages)")
+    rb = shape.row_bytes
+    if estimate(shape, sizes, role).total > usable and sizes.hot_rows and not wanted.hot_fixed:
+        h = min(sizes.hot_rows, _most(shape, sizes, usable, "hot tier", rb + 8))
+        changes.append(f"a hot tier of {h:,} rows instead of {sizes.hot_rows:,}")
+        sizes = dataclasses.replace(sizes, hot_rows=h)
+    if estimate(shape, sizes, role).total > usable and not wanted.cache_fixed:
+        c = max(wanted.minimum_cache, min(sizes.cache_rows, _most(shape, sizes, usable, "cache", rb + 32)))
+        changes.append(f"a cache of {c:,} rows instead of {sizes.cache_rows:,}")
+        sizes = dataclasses.replace(sizes, cache_rows=c)
+    est = estimate(shape, sizes, role)
+    if est.total > usable:  # what the user set does not fit; the smallest configuration does
+        if wanted.cache_fixed:
+            c = _most(shape, sizes, usable, "cache", rb + 32)
+            raise BudgetError(
+                f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold this run's cache of "
+                f"{sizes.cache_rows:,} rows (the run needs {est.mib:,.0f} MiB, {MARGIN:.0%} kept free): "
+                f"lower --cache-rows / --cache-budget-mb to at most {c:,} rows or raise --memory-budget-mb "
+                f"to at least {need_mib(est.total):,}",
+                est,
+            )
+        raise BudgetError(
+            f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold this run's hot tier of "
+            f"{sizes.hot_rows:,} rows (the run needs {est.mib:,.0f} MiB, {MARGIN:.0%} kept free): lower "
+            f"--hot-budget-mb or raise --memory-budget-mb to at least {need_mib(est.total):,}",
+            est,
+        )
+    if shape.store == "disk" and not budget.enforced:
+        # no cgroup bounds the page cache: the store bounds its own to what the rest leaves
+        left = usable - est.total + est.part("store page cache")
+        sizes = dataclasses.replace(sizes, io=dataclasses.replace(sizes.io, page_cache_bytes=max(16 * MIB, left)))
+        est = estimate(shape, sizes, role)
+    return Fit(budget, sizes, est, tuple(changes))
+
+
+def full_tables_fit(budget: Budget, shape: RunShape) -> Fit:
+    """The estimate of ``--mode full`` (every table in the process: nothing to size) against
+    its budget; raises BudgetError when it does not fit."""
+    sizes = Sizes(cache_rows=0, hot_rows=0, lookahead=0, staged=0, io=DiskIO())
+    est = estimate(shape, sizes)
+    usable = budget.usable
+    if usable is not None and est.total > usable:
+        raise BudgetError(
+            f"memory budget {budget.mib:,.0f} MiB ({budget.source}) is too small for --mode full: its tables alone "
+            f"take {est.part('store') / MIB:,.0f} MiB and the run {est.mib:,.0f} MiB, so the smallest budget that works "
+            f"is {need_mib(est.total):,} MiB; raise --memory-budget-mb, or keep the tables in a store "
+            "(--mode lookahead --store disk)",
+            est,
+        )
+    return Fit(budget, sizes, est)

@@ -1,0 +1,130 @@
+"""A run's :class:`~bagpipe.memory.estimate.RunShape`: what its memory depends on, read
+from its config, its data and its model.
+
+Two figures are measured rather than computed, both cheaply at start-up:
+
+* the unique rows of a batch (U): the most over the first :data:`SAMPLED_BATCHES`
+  batches of the run's stream;
+* the rows a plan fetches and writes back (:func:`with_traffic`): the run's planner, for
+  the cache the run will have, plans the stream's first batches (planning only) and the
+  most of a step after the window filled is kept;
+* what one training step saves for backward: the model runs forward on random inputs
+  of 4 and of 8 samples under ``torch.autograd.graph.saved_tensors_hooks``; the bytes
+  of the distinct storages it saves grow by the same amount per sample (the weights it
+  saves do not), which, times B, is the step's activations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from bagpipe.config.train import TrainConfig
+from bagpipe.data.shards import Dataset
+from bagpipe.data.stream import BatchStream
+from bagpipe.errors import CapacityError
+from bagpipe.memory.estimate import RunShape
+from bagpipe.oracle.planners import build_planner
+from bagpipe.oracle.sizing import lookups_per_batch
+
+#: Batches of the stream whose unique rows are counted.
+SAMPLED_BATCHES = 4
+#: Optimizer values per dense parameter (torch's Adagrad: sum; Adam: two moments).
+DENSE_STATES = {"sgd": 0, "adagrad": 1, "adam": 2, "partial_rowwise_adam": 2}
+
+
+def saved_bytes_per_sample(model, num_dense: int, num_features: int, dim: int) -> int:
+    """Bytes autograd saves for backward per sample of ``model``'s forward (see the module)."""
+    import torch
+
+    def measure(b: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        dense = torch.randn(b, num_dense)
+        pooled = torch.randn(b, num_features, dim, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(dense, pooled)
+        return sum(seen.values())
+
+    return max(0, (measure(8) - measure(4)) // 4)
+
+
+def unique_rows(stream: BatchStream, batches: int = SAMPLED_BATCHES) -> int:
+    """The most unique rows of the stream's first ``batches`` batches."""
+    n = min(batches, max(1, stream.batches_per_epoch))
+    return max(len(np.unique(stream.batch(k).rows.numpy())) for k in range(n))
+
+
+def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_size: int | None = None) -> RunShape:
+    """The shape of the run ``cfg`` over ``dataset``'s train ``stream`` (``batch_size``: a
+    data-parallel trainer's share, default the stream's)."""
+    import torch
+
+    from bagpipe.models import build_model
+    from bagpipe.optim.names import row_state_dim
+
+    meta = dataset.meta
+    mcfg = cfg.arch.model_config()
+    D, F = mcfg.embedding_dim, meta.num_features
+    B = batch_size or stream.batch_size
+    with torch.random.fork_rng():  # a throwaway model: the run's own draws stay as they are
+        model = build_model(mcfg, meta.num_dense, F)
+    params = sum(p.numel() for p in model.parameters())
+    per_sample = saved_bytes_per_sample(model, meta.num_dense, F, D)
+    del model
+    lookups = lookups_per_batch(meta, stream, cfg.run.steps) * B // stream.batch_size
+    unique = min(lookups, unique_rows(stream))
+    one = stream.batch(0)
+    batch_bytes = sum(t.numel() * t.element_size() for t in (one.labels, one.dense, one.rows, one.offsets))
+    id_bytes = one.rows.element_size() * max(1, len(one.rows) // max(1, len(one.labels)))
+    return RunShape(
+        spec=cfg.cache.spec,
+        store=cfg.cache.store,
+        num_rows=meta.total_rows,
+        dim=D,
+        state_dim=row_state_dim(cfg.optim.optimizer, D),
+        batch_size=B,
+        num_features=F,
+        lookups=lookups,
+        unique=unique * B // stream.batch_size if B != stream.batch_size else unique,
+        batch_bytes=batch_bytes * B // stream.batch_size,
+        dense_params=params,
+        dense_states=DENSE_STATES.get(cfg.optim.optimizer, 2),
+        saved_bytes=per_sample * B,
+        sample_bytes=4 + 4 * meta.num_dense + id_bytes,
+        eval_batch=cfg.data.batch_size,
+        largest_table=max(meta.table_sizes),
+    )
+
+
+def with_traffic(shape: RunShape, stream: BatchStream, cache_rows: int, lookahead: int, steps: int) -> RunShape:
+    """``shape`` with the most rows a plan fetches and writes back, found by planning
+    the stream's first batches with the run's planner (no rows move): 2L + 9 batches for
+    the lookahead oracle (its window fills after L), 24 for the others, at most ``steps``.
+    With a hot tier, pass its rows in ``cache_rows`` too (the planner then sees every row:
+    an upper bound of the cold rows' traffic)."""
+    spec = shape.spec
+    if spec.planner is None:
+        return shape
+    L = max(1, lookahead)
+    n = min(steps, max(1, stream.batches_per_epoch) * 4, 2 * L + 9 if spec.looks_ahead else 24)
+    planner = build_planner(spec.planner, shape.num_rows, cache_rows, L, None)
+    fetch = evict = 0
+    first, last = (min(L, n // 2), n - L - 1) if spec.looks_ahead else (min(8, n // 2), n)
+    try:
+        for plan in planner.plans(stream.numbered(0, n)):
+            # after the cache and the window have filled, before the last L plans (whose
+            # rows all expire because the stream planned ends)
+            if first <= plan.step <= max(first, last):
+                fetch = max(fetch, len(plan.fetch_rows))
+                evict = max(evict, len(plan.evict_before_rows) + len(plan.evict_after_rows))
+    except CapacityError:  # a batch too wide for this cache: the run says so itself; estimate with U
+        return shape
+    del planner
+    return dataclasses.replace(shape, fetch_rows=fetch or shape.unique, evict_rows=evict or shape.unique)
