@@ -34,6 +34,10 @@ Two pieces that are otherwise reached only through multi-process jobs:
   ``finish_writes`` untracked reads wait for every client's last write-back.
 The transport's own framing, encoding and authentication are tested in
 ``tests/test_wire.py``; here every server and client joins with the job's secret first.
+* :class:`SupersededWatch` (``bagpipe/distributed/superseded.py``) against a real
+  TCPStore in this process: a role's watch of attempt N stays quiet while only attempt N
+  (and the stranger's writes to it) are in the store, calls back naming attempt N + 1
+  within seconds of a role arriving there, and a stopped watch never calls back.
 
 Every thread a test starts must have ended when it finishes (``every_thread_ends``).
 """
@@ -51,12 +55,14 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
+from fakes import FakeNet, join_all, role_name
 
 from bagpipe.cache.executor import PlanExecutor
 from bagpipe.cache.pipelined import PipelinedExecutor
 from bagpipe.cache.slots import SlotCache
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.server import FINAL, EmbeddingServer, RemoteStore, ShardInit
+from bagpipe.distributed.superseded import SupersededWatch, attempt_key
 from bagpipe.distributed.transport import REQUEST, PeerLost, Transport
 from bagpipe.errors import BagpipeError
 from bagpipe.oracle.lookahead import LookaheadOracle
@@ -64,7 +70,6 @@ from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.policies import NoCachePlanner
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
-from fakes import FakeNet, join_all, role_name
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -695,3 +700,27 @@ def test_after_finish_writes_untracked_reads_wait_for_every_clients_end(clusters
     got_w, got_s = ranging.result()
     np.testing.assert_array_equal(got_w[rows], w)
     np.testing.assert_array_equal(got_s[rows], s)
+
+
+def test_a_role_ends_its_attempt_once_another_host_restarted_into_the_next():
+    import torch.distributed as dist
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    master.add(attempt_key(0), 4)
+    master.add(attempt_key(0), 100)  # what the stranger in test_multihost.py writes
+    told: list[str] = []
+    ended = threading.Event()
+    watches = [
+        SupersededWatch("127.0.0.1", master.port, 0, "server 0", lambda m: (told.append(m), ended.set()), period_s=0.1),
+        SupersededWatch("127.0.0.1", master.port, 0, "trainer 0", lambda m: told.append("stopped " + m), period_s=0.1),
+    ]
+    for w in watches:
+        w.start()
+    time.sleep(1.0)
+    assert told == []  # attempt 0 alone, however many arrivals it counts: nothing to end
+    watches[1].stop()
+    master.add(attempt_key(1), 1)  # host 1's first restarted role arrives in attempt 1
+    assert ended.wait(10)
+    watches[0].stop()
+    assert told == ["server 0: another host's roles restarted (attempt 1 began at 127.0.0.1:"
+                    f"{master.port}); ending this attempt so that torchrun restarts this role too"]

@@ -14,7 +14,9 @@ secret in a file of mode 0600. Proves:
   stranger works, so that a loaded machine cannot let the job finish first; its
   connections wait in the kernel and are read on SIGCONT.) Then every role of host 1
   (server 1 and the oracle) is SIGKILLed after the first checkpoint: both torchruns
-  (``--max-restarts 1``) restart their roles, which continue from the latest
+  (``--max-restarts 1``) restart their roles -- host 0's roles, when they do not fail on
+  their own, see host 1's restarted roles begin the next attempt in the store and exit
+  (``bagpipe/distributed/superseded.py``) -- and the roles continue from the latest
   checkpoint. The job ends with ``params_sha256`` equal to the one-host run's, the
   uninterrupted digest (for one trainer, bitwise ``--mode full``'s on one process), and
   no process is left in any namespace;
@@ -213,6 +215,8 @@ def test_a_two_host_job_shrugs_off_a_stranger_and_recovers_from_losing_a_host(ti
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         logs = finish(net, procs)
+        for k, text in enumerate(logs):  # kept beside the run, to read after a failure
+            (tmp_path / f"host{k}.log").write_text(text)
         assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
         assert digest(out) == full_digest(STEPS)
         assert f"resumed from step {EVERY}" in logs[0] or f"resumed from step {2 * EVERY}" in logs[0], logs[0][-3000:]

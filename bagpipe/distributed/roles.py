@@ -24,6 +24,7 @@ from bagpipe.config.sections import Store
 from bagpipe.config.train import TrainConfig
 from bagpipe.device.placement import TrainerPlacement, local_rank, place_trainer, trainer_backend
 from bagpipe.distributed.layout import Layout, role_threads
+from bagpipe.distributed.superseded import SupersededWatch, attempt_prefix
 from bagpipe.errors import BagpipeError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     # rank is its client, as torch's own env:// rendezvous does), and it keeps it across
     # restarts: each attempt counts its arrivals under its own prefix.
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    prefix = f"bagpipe/attempt-{env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
+    prefix = attempt_prefix(env_int("TORCHELASTIC_RESTART_COUNT", 0))
     deadline = time.monotonic() + timeout_s
 
     def meet():
@@ -194,6 +195,25 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
                 "choose another MASTER_PORT / --master-port"
             ) from None
         raise timed_out from None
+
+
+def superseded_watch(name: str) -> SupersededWatch | None:
+    """Under torchrun, a watch that ends this role once another host's roles have
+    restarted into the next attempt (:mod:`bagpipe.distributed.superseded`); None
+    elsewhere (the local launcher restarts every role itself)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    addr, port = os.environ["MASTER_ADDR"], env_int("MASTER_PORT", lo=1, hi=MAX_PORT)
+    return SupersededWatch(addr, port, env_int("TORCHELASTIC_RESTART_COUNT", 0), name, _end_attempt).start()
+
+
+def _end_attempt(message: str) -> None:
+    """Print the role's one error line and end the process with exit code 1, so that its
+    torchrun agent restarts it. ``os._exit`` from the watch's thread: the main thread may
+    be blocked inside torch where no exception reaches it."""
+    report_error(BagpipeError(message))
+    logging.shutdown()
+    os._exit(1)
 
 
 def _listening(addr: str, port: int) -> bool:
@@ -270,8 +290,9 @@ def joined(
     secret = load_secret(secret_file)  # before waiting for anyone: a missing secret is a one-line error now
     torch.set_num_threads(max(1, threads))  # N + S + 1 processes share the machine's cores
     store = rendezvous(layout, rank, rendezvous_timeout_s)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
     name = layout.name(rank)
+    watch = superseded_watch(name)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
     try:
         # every rank must create every group, in the same order and with the same backend
         if placement is not None:
@@ -293,6 +314,8 @@ def joined(
             report_error(e)
         raise
     finally:
+        if watch is not None:
+            watch.stop()
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - leaving anyway
