@@ -24,7 +24,7 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.device import on_host, open_device
 from bagpipe.faults import pause_at
-from bagpipe.memory.watch import MemoryWatch, RssSampler
+from bagpipe.memory.watch import MemoryWatch
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
@@ -253,8 +253,7 @@ class _Run:
             desc=f"train {cfg.arch.model}/{cfg.cache.mode}",
             quiet=not topo.reports,
         )
-        rss = RssSampler()
-        watch = MemoryWatch()
+        watch = MemoryWatch()  # samples the anonymous memory from here to the end of the run
         schedule, bases = self.schedule, self.bases
         run_step: StepFn = STEPS[spec.step]
         if skipper is not None:  # Slipstream: the stale inputs are left out of the step
@@ -311,7 +310,7 @@ class _Run:
                 t0 = time.perf_counter()
                 self.checkpoint(step)  # written while the run evaluates and hashes
                 end.checkpoint_cut = time.perf_counter() - t0
-            peak_anon = rss.stop()
+            peak_anon = watch.peak()  # the summary's training-time peak; the watch goes on
             if metrics is None:
                 return None
             t0 = time.perf_counter()
@@ -357,7 +356,6 @@ class _Run:
                 self.writer.close(abandon=True)  # the run failed: its last complete checkpoint is what survives
             raise
         finally:
-            rss.stop()
             watch.stop()
             progress.close()
             if metrics is not None:
