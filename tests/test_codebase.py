@@ -347,7 +347,8 @@ def test_every_summary_field_is_documented_in_runs_md():
 
     text = (PACKAGE.parent / "docs" / "runs.md").read_text()
     sections = (summary.Summary, summary.StepTimes, summary.IoPerStep, summary.CacheStats, summary.DistributedStats,
-                summary.CheckpointStats, summary.EndOfRun, summary.Approximation, summary.MemoryReport)  # fmt: skip
+                summary.CheckpointStats, summary.EndOfRun, summary.Approximation, summary.MemoryReport,
+                summary.ThreadTime)  # fmt: skip
     for cls in sections:
         docs = field_docs(cls)
         assert set(docs) == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__}: a field without a docstring"

@@ -65,6 +65,8 @@ class PipelineTimes:
     """The background fetch thread's store reads (pipelined; for reference)."""
     writeback_busy: float = 0.0
     """The background write-back thread's store writes (pipelined; for reference)."""
+    planner_busy: float = 0.0
+    """The background planner thread's reading and planning of batches (pipelined; for reference)."""
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -77,15 +77,27 @@ class PipelinedExecutor(PlanExecutor):
         # copied-out rows pile up in memory (the budget counts depth + 1 groups)
         self._wb_q: queue.Queue = queue.Queue(maxsize=max(2, self.depth + 1))
         for target, name in (
-            (self._plan_loop, "bagpipe-planner"),
-            (self._fetch_loop, "bagpipe-fetch"),
-            (self._wb_loop, "bagpipe-writeback"),
+            (self._lingering(self._plan_loop), "bagpipe-planner"),
+            (self._lingering(self._fetch_loop), "bagpipe-fetch"),
+            (self._lingering(self._wb_loop), "bagpipe-writeback"),
         ):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
 
     # background threads -------------------------------------------------------------
+    def _lingering(self, loop):
+        """``loop``, then wait for :meth:`close`: a thread that has done its work stays until
+        the run's figures are read, so its CPU time is counted (:mod:`bagpipe.train.threadcpu`)."""
+
+        def run() -> None:
+            try:
+                loop()
+            finally:
+                self._stop.wait()
+
+        return run
+
     def _put(self, q: queue.Queue, item) -> bool:
         while not self._stop.is_set():
             try:
@@ -97,10 +109,13 @@ class PipelinedExecutor(PlanExecutor):
 
     def _plan_loop(self) -> None:
         try:
+            t0 = time.perf_counter()
             for plan in self.plans:
-                self._planned_at[plan.step] = time.perf_counter()
+                self._planned_at[plan.step] = t = time.perf_counter()
+                self.times.planner_busy += t - t0  # reading the batch and planning it
                 if not self._put(self._plan_q, plan):
                     return
+                t0 = time.perf_counter()
             self._put(self._plan_q, _DONE)
         except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
             self._put(self._plan_q, _Failure(e))

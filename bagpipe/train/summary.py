@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
+from bagpipe.cache.advice import run_advice
 from bagpipe.train.metrics import current_rss_mb, peak_rss_mb
+from bagpipe.train.threadcpu import ThreadClock, ThreadTime, pipeline_share
 
 LOSS_WINDOW = 50  # steps the summary's train_logloss averages
 
@@ -78,6 +80,8 @@ class Timing:
     """The measured steps' time by phase."""
     io_per_step: IoPerStep
     """The measured steps' block-device traffic."""
+    threads_per_step_ms: dict[str, ThreadTime] = field(default_factory=dict)
+    """The measured steps' CPU by thread (:mod:`bagpipe.train.threadcpu`)."""
 
 
 @dataclass
@@ -326,6 +330,8 @@ class StepMeter:
         self._io_start: dict = io_counters()
         self._io_end: dict | None = None
         self._t_end: float | None = None
+        self.clock = ThreadClock()  # created on the thread that runs the steps
+        self.clock.start()
 
     def seconds(self) -> dict:
         """Cumulative seconds per phase (every key of TIME_KEYS)."""
@@ -340,6 +346,7 @@ class StepMeter:
             self._t_measure = time.perf_counter()
             self._at_warmup = self.seconds()
             self._io_start = io_counters()
+            self.clock.start()
 
     @property
     def trained(self) -> int:
@@ -353,6 +360,7 @@ class StepMeter:
         """The last step is done: later work (evaluation, digest) is not timed."""
         self._t_end = time.perf_counter()
         self._io_end = io_counters()
+        self.clock.stop()
 
     def result(self) -> Timing:
         """The measured figures (warm-up excluded)."""
@@ -372,6 +380,7 @@ class StepMeter:
             samples_per_s=measured * self.batch_size / max(t_end - t0, 1e-9),
             time_per_step_ms=StepTimes(**{k: 1000 * (now[k] - at[k]) / per for k in TIME_KEYS}),
             io_per_step=IoPerStep(**{k: (io_end[k] - io_start[k]) / per for k in io_end}),
+            threads_per_step_ms=self.clock.per_step(per),
         )
 
 
@@ -463,6 +472,12 @@ class Summary:
     """The trainer thread's time per measured step, by phase."""
     io_per_step: IoPerStep | None
     """Block-device traffic per measured step."""
+    threads_per_step_ms: dict[str, ThreadTime]
+    """CPU per measured step of every thread of the process, by name (``trainer``: the steps'
+    thread; ``native``: threads Python did not start, mostly torch's intra-op workers)."""
+    pipeline_cpu_share: float | None
+    """CPU of the embedding pipeline's threads (planner, fetch, write-back, the disk store's
+    pools) over the CPU of the step's compute (trainer + native); None without figures."""
     cache: CacheStats | None
     """The embedding side of a run with a store; None for the full tables."""
     distributed: DistributedStats | None
@@ -473,6 +488,9 @@ class Summary:
     """The memory budget, the estimate the run was sized by, and what it used."""
     end_of_run_s: EndOfRun | None = None
     """The work after the last step, by part (seconds)."""
+    advice: str | None = None
+    """Whether the mode paid for itself on this store, in one line (:mod:`bagpipe.cache.advice`);
+    None when there is nothing to say."""
 
     @classmethod
     def of(
@@ -498,6 +516,8 @@ class Summary:
         approximation: Approximation | None = None,
         end_of_run_s: EndOfRun | None = None,
         memory: MemoryReport | None = None,
+        pipelined: bool = False,
+        slow_store: bool = False,
     ) -> Summary:
         """The summary of a run: ``timing`` from :meth:`StepMeter.result`, ``evaluation`` from
         :func:`bagpipe.train.evaluate.evaluate`; the process's memory is read now."""
@@ -531,11 +551,24 @@ class Summary:
             embedding_dim=embedding_dim,
             time_per_step_ms=timing.time_per_step_ms,
             io_per_step=timing.io_per_step,
+            threads_per_step_ms=timing.threads_per_step_ms,
+            pipeline_cpu_share=pipeline_share(timing.threads_per_step_ms),
             cache=cache,
             distributed=distributed,
             checkpoints=checkpoints,
             end_of_run_s=end_of_run_s,
             memory=memory,
+            advice=None
+            if cache is None
+            else run_advice(
+                mode,
+                pipelined,
+                slow_store,
+                1000 * batch_size / timing.samples_per_s if timing.samples_per_s > 0 else 0.0,
+                asdict(timing.time_per_step_ms),
+                cache.pipeline_s,
+                cache.steps,
+            ),
         )
 
     def to_json(self) -> dict:
