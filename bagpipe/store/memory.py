@@ -2,25 +2,47 @@
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowValues
 
+#: Tables at least this large are committed when the store is made (:func:`committed_zeros`).
+COMMIT_BYTES = 64 << 20
+
+
+def committed_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zero array whose pages are all resident from the start.
+
+    ``np.zeros`` maps pages lazily: the first write to each page then faults, and NumPy
+    advises large arrays to use 2 MiB huge pages, so a first write zeroes 2 MiB (and may
+    compact memory to find them) -- 0.4-5 s spread over the first steps of a run whose
+    write-backs scatter over a 2 GiB table, on the pipeline's write-back thread. The
+    memory budget counts every row of a memory store anyway (``bagpipe.memory.estimate``),
+    so the store takes its pages at once (``MAP_POPULATE``, the kernel's zeroing with the
+    interpreter lock released) and its writes never fault afterwards."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if nbytes < COMMIT_BYTES or not populate or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.zeros(shape, dtype=dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+    return np.frombuffer(m, dtype=dtype).reshape(shape)
+
 
 class MemoryStore(EmbeddingStore):
-    """All rows in two numpy arrays, initialised lazily.
+    """All rows in two numpy arrays, committed when the store is made (:func:`committed_zeros`).
 
-    The arrays are allocated with ``np.zeros`` (calloc), so untouched pages cost no
-    resident memory; a per-row flag says whether a row was written (or loaded) since the
-    store was made. A row never written reads as its initial value, computed on each read
-    (a read does not set the flag: the flags are exactly the written rows).
+    A per-row flag says whether a row was written (or loaded) since the store was made. A
+    row never written reads as its initial value, computed on each read (a read does not
+    set the flag: the flags are exactly the written rows).
     """
 
     def __init__(self, init: RowValues, state_dim: int):
         super().__init__(init, state_dim)
-        self.weights = np.zeros((self.num_rows, self.dim), dtype=np.float32)
-        self.state = np.zeros((self.num_rows, self.state_dim), dtype=np.float32)
+        self.weights = committed_zeros((self.num_rows, self.dim), np.float32)
+        self.state = committed_zeros((self.num_rows, self.state_dim), np.float32)
         self.present = np.zeros(self.num_rows, dtype=bool)
 
     def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
