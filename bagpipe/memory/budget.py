@@ -124,9 +124,10 @@ class Fit:
 
 
 def io_for(budget: Budget, threads: int = DiskIO.threads) -> DiskIO:
-    """The disk store's I/O bounds for a budget (the defaults without one)."""
+    """The disk store's I/O bounds for a budget. Without one the dirty pages are left to the
+    kernel (no write-behind: nothing asks for the rows to reach the device before ``flush``)."""
     if budget.bytes is None:
-        return DiskIO(threads=threads)
+        return DiskIO(threads=threads, dirty_bytes=None)
     u = budget.usable or 0
     return DiskIO(
         threads=threads,

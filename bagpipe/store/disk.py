@@ -74,6 +74,7 @@ from bagpipe.errors import DataError
 from bagpipe.files import atomic_write_text
 from bagpipe.store.base import EmbeddingStore, bitmap_rows
 from bagpipe.store.diskio import (
+    Advisor,
     DiskIO,
     Residency,
     WriteBehind,
@@ -242,6 +243,7 @@ class DiskStore(EmbeddingStore):
                     self._maps[name] = m
                     if name == ROWS:
                         self._residency = Residency(m)
+                        self._advisor = Advisor(m, self._residency.base)
             if new:
                 for fd in self._fds.values():
                     os.fsync(fd)
@@ -281,6 +283,9 @@ class DiskStore(EmbeddingStore):
     def _release(self) -> None:
         # drop the maps' last references (the store is closed: nothing reads them again)
         self._r = self._p = None  # type: ignore[assignment]
+        advisor = getattr(self, "_advisor", None)
+        if advisor is not None:
+            advisor.close()
         for m in self._maps.values():
             try:
                 m.close()
@@ -330,9 +335,7 @@ class DiskStore(EmbeddingStore):
         cut = np.flatnonzero(first[1:] > last[:-1] + 1) + 1
         starts = first[np.concatenate([[0], cut])] * _PAGE
         ends = (last[np.concatenate([cut - 1, [len(srows) - 1]])] + 1) * _PAGE
-        m = self._maps[ROWS]
-        for a, b in zip(starts.tolist(), ends.tolist()):
-            m.madvise(mmap.MADV_WILLNEED, a, b - a)
+        self._advisor.advise(starts, ends, mmap.MADV_WILLNEED)
 
     def _buffer(self, rows: int) -> np.ndarray:
         """This thread's reused (rows, D + S) buffer (grown once to a round's rows; a
