@@ -4,7 +4,8 @@
   value) returns what ``unique_inverse`` (one sort of the packed values) and
   ``np.unique(return_inverse=True)`` return, with the same dtypes, and leaves the
   scratch array exactly as it found it -- on random arrays with repeats, sorted and
-  unsorted, empty or of one value.
+  unsorted, empty or of one value; ``read_latest`` (the same fused with the row map's get
+  and set) returns those and each row's old entry, and moves the map on as get + set do.
 * ``LookaheadOracle(fast=True)`` (the dense row map as scratch space) and
   ``LookaheadOracle(fast=False)`` (the reference: the sort of every lookup) give equal
   plans -- every array of every plan with its dtype, and ``fetch_after`` -- over random
@@ -28,7 +29,7 @@ from bagpipe.accel.hot import HotSplit
 from bagpipe.accel.profile import HotSet
 from bagpipe.data.batch import Batch
 from bagpipe.oracle.plan import same_plan
-from bagpipe.oracle.unique import unique_inverse, unique_inverse_in
+from bagpipe.oracle.unique import read_latest, unique_inverse, unique_inverse_in
 
 pytestmark = pytest.mark.unit
 
@@ -54,6 +55,22 @@ def test_scratch_unique_equals_the_sort_and_restores_the_scratch(values, ordered
     assert uniq.dtype == inverse.dtype == ref_uniq.dtype == ref_inverse.dtype == np.int64
     assert np.array_equal(uniq, ref_uniq) and np.array_equal(inverse, ref_inverse)
     assert np.array_equal(uniq, np_uniq) and np.array_equal(inverse, np_inverse)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(0, ROWS - 1), max_size=80), hi=st.integers(0, 2**40), seed=st.integers(0, 2**16))
+def test_fused_read_equals_the_unique_then_the_maps_get_and_set(values, hi, seed):
+    v = np.array(values, dtype=np.int64)
+    latest = np.random.default_rng(seed).integers(-1, 2**31 - 1, size=ROWS, dtype=np.int64).astype(np.int32)
+    want_map = latest.copy()
+    ref_uniq, ref_inverse = unique_inverse(v)
+    ref_prev = want_map.take(ref_uniq).astype(np.int64)
+    want_map[ref_uniq] = (np.arange(hi, hi + len(ref_uniq)) % 2**31).astype(np.int32)
+    uniq, inverse, prev = read_latest(latest, v, hi)
+    assert uniq.dtype == inverse.dtype == prev.dtype == np.int64
+    assert np.array_equal(uniq, ref_uniq) and np.array_equal(inverse, ref_inverse)
+    assert np.array_equal(prev, ref_prev)
+    assert np.array_equal(latest, want_map)
 
 
 def plans(batches, C: int, L: int, fast: bool, dense: bool):

@@ -29,10 +29,11 @@ import numpy as np
 from bagpipe.data.batch import Batch
 from bagpipe.errors import CapacityError, ConfigError
 from bagpipe.oracle.plan import Plan, PlanStats
-from bagpipe.oracle.unique import unique_inverse, unique_inverse_in
+from bagpipe.oracle.unique import read_latest, unique_inverse, unique_inverse_in
 
 _WRAP = np.int64(1 << 31)
 _WRAP_MASK = _WRAP - 1
+_RING_START = 1 << 14  # occurrences the ring holds before the first batch sizes it
 #: Largest per-row map (4 bytes a row) the oracle allocates; larger tables get a WindowMap.
 DENSE_MAP_BYTES = 256 << 20
 
@@ -124,7 +125,7 @@ class LookaheadOracle:
         self.L = int(lookahead)
         self.fast = fast
         self.latest = DenseMap(self.num_rows) if 4 * self.num_rows <= DENSE_MAP_BYTES else WindowMap()
-        self._alloc_ring(1 << 14)
+        self._alloc_ring(_RING_START)
         self.lo = 0  # oldest live occurrence sequence number
         self.hi = 0  # next sequence number
         self.steps_live: deque[tuple[int, int]] = deque()  # (step, first seq) of retained steps
@@ -176,7 +177,11 @@ class LookaheadOracle:
 
     # reading ------------------------------------------------------------------------
     def _read(self, step: int, batch: Batch) -> tuple[int, int, np.ndarray]:
-        uniq, inverse = self.unique_inverse(batch.rows.numpy())
+        rows = batch.rows.numpy()
+        if self.fast and isinstance(self.latest, DenseMap):  # the map's get and set fused into the unique
+            uniq, inverse, v = read_latest(self.latest.latest, rows, self.hi)
+            return self._link(step, uniq, v, inverse)
+        uniq, inverse = self.unique_inverse(rows)
         v = self.latest.get(uniq)
         self.latest.set(uniq, np.arange(self.hi, self.hi + len(uniq), dtype=np.int64), self.lo)
         return self._link(step, uniq, v, inverse)
@@ -194,6 +199,12 @@ class LookaheadOracle:
         """Append step's occurrences ``uniq`` (U,) to the ring at sequence numbers hi..,
         linked to their previous occurrences: ``v`` (U,) the map's candidates for them."""
         start, n = self.hi, len(uniq)
+        if self.hi == 0 and self.cap == _RING_START:
+            # the window settles at 2L+1 batches' occurrences: size the ring for that once
+            # (as the memory estimate does) instead of doubling and copying it on the way
+            want = (2 * self.L + 1) * n * 9 // 8
+            if want > self.cap:
+                self._alloc_ring(1 << (want - 1).bit_length())
         self._ensure(n)
         idx = self._span(start, n)
         # the candidate sequence number of the previous occurrence: the one in [lo, lo + 2^31)
