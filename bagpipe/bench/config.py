@@ -11,6 +11,7 @@ overrides the defaults that differ, and states its ``--quick`` size once in ``QU
     Repeated (mixin)                 reps                                oracle + Throughput
     CachePoint (mixin)               cache_fraction, lookahead           modes, peers, distributed, convergence
     OnDevice (mixin)                 device                              modes, mlperf
+    Loaded (mixin)                   background_load                     modes, scale
 
 Validation messages name the option (``--reps must be >= 1, got 0``), so a bad value
 on the command line is a one-line error that says which option to fix.
@@ -147,6 +148,19 @@ class CachePoint(Checked):
         super().validate()
         self.check("cache_fraction", 0 < self.cache_fraction <= 1, "must be in (0, 1]")
         self.check("lookahead", self.lookahead >= 1, "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class Loaded(Checked):
+    """Scenarios that can measure a busy machine (a mixin of TrainBench subclasses)."""
+
+    background_load: int = 0
+    """CPU-bound processes the benchmark starts beside its runs and stops after them
+    (bagpipe.bench.load): 1 on a 2-core machine takes half of it from the runs."""
+
+    def validate(self) -> None:
+        super().validate()
+        self.check("background_load", self.background_load >= 0, "must be >= 0")
 
 
 @dataclass(kw_only=True)

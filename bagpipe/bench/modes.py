@@ -15,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.config import CachePoint, OnDevice, Throughput
+from bagpipe.bench.config import CachePoint, Loaded, OnDevice, Throughput
+from bagpipe.bench.load import BackgroundLoad
 from bagpipe.bench.report import (
     header,
     markdown_table,
     median,
+    median_spread,
     pyplot,
     save_png,
     stacked_step_times,
@@ -31,18 +33,20 @@ from bagpipe.bench.runner import launch, prepare
 from bagpipe.config.modes import mode_spec
 from bagpipe.config.train import only_applicable
 from bagpipe.optim.names import row_state_dim
+from bagpipe.train.threadcpu import PIPELINE_THREADS, group_cpu
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
 STORES = ("memory", "disk")
 
 
 @dataclass(kw_only=True)
-class ModesBench(OnDevice, CachePoint, Throughput):
+class ModesBench(OnDevice, Loaded, CachePoint, Throughput):
     """Every mode (full, nocache, lru, lookahead) side by side on generated Criteo-Kaggle-sized
     data (33.8M rows at the default --scale 1; DLRM Kaggle recipe, batch 2048, Adagrad), with
     the memory and the disk store; full always runs in memory, the reference of the ratios.
     With --device cuda every run computes on the GPU: full with every table in GPU memory,
-    the others with the cache on the GPU and the store in host memory or on disk."""
+    the others with the cache on the GPU and the store in host memory or on disk.
+    --background-load N measures a busy machine: N CPU-bound processes run beside every run."""
 
     name = "modes"
     QUICK = dict(scale=0.01, batch_size=256, recipe="debug", steps=8, warmup=2, reps=1, lookahead=8, stores=("memory",))
@@ -144,17 +148,20 @@ def run(b: ModesBench) -> dict:
         if not mode_spec(mode).store and (mode, "memory") not in configs:
             configs.insert(0, (mode, "memory"))
     results: dict[str, list[dict]] = {f"{m}/{s}": [] for m, s in configs}
-    for rep in range(b.reps):
-        for mode, store in configs:
-            key = f"{mode}/{store}"
-            print(f"[rep {rep + 1}/{b.reps}] {key} ...", flush=True)
-            run_dir = out / "runs" / f"{mode}-{store}-{rep}"
-            if run_dir.exists():
-                shutil.rmtree(run_dir)
-            s = run_mode(b, data, out, run_dir, mode, store, cache_rows)
-            results[key].append(s)
-            print(f"    {s['samples_per_s']:,.0f} samples/s, peak anon RSS {s['peak_anon_rss_mb']:.0f} MiB", flush=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
+    with BackgroundLoad(b.background_load) as load:
+        if b.background_load:
+            print(f"background load: {b.background_load} CPU-bound process(es) {load.pids}", flush=True)
+        for rep in range(b.reps):
+            for mode, store in configs:
+                key = f"{mode}/{store}"
+                print(f"[rep {rep + 1}/{b.reps}] {key} ...", flush=True)
+                run_dir = out / "runs" / f"{mode}-{store}-{rep}"
+                if run_dir.exists():
+                    shutil.rmtree(run_dir)
+                s = run_mode(b, data, out, run_dir, mode, store, cache_rows)
+                results[key].append(s)
+                print(f"    {s['samples_per_s']:,.0f} samples/s, {pipeline_line(s)}", flush=True)
+                shutil.rmtree(run_dir, ignore_errors=True)
     shutil.rmtree(out / "store-run", ignore_errors=True)
     payload = summarise(b, results, total, cache_rows)
     _plot(out, payload)
@@ -162,12 +169,39 @@ def run(b: ModesBench) -> dict:
     return payload
 
 
+def pipeline_cpu(run: dict) -> float:
+    """The embedding pipeline's threads' CPU, ms per step, of one run's summary."""
+    return group_cpu(run.get("threads_per_step_ms") or {}, PIPELINE_THREADS)
+
+
+def outside_compute(run: dict) -> float:
+    """ms per step the trainer's thread spent on embeddings outside forward, backward and
+    the optimizer (waiting for rows, installing them, handing rows over for write-back)."""
+    t = run["time_per_step_ms"]
+    return t["wait_embeddings"] + t["writeback"] + t.get("sync_wait", 0.0)
+
+
+def pipeline_line(run: dict) -> str:
+    t = run["time_per_step_ms"]
+    share = run.get("pipeline_cpu_share")
+    return (
+        f"forward+backward {t['forward'] + t['backward']:.1f} ms, outside compute {outside_compute(run):.1f} ms, "
+        f"pipeline CPU {pipeline_cpu(run):.1f} ms/step ({0 if share is None else share:.0%} of compute), "
+        f"peak anon RSS {run['peak_anon_rss_mb']:.0f} MiB"
+    )
+
+
 def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, cache_rows: int) -> dict:
     full = results.get("full/memory", [])
     full_sps, full_rss = median(full, "samples_per_s"), median(full, "peak_anon_rss_mb")
+    full_fb = median_spread([r["time_per_step_ms"]["forward"] + r["time_per_step_ms"]["backward"] for r in full])[0]
     rows, out = [], {}
     for key, runs in results.items():
         sps, spread = throughput(runs)
+        fb = median_spread([r["time_per_step_ms"]["forward"] + r["time_per_step_ms"]["backward"] for r in runs])[0]
+        outside = median_spread([outside_compute(r) for r in runs])[0]
+        pcpu = median_spread([pipeline_cpu(r) for r in runs])[0]
+        share = median_spread([r.get("pipeline_cpu_share") or 0.0 for r in runs])[0]
         anon, peak = median(runs, "peak_anon_rss_mb"), median(runs, "peak_rss_mb")
         cache = runs[0].get("cache") or {}
         hit = cache.get("hit_rate", float("nan"))
@@ -184,6 +218,12 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
             "cache": cache,
             "params_sha256": digests,
             "runs": [r["samples_per_s"] for r in runs],
+            "forward_backward_ms": fb,
+            "forward_backward_vs_full": fb / full_fb,
+            "outside_compute_ms": outside,
+            "pipeline_cpu_ms": pcpu,
+            "pipeline_cpu_share": share,
+            "threads_per_step_ms": [r.get("threads_per_step_ms") for r in runs],
         }
         rows.append(
             [
@@ -196,6 +236,9 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
                 peak,
                 "-" if hit != hit else f"{hit:.1%}",
                 cache.get("forced_evictions", "-"),
+                f"{fb / full_fb:.2f}x",
+                f"{outside:.1f}",
+                f"{pcpu:.1f} ({share:.0%})",
             ]
         )
     headers = [
@@ -208,8 +251,13 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
         "peak RSS MiB (incl. mapped file)",
         "hit rate",
         "forced evictions",
+        "fwd+bwd vs full",
+        "trainer ms/step outside compute",
+        "pipeline CPU ms/step (of compute)",
     ]
     table = markdown_table(headers, rows)
+    if b.background_load:
+        table = f"With {b.background_load} CPU-bound background process(es) running.\n\n" + table
     return {
         **header(b),
         "total_rows": total_rows,

@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.config import CachePoint, Throughput
+from bagpipe.bench.config import CachePoint, Loaded, Throughput
+from bagpipe.bench.load import BackgroundLoad
 from bagpipe.bench.memlimit import MemoryGroup, find_memory_controller
 from bagpipe.bench.modes import drop_cached, materialise_disk_store
 from bagpipe.bench.report import header, write_results
@@ -60,7 +61,7 @@ TOUCHED = "store-touched-rows.npy"  # every row a run of this table file may hav
 
 
 @dataclass(kw_only=True)
-class ScaleBench(CachePoint, Throughput):
+class ScaleBench(Loaded, CachePoint, Throughput):
     """full (memory store, no limit) against nocache, lru and lookahead (with and without a
     hot tier) on a disk store inside a memory cgroup far smaller than the table file:
     Criteo-Kaggle profile at half cardinality, D = 64 (4.1 GiB of rows and Adagrad
@@ -208,6 +209,23 @@ def run(b: ScaleBench) -> dict:
     results: dict[str, list[dict]] = {c: [] for c in configs}
     probes: list[dict] = []
     dirty = not fresh  # a table file of an earlier invocation may hold its rows
+    with BackgroundLoad(b.background_load) as load:
+        if b.background_load:
+            print(f"background load: {b.background_load} CPU-bound process(es) {load.pids}", flush=True)
+        run_reps(b, controller, limit, out, data, meta, store_dir, touched, opts, configs, results, probes, dirty)
+    payload = summarise(b, results, probes, total, cache_rows, table_bytes, where)
+    if b.background_load:
+        payload["table"] = f"With {b.background_load} CPU-bound background process(es) running.\n\n" + payload["table"]
+    plot(out, payload)
+    write_results(out, "scale", payload, payload["table"])
+    return payload
+
+
+def run_reps(b, controller, limit, out, data, meta, store_dir, touched, opts, configs, results, probes, dirty) -> None:
+    """Every repetition of every configuration, interleaved (results and probes appended)."""
+    dim = b.embedding_dim
+    state_dim = row_state_dim(b.optimizer, dim)
+    cache_rows = opts["lru"]["cache_rows"]
     for rep in range(b.reps):
         for key in configs:
             print(f"[rep {rep + 1}/{b.reps}] {key} ...", flush=True)
@@ -232,10 +250,6 @@ def run(b: ScaleBench) -> dict:
             print(f"[rep {rep + 1}/{b.reps}] {PROBE} ...", flush=True)
             drop_cached(store_dir)  # the probe only reads: the file stays as the last run left it
             probes.append(run_probe(b, controller, limit, out, data, store_dir, cache_rows, dim, state_dim))
-    payload = summarise(b, results, probes, total, cache_rows, table_bytes, where)
-    plot(out, payload)
-    write_results(out, "scale", payload, payload["table"])
-    return payload
 
 
 def limited_run(
