@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bagpipe.cache.advice import plan_advice
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.data.shards import Dataset
@@ -93,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
         print("it would use: " + "; ".join(chosen))
         for c in fit.changes:
             print(f"  (the budget chose {c})")
+        advice = plan_advice(spec.name, spec.pipelined, cfg.cache.store, remote=cfg.distributed)
+        if advice:
+            print(advice)
     roles = [(f"{'each trainer' if cfg.dist.trainers > 1 else 'the trainer'}", cfg.dist.trainers, fit.estimate)]
     if cfg.distributed:
         roles = _roles(cfg, dataset, stream, shape, fit)

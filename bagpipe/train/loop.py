@@ -348,7 +348,11 @@ class _Run:
                 approximation=_approximation(approx, skipper, rows.stats()),
                 end_of_run_s=end,
                 memory=MemoryReport.of(backend.memory, watch, watch.stop()),
+                pipelined=spec.pipelined,
+                slow_store=cfg.cache.store == "disk" or cfg.distributed,
             ).to_json()
+            if summary["advice"]:
+                log.info(f"advice: {summary['advice']}")
             run.write_summary(summary, also=rc.summary_json)
             return summary
         except BaseException:

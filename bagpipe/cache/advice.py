@@ -1,0 +1,69 @@
+"""Whether a run's cache mode pays for itself, in one line: before a run (``bagpipe plan``)
+from its settings, after it (``summary.json``'s ``advice``) from what it measured.
+
+The lookahead pipeline hides the store's latency behind the step; it cannot make a store
+that answers at memory speed any faster, and its threads (the oracle, the fetches, the
+write-backs) cost CPU beside the step. Where the store is as fast as the cache (the
+memory store, no memory limit) ``lookahead``, ``lru`` and ``full`` train at about the same
+speed (docs/pipeline.md); where the store is slow (a disk store, a memory limit, embedding
+servers) the synchronous modes wait for it and ``lookahead`` does not. Exactness never
+depends on the choice: every mode trains the same model.
+"""
+
+from __future__ import annotations
+
+#: A synchronous mode waiting this share of its step for rows would gain from lookahead.
+WAIT_SHARE = 0.10
+
+
+def plan_advice(mode: str, pipelined: bool, store: str | None, remote: bool) -> str | None:
+    """The line ``bagpipe plan`` prints about the mode's speed on this store (None: nothing to say)."""
+    if store is None:
+        return None
+    slow = remote or store == "disk"
+    if pipelined and not slow:
+        return (
+            f"speed: the rows live in process memory, as fast as the cache: --mode {mode} has no slow "
+            "store to hide, so lru would train about as fast (lookahead pays off on a disk store, under "
+            "a memory limit and with embedding servers; docs/pipeline.md)"
+        )
+    if not pipelined and slow and mode != "full":
+        where = "embedding servers" if remote else "the disk store"
+        return (
+            f"speed: --mode {mode} reads its misses from {where} on the step's own thread; --mode lookahead "
+            "reads them ahead of the step and trains the same model"
+        )
+    return None
+
+
+def run_advice(
+    mode: str,
+    pipelined: bool,
+    slow_store: bool,
+    step_ms: float,
+    times_ms: dict,
+    pipeline_s: dict,
+    steps: int,
+) -> str | None:
+    """The summary's ``advice`` for a run of ``mode`` whose measured step took ``step_ms`` (wall),
+    with its trainer-thread phases ``times_ms`` (ms per step) and its executor's cumulative
+    ``pipeline_s`` over ``steps`` plans; ``slow_store``: a disk store or embedding servers
+    (None: nothing to say)."""
+    if step_ms <= 0 or not steps:
+        return None
+    if pipelined:
+        if slow_store:
+            return None
+        store_ms = 1000 * (pipeline_s.get("fetch_busy", 0.0) + pipeline_s.get("writeback_busy", 0.0)) / steps
+        return (
+            f"the store is process memory: its reads and writes took {store_ms:.1f} ms a step "
+            f"({store_ms / step_ms:.0%} of {step_ms:.0f} ms), nothing slow to hide, so --mode lru would train "
+            "about as fast, without the lookahead pipeline's threads"
+        )
+    wait = times_ms.get("wait_embeddings", 0.0) + times_ms.get("writeback", 0.0)
+    if wait > WAIT_SHARE * step_ms and mode != "full":
+        return (
+            f"the step waited {wait:.1f} ms ({wait / step_ms:.0%} of {step_ms:.0f} ms) for the store; "
+            "--mode lookahead reads the rows ahead and writes them back behind the step (the same model)"
+        )
+    return None
