@@ -35,6 +35,7 @@ import pytest
 
 from bagpipe.bench.load import BackgroundLoad
 from bagpipe.cache.advice import plan_advice, run_advice
+from bagpipe.config.modes import mode_spec
 from bagpipe.store import diskio
 from bagpipe.store.memory import COMMIT_BYTES, committed_zeros
 from bagpipe.train.threadcpu import ThreadClock, ThreadTime, pipeline_share
@@ -218,27 +219,29 @@ def test_no_background_process_outlives_a_benchmark_killed_with_sigkill():
 
 @pytest.mark.unit
 def test_plan_advice_names_the_faster_or_cheaper_mode():
-    fast = plan_advice("lookahead", True, "memory", remote=False)
+    la, lru, nocache, full = (mode_spec(m) for m in ("lookahead", "lru", "nocache", "full"))
+    fast = plan_advice(la, "memory", remote=False)
     assert fast is not None and "lru would train about as fast" in fast
-    assert plan_advice("lookahead", True, "disk", remote=False) is None
-    assert plan_advice("lookahead", True, "memory", remote=True) is None
-    slow = plan_advice("lru", False, "disk", remote=False)
+    assert plan_advice(la, "disk", remote=False) is None
+    assert plan_advice(la, "memory", remote=True) is None
+    slow = plan_advice(lru, "disk", remote=False)
     assert slow is not None and "--mode lookahead reads them ahead" in slow and "disk store" in slow
-    remote = plan_advice("nocache", False, "memory", remote=True)
+    remote = plan_advice(nocache, "memory", remote=True)
     assert remote is not None and "embedding servers" in remote
-    assert plan_advice("lru", False, "memory", remote=False) is None
-    assert plan_advice("full", False, None, remote=False) is None
+    assert plan_advice(lru, "memory", remote=False) is None
+    assert plan_advice(full, "memory", remote=False) is None
 
 
 @pytest.mark.unit
 def test_run_advice_from_what_a_run_measured():
+    la, lru = mode_spec("lookahead"), mode_spec("lru")
     quiet = {"fetch_busy": 0.05, "writeback_busy": 0.05}  # 2 ms a step over 50 plans
-    said = run_advice("lookahead", True, False, 50.0, {}, quiet, 50)
+    said = run_advice(la, False, 50.0, {}, quiet, 50)
     assert said is not None and said.startswith(
         "the store is process memory: its reads and writes took 2.0 ms a step (4% of 50 ms)"
     )
-    assert run_advice("lookahead", True, True, 50.0, {}, quiet, 50) is None  # a disk store: the pipeline hides it
-    waited = run_advice("lru", False, True, 50.0, {"wait_embeddings": 15.0, "writeback": 0.0}, {}, 50)
+    assert run_advice(la, True, 50.0, {}, quiet, 50) is None  # a disk store: the pipeline hides it
+    waited = run_advice(lru, True, 50.0, {"wait_embeddings": 15.0, "writeback": 0.0}, {}, 50)
     assert waited is not None and waited.startswith("the step waited 15.0 ms (30% of 50 ms) for the store")
-    assert run_advice("lru", False, True, 50.0, {"wait_embeddings": 2.0}, {}, 50) is None
-    assert run_advice("lru", False, True, 0.0, {"wait_embeddings": 2.0}, {}, 50) is None
+    assert run_advice(lru, True, 50.0, {"wait_embeddings": 2.0}, {}, 50) is None
+    assert run_advice(lru, True, 0.0, {"wait_embeddings": 2.0}, {}, 50) is None

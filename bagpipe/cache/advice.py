@@ -12,46 +12,48 @@ depends on the choice: every mode trains the same model.
 
 from __future__ import annotations
 
+from bagpipe.config.modes import ModeSpec
+
 #: A synchronous mode waiting this share of its step for rows would gain from lookahead.
 WAIT_SHARE = 0.10
 
 
-def plan_advice(mode: str, pipelined: bool, store: str | None, remote: bool) -> str | None:
-    """The line ``bagpipe plan`` prints about the mode's speed on this store (None: nothing to say)."""
-    if store is None:
+def plan_advice(spec: ModeSpec, store: str, remote: bool) -> str | None:
+    """The line ``bagpipe plan`` prints about the speed of mode ``spec`` on ``store`` (``remote``:
+    behind embedding servers); None: nothing to say."""
+    if not spec.store:  # --mode full: the tables are in the trainer
         return None
     slow = remote or store == "disk"
-    if pipelined and not slow:
+    if spec.pipelined and not slow:
         return (
-            f"speed: the rows live in process memory, as fast as the cache: --mode {mode} has no slow "
+            f"speed: the rows live in process memory, as fast as the cache: --mode {spec.name} has no slow "
             "store to hide, so lru would train about as fast (lookahead pays off on a disk store, under "
             "a memory limit and with embedding servers; docs/pipeline.md)"
         )
-    if not pipelined and slow and mode != "full":
+    if not spec.pipelined and slow:
         where = "embedding servers" if remote else "the disk store"
         return (
-            f"speed: --mode {mode} reads its misses from {where} on the step's own thread; --mode lookahead "
+            f"speed: --mode {spec.name} reads its misses from {where} on the step's own thread; --mode lookahead "
             "reads them ahead of the step and trains the same model"
         )
     return None
 
 
 def run_advice(
-    mode: str,
-    pipelined: bool,
+    spec: ModeSpec,
     slow_store: bool,
     step_ms: float,
     times_ms: dict,
     pipeline_s: dict,
     steps: int,
 ) -> str | None:
-    """The summary's ``advice`` for a run of ``mode`` whose measured step took ``step_ms`` (wall),
+    """The summary's ``advice`` for a run of mode ``spec`` (one with a store) whose measured step took ``step_ms`` (wall),
     with its trainer-thread phases ``times_ms`` (ms per step) and its executor's cumulative
     ``pipeline_s`` over ``steps`` plans; ``slow_store``: a disk store or embedding servers
     (None: nothing to say)."""
     if step_ms <= 0 or not steps:
         return None
-    if pipelined:
+    if spec.pipelined:
         if slow_store:
             return None
         store_ms = 1000 * (pipeline_s.get("fetch_busy", 0.0) + pipeline_s.get("writeback_busy", 0.0)) / steps
@@ -61,7 +63,7 @@ def run_advice(
             "about as fast, without the lookahead pipeline's threads"
         )
     wait = times_ms.get("wait_embeddings", 0.0) + times_ms.get("writeback", 0.0)
-    if wait > WAIT_SHARE * step_ms and mode != "full":
+    if wait > WAIT_SHARE * step_ms:
         return (
             f"the step waited {wait:.1f} ms ({wait / step_ms:.0%} of {step_ms:.0f} ms) for the store; "
             "--mode lookahead reads the rows ahead and writes them back behind the step (the same model)"

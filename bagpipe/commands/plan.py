@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         print("it would use: " + "; ".join(chosen))
         for c in fit.changes:
             print(f"  (the budget chose {c})")
-        advice = plan_advice(spec.name, spec.pipelined, cfg.cache.store, remote=cfg.distributed)
+        advice = plan_advice(spec, cfg.cache.store, remote=cfg.distributed)
         if advice:
             print(advice)
     roles = [(f"{'each trainer' if cfg.dist.trainers > 1 else 'the trainer'}", cfg.dist.trainers, fit.estimate)]

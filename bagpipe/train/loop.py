@@ -348,7 +348,7 @@ class _Run:
                 approximation=_approximation(approx, skipper, rows.stats()),
                 end_of_run_s=end,
                 memory=MemoryReport.of(backend.memory, watch, watch.stop()),
-                pipelined=spec.pipelined,
+                spec=spec,
                 slow_store=cfg.cache.store == "disk" or cfg.distributed,
             ).to_json()
             if summary["advice"]:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
 from bagpipe.cache.advice import run_advice
+from bagpipe.config.modes import ModeSpec
 from bagpipe.train.metrics import current_rss_mb, peak_rss_mb
 from bagpipe.train.threadcpu import ThreadClock, ThreadTime, pipeline_share
 
@@ -516,7 +517,7 @@ class Summary:
         approximation: Approximation | None = None,
         end_of_run_s: EndOfRun | None = None,
         memory: MemoryReport | None = None,
-        pipelined: bool = False,
+        spec: ModeSpec | None = None,
         slow_store: bool = False,
     ) -> Summary:
         """The summary of a run: ``timing`` from :meth:`StepMeter.result`, ``evaluation`` from
@@ -559,10 +560,9 @@ class Summary:
             end_of_run_s=end_of_run_s,
             memory=memory,
             advice=None
-            if cache is None
+            if cache is None or spec is None
             else run_advice(
-                mode,
-                pipelined,
+                spec,
                 slow_store,
                 1000 * batch_size / timing.samples_per_s if timing.samples_per_s > 0 else 0.0,
                 asdict(timing.time_per_step_ms),
