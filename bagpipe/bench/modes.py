@@ -22,6 +22,8 @@ from bagpipe.bench.report import (
     markdown_table,
     median,
     median_spread,
+    outside_compute,
+    pipeline_cpu,
     pyplot,
     save_png,
     stacked_step_times,
@@ -33,7 +35,6 @@ from bagpipe.bench.runner import launch, prepare
 from bagpipe.config.modes import mode_spec
 from bagpipe.config.train import only_applicable
 from bagpipe.optim.names import row_state_dim
-from bagpipe.train.threadcpu import PIPELINE_THREADS, group_cpu
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
 STORES = ("memory", "disk")
@@ -167,18 +168,6 @@ def run(b: ModesBench) -> dict:
     _plot(out, payload)
     write_results(out, "modes", payload, payload["table"])
     return payload
-
-
-def pipeline_cpu(run: dict) -> float:
-    """The embedding pipeline's threads' CPU, ms per step, of one run's summary."""
-    return group_cpu(run.get("threads_per_step_ms") or {}, PIPELINE_THREADS)
-
-
-def outside_compute(run: dict) -> float:
-    """ms per step the trainer's thread spent on embeddings outside forward, backward and
-    the optimizer (waiting for rows, installing them, handing rows over for write-back)."""
-    t = run["time_per_step_ms"]
-    return t["wait_embeddings"] + t["writeback"] + t.get("sync_wait", 0.0)
 
 
 def pipeline_line(run: dict) -> str:

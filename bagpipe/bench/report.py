@@ -25,12 +25,11 @@ STEP_PARTS = ("wait_embeddings", "forward", "backward", "optimizer", "writeback"
 def machine() -> dict:
     import os
 
-    import psutil
     import torch
 
     return {
         "cores": os.cpu_count(),
-        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -59,6 +58,21 @@ def median(runs: list[dict], key: str) -> float:
 def throughput(runs: list[dict]) -> tuple[float, float]:
     """Median samples/s of repeated runs and its spread."""
     return median_spread([r["samples_per_s"] for r in runs])
+
+
+def pipeline_cpu(run: dict) -> float:
+    """The embedding pipeline's threads' CPU, ms per step, of one run's summary
+    (:mod:`bagpipe.train.threadcpu`; 0 for a run without the figures)."""
+    from bagpipe.train.threadcpu import PIPELINE_THREADS, group_cpu
+
+    return group_cpu(run.get("threads_per_step_ms") or {}, PIPELINE_THREADS)
+
+
+def outside_compute(run: dict) -> float:
+    """ms per step the trainer's thread spent on embeddings outside forward, backward and
+    the optimizer (waiting for rows, installing them, handing rows over for write-back)."""
+    t = run["time_per_step_ms"]
+    return t["wait_embeddings"] + t["writeback"] + t.get("sync_wait", 0.0)
 
 
 def step_times(runs: list[dict]) -> dict[str, float]:

@@ -17,6 +17,7 @@ from bagpipe.bench.report import (
     header,
     markdown_table,
     median_spread,
+    pipeline_cpu,
     pyplot,
     save_png,
     stacked_step_times,
@@ -95,6 +96,8 @@ def _config(b, key: str, runs: list[dict], full_digest) -> dict:
         "estimate_anon_mb": median_spread([_anon_estimate(r) for r in ok])[0],
         "hit_rate": (ok[0].get("cache") or {}).get("hit_rate") if ok else None,
         "hot_lookup_share": ((ok[0].get("cache") or {}).get("hot") or {}).get("lookup_share") if ok else None,
+        "pipeline_cpu_ms": median_spread([pipeline_cpu(r) for r in ok])[0],
+        "pipeline_cpu_share": median_spread([r.get("pipeline_cpu_share") or 0.0 for r in ok])[0],
         "params_sha256": digests,
         "same_digest_as_full": (
             None if not (b.digest and ok and full_digest and key != "full") else digests == full_digest
@@ -143,14 +146,15 @@ def _ratio(r: dict, k: str) -> str:
 def _rows(res: dict, b) -> tuple[list[str], list[list]]:
     headers = ["config", "samples/s (median)", "runs", "spread", "vs full", "vs nocache", "vs lru",
                "rows' wait / step", "MiB read/step", "group peak / limit MiB", "max dirty MiB",
-               "anon MiB at step 100 / last", "OOM kills", "hit rate", "params_sha256"]  # fmt: skip
+               "anon MiB at step 100 / last", "OOM kills", "hit rate", "pipeline CPU ms/step (of compute)",
+               "params_sha256"]  # fmt: skip
     rows = []
     for key, r in res.items():
         if r["status"] == "failed":  # nothing a finished run would give
             why = "; ".join(dict.fromkeys(r["failures"]))
             peak = "-" if r["limit_mb"] is None else f"{r['group_peak_mb']:,.0f} / {r['limit_mb']:,.0f}"
             rows.append([key, f"failed: {why}", "-", "-", "-", "-", "-", "-", "-", peak,
-                         f"{r['max_dirty_mb']:.0f}", "-", r["oom_kills"], "-", "-"])  # fmt: skip
+                         f"{r['max_dirty_mb']:.0f}", "-", r["oom_kills"], "-", "-", "-"])  # fmt: skip
             continue
         runs = ", ".join("failed" if v is None else f"{v:,.0f}" for v in r["runs"])
         anon = "; ".join(f"{a:,.0f} / {z:,.0f}" for a, z in r["anon_mb"] if a is not None and z is not None)
@@ -171,6 +175,7 @@ def _rows(res: dict, b) -> tuple[list[str], list[list]]:
                 anon or "-",
                 "-" if r["limit_mb"] is None else r["oom_kills"],
                 "-" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}",
+                f"{r['pipeline_cpu_ms']:.1f} ({r['pipeline_cpu_share']:.0%})",
                 "reference" if key == "full" else {True: "= full", False: "differs", None: "-"}[same],
             ]
         )
