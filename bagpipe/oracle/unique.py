@@ -59,21 +59,29 @@ def unique_inverse_in(scratch: np.ndarray, values: np.ndarray) -> tuple[np.ndarr
     ``take`` / ``compress`` rather than ``[]``: the same result, ~25% less time here; an
     out-of-range value raises IndexError as indexing would (a negative one wraps, as there).
     """
+    uniq, inverse, prev = _ranked(scratch, values)
+    scratch[uniq] = prev.astype(np.int32)  # restored: the entries written are the distinct values'
+    return uniq, inverse
+
+
+def _ranked(scratch: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(uniq, inverse, prev)`` of ``values`` through ``scratch`` (see :func:`unique_inverse_in`),
+    ``prev`` (U,) int64 the entries of ``uniq`` before the call; leaves ``scratch[uniq]``
+    holding the ranks 0..U-1 (every other entry as it was) for the caller to overwrite."""
     n = len(values)
     ramp = np.arange(n, dtype=np.int32)
     old = scratch.take(values)
     scratch[values] = ramp
     first = scratch.take(values) == ramp  # (N,) one True per distinct value
     distinct = values.compress(first)
-    scratch[distinct] = old.compress(first)  # restored: every entry written is a distinct value's
     uniq = distinct.astype(np.int32)
     uniq.sort()
     uniq = uniq.astype(np.int64)
-    kept = scratch.take(uniq)
     scratch[uniq] = ramp[: len(uniq)]  # each value's rank ...
     inverse = scratch.take(values).astype(np.int64)  # ... read back by every occurrence
-    scratch[uniq] = kept
-    return uniq, inverse
+    prev = np.empty(len(uniq), dtype=np.int64)
+    prev[scratch.take(distinct)] = old.compress(first)  # the old entries, in rank order
+    return uniq, inverse, prev
 
 
 def read_latest(latest: np.ndarray, values: np.ndarray, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -82,19 +90,6 @@ def read_latest(latest: np.ndarray, values: np.ndarray, hi: int) -> tuple[np.nda
     before the call, and leaves ``latest[uniq[j]] = (hi + j) mod 2^31`` (the sequence number
     of row ``uniq[j]``'s occurrence in this batch). ``latest``: (R,) int32 with entries in
     [-1, 2^31); ``values``: (N,) int64 in [0, R)."""
-    n = len(values)
-    ramp = np.arange(n, dtype=np.int32)
-    old = latest.take(values)
-    latest[values] = ramp
-    first = latest.take(values) == ramp  # (N,) one True per distinct value
-    distinct = values.compress(first)
-    uniq = distinct.astype(np.int32)
-    uniq.sort()
-    uniq = uniq.astype(np.int64)
-    u = len(uniq)
-    latest[uniq] = ramp[:u]  # each value's rank ...
-    inverse = latest.take(values).astype(np.int64)  # ... read back by every occurrence
-    prev = np.empty(u, dtype=np.int64)
-    prev[latest.take(distinct)] = old.compress(first)  # the old entries, in rank order
-    latest[uniq] = (np.arange(hi, hi + u, dtype=np.int64) % (1 << 31)).astype(np.int32)
+    uniq, inverse, prev = _ranked(latest, values)
+    latest[uniq] = (np.arange(hi, hi + len(uniq), dtype=np.int64) % (1 << 31)).astype(np.int32)
     return uniq, inverse, prev
