@@ -11,7 +11,8 @@
   ranges, without the interpreter lock) and, where that call is refused, through
   ``mmap.madvise``: either way the hinted pages of a cold file become resident.
 * :func:`committed_zeros` makes a memory store's large arrays resident at once (no first
-  write pays a page fault on the pipeline's write-back thread); small ones stay lazy.
+  write pays a page fault on the pipeline's write-back thread); small ones, and ones the
+  machine could not hold, stay lazy.
 * :class:`BackgroundLoad` starts CPU-bound processes, stops them, and none outlives a
   benchmark killed with SIGKILL.
 * The advice of ``bagpipe plan`` and of a run's summary, message by message.
@@ -176,6 +177,19 @@ def test_a_large_memory_store_array_is_resident_when_made_and_a_small_one_is_not
     assert big[123, 0] == 7.0
     small = committed_zeros((1000, 16), np.float32)
     assert small.shape == (1000, 16) and not small.any()
+
+
+@pytest.mark.unit
+@linux
+def test_a_table_larger_than_the_available_memory_stays_lazy(monkeypatch):
+    from bagpipe.store import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: COMMIT_BYTES)  # 80% of it is less than the table
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    lazy = committed_zeros((COMMIT_BYTES // 64, 16), np.float32)
+    assert proc.memory_info().rss - before < 0.5 * COMMIT_BYTES
+    assert lazy.shape == (COMMIT_BYTES // 64, 16) and lazy[-1, -1] == 0.0
 
 
 @pytest.mark.unit

@@ -13,6 +13,23 @@ from bagpipe.store.init import RowValues
 COMMIT_BYTES = 64 << 20
 
 
+#: Commit only what fits in this share of the memory available now (page cache counted as free).
+COMMIT_SHARE = 0.8
+
+
+def available_bytes() -> int | None:
+    """The memory available for new allocations now (``MemAvailable`` of /proc/meminfo), or
+    None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def committed_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     """A zero array whose pages are all resident from the start.
 
@@ -22,10 +39,16 @@ def committed_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     write-backs scatter over a 2 GiB table, on the pipeline's write-back thread. The
     memory budget counts every row of a memory store anyway (``bagpipe.memory.estimate``),
     so the store takes its pages at once (``MAP_POPULATE``, the kernel's zeroing with the
-    interpreter lock released) and its writes never fault afterwards."""
+    interpreter lock released) and its writes never fault afterwards. A table larger than
+    80% of the memory available now stays lazy (np.zeros), as it was before."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     populate = getattr(mmap, "MAP_POPULATE", 0)
     if nbytes < COMMIT_BYTES or not populate or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.zeros(shape, dtype=dtype)
+    available = available_bytes()
+    if available is None or nbytes > COMMIT_SHARE * available:
+        # a table this machine cannot hold is left lazy (its untouched rows cost nothing),
+        # as before: committing it would end in the kernel's OOM killer, with no word
         return np.zeros(shape, dtype=dtype)
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
     return np.frombuffer(m, dtype=dtype).reshape(shape)
