@@ -95,6 +95,14 @@ def one_thread():
 TIERS = ("unit", "integration", "distributed", "gpu")
 
 
+def pytest_configure(config):
+    """A bare GPU machine has pytest but not pytest-timeout (`make gpu-check` installs
+    nothing): its ``timeout`` mark is then declared here, so ``--strict-markers`` still
+    collects the modules that set one (they run without the per-test bound)."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        config.addinivalue_line("markers", "timeout(seconds): per-test bound of pytest-timeout (absent: ignored)")
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test belongs to exactly one tier (tests/README.md); a test without one is a
     collection error, so the tiers stay complete as tests are added."""

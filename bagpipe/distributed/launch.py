@@ -57,11 +57,31 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def interface_of(address: str) -> str | None:
     """Name of the network interface that holds ``address`` (gloo binds to an interface)."""
-    import psutil
-
+    try:
+        import psutil
+    except ImportError:  # a bare GPU machine may lack it (make gpu-check installs nothing)
+        return _ipv4_interface_of(address)
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.address == address for a in addrs):
             return name
+    return None
+
+
+def _ipv4_interface_of(address: str) -> str | None:
+    """:func:`interface_of` without psutil: each interface's IPv4 address from Linux's
+    SIOCGIFADDR ioctl (an interface's first address only)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address
+                continue
+            if socket.inet_ntoa(packed[20:24]) == address:
+                return name
     return None
 
 

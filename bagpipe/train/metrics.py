@@ -7,7 +7,6 @@ same samples (float arrays of any shape) and computes in float64.
 from __future__ import annotations
 
 import numpy as np
-import psutil
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -73,4 +72,12 @@ def peak_rss_mb() -> float:
 
 
 def current_rss_mb() -> float:
+    """Resident set size of this process now, in MiB."""
+    try:
+        import psutil
+    except ImportError:  # a bare GPU machine may lack it (make gpu-check installs nothing): Linux's own figure
+        import os
+
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0)
     return psutil.Process().memory_info().rss / (1024.0 * 1024.0)
