@@ -371,6 +371,19 @@ class DeviceConfig(Section):
     deterministic: bool = True
     """cuda: torch's deterministic algorithms, which make every cached mode bitwise equal to
     --mode full on the GPU (off: may be faster; results then differ in the last bits)."""
+    device_memory_budget_mb: float = 0.0
+    """MiB of device memory this run may use (cuda, cpu-async; 0: no budget). The run is
+    refused at start, naming what to change, when what it keeps on the device (--mode full:
+    every table; else the cache, the hot tier, the staged rows, the dense model) does not
+    fit with 10% kept free; on cuda torch's caching allocator is also capped there, so an
+    allocation past it fails. Makes a table of a few GiB "larger than the GPU"."""
+
+    def validate(self) -> None:
+        v = self.device_memory_budget_mb
+        need(
+            finite(v) and v >= 0,
+            f"--device-memory-budget-mb must be a finite number of MiB >= 0 (0: no budget), got {v}",
+        )
 
 
 @dataclass(kw_only=True)

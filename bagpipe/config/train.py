@@ -207,6 +207,11 @@ def inapplicable(flat: dict) -> list[tuple[str, str]]:
             "applies when the hot rows are profiled at start-up (--hot-budget-mb, "
             f"or --mode {modes_with('has_hot_tier')} without --hot-rows)",
         )
+    if v["device"] == "cpu":
+        add(
+            ("device_memory_budget_mb",),
+            "applies to --device cuda or cpu-async (a device's own memory); --memory-budget-mb bounds the host's",
+        )
     schedule = v["lr_schedule"]
     for name in ("lr_decay_power", "lr_gamma", "lr_min"):
         if name not in SCHEDULE_TERMS[schedule]:

@@ -20,31 +20,35 @@ import torch
 from bagpipe.device.base import Device, Event, HostDevice, Stream
 
 
-def _cuda(index: int | None, deterministic: bool) -> Device:
+def _cuda(index: int | None, deterministic: bool, memory_budget_mb: float) -> Device:
     from bagpipe.device.cuda import CudaDevice
 
-    return CudaDevice(index, deterministic)
+    return CudaDevice(index, deterministic, memory_budget_mb)
 
 
-def _twin(index: int | None, deterministic: bool) -> Device:
+def _twin(index: int | None, deterministic: bool, memory_budget_mb: float) -> Device:
     from bagpipe.device.twin import AsyncTwin
 
     return AsyncTwin()
 
 
 #: ``--device`` name -> a function of (the GPU index, None: the current one; whether
-#: torch's deterministic algorithms are on) that opens it.
-DEVICES: dict[str, Callable[[int | None, bool], Device]] = {
-    "cpu": lambda index, deterministic: HostDevice(),
+#: torch's deterministic algorithms are on; the device memory budget in MiB, 0: none,
+#: which only CUDA's allocator enforces) that opens it.
+DEVICES: dict[str, Callable[[int | None, bool, float], Device]] = {
+    "cpu": lambda index, deterministic, memory_budget_mb: HostDevice(),
     "cuda": _cuda,
     "cpu-async": _twin,
 }
 
 
-def open_device(name: str, index: int | None = None, deterministic: bool = True) -> Device:
+def open_device(
+    name: str, index: int | None = None, deterministic: bool = True, memory_budget_mb: float = 0.0
+) -> Device:
     """The device ``--device name`` names (``index``: which GPU, for cuda); close it after use.
+    ``memory_budget_mb``: on cuda, torch's caching allocator is capped there (0: no cap).
     ``cuda`` where torch sees no GPU is a :class:`~bagpipe.errors.ConfigError` saying why."""
-    return DEVICES[name](index, deterministic)
+    return DEVICES[name](index, deterministic, memory_budget_mb)
 
 
 def on_host(obj: Any) -> Any:

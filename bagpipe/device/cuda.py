@@ -13,6 +13,10 @@ Exactness on the device needs torch's deterministic algorithms (an ``embedding_b
 backward or an ``index_add`` may otherwise sum in a different order each run): opening a
 CUDA device turns them on, with the cuBLAS workspace setting they need, and closing it
 restores what was set before.
+
+A device memory budget (``--device-memory-budget-mb``) caps torch's caching allocator on
+this GPU (``torch.cuda.set_per_process_memory_fraction``): an allocation past it raises
+torch's out-of-memory error instead of using the rest of the GPU; closing lifts the cap.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class CudaDevice:
     name = "cuda"
     host_memory = False
 
-    def __init__(self, index: int | None = None, deterministic: bool = True):
+    def __init__(self, index: int | None = None, deterministic: bool = True, memory_budget_mb: float = 0.0):
         reason = cuda_unavailable_reason()
         if reason is not None:
             raise ConfigError(f"--device cuda: {reason}; use --device cpu")
@@ -78,6 +82,10 @@ class CudaDevice:
         torch.cuda.set_device(self.torch)
         self.compute: Stream = CudaStream(torch.cuda.current_stream(self.torch))
         self._restore: tuple[bool, str | None] | None = None
+        self.capped = memory_budget_mb > 0
+        if self.capped:
+            total = torch.cuda.get_device_properties(self.torch).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, memory_budget_mb * (1 << 20) / total), self.torch)
         if deterministic:
             self._restore = (torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
@@ -110,6 +118,9 @@ class CudaDevice:
 
     def close(self) -> None:
         torch.cuda.synchronize(self.torch)
+        if self.capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.torch)
+            self.capped = False
         if self._restore is not None:
             enabled, workspace = self._restore
             torch.use_deterministic_algorithms(enabled)

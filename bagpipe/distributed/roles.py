@@ -344,7 +344,9 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
 
         placement = trainer_placement(cfg.device.device)
         # opened before joining: a trainer without its GPU fails at once, naming why
-        device = open_device(cfg.device.device, placement.index, cfg.device.deterministic)
+        device = open_device(
+            cfg.device.device, placement.index, cfg.device.deterministic, cfg.device.device_memory_budget_mb
+        )
         try:
             with joined(layout, rank, threads, timeout, cfg.dist.secret_file, placement, report_errors=True) as (
                 transport,

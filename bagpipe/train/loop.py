@@ -24,6 +24,7 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.device import on_host, open_device
 from bagpipe.faults import pause_at
+from bagpipe.memory.device import check_device_budget, device_estimate
 from bagpipe.memory.watch import MemoryWatch
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
@@ -77,7 +78,8 @@ def train(cfg: TrainConfig, topology: Topology | None = None) -> dict | None:
     (opened here, and closed at the end).
     """
     if topology is None:
-        device = open_device(cfg.device.device, deterministic=cfg.device.deterministic)
+        dc = cfg.device
+        device = open_device(dc.device, deterministic=dc.deterministic, memory_budget_mb=dc.device_memory_budget_mb)
         try:
             return train(cfg, SingleProcess(device))
         finally:
@@ -112,6 +114,9 @@ def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
     torch.manual_seed(rc.seed)
     # built on the host (the same initial values on every device), then moved
     model = build_model(mcfg, meta.num_dense, meta.num_features).to(topo.device.torch)
+    # before any row reaches the device: a run that cannot fit its device budget stops here
+    share = stream.batch_size // cfg.dist.trainers if cfg.dist.distributed else None
+    check_device_budget(cfg, device_estimate(cfg, meta, sum(p.numel() for p in model.parameters()), share))
     net = topo.wrap(model)
     dense_opt = cfg.optim.dense_optimizer(model.parameters())
     sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
