@@ -8,7 +8,7 @@ DEMO_TRAIN = $(BIN)/bagpipe train --data $(DEMO_DIR)/data --model dlrm --steps 4
 DEMO_DIST = $(BIN)/bagpipe train --data $(DEMO_DIR)/data --model dlrm --steps 400 --batch-size 128 \
 	--optimizer sgd --lr 0.05 --seed 1 --no-progress
 
-.PHONY: setup demo test test-slow lint bench bench-quick clean
+.PHONY: setup demo test test-slow lint bench bench-quick clean gpu-check
 
 $(BIN)/bagpipe: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -60,6 +60,16 @@ bench-quick: setup
 
 clean:
 	rm -rf $(VENV) runs bench-out
+
+# The GPU path proven in one command (docs/gpu.md#the-gpu-check), for a bare GPU machine
+# whose Python already has a CUDA build of torch: installs nothing and needs no .venv
+# (the package runs from this tree by path); at most 8 minutes on one H100, each step
+# stopped at its own limit; writes OUT/results.json, results.md, gpu-check.log. Without
+# a GPU it prints one line and exits 0 (CI runs that path).
+GPU_PY ?= $(PY)
+OUT ?= gpu-check-out
+gpu-check:
+	@PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m bagpipe.gpucheck --out "$(OUT)"
 
 # TorchRec + FBGEMM (CPU build) for `bagpipe bench peers`, into the same .venv. With
 # torch 2.13.0 only fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0 load (1.7.0 and 1.9.0 fail

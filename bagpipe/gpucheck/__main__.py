@@ -1,0 +1,3 @@
+from bagpipe.gpucheck.runner import main
+
+raise SystemExit(main())
