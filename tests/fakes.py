@@ -120,9 +120,11 @@ class FakeWire:
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
         net = self.net
-        fifo = net._fifos[(peer, self._rank, tag)]
         deadline = time.monotonic() + net.timeout
         with net._cond:
+            # under the lock: a defaultdict's missing key made by two threads at once gives
+            # each its own deque, and a message sent to the other one is never received
+            fifo = net._fifos[(peer, self._rank, tag)]
             while not fifo:
                 net._check(self._rank, peer)
                 left = deadline - time.monotonic()
