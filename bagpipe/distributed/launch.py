@@ -155,6 +155,9 @@ class Role:
 
 #: An error that only follows another role's (it lost contact with the one that stopped).
 SECONDARY = " lost contact with "
+#: Seconds the launcher waits, after a role exits with an error that names no cause of its
+#: own, for the exit of the role it may have lost (a role killed by a signal says nothing).
+LOST_CONTACT_WAIT_S = 1.0
 
 
 class RoleFailed(BagpipeError):
@@ -299,13 +302,14 @@ class Launcher:
                 done += 1
                 if code != 0:
                     noticed = time.time()
+                    early = self._exits_meanwhile(role, code)
                     self._say(
                         f"[launcher] {role.name} (rank {role.rank}, pid {role.proc.pid}) failed: {describe_exit(code)}; stopping the other roles"
                     )
                     stopped = self.stop()
                     times = {"died": died, "noticed": noticed, "stopped": time.time()}
                     self._join_pumps()
-                    failure = self._failure(role, code, stopped)
+                    failure = self._failure(role, code, stopped, early)
                     failure.times = times
                     raise failure
         except KeyboardInterrupt:
@@ -320,17 +324,49 @@ class Launcher:
             if r.pump is not None:
                 r.pump.join(timeout=5)
 
-    def _failure(self, first: Role, code: int, stopped: int) -> RoleFailed:
+    def _exits_meanwhile(self, first: Role, code: int) -> list[tuple[Role, int]]:
+        """The roles that ended on their own while ``first``'s failure was noticed.
+
+        A role that exits with an error may only be reacting to another's death (the
+        oracle loses contact with a SIGKILLed trainer, and its exit can be reaped before
+        the trainer's): when ``first`` exited with an error code and has not (yet) said a
+        cause of its own, the exits that follow within :data:`LOST_CONTACT_WAIT_S` are
+        collected, until one killed by a signal (the likely cause) arrives."""
+        with self._echo_lock:
+            mine = [line for r, line in self._errors if r is first]
+        if code <= 0 or (mine and SECONDARY not in mine[0]):
+            return []
+        out: list[tuple[Role, int]] = []
+        deadline = time.monotonic() + LOST_CONTACT_WAIT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                _, role, c = self._events.get(timeout=left)
+            except queue.Empty:
+                break
+            out.append((role, c))
+            if c < 0:
+                break
+        return out
+
+    def _failure(self, first: Role, code: int, stopped: int, early: list[tuple[Role, int]] | None = None) -> RoleFailed:
         """The job's failure: the role that exited first, with the line it stopped with
-        -- unless that line says it only lost contact with another role (a trainer that
-        refuses a resume closes its connections; a server notices and may exit before
-        it): then the first role whose own error is another one, with that error. A
-        role killed by a signal printed nothing and is blamed as it is."""
+        -- unless that line says it only lost contact with another role, or it said
+        nothing (a trainer that refuses a resume closes its connections; a server notices
+        and may exit before it): then the first role whose own error is another one, with
+        that error, else a role that died by a signal meanwhile (``early``, from
+        :meth:`_exits_meanwhile`). A role killed by a signal printed nothing and is
+        blamed as it is."""
         with self._echo_lock:
             errors = list(self._errors)
         mine = [line for r, line in errors if r is first]
-        if not mine or SECONDARY not in mine[0]:
-            return RoleFailed(first.name, first.rank, code, stopped, first.log_path, reason=mine[0] if mine else None)
+        if mine and SECONDARY not in mine[0]:
+            return RoleFailed(first.name, first.rank, code, stopped, first.log_path, reason=mine[0])
+        killed = next(((r, c) for r, c in early or [] if c < 0), None)
+        if killed is not None and not any(SECONDARY not in line for _, line in errors):
+            role, signalled = killed
+            return RoleFailed(role.name, role.rank, signalled, stopped, role.log_path, reason=None)
+        if not mine:
+            return RoleFailed(first.name, first.rank, code, stopped, first.log_path, reason=None)
         cause = next(((r, line) for r, line in errors if SECONDARY not in line), (first, mine[0]))
         role, line = cause
         role_code = role.proc.returncode if role.proc.returncode is not None else code
