@@ -14,16 +14,15 @@ import sys
 
 import numpy as np
 
-from bagpipe.checkpoint import latest
+from bagpipe.checkpoint.compare import checkpoint_tensors, worst_difference
+from bagpipe.errors import CheckpointError
 
 
 def tensors(run: str) -> dict[str, np.ndarray]:
-    ck = latest(run)
-    if ck is None:
-        raise SystemExit(f"{run}: no checkpoint")
-    out = {f"dense/{k}": v.numpy() for k, v in ck.dense["model"].items()}
-    out["embedding weights"], out["embedding optimizer state"] = ck.reader().arrays()
-    return out
+    try:
+        return checkpoint_tensors(run)
+    except CheckpointError as e:
+        raise SystemExit(str(e)) from None
 
 
 def main(argv=None) -> int:
@@ -35,13 +34,7 @@ def main(argv=None) -> int:
     a, b = tensors(args.a), tensors(args.b)
     if a.keys() != b.keys():
         raise SystemExit("the runs have different parameters")
-    worst, name = 0.0, "-"
-    for k in b:
-        if b[k].size == 0:
-            continue
-        rel = float(np.abs(np.asarray(a[k], np.float64) - b[k]).max() / max(float(np.abs(b[k]).max()), 1e-30))
-        if rel > worst:
-            worst, name = rel, k
+    worst, name = worst_difference(a, b)
     ok = worst <= args.tolerance
     print(f"largest difference: {worst:.2e} of the tensor's scale ({name}); tolerance {args.tolerance:g}: {'ok' if ok else 'EXCEEDED'}")
     return 0 if ok else 1

@@ -18,6 +18,7 @@ import numpy as np
 from bagpipe.bench.config import CachePoint, Loaded, OnDevice, Throughput
 from bagpipe.bench.load import BackgroundLoad
 from bagpipe.bench.report import (
+    forward_backward,
     header,
     markdown_table,
     median,
@@ -171,10 +172,9 @@ def run(b: ModesBench) -> dict:
 
 
 def pipeline_line(run: dict) -> str:
-    t = run["time_per_step_ms"]
     share = run.get("pipeline_cpu_share")
     return (
-        f"forward+backward {t['forward'] + t['backward']:.1f} ms, outside compute {outside_compute(run):.1f} ms, "
+        f"forward+backward {forward_backward(run):.1f} ms, outside compute {outside_compute(run):.1f} ms, "
         f"pipeline CPU {pipeline_cpu(run):.1f} ms/step ({0 if share is None else share:.0%} of compute), "
         f"peak anon RSS {run['peak_anon_rss_mb']:.0f} MiB"
     )
@@ -183,11 +183,11 @@ def pipeline_line(run: dict) -> str:
 def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, cache_rows: int) -> dict:
     full = results.get("full/memory", [])
     full_sps, full_rss = median(full, "samples_per_s"), median(full, "peak_anon_rss_mb")
-    full_fb = median_spread([r["time_per_step_ms"]["forward"] + r["time_per_step_ms"]["backward"] for r in full])[0]
+    full_fb = median_spread([forward_backward(r) for r in full])[0]
     rows, out = [], {}
     for key, runs in results.items():
         sps, spread = throughput(runs)
-        fb = median_spread([r["time_per_step_ms"]["forward"] + r["time_per_step_ms"]["backward"] for r in runs])[0]
+        fb = median_spread([forward_backward(r) for r in runs])[0]
         outside = median_spread([outside_compute(r) for r in runs])[0]
         pcpu = median_spread([pipeline_cpu(r) for r in runs])[0]
         share = median_spread([r.get("pipeline_cpu_share") or 0.0 for r in runs])[0]

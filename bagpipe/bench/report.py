@@ -68,6 +68,12 @@ def pipeline_cpu(run: dict) -> float:
     return group_cpu(run.get("threads_per_step_ms") or {}, PIPELINE_THREADS)
 
 
+def forward_backward(run: dict) -> float:
+    """ms per step of one run's forward and backward passes (the trainer's thread)."""
+    t = run["time_per_step_ms"]
+    return t["forward"] + t["backward"]
+
+
 def outside_compute(run: dict) -> float:
     """ms per step the trainer's thread spent on embeddings outside forward, backward and
     the optimizer (waiting for rows, installing them, handing rows over for write-back)."""

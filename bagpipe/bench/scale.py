@@ -212,44 +212,36 @@ def run(b: ScaleBench) -> dict:
     with BackgroundLoad(b.background_load) as load:
         if b.background_load:
             print(f"background load: {b.background_load} CPU-bound process(es) {load.pids}", flush=True)
-        run_reps(b, controller, limit, out, data, meta, store_dir, touched, opts, configs, results, probes, dirty)
+        for rep in range(b.reps):
+            for key in configs:
+                print(f"[rep {rep + 1}/{b.reps}] {key} ...", flush=True)
+                run_dir = out / "runs" / key.replace("+", "-")
+                shutil.rmtree(run_dir, ignore_errors=True)
+                if key == "full":
+                    try:
+                        s = launch(b, data, run_dir, key, digest=b.digest, embedding_dim=dim, **opts[key])
+                        s["status"] = "ok"
+                    except TrainFailed as e:
+                        s = {"status": "failed", "why": _why(e, {})}
+                else:
+                    if dirty:
+                        restore_rows(store_dir, meta, dim, state_dim, touched)
+                    drop_cached(store_dir)
+                    dirty = True
+                    s = limited_run(b, controller, limit, data, run_dir, key, store_dir, dim, opts[key])
+                results[key].append(s)
+                print("    " + _line(s), flush=True)
+                shutil.rmtree(run_dir, ignore_errors=True)
+            if b.probe and "lookahead" in configs:  # a configuration of this scenario (the probe reads as it does)
+                print(f"[rep {rep + 1}/{b.reps}] {PROBE} ...", flush=True)
+                drop_cached(store_dir)  # the probe only reads: the file stays as the last run left it
+                probes.append(run_probe(b, controller, limit, out, data, store_dir, cache_rows, dim, state_dim))
     payload = summarise(b, results, probes, total, cache_rows, table_bytes, where)
     if b.background_load:
         payload["table"] = f"With {b.background_load} CPU-bound background process(es) running.\n\n" + payload["table"]
     plot(out, payload)
     write_results(out, "scale", payload, payload["table"])
     return payload
-
-
-def run_reps(b, controller, limit, out, data, meta, store_dir, touched, opts, configs, results, probes, dirty) -> None:
-    """Every repetition of every configuration, interleaved (results and probes appended)."""
-    dim = b.embedding_dim
-    state_dim = row_state_dim(b.optimizer, dim)
-    cache_rows = opts["lru"]["cache_rows"]
-    for rep in range(b.reps):
-        for key in configs:
-            print(f"[rep {rep + 1}/{b.reps}] {key} ...", flush=True)
-            run_dir = out / "runs" / key.replace("+", "-")
-            shutil.rmtree(run_dir, ignore_errors=True)
-            if key == "full":
-                try:
-                    s = launch(b, data, run_dir, key, digest=b.digest, embedding_dim=dim, **opts[key])
-                    s["status"] = "ok"
-                except TrainFailed as e:
-                    s = {"status": "failed", "why": _why(e, {})}
-            else:
-                if dirty:
-                    restore_rows(store_dir, meta, dim, state_dim, touched)
-                drop_cached(store_dir)
-                dirty = True
-                s = limited_run(b, controller, limit, data, run_dir, key, store_dir, dim, opts[key])
-            results[key].append(s)
-            print("    " + _line(s), flush=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
-        if b.probe and "lookahead" in configs:  # a configuration of this scenario (the probe reads as it does)
-            print(f"[rep {rep + 1}/{b.reps}] {PROBE} ...", flush=True)
-            drop_cached(store_dir)  # the probe only reads: the file stays as the last run left it
-            probes.append(run_probe(b, controller, limit, out, data, store_dir, cache_rows, dim, state_dim))
 
 
 def limited_run(

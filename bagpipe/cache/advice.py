@@ -18,12 +18,18 @@ from bagpipe.config.modes import ModeSpec
 WAIT_SHARE = 0.10
 
 
+def slow_store(store: str, remote: bool) -> bool:
+    """Whether rows come from a store slower than the cache: the disk store, or embedding
+    servers (``remote``) whatever store they keep."""
+    return remote or store == "disk"
+
+
 def plan_advice(spec: ModeSpec, store: str, remote: bool) -> str | None:
     """The line ``bagpipe plan`` prints about the speed of mode ``spec`` on ``store`` (``remote``:
     behind embedding servers); None: nothing to say."""
     if not spec.store:  # --mode full: the tables are in the trainer
         return None
-    slow = remote or store == "disk"
+    slow = slow_store(store, remote)
     if spec.pipelined and not slow:
         return (
             f"speed: the rows live in process memory, as fast as the cache: --mode {spec.name} has no slow "
@@ -41,7 +47,7 @@ def plan_advice(spec: ModeSpec, store: str, remote: bool) -> str | None:
 
 def run_advice(
     spec: ModeSpec,
-    slow_store: bool,
+    slow: bool,
     step_ms: float,
     times_ms: dict,
     pipeline_s: dict,
@@ -49,12 +55,12 @@ def run_advice(
 ) -> str | None:
     """The summary's ``advice`` for a run of mode ``spec`` (one with a store) whose measured step took ``step_ms`` (wall),
     with its trainer-thread phases ``times_ms`` (ms per step) and its executor's cumulative
-    ``pipeline_s`` over ``steps`` plans; ``slow_store``: a disk store or embedding servers
+    ``pipeline_s`` over ``steps`` plans; ``slow``: :func:`slow_store` of its store
     (None: nothing to say)."""
     if step_ms <= 0 or not steps:
         return None
     if spec.pipelined:
-        if slow_store:
+        if slow:
             return None
         store_ms = 1000 * (pipeline_s.get("fetch_busy", 0.0) + pipeline_s.get("writeback_busy", 0.0)) / steps
         return (

@@ -15,9 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from bagpipe.checkpoint.compare import checkpoint_tensors, worst_difference
 from bagpipe.gpucheck.sizes import SIZES, Size
 
 MIB = 1 << 20
@@ -233,17 +233,6 @@ def beyond(size: Size, device: str, work: Path) -> dict:
     }
 
 
-def checkpoint_arrays(run: Path) -> dict[str, np.ndarray]:
-    from bagpipe.checkpoint import latest
-
-    ck = latest(run)
-    if ck is None:
-        raise RuntimeError(f"{run}: no checkpoint")
-    out = {f"dense/{k}": v.numpy() for k, v in ck.dense["model"].items()}
-    out["embedding weights"], out["embedding optimizer state"] = ck.reader().arrays()
-    return out
-
-
 def data_parallel(size: Size, device: str, work: Path) -> dict:
     """2 trainers (sharing the one device) and 1 embedding server against one process's
     ``full`` on the device (SGD, docs/distributed.md's tolerance)."""
@@ -258,13 +247,7 @@ def data_parallel(size: Size, device: str, work: Path) -> dict:
     subprocess.run(cmd, check=True)
     ref = run_one(device, work / "one-process", mode="full", data=data, steps=size.steps, batch_size=size.batch_size,
                   optimizer="sgd", lr=0.05, seed=7, eval_samples=2048)  # fmt: skip
-    a, b = checkpoint_arrays(dist), checkpoint_arrays(work / "one-process")
-    worst, name = 0.0, "-"
-    for k, v in b.items():
-        if v.size:
-            d = float(np.abs(a[k].astype(np.float64) - v).max()) / max(float(np.abs(v).max()), 1e-12)
-            if d > worst:
-                worst, name = d, k
+    worst, name = worst_difference(checkpoint_tensors(dist), checkpoint_tensors(work / "one-process"))
     s = json.loads((dist / "summary.json").read_text())
     return {
         "passed": worst <= DP_TOLERANCE,

@@ -11,8 +11,6 @@ from bagpipe.store.init import RowValues
 
 #: Tables at least this large are committed when the store is made (:func:`committed_zeros`).
 COMMIT_BYTES = 64 << 20
-
-
 #: Commit only what fits in this share of the memory available now (page cache counted as free).
 COMMIT_SHARE = 0.8
 

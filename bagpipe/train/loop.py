@@ -18,6 +18,7 @@ import time
 import torch
 
 import bagpipe.phases as phases
+from bagpipe.cache.advice import slow_store
 from bagpipe.checkpoint import CheckpointFolder, CheckpointWriter, InitialRows, RowSpace
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -354,7 +355,7 @@ class _Run:
                 end_of_run_s=end,
                 memory=MemoryReport.of(backend.memory, watch, watch.stop()),
                 spec=spec,
-                slow_store=cfg.cache.store == "disk" or cfg.distributed,
+                slow_store=slow_store(cfg.cache.store, cfg.distributed),
             ).to_json()
             if summary["advice"]:
                 log.info(f"advice: {summary['advice']}")
