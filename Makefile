@@ -40,10 +40,11 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-# The checks the test suite also runs (tests/test_codebase.py): ruff's lint and format, mypy.
+# The checks the test suite also runs (tests/test_codebase.py): ruff's lint and format, mypy
+# on the package; ruff also on the tests, the benchmarks and the tools.
 lint: setup
-	$(BIN)/ruff check bagpipe
-	$(BIN)/ruff format --check bagpipe
+	$(BIN)/ruff check bagpipe tests benchmarks tools
+	$(BIN)/ruff format --check bagpipe tests benchmarks tools
 	$(BIN)/mypy
 
 # The long variants (fault injection at many moments, bigger runs); not part of CI.

@@ -111,9 +111,20 @@ def fio_rows_per_s(path: Path, qd: int, seconds: int, pages_per_row: float) -> f
 
     if shutil.which("fio") is None:
         return None
-    cmd = ["fio", "--name=probe", f"--filename={path / ROWS}", "--rw=randread", "--bs=4k", "--direct=1",
-           "--ioengine=libaio", f"--iodepth={qd}", f"--runtime={seconds}", "--time_based", "--readonly",
-           "--output-format=json"]
+    cmd = [
+        "fio",
+        "--name=probe",
+        f"--filename={path / ROWS}",
+        "--rw=randread",
+        "--bs=4k",
+        "--direct=1",
+        "--ioengine=libaio",
+        f"--iodepth={qd}",
+        f"--runtime={seconds}",
+        "--time_based",
+        "--readonly",
+        "--output-format=json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"  fio failed: {proc.stderr.strip()[-200:]}")
@@ -184,11 +195,16 @@ def main() -> int:
         import subprocess
 
         with MemoryGroup(controller, int(a.memory_limit_mb * 2**20), "bagpipe-read-paths") as group:
-            rc = subprocess.run([sys.executable, *sys.argv], preexec_fn=group.enter,
-                                env={**os.environ, "BAGPIPE_READ_PATHS_IN_GROUP": "1"}).returncode
+            rc = subprocess.run(
+                [sys.executable, *sys.argv],
+                preexec_fn=group.enter,
+                env={**os.environ, "BAGPIPE_READ_PATHS_IN_GROUP": "1"},
+            ).returncode
             rep = group.report()
-        print(f"group peak {rep['peak_mb']:.0f} MiB of {rep['limit_mb']:.0f}, limit hits {rep['limit_hits']}, "
-              f"OOM kills {rep['oom_kills']}")
+        print(
+            f"group peak {rep['peak_mb']:.0f} MiB of {rep['limit_mb']:.0f}, limit hits {rep['limit_hits']}, "
+            f"OOM kills {rep['oom_kills']}"
+        )
         if a.out and a.out.exists():
             a.out.write_text(json.dumps(json.loads(a.out.read_text()) | {"group": rep}, indent=1))
         return rc
@@ -200,8 +216,11 @@ def main() -> int:
     batches = [rng.permutation(b) for b in batches]
     probe_store.close()
     threads = [int(t) for t in a.threads.split(",")]
-    print(f"{a.store}: {n:,} rows x {rb} B = {file_gib:.2f} GiB; limit {a.memory_limit_mb:g} MiB ({where}); "
-          f"{a.batches} batches of {a.batch_rows:,} uniform random rows", flush=True)
+    print(
+        f"{a.store}: {n:,} rows x {rb} B = {file_gib:.2f} GiB; limit {a.memory_limit_mb:g} MiB ({where}); "
+        f"{a.batches} batches of {a.batch_rows:,} uniform random rows",
+        flush=True,
+    )
     results = {}
     for kind in a.paths.split(","):
         for t in threads:
@@ -233,19 +252,34 @@ def main() -> int:
                 os.close(fd)
                 pool.shutdown()
             results[key] = {"rows_per_s": statistics.median(rates), "batches": rates}
-            print(f"  {key:12s} {statistics.median(rates):>10,.0f} rows/s  (batches: "
-                  + ", ".join(f"{r:,.0f}" for r in rates) + ")", flush=True)
+            print(
+                f"  {key:12s} {statistics.median(rates):>10,.0f} rows/s  (batches: "
+                + ", ".join(f"{r:,.0f}" for r in rates)
+                + ")",
+                flush=True,
+            )
     dev = max((v["rows_per_s"] for k, v in results.items() if k.startswith(("device", "fio"))), default=float("nan"))
-    for k, v in results.items():
+    for v in results.values():
         v["ratio_to_device"] = v["rows_per_s"] / dev
     print(f"best raw-device rows/s (device-T, fio-QD) {dev:,.0f}")
     for k, v in sorted(results.items(), key=lambda kv: -kv[1]["rows_per_s"]):
         print(f"  {k:12s} {v['ratio_to_device']:.2f}x of the device")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"store": str(a.store), "rows": n, "row_bytes": rb, "file_gib": file_gib,
-                                     "limit_mb": a.memory_limit_mb, "batch_rows": a.batch_rows,
-                                     "results": results}, indent=1))
+        a.out.write_text(
+            json.dumps(
+                {
+                    "store": str(a.store),
+                    "rows": n,
+                    "row_bytes": rb,
+                    "file_gib": file_gib,
+                    "limit_mb": a.memory_limit_mb,
+                    "batch_rows": a.batch_rows,
+                    "results": results,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

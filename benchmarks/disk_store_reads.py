@@ -214,7 +214,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=33_800_000, help="rows in the store (33.8M x D16 = 2.16 GB)")
     ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--state-dim", type=int, default=0, help="S (1: row-wise Adagrad); stored beside the weights of each row")
+    ap.add_argument(
+        "--state-dim", type=int, default=0, help="S (1: row-wise Adagrad); stored beside the weights of each row"
+    )
     ap.add_argument("--batch-rows", type=int, default=40_000)
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--threads", type=int, default=32)

@@ -177,12 +177,14 @@ def main() -> int:
                 f"peak {rep_['peak_mb']:6.0f} MiB, OOM kills {rep_['oom_kills']}",
                 flush=True,
             )
-    print("\n| variant | limit MiB | steps/s (median) | runs | rows read/s | rows written/s | max dirty MiB | "
-          "max writeback MiB | max mapped MiB | peak MiB | OOM kills |")
+    print(
+        "\n| variant | limit MiB | steps/s (median) | runs | rows read/s | rows written/s | max dirty MiB | "
+        "max writeback MiB | max mapped MiB | peak MiB | OOM kills |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, runs in results.items():
         ok = [r for r in runs if "steps_per_s" in r]
-        med = lambda k: statistics.median([r[k] for r in ok]) if ok else float("nan")  # noqa: E731
+        med = lambda k, ok=ok: statistics.median([r[k] for r in ok]) if ok else float("nan")  # noqa: E731
         print(
             f"| {name} | {runs[0]['group']['limit_mb'] or 'none'} | {med('steps_per_s'):.2f} | "
             + ", ".join(f"{r['steps_per_s']:.2f}" if "steps_per_s" in r else "failed" for r in runs)

@@ -30,23 +30,23 @@ DEFAULT_SCENARIOS = ("modes", "oracle", "sweep", "convergence", "distributed", "
 
 ABOUT = {
     "modes": "Every mode (full, nocache, lru, lookahead) trained side by side on generated Criteo-Kaggle-shaped "
-             "data, memory and disk stores; throughput, time per step by phase, peak memory, cache hit rate. "
-             "On a GPU (`--device cuda`): not measured yet, see [gpu.md](gpu.md).",
+    "data, memory and disk stores; throughput, time per step by phase, peak memory, cache hit rate. "
+    "On a GPU (`--device cuda`): not measured yet, see [gpu.md](gpu.md).",
     "oracle": "The lookahead oracle's planning throughput alone (one thread), by batch size and lookahead L: the "
-              "map-based read beside the reference read (one sort of every lookup), interleaved, with a check that "
-              "both give the same plans; the load average before and after.",
+    "map-based read beside the reference read (one sort of every lookup), interleaved, with a check that "
+    "both give the same plans; the load average before and after.",
     "sweep": "The lookahead mode (memory store) over cache size x lookahead L: throughput, hit rate, forced "
-             "evictions; and the `--cache-budget-mb` auto-tuner compared with the best measured point.",
+    "evictions; and the `--cache-budget-mb` auto-tuner compared with the best measured point.",
     "convergence": "Eval AUC and log loss per step of `full` and `lookahead` on generated data and on the real "
-                   "Criteo Kaggle sample: the curves and the final params_sha256 must be identical.",
+    "Criteo Kaggle sample: the curves and the final params_sha256 must be identical.",
     "distributed": "One trainer with its rows on two embedding-server processes (and the oracle in its own) against "
-                   "the in-process store: the cost of disaggregation on one machine; and two data-parallel trainers "
-                   "with the partitioned cache against a fully replicated one: bytes all-reduced per iteration. "
-                   "Every role shares the same 2 cores, so these are overheads, not scaling (docs/distributed.md).",
+    "the in-process store: the cost of disaggregation on one machine; and two data-parallel trainers "
+    "with the partitioned cache against a fully replicated one: bytes all-reduced per iteration. "
+    "Every role shares the same 2 cores, so these are overheads, not scaling (docs/distributed.md).",
     "peers": "bagpipe beside TorchRec's DLRM on the same data, model, batch and optimizer.",
     "accel": "BagPipe (lookahead, with and without a hot tier), FAE and Hotline against nocache and lru under one "
-             "trainer memory budget (hot tier + cache), disk store: throughput, peak memory, hit rates, the share "
-             "of lookups served hot, planner time per step, AUC and log loss (docs/accel.md).",
+    "trainer memory budget (hot tier + cache), disk store: throughput, peak memory, hit rates, the share "
+    "of lookups served hot, planner time per step, AUC and log loss (docs/accel.md).",
 }
 
 
@@ -152,14 +152,22 @@ def write_page(src: Path, scenarios: list[str], docs: Path, img: Path, commands:
         cmd = c["command"] if c else f"bagpipe bench {scen} --out {_show(src / scen)}   # options not recorded"
         took = f"   # took {c['seconds'] / 60:.1f} min" if c and "seconds" in c else ""
         lines.append(cmd + took)
-    lines += [f"python benchmarks/make_docs.py --from {_show(src)}   # writes this page", "```", "",
-              f"(`python benchmarks/make_docs.py --out {_show(src)}` runs all of the above and writes the page.)", ""]
+    lines += [
+        f"python benchmarks/make_docs.py --from {_show(src)}   # writes this page",
+        "```",
+        "",
+        f"(`python benchmarks/make_docs.py --out {_show(src)}` runs all of the above and writes the page.)",
+        "",
+    ]
     for scen, payload in found.items():
         lines += [f"## {scen}", "", ABOUT.get(scen, ""), ""]
         cfg = payload.get("config", {})
         if cfg:
-            shown = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in cfg.items()
-                              if k != "out" and not isinstance(v, dict))
+            shown = ", ".join(
+                f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+                for k, v in cfg.items()
+                if k != "out" and not isinstance(v, dict)
+            )
             lines += [f"<details><summary>settings</summary>\n\n{shown}\n\n</details>", ""]
         lines += [payload["table"], ""]
         for png in sorted((src / scen).glob("*.png")):

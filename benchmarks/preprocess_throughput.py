@@ -107,7 +107,9 @@ def generate_block(rng: np.random.Generator, n: int) -> bytes:
     line_len = lens.sum(1) + 40  # 39 tabs + newline
     line_start = np.concatenate([[0], np.cumsum(line_len)[:-1]])
     out = np.full(int(line_len.sum()), 9, dtype=np.uint8)  # tabs everywhere, fields over them
-    field_start = line_start[:, None] + np.concatenate([np.zeros((n, 1), np.int64), np.cumsum(lens + 1, axis=1)[:, :-1]], axis=1)
+    field_start = line_start[:, None] + np.concatenate(
+        [np.zeros((n, 1), np.int64), np.cumsum(lens + 1, axis=1)[:, :-1]], axis=1
+    )
     for j, (mat, lengths) in enumerate(cols):
         for k in range(mat.shape[1]):
             m = lengths > k

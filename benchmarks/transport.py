@@ -135,8 +135,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the result here")
     a = ap.parse_args(argv)
     res = {}
-    runs = (("gloo send/recv (bagpipe Transport)", _gloo), ("rpc_sync (TensorPipe)", _rpc),
-            ("gloo send/recv, bare tensors (floor)", _raw))
+    runs = (
+        ("gloo send/recv (bagpipe Transport)", _gloo),
+        ("rpc_sync (TensorPipe)", _rpc),
+        ("gloo send/recv, bare tensors (floor)", _raw),
+    )
     for name, fn in runs:
         t = measure(fn, a.rows, a.dim, a.repeat)
         res[name] = {"median_ms": 1000 * statistics.median(t), "min_ms": 1000 * min(t), "max_ms": 1000 * max(t)}

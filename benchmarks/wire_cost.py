@@ -64,22 +64,37 @@ def wire_both_ends(stream: int, obj) -> None:
     decode(stream, body)
 
 
-def one_step(batch_size: int, fetched: int, dim: int, state: int, num_rows: int, trainers: int) -> list[tuple[int, object]]:
+def one_step(
+    batch_size: int, fetched: int, dim: int, state: int, num_rows: int, trainers: int
+) -> list[tuple[int, object]]:
     """(stream, message) of one step of one trainer, as trainer 0 and server 0 exchange them."""
     rng = np.random.default_rng(0)
     F = 26
-    batches = [(i, Batch(labels=torch.zeros(batch_size), dense=torch.randn(batch_size, 13),
-                         rows=torch.from_numpy((rng.zipf(1.15, batch_size * F) % num_rows).astype(np.int64)),
-                         offsets=torch.arange(batch_size * F + 1), num_features=F)) for i in range(4)]
+    batches = [
+        (
+            i,
+            Batch(
+                labels=torch.zeros(batch_size),
+                dense=torch.randn(batch_size, 13),
+                rows=torch.from_numpy((rng.zipf(1.15, batch_size * F) % num_rows).astype(np.int64)),
+                offsets=torch.arange(batch_size * F + 1),
+                num_features=F,
+            ),
+        )
+        for i in range(4)
+    ]
     oracle = LookaheadOracle(num_rows=num_rows, cache_rows=num_rows // 20, lookahead=2)
     plan = partition(list(oracle.plans(batches))[-1], trainers)[0]
     rows = np.sort(rng.choice(num_rows, fetched, replace=False)).astype(np.int64) // 2
     w = rng.standard_normal((fetched, dim)).astype(np.float32)
     s = rng.standard_normal((fetched, state)).astype(np.float32)
     return [
-        (PLAN, plan), (CREDIT, 1),
-        (REQUEST, {"op": "read", "rows": rows, "after": 3, "count": True}), (REPLY, {"w": w, "s": s}),
-        (REQUEST, {"op": "write", "rows": rows, "w": w, "s": s}), (REQUEST, {"op": "mark", "label": 3}),
+        (PLAN, plan),
+        (CREDIT, 1),
+        (REQUEST, {"op": "read", "rows": rows, "after": 3, "count": True}),
+        (REPLY, {"w": w, "s": s}),
+        (REQUEST, {"op": "write", "rows": rows, "w": w, "s": s}),
+        (REQUEST, {"op": "mark", "label": 3}),
     ]
 
 
@@ -110,8 +125,10 @@ def main() -> int:
         q = np.percentile(times[k], [25, 75]) * 1000
         print(f"{k:7s} {v:6.3f} ms CPU per step (both ends; middle half {q[0]:.3f}-{q[1]:.3f} ms)")
     extra = med["wire"] - med["pickle"]
-    print(f"difference {extra:+.3f} ms per step = {extra / step_ms:+.2%} of a {step_ms:.0f} ms step "
-          f"({args.samples_per_s:,.0f} samples/s at batch {args.batch_size})")
+    print(
+        f"difference {extra:+.3f} ms per step = {extra / step_ms:+.2%} of a {step_ms:.0f} ms step "
+        f"({args.samples_per_s:,.0f} samples/s at batch {args.batch_size})"
+    )
     return 0
 
 

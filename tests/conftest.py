@@ -49,7 +49,6 @@ def run_cli(capsys):
     return run
 
 
-
 @pytest.fixture
 def small_disk():
     import errno
@@ -60,7 +59,9 @@ def small_disk():
 
     def mount(where, size: str):
         where.mkdir(parents=True, exist_ok=True)
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True).returncode:
+        if subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode:
             pytest.skip("cannot mount a small tmpfs here (needs root)")
         made.append(where)
         return where
@@ -109,4 +110,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         tiers = [t for t in TIERS if item.get_closest_marker(t) is not None]
         if len(tiers) != 1:
-            raise pytest.UsageError(f"{item.nodeid}: needs exactly one tier marker of {', '.join(TIERS)}, has {tiers or 'none'}")
+            raise pytest.UsageError(
+                f"{item.nodeid}: needs exactly one tier marker of {', '.join(TIERS)}, has {tiers or 'none'}"
+            )

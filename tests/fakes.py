@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,7 +51,6 @@ class _Work:
         assert self.done.wait(timeout=10), "the other trainer never joined the all-reduce"
 
 
-
 # a fake wire -----------------------------------------------------------------------
 GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:{port}"
 SECRET = b"a test job's secret, 32+ bytes.."
@@ -78,7 +78,7 @@ class FakeNet:
         self._dead: set[int] = set()
         self.tamper: Callable[[int, int, int, bytes], list[bytes]] | None = None
 
-    def wire(self, rank: int) -> "FakeWire":
+    def wire(self, rank: int) -> FakeWire:
         return FakeWire(self, rank)
 
     def kill(self, *ranks: int) -> None:
@@ -141,7 +141,9 @@ def role_name(trainers: int) -> Callable[[int], str]:
     return lambda r: f"trainer {r}" if r < trainers else f"server {r - trainers}"
 
 
-def join_all(transports: dict[int, "Transport"], peers: dict[int, list[int]], secret: bytes = SECRET) -> dict[int, BaseException]:
+def join_all(
+    transports: dict[int, Transport], peers: dict[int, list[int]], secret: bytes = SECRET
+) -> dict[int, BaseException]:
     """Run every transport's ``join(peers[rank], secret)`` at once, each in a thread, as the
     processes of a job do (one that fails leaves the net); returns the exceptions raised, by rank."""
     errors: dict[int, BaseException] = {}

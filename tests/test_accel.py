@@ -45,8 +45,17 @@ def _one_thread(one_thread):
 
 
 def cfg(data: str, out, **kw) -> TrainConfig:
-    base = dict(data=data, out=str(out), steps=STEPS, batch_size=BATCH, lr=0.05, seed=5, progress=False,
-                eval_samples=512, hot_sample_rate=1.0)
+    base = dict(
+        data=data,
+        out=str(out),
+        steps=STEPS,
+        batch_size=BATCH,
+        lr=0.05,
+        seed=5,
+        progress=False,
+        eval_samples=512,
+        hot_sample_rate=1.0,
+    )
     return TrainConfig.of(**only_applicable(base | kw))  # shared settings, each mode reads its own
 
 
@@ -78,8 +87,19 @@ MATRIX = [
 def test_hot_tier_matches_reference(tiny_data, reference, tmp_path, model, optimizer, mode, store):
     ref = reference(model, optimizer)
     # a cache of 200 rows and L = 16: batches have up to ~130 cold rows, so the oracle must force rows out
-    got = train(cfg(tiny_data, tmp_path / "run", model=model, optimizer=optimizer, mode=mode, store=store,
-                    hot_budget_mb=HOT_MB, cache_rows=200, lookahead=16))
+    got = train(
+        cfg(
+            tiny_data,
+            tmp_path / "run",
+            model=model,
+            optimizer=optimizer,
+            mode=mode,
+            store=store,
+            hot_budget_mb=HOT_MB,
+            cache_rows=200,
+            lookahead=16,
+        )
+    )
     assert got["params_sha256"] == ref["params_sha256"]
     c, hot = got["cache"], got["cache"]["hot"]
     assert hot["rows"] == int(HOT_MB * 2**20) // (4 * (8 + (optimizer == "adagrad")))  # D = 8, S = 1 or 0
@@ -114,14 +134,19 @@ def params(run) -> dict[str, np.ndarray]:
 
 def max_rel_diff(a: dict, b: dict) -> float:
     """max over tensors of max |a - b| / max |b| (scale-relative, see tests/test_distributed.py)."""
-    return max(float(np.abs(a[k].astype(np.float64) - b[k]).max()) / max(float(np.abs(b[k]).max()), 1e-12)
-               for k in b if b[k].size)
+    return max(
+        float(np.abs(a[k].astype(np.float64) - b[k]).max()) / max(float(np.abs(b[k]).max()), 1e-12)
+        for k in b
+        if b[k].size
+    )
 
 
 @pytest.mark.parametrize("optimizer,steps,rel", [("sgd", STEPS, 1e-6), ("adagrad", 1, 1e-6), ("adagrad", STEPS, 1e-5)])
 def test_hotline_matches_reference_within_rounding(tiny_data, reference, tmp_path, optimizer, steps, rel):
     ref = reference("dlrm", optimizer, steps)
-    got = train(cfg(tiny_data, tmp_path / "run", mode="hotline", optimizer=optimizer, steps=steps, hot_budget_mb=4 * HOT_MB))
+    got = train(
+        cfg(tiny_data, tmp_path / "run", mode="hotline", optimizer=optimizer, steps=steps, hot_budget_mb=4 * HOT_MB)
+    )
     assert max_rel_diff(params(tmp_path / "run"), params(ref["out"])) <= rel
     assert got["params_sha256"] != ref["params_sha256"] or steps == 1  # summation order differs
     micro = got["cache"]["hot"]["popular_inputs_per_step"]  # the popular micro-batch; the rest is the other
@@ -154,8 +179,20 @@ def test_summary_hot_figures_match_a_recount(tiny_data, tmp_path):
 
 def test_profile_command_file_drives_a_run(tiny_data, reference, run_cli, tmp_path):
     hot_file = tmp_path / "hot.npz"
-    rc, out, err = run_cli("profile", "--data", tiny_data, "--hot-budget-mb", HOT_MB, "--sample-rate", "1",
-                           "--embedding-dim", 8, "--out", hot_file, "--no-progress")
+    rc, out, err = run_cli(
+        "profile",
+        "--data",
+        tiny_data,
+        "--hot-budget-mb",
+        HOT_MB,
+        "--sample-rate",
+        "1",
+        "--embedding-dim",
+        8,
+        "--out",
+        hot_file,
+        "--no-progress",
+    )
     assert rc == 0, err
     assert "all" in out and "hot rows: 600" in out
     got = train(cfg(tiny_data, tmp_path / "run", mode="lookahead", hot_rows=str(hot_file), cache_rows=1500))

@@ -36,8 +36,17 @@ def _one_thread(one_thread):
 
 
 def run(data: str, out: Path, **kw) -> dict:
-    base = dict(data=data, out=str(out), steps=STEPS, batch_size=BATCH, seed=5, progress=False, eval_samples=512,
-                hot_sample_rate=1.0, final_checkpoint=False)
+    base = dict(
+        data=data,
+        out=str(out),
+        steps=STEPS,
+        batch_size=BATCH,
+        seed=5,
+        progress=False,
+        eval_samples=512,
+        hot_sample_rate=1.0,
+        final_checkpoint=False,
+    )
     return train(TrainConfig.of(**only_applicable(base | kw)))  # shared settings, each mode reads its own
 
 
@@ -76,17 +85,26 @@ def test_skip_stale_full_equals_lookahead(tiny_data, tmp_path, full):
 
 BASE = ["--steps", "5", "--batch-size", "64", "--no-progress"]
 REFUSED = {
-    "distributed": (["--skip-stale", "--mode", "lookahead", "--trainers", "2", "--servers", "1", "--hot-budget-mb", "0.1"],
-                    "--skip-stale runs on one process"),
+    "distributed": (
+        ["--skip-stale", "--mode", "lookahead", "--trainers", "2", "--servers", "1", "--hot-budget-mb", "0.1"],
+        "--skip-stale runs on one process",
+    ),
     "mode": (["--skip-stale", "--mode", "lru"], "--skip-stale works with --mode full or lookahead, got --mode lru"),
-    "no-hot-tier": (["--skip-stale", "--mode", "lookahead"], "--skip-stale with --mode lookahead watches the hot tier's rows"),
+    "no-hot-tier": (
+        ["--skip-stale", "--mode", "lookahead"],
+        "--skip-stale with --mode lookahead watches the hot tier's rows",
+    ),
     "resume": (["--skip-stale", "--resume"], "--skip-stale runs cannot be resumed"),
     "option-without": (["--stale-target", "0.2"], "--stale-target applies to --skip-stale, which is off"),
     "target": (["--skip-stale", "--stale-target", "1.5"], "stale target must be in (0, 1), got 1.5"),
-    "periodic-one-trainer": (["--mode", "lookahead", "--servers", "1", "--cache-sync", "periodic:4"],
-                             "--cache-sync periodic:4 averages the copies of several trainers: it needs --trainers N >= 2"),
-    "periodic-syntax": (["--mode", "lookahead", "--trainers", "2", "--servers", "1", "--cache-sync", "periodic:0"],
-                        "--cache-sync must be partitioned, replicated or periodic:K with K >= 1 steps, got 'periodic:0'"),
+    "periodic-one-trainer": (
+        ["--mode", "lookahead", "--servers", "1", "--cache-sync", "periodic:4"],
+        "--cache-sync periodic:4 averages the copies of several trainers: it needs --trainers N >= 2",
+    ),
+    "periodic-syntax": (
+        ["--mode", "lookahead", "--trainers", "2", "--servers", "1", "--cache-sync", "periodic:0"],
+        "--cache-sync must be partitioned, replicated or periodic:K with K >= 1 steps, got 'periodic:0'",
+    ),
 }
 
 

@@ -105,8 +105,21 @@ def test_budget_and_cache_rows_are_exclusive(tmp_path):
 
 
 def test_cli_prints_choice_and_stays_exact(tiny_data, tmp_path, run_cli):
-    common = ["train", "--data", tiny_data, "--steps", STEPS, "--batch-size", BATCH, "--seed", 0,
-              "--no-progress", "--no-final-checkpoint", "--eval-samples", 512]
+    common = [
+        "train",
+        "--data",
+        tiny_data,
+        "--steps",
+        STEPS,
+        "--batch-size",
+        BATCH,
+        "--seed",
+        0,
+        "--no-progress",
+        "--no-final-checkpoint",
+        "--eval-samples",
+        512,
+    ]
     rc, out, err = run_cli(*common, "--out", tmp_path / "full", "--mode", "full")
     assert rc == 0, err
     full = json.loads((tmp_path / "full" / "summary.json").read_text())
@@ -127,5 +140,7 @@ def test_cli_prints_choice_and_stays_exact(tiny_data, tmp_path, run_cli):
     assert auto["cache"]["misses"] == chosen["misses"]
     assert auto["params_sha256"] == full["params_sha256"]
 
-    rc, out, err = run_cli(*common, "--out", tmp_path / "bad", "--mode", "lookahead", "--cache-budget-mb", 1, "--cache-rows", 500)
+    rc, out, err = run_cli(
+        *common, "--out", tmp_path / "bad", "--mode", "lookahead", "--cache-budget-mb", 1, "--cache-rows", 500
+    )
     assert rc == 2 and "mutually exclusive" in err and "\n" not in err.strip()

@@ -81,13 +81,16 @@ def test_scenario_help_lists_its_own_options_only(run_cli, scenario):
     assert not [o for o in others if f"{o} " in out or f"{o}," in out]
 
 
-@pytest.mark.parametrize("scenario,args,option", [
-    ("oracle", ["--cache-percents", "1,5"], "--cache-percents"),
-    ("oracle", ["--no-criteo"], "--no-criteo"),
-    ("sweep", ["--quick", "--lookahead", "4"], "--lookahead"),
-    ("convergence", ["--reps", "3"], "--reps"),
-    ("modes", ["--batches", "5", "--steps", "9"], "--batches"),
-])
+@pytest.mark.parametrize(
+    "scenario,args,option",
+    [
+        ("oracle", ["--cache-percents", "1,5"], "--cache-percents"),
+        ("oracle", ["--no-criteo"], "--no-criteo"),
+        ("sweep", ["--quick", "--lookahead", "4"], "--lookahead"),
+        ("convergence", ["--reps", "3"], "--reps"),
+        ("modes", ["--batches", "5", "--steps", "9"], "--batches"),
+    ],
+)
 def test_option_of_another_scenario_is_refused(run_cli, captured, tmp_path, scenario, args, option):
     rc, out, err = run_cli("bench", scenario, *args, "--out", tmp_path / "o")
     assert rc == 2
@@ -97,17 +100,20 @@ def test_option_of_another_scenario_is_refused(run_cli, captured, tmp_path, scen
     assert not captured and not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("scenario,args,option", [
-    ("modes", ["--reps", "0"], "--reps"),
-    ("modes", ["--cache-fraction", "2"], "--cache-fraction"),
-    ("peers", ["--cache-fraction", "0"], "--cache-fraction"),
-    ("sweep", ["--warmup", "300"], "--warmup"),
-    ("sweep", ["--cache-percents", "0,5"], "--cache-percents"),
-    ("distributed", ["--modes", "in-process,3x3"], "--modes"),
-    ("oracle", ["--batch-sizes", "0"], "--batch-sizes"),
-    ("convergence", ["--eval-every", "0"], "--eval-every"),
-    ("peers", ["--optimizer", "sgd"], "--optimizer"),
-])
+@pytest.mark.parametrize(
+    "scenario,args,option",
+    [
+        ("modes", ["--reps", "0"], "--reps"),
+        ("modes", ["--cache-fraction", "2"], "--cache-fraction"),
+        ("peers", ["--cache-fraction", "0"], "--cache-fraction"),
+        ("sweep", ["--warmup", "300"], "--warmup"),
+        ("sweep", ["--cache-percents", "0,5"], "--cache-percents"),
+        ("distributed", ["--modes", "in-process,3x3"], "--modes"),
+        ("oracle", ["--batch-sizes", "0"], "--batch-sizes"),
+        ("convergence", ["--eval-every", "0"], "--eval-every"),
+        ("peers", ["--optimizer", "sgd"], "--optimizer"),
+    ],
+)
 def test_bad_value_is_one_line_naming_the_option(run_cli, captured, scenario, args, option):
     rc, _, err = run_cli("bench", scenario, *args)
     assert rc == 2
@@ -152,11 +158,30 @@ def test_train_args_are_bagpipe_train_options(tmp_path):
 
     parser = build_parser()
     b = SCENARIOS["sweep"].config.quick()
-    args = train_args(b, tmp_path / "data", tmp_path / "run", mode="lookahead", cache_rows=100, lookahead=4,
-                      store="disk", store_dir=tmp_path / "s", trainers=2, servers=2, cache_sync="replicated", eval_every=5)
+    args = train_args(
+        b,
+        tmp_path / "data",
+        tmp_path / "run",
+        mode="lookahead",
+        cache_rows=100,
+        lookahead=4,
+        store="disk",
+        store_dir=tmp_path / "s",
+        trainers=2,
+        servers=2,
+        cache_sync="replicated",
+        eval_every=5,
+    )
     ns = parser.parse_args(["train", *args, "--summary-json", str(tmp_path / "s.json")])
     assert (ns.steps, ns.warmup_steps, ns.eval_samples, ns.threads, ns.batch_size) == (24, 4, 512, 1, 256)
-    assert (ns.cache_rows, ns.lookahead, ns.store, ns.trainers, ns.servers, ns.cache_sync) == (100, 4, "disk", 2, 2, "replicated")
+    assert (ns.cache_rows, ns.lookahead, ns.store, ns.trainers, ns.servers, ns.cache_sync) == (
+        100,
+        4,
+        "disk",
+        2,
+        2,
+        "replicated",
+    )
     assert ns.progress is False and ns.final_checkpoint is False and ns.digest is False
     # no warm-up field (convergence): no --warmup-steps; a shared value replaced, None left out
     c = SCENARIOS["convergence"].config()
@@ -174,5 +199,8 @@ def test_cluster_skips_in_one_line_without_namespaces(tmp_path, capsys, monkeypa
 
     monkeypatch.setattr(cluster, "unavailable", lambda: "emulated hosts need root (network namespaces, veth, tc)")
     assert main(["bench", "cluster", "--quick", "--out", str(tmp_path / "c")]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "bench cluster: skipped: emulated hosts need root (network namespaces, veth, tc)"
+    assert (
+        capsys.readouterr().out.splitlines()[0]
+        == "bench cluster: skipped: emulated hosts need root (network namespaces, veth, tc)"
+    )
     assert json.loads((tmp_path / "c" / "results.json").read_text())["skipped"].startswith("bench cluster: skipped: ")

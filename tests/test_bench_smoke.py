@@ -35,7 +35,15 @@ SCENARIOS = {
     # distributed pair costs ~20 s a run; test_approx.py and test_distributed.py run the rest)
     "approx": ["--configs", "skip-stale", "--no-criteo", "--steps", "20", "--warmup", "2", "--eval-every", "8"],
 }
-PNG = {"modes": "modes.png", "sweep": "sweep.png", "convergence": "convergence.png", "oracle": "oracle.png", "distributed": "distributed.png", "accel": "accel.png", "approx": "approx.png"}
+PNG = {
+    "modes": "modes.png",
+    "sweep": "sweep.png",
+    "convergence": "convergence.png",
+    "oracle": "oracle.png",
+    "distributed": "distributed.png",
+    "accel": "accel.png",
+    "approx": "approx.png",
+}
 
 
 #: Run by ``make test-slow`` only, to keep ``make test`` under 10 minutes: the sweep's and the
@@ -44,7 +52,9 @@ SLOW = {"sweep", "convergence"}
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("scenario", [pytest.param(s, marks=[pytest.mark.slow] if s in SLOW else []) for s in SCENARIOS])
+@pytest.mark.parametrize(
+    "scenario", [pytest.param(s, marks=[pytest.mark.slow] if s in SLOW else []) for s in SCENARIOS]
+)
 def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
     out = tmp_path / scenario
     rc = main(["bench", scenario, "--quick", "--out", str(out), *SCENARIOS[scenario]])
@@ -67,13 +77,17 @@ def test_quick_scenario_writes_results(scenario, tmp_path, capsys):
         assert 0 < part["sync_bytes_per_step"] < part["replicated_sync_bytes_per_step_counterfactual"]
     elif scenario == "oracle":
         assert res and all(v["lookups_per_s"] > 0 for v in res.values())
-        assert all(v["reference"]["lookups_per_s"] > 0 and v["reference"]["identical_plans"] is True for v in res.values())
+        assert all(
+            v["reference"]["lookups_per_s"] > 0 and v["reference"]["identical_plans"] is True for v in res.values()
+        )
         assert len(payload["load_average"]["start"]) == 3 and "load average" in md
         assert all(v["hot"]["ms_per_batch"] > 0 and 0.5 < v["hot"]["lookup_share"] < 1 for v in res.values())
     elif scenario == "accel":
         assert set(res) == {"fae", "hotline", "lookahead", "lookahead+hot"}
         assert all(v["samples_per_s"] > 0 and v["peak_anon_rss_mb"] > 0 for v in res.values())
-        assert all(res[k]["hot_lookup_share"] > 0.5 and res[k]["hot_rows"] > 0 for k in ("fae", "hotline", "lookahead+hot"))
+        assert all(
+            res[k]["hot_lookup_share"] > 0.5 and res[k]["hot_rows"] > 0 for k in ("fae", "hotline", "lookahead+hot")
+        )
         assert res["lookahead+hot"]["cache_rows"] < res["lookahead"]["cache_rows"]  # the budget is shared
         assert payload["targets"]["lookahead_hot_vs_best_of_fae_hotline"] > 0
     elif scenario == "approx":

@@ -81,7 +81,7 @@ def test_every_cached_mode_200_steps_within_a_memory_limit_below_its_table_file(
     for mode in modes:
         r = payload["results"][mode]
         assert r["group_peak_mb"] > LIMIT_MB - 16  # the group reached its limit: its page cache was reclaimed
-        (early, last), = r["anon_mb"]
+        ((early, last),) = r["anon_mb"]
         assert r["anon_step"] == [100, 200] and abs(last - early) <= 0.05 * early, (mode, early, last)
         dirty_bound = r["budget"][0]["dirty_mb"]
         assert dirty_bound and r["max_dirty_mb"] <= min(64, 2 * dirty_bound), (mode, r["max_dirty_mb"], dirty_bound)

@@ -64,7 +64,11 @@ def write_rows(shard_stores: list[MemoryStore], rows: np.ndarray, tag: float) ->
     for k, st in enumerate(shard_stores):
         mine = rows[rows % S == k]
         if len(mine):
-            st.write(mine // S, np.full((len(mine), D), tag, np.float32) + mine[:, None], np.full((len(mine), 1), -tag, np.float32))
+            st.write(
+                mine // S,
+                np.full((len(mine), D), tag, np.float32) + mine[:, None],
+                np.full((len(mine), 1), -tag, np.float32),
+            )
 
 
 def truth(shard_stores) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +89,10 @@ def checkpoint(folder: CheckpointFolder, shard_stores, step: int, compact_every:
     snaps = [take_snapshot(st, target.everything) for st in shard_stores]
     S = len(shard_stores)
     writer.submit(
-        target, {"step": step}, lambda: [write_part(target.staging, sn, k, S, target.kind, target.base_reader()) for k, sn in enumerate(snaps)], 0.0
+        target,
+        {"step": step},
+        lambda: [write_part(target.staging, sn, k, S, target.kind, target.base_reader()) for k, sn in enumerate(snaps)],
+        0.0,
     )
     return Manifest.load(folder.root / f"step-{step:08d}")
 
@@ -206,8 +213,18 @@ def _v2_checkpoint(root, step: int, w: np.ndarray, s: np.ndarray) -> None:
     np.save(folder / "rows-0-of-1.npy", np.concatenate([w, s], axis=1))
     torch.save({"step": step}, folder / "dense.pt")
     part = {"shard": 0, "shards": 1, "kind": "full", "rows": len(w), "bytes": 0}
-    manifest = {"format": "bagpipe.checkpoint", "version": 2, "step": step, "num_rows": len(w), "dim": D,
-                "state_dim": S_STATE, "kind": "full", "base": None, "parts": [part], "chain": 0}
+    manifest = {
+        "format": "bagpipe.checkpoint",
+        "version": 2,
+        "step": step,
+        "num_rows": len(w),
+        "dim": D,
+        "state_dim": S_STATE,
+        "kind": "full",
+        "base": None,
+        "parts": [part],
+        "chain": 0,
+    }
     (folder / "MANIFEST.json").write_text(json.dumps(manifest))
     (root / "checkpoints" / "LATEST").write_text(folder.name + "\n")
 
@@ -236,7 +253,10 @@ def test_another_format_version_is_refused_in_one_line(tmp_path, version):
     checkpoint(folder, st, 10)
     path = tmp_path / "checkpoints" / "step-00000010" / "MANIFEST.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {"version": version}))
-    with pytest.raises(CheckpointError, match=rf"^{path}: not a bagpipe checkpoint of format version 2 or 3 \(it says 'bagpipe.checkpoint' version {version}\)$"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^{path}: not a bagpipe checkpoint of format version 2 or 3 \(it says 'bagpipe.checkpoint' version {version}\)$",
+    ):
         folder.latest()
 
 
@@ -253,7 +273,9 @@ def test_a_checkpoint_that_does_not_fit_is_discarded_in_one_line_and_the_next_is
         checkpoint_tried = CheckpointWriter(folder, 3, SPACE, background=False)
         target = checkpoint_tried.begin(20)
         snap = take_snapshot(st[0], target.everything)
-        checkpoint_tried.submit(target, {"step": 20}, lambda: [write_part(target.staging, snap, 0, 1, target.kind)], 0.0)
+        checkpoint_tried.submit(
+            target, {"step": 20}, lambda: [write_part(target.staging, snap, 0, 1, target.kind)], 0.0
+        )
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("checkpoint of step 20 not written: no space left on the disk of ")
     assert lines[0].endswith("its partial files are removed and step-00000010 stays the latest checkpoint")

@@ -196,7 +196,9 @@ def assert_fetches_gated(log: list[Op], start: int = -1) -> None:
         if op.kind == "mark":
             marked = max(marked, op.label)
         elif op.kind == "read":
-            assert op.label <= marked, f"op {i}: read of rows {op.rows} needing label {op.label} issued when only {marked} was written: {log[: i + 1]}"
+            assert op.label <= marked, (
+                f"op {i}: read of rows {op.rows} needing label {op.label} issued when only {marked} was written: {log[: i + 1]}"
+            )
 
 
 # plans, steps and their expected result --------------------------------------------
@@ -214,9 +216,16 @@ def hand_plan(step: int, holds: dict[int, int], fetch=(), after=(), fetch_after:
         return np.array([holds[r] for r in rs], np.int64)
 
     return Plan(
-        step=step, batch=batch_of(rows), rows=rows, slots=slots(rows), inverse=np.arange(len(rows)),
-        fetch_rows=np.array(fetch, np.int64), fetch_slots=slots(fetch),
-        evict_after_rows=np.array(after, np.int64), evict_after_slots=slots(after), fetch_after=fetch_after,
+        step=step,
+        batch=batch_of(rows),
+        rows=rows,
+        slots=slots(rows),
+        inverse=np.arange(len(rows)),
+        fetch_rows=np.array(fetch, np.int64),
+        fetch_slots=slots(fetch),
+        evict_after_rows=np.array(after, np.int64),
+        evict_after_slots=slots(after),
+        fetch_after=fetch_after,
     )
 
 
@@ -249,7 +258,9 @@ def train_step(cache: SlotCache, plan: Plan) -> None:
     cache.state[idx] += 1.0
 
 
-def run_steps(ex: PlanExecutor, ref: Reference | None = None, done: list | None = None, steps: int | None = None, plans=None) -> None:
+def run_steps(
+    ex: PlanExecutor, ref: Reference | None = None, done: list | None = None, steps: int | None = None, plans=None
+) -> None:
     """The trainer's loop over ``steps`` plans (all by default) of ``plans`` (default ``iter(ex)``)."""
     for plan in islice(iter(ex) if plans is None else plans, steps):
         train_step(ex.cache, plan)
@@ -320,7 +331,11 @@ def test_a_fetch_waits_for_the_write_backs_it_depends_on(store, executors, init)
     log = store.ops()
     assert_fetches_gated(log)
     first_read_after_0 = next(i for i, op in enumerate(log) if op.kind == "read" and op.label == 0)
-    assert log.index(Op("write", (0,), None, "bagpipe-writeback")) < log.index(Op("mark", (), 0, "bagpipe-writeback")) < first_read_after_0
+    assert (
+        log.index(Op("write", (0,), None, "bagpipe-writeback"))
+        < log.index(Op("mark", (), 0, "bagpipe-writeback"))
+        < first_read_after_0
+    )
 
 
 def test_the_fetch_thread_runs_ahead_depth_plus_one_plans(store, executors):
@@ -330,8 +345,8 @@ def test_the_fetch_thread_runs_ahead_depth_plus_one_plans(store, executors):
     for consumed in range(n - depth):
         # ``depth`` fetched plans wait in the queue, one more in the fetch thread's hand
         expect = min(n, consumed + depth + 1)
-        assert wait_until(lambda: len(store.ops("read")) >= expect), store.ops()
-        assert not wait_until(lambda: len(store.ops("read")) > expect, 0.1 if consumed else HELD)
+        assert wait_until(lambda expect=expect: len(store.ops("read")) >= expect), store.ops()
+        assert not wait_until(lambda expect=expect: len(store.ops("read")) > expect, 0.1 if consumed else HELD)
         assert next(it).step == consumed
     assert [op.rows for op in store.ops("read")] == [(k,) for k in range(n)]
     assert {op.thread for op in store.ops("read")} == {"bagpipe-fetch"}
@@ -403,7 +418,9 @@ def test_abandon_returns_while_a_write_back_hangs_and_drops_the_rest(store, exec
     wb = ex._threads[2]
     wb.join(SOON)
     assert not wb.is_alive()
-    assert [op.rows for op in store.ops("write")] == [(0,)], "write-backs queued behind an abandoned one must be dropped"
+    assert [op.rows for op in store.ops("write")] == [(0,)], (
+        "write-backs queued behind an abandoned one must be dropped"
+    )
     assert store.ops("mark") == [Op("mark", (), -1, "bagpipe-writeback")]
 
 
@@ -437,7 +454,9 @@ def test_close_while_the_planner_is_working_ends_every_thread(store, executors):
     assert wait_until(ex._stop.is_set)  # close() has stopped the pipeline; now the planner hands over its plan
     release.set()
     closing.result(within=3.0)
-    assert wait_until(lambda: not any(t.is_alive() for t in ex._threads), 1.0), [t.name for t in ex._threads if t.is_alive()]
+    assert wait_until(lambda: not any(t.is_alive() for t in ex._threads), 1.0), [
+        t.name for t in ex._threads if t.is_alive()
+    ]
 
 
 def slow_planner(plans: list[Plan], before: int, seconds: float) -> Iterator[Plan]:
@@ -480,8 +499,17 @@ def test_synchronous_mode_works_in_the_callers_thread_in_plan_order(store, execu
     # each step's write-backs, then its label marked (another trainer's read of a remote store waits for
     # it), then the next plan's read, which carries its fetch_after
     assert [(op.kind, op.rows, op.label) for op in store.ops()] == [
-        ("read", (0, 1), -1), ("write", (0,), None), ("mark", (), 0), ("read", (2,), -1), ("write", (1, 2), None),
-        ("mark", (), 1), ("read", (0,), 0), ("write", (0,), None), ("mark", (), 2), ("read", (1,), 1), ("write", (1,), None),
+        ("read", (0, 1), -1),
+        ("write", (0,), None),
+        ("mark", (), 0),
+        ("read", (2,), -1),
+        ("write", (1, 2), None),
+        ("mark", (), 1),
+        ("read", (0,), 0),
+        ("write", (0,), None),
+        ("mark", (), 2),
+        ("read", (1,), 1),
+        ("write", (1,), None),
     ]
     assert {op.thread for op in store.ops()} == {"MainThread"}
     assert_store_holds(store, ref, 3)
@@ -503,7 +531,12 @@ class SlowWrites(RecordingStore):
 
 @pytest.mark.parametrize(
     "planner,pipelined,where",
-    [("lookahead", True, "memory"), ("lookahead", True, "servers"), ("lookahead", False, "memory"), ("nocache", False, "memory")],
+    [
+        ("lookahead", True, "memory"),
+        ("lookahead", True, "servers"),
+        ("lookahead", False, "memory"),
+        ("nocache", False, "memory"),
+    ],
 )
 def test_the_store_ends_as_if_every_update_went_straight_to_it(planner, pipelined, where, executors, clusters):
     init = RowInitializer([40, 30], D, seed=3)
@@ -549,7 +582,10 @@ class Cluster:
             EmbeddingServer(MemoryStore(ShardInit(init, k, servers), S_DIM), t[r], self.trainer_ranks)
             for k, r in enumerate(self.server_ranks)
         ]
-        self.serving = [Background(partial(self._serve, srv, r), f"server {k}") for k, (srv, r) in enumerate(zip(self.servers, self.server_ranks))]
+        self.serving = [
+            Background(partial(self._serve, srv, r), f"server {k}")
+            for k, (srv, r) in enumerate(zip(self.servers, self.server_ranks))
+        ]
         self.clients = [RemoteStore(init, S_DIM, t[r], self.server_ranks) for r in self.trainer_ranks]
 
     def _serve(self, server: EmbeddingServer, rank: int):
@@ -643,7 +679,10 @@ def test_a_client_that_disappears_stops_serve_and_the_reads_waiting_for_it(clust
     assert wait_until(lambda: cl.requests("read") == [1, 1])
     cl.net.kill(1)  # trainer 1's process dies before marking 0
     for b in cl.serving:
-        with pytest.raises(PeerLost, match=r"^server [01] lost contact with trainer 1 while receiving from it \(Connection closed by peer \[127\.0\.0\.1\]:29501\)$"):
+        with pytest.raises(
+            PeerLost,
+            match=r"^server [01] lost contact with trainer 1 while receiving from it \(Connection closed by peer \[127\.0\.0\.1\]:29501\)$",
+        ):
             b.result()
     # the held read was refused and its server exited: trainer 0 learns it instead of waiting forever
     with pytest.raises(PeerLost, match=r"^trainer 0 lost contact with server 0 while receiving from it"):
@@ -653,7 +692,12 @@ def test_a_client_that_disappears_stops_serve_and_the_reads_waiting_for_it(clust
 def test_a_bad_request_fails_serve_naming_the_client(clusters, init):
     cl = clusters(init, servers=1)
     c0, c1 = cl.clients
-    bad = {"op": "write", "rows": np.array([99]), "w": np.zeros((1, D), np.float32), "s": np.zeros((1, S_DIM), np.float32)}
+    bad = {
+        "op": "write",
+        "rows": np.array([99]),
+        "w": np.zeros((1, D), np.float32),
+        "s": np.zeros((1, S_DIM), np.float32),
+    }
     c1.t.send(cl.server_ranks[0], REQUEST, bad)
     c0.close()  # the other client ends cleanly: the failure is still what serve() reports
     with pytest.raises(BagpipeError, match=r"^serving trainer rank 1 failed: index 99 is out of bounds"):
@@ -722,5 +766,7 @@ def test_a_role_ends_its_attempt_once_another_host_restarted_into_the_next():
     master.add(attempt_key(1), 1)  # host 1's first restarted role arrives in attempt 1
     assert ended.wait(10)
     watches[0].stop()
-    assert told == ["server 0: another host's roles restarted (attempt 1 began at 127.0.0.1:"
-                    f"{master.port}); ending this attempt so that torchrun restarts this role too"]
+    assert told == [
+        "server 0: another host's roles restarted (attempt 1 began at 127.0.0.1:"
+        f"{master.port}); ending this attempt so that torchrun restarts this role too"
+    ]

@@ -245,7 +245,16 @@ def test_unrelated_directory_is_not_wiped(tmp_path):
         {"mh": {}},  # the multi-hot feature is missing
         {"mh": {"seq": (np.array([1]), np.array([1])), "other": (np.array([1]), np.array([1]))}},
     ],
-    ids=["onehot-high", "onehot-negative", "onehot-second", "mh-high", "mh-negative", "mh-lengths", "mh-missing", "mh-extra"],
+    ids=[
+        "onehot-high",
+        "onehot-negative",
+        "onehot-second",
+        "mh-high",
+        "mh-negative",
+        "mh-lengths",
+        "mh-missing",
+        "mh-extra",
+    ],
 )
 def test_bad_ids_raise_data_error(tmp_path, bad):
     w = ShardWriter(tmp_path / "ds", DENSE, MULTIHOT)

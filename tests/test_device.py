@@ -162,7 +162,9 @@ def test_rows_travel_store_to_cache_to_host_exactly(name):
         s = np.array([[1.5], [2.5], [3.5]], np.float32)
         staged = t.stage(w, s)
         if name == "cpu":  # nothing staged: the store's arrays are what is installed
-            assert staged.ready is None and staged.weights.numpy() is not w and np.shares_memory(staged.weights.numpy(), w)
+            assert (
+                staged.ready is None and staged.weights.numpy() is not w and np.shares_memory(staged.weights.numpy(), w)
+            )
         t.install(cache, np.array([5, 1, 6]), np.array([10, 11, 12]), staged)
         assert cache.slot_rows[[5, 1, 6]].tolist() == [10, 11, 12]
         out = t.download(*cache.take(np.array([6, 5])))
@@ -264,7 +266,10 @@ def test_cuda_without_a_gpu_is_one_line_naming_why():
 @pytest.mark.parametrize(
     "settings,says",
     [
-        (dict(mode="hotline"), "--device cuda runs --mode full or nocache or lru or lookahead or fae, got --mode hotline"),
+        (
+            dict(mode="hotline"),
+            "--device cuda runs --mode full or nocache or lru or lookahead or fae, got --mode hotline",
+        ),
         (dict(mode="full", skip_stale=True), "--skip-stale runs on --device cpu"),
     ],
 )

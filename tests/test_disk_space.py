@@ -29,8 +29,19 @@ from bagpipe.train.loop import train
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 STEPS, BATCH, EVERY = 40, 64, 10
-COMMON = ["--steps", STEPS, "--batch-size", BATCH, "--optimizer", "adagrad", "--lr", "0.05", "--threads", "1",
-          "--no-progress"]
+COMMON = [
+    "--steps",
+    STEPS,
+    "--batch-size",
+    BATCH,
+    "--optimizer",
+    "adagrad",
+    "--lr",
+    "0.05",
+    "--threads",
+    "1",
+    "--no-progress",
+]
 
 
 def test_a_run_whose_checkpoints_cannot_fit_refuses_to_start_in_one_line(tiny_data, tmp_path, small_disk, run_cli):
@@ -38,23 +49,61 @@ def test_a_run_whose_checkpoints_cannot_fit_refuses_to_start_in_one_line(tiny_da
     rc, stdout, stderr = run_cli("train", "--data", tiny_data, "--out", out, *COMMON)
     lines = stderr.strip().splitlines()
     assert rc == 2 and len(lines) == 1, stderr
-    assert re.match(rf"bagpipe train: error: {out}: this run's checkpoints need up to \d+ KiB \([\d,]+ rows trained at "
-                    rf"most x 44 bytes, and the dense state\) but {out} has \d+ KiB free; free some space, choose "
-                    r"another --out, or checkpoint less \(--checkpoint-every 0 --no-final-checkpoint\)$", lines[0]), lines[0]
+    assert re.match(
+        rf"bagpipe train: error: {out}: this run's checkpoints need up to \d+ KiB \([\d,]+ rows trained at "
+        rf"most x 44 bytes, and the dense state\) but {out} has \d+ KiB free; free some space, choose "
+        r"another --out, or checkpoint less \(--checkpoint-every 0 --no-final-checkpoint\)$",
+        lines[0],
+    ), lines[0]
     assert not out.exists()  # nothing trained, nothing left behind
 
 
-def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_loses_no_row(tiny_data, tmp_path, small_disk):
-    want = train(TrainConfig.of(data=tiny_data, out=str(tmp_path / "full"), steps=STEPS, batch_size=BATCH,
-                                optimizer="adagrad", lr=0.05, threads=1, progress=False))["params_sha256"]
+def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_loses_no_row(
+    tiny_data, tmp_path, small_disk
+):
+    want = train(
+        TrainConfig.of(
+            data=tiny_data,
+            out=str(tmp_path / "full"),
+            steps=STEPS,
+            batch_size=BATCH,
+            optimizer="adagrad",
+            lr=0.05,
+            threads=1,
+            progress=False,
+        )
+    )["params_sha256"]
     out = tmp_path / "run"
     small_disk(out / "checkpoints", "2m")  # room for the estimate (~0.7 MB), filled before the final checkpoint
     flag = tmp_path / "paused"
-    cmd = [sys.executable, "-m", "bagpipe.cli", "train", "--data", tiny_data, "--out", str(out), *map(str, COMMON),
-           "--mode", "lookahead", "--store", "disk", "--cache-rows", "1000", "--lookahead", "4",
-           "--checkpoint-every", str(EVERY)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, BAGPIPE_TEST_PAUSE=f"cut:{STEPS}:{flag}"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "bagpipe.cli",
+        "train",
+        "--data",
+        tiny_data,
+        "--out",
+        str(out),
+        *map(str, COMMON),
+        "--mode",
+        "lookahead",
+        "--store",
+        "disk",
+        "--cache-rows",
+        "1000",
+        "--lookahead",
+        "4",
+        "--checkpoint-every",
+        str(EVERY),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, BAGPIPE_TEST_PAUSE=f"cut:{STEPS}:{flag}"),
+    )
     try:
         deadline = time.monotonic() + 200
         while not flag.exists():

@@ -55,7 +55,9 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 def bagpipe(*args, timeout=JOB_TIMEOUT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "bagpipe.cli", *map(str, args)],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -94,8 +96,24 @@ OPTIM_EXTRA = {"adam": {"lr": 0.01, "lr_schedule": "warmup-poly", "lr_warmup_ste
 def common(data: str, optimizer: str) -> list:
     settings = {"lr": 0.05} | OPTIM_EXTRA.get(optimizer, {})
     extra = [a for k, v in settings.items() for a in ("--" + k.replace("_", "-"), v)]
-    return ["--data", data, "--steps", STEPS, "--batch-size", BATCH, "--optimizer", optimizer,
-            "--threads", 1, "--no-progress", "--cache-rows", 1500, "--lookahead", 4, *extra]
+    return [
+        "--data",
+        data,
+        "--steps",
+        STEPS,
+        "--batch-size",
+        BATCH,
+        "--optimizer",
+        optimizer,
+        "--threads",
+        1,
+        "--no-progress",
+        "--cache-rows",
+        1500,
+        "--lookahead",
+        4,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +125,19 @@ def full_runs(tiny_data, tmp_path_factory):
         if optimizer not in cache:
             out = tmp_path_factory.mktemp(f"full-{optimizer}")
             settings = {"lr": 0.05} | OPTIM_EXTRA.get(optimizer, {})
-            train(TrainConfig.of(data=tiny_data, out=str(out), steps=STEPS, batch_size=BATCH, optimizer=optimizer,
-                                 threads=1, progress=False, eval_every=EVAL_EVERY, **settings))
+            train(
+                TrainConfig.of(
+                    data=tiny_data,
+                    out=str(out),
+                    steps=STEPS,
+                    batch_size=BATCH,
+                    optimizer=optimizer,
+                    threads=1,
+                    progress=False,
+                    eval_every=EVAL_EVERY,
+                    **settings,
+                )
+            )
             cache[optimizer] = out
         return cache[optimizer]
 
@@ -142,8 +171,19 @@ def assert_close(a: dict, b: dict, rel: float = 1e-5) -> None:
 
 
 def run_distributed(data, out, optimizer, trainers, servers, *extra) -> dict:
-    r = bagpipe("train", *common(data, optimizer), "--out", out, "--mode", "lookahead",
-                "--trainers", trainers, "--servers", servers, *extra)
+    r = bagpipe(
+        "train",
+        *common(data, optimizer),
+        "--out",
+        out,
+        "--mode",
+        "lookahead",
+        "--trainers",
+        trainers,
+        "--servers",
+        servers,
+        *extra,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert_all_stopped(Path(out))
     return json.loads((Path(out) / "summary.json").read_text())
@@ -152,9 +192,15 @@ def run_distributed(data, out, optimizer, trainers, servers, *extra) -> dict:
 # make test keeps one bitwise layout (1 x 2) and both 2 x 2 runs; the rest of the
 # matrix runs with make test-slow (1 x 1 and 2 x 1 also run in test_recovery.py's resumes)
 MATRIX = [
-    pytest.param(optimizer, t, s, marks=[] if (t, s, optimizer) in {(1, 2, "adagrad"), (2, 2, "adagrad")}
-                 else [pytest.mark.slow], id=f"{t}-{s}-{optimizer}")
-    for t, s in [(1, 1), (1, 2), (2, 1), (2, 2)] for optimizer in ("sgd", "adagrad")
+    pytest.param(
+        optimizer,
+        t,
+        s,
+        marks=[] if (t, s, optimizer) in {(1, 2, "adagrad"), (2, 2, "adagrad")} else [pytest.mark.slow],
+        id=f"{t}-{s}-{optimizer}",
+    )
+    for t, s in [(1, 1), (1, 2), (2, 1), (2, 2)]
+    for optimizer in ("sgd", "adagrad")
 ]
 
 
@@ -165,7 +211,9 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
     extra = ("--eval-every", EVAL_EVERY) if (trainers, servers) == (2, 2) else ()
     s = run_distributed(tiny_data, out, optimizer, trainers, servers, "--device", "cpu-async", *extra)
     assert s["steps"] == STEPS and s["distributed"]["trainers"] == trainers and s["distributed"]["servers"] == servers
-    assert s["device"].startswith("cpu-async") and s["distributed"]["trainer_backend"] == ("gloo" if trainers > 1 else "none")
+    assert s["device"].startswith("cpu-async") and s["distributed"]["trainer_backend"] == (
+        "gloo" if trainers > 1 else "none"
+    )
     assert_close(params(out), params(ref))
     full = json.loads((ref / "summary.json").read_text())
     if (trainers, servers) == (2, 2):  # the run directory is a normal one: bagpipe eval reads it
@@ -184,10 +232,13 @@ def test_distributed_matches_full(tiny_data, full_runs, tmp_path, optimizer, tra
     assert abs(s["train_logloss"] - full["train_logloss"]) < 1e-5  # averaged over the trainers' slices
     # every role wrote its log, prefixed lines reached the launcher's output
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(
-        [f"trainer-{i}.log" for i in range(trainers)] + [f"server-{k}.log" for k in range(servers)] + ["oracle.log"])
+        [f"trainer-{i}.log" for i in range(trainers)] + [f"server-{k}.log" for k in range(servers)] + ["oracle.log"]
+    )
 
 
-@pytest.mark.parametrize("mode,trainers,servers", [("nocache", 2, 1), pytest.param("lru", 2, 2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mode,trainers,servers", [("nocache", 2, 1), pytest.param("lru", 2, 2, marks=pytest.mark.slow)]
+)
 def test_the_baselines_across_servers_match_full(tiny_data, full_runs, tmp_path, mode, trainers, servers):
     """lru and nocache plans, executed synchronously against the servers (each step's
     label marked after its write-backs, each read held for it): the maths of --mode full,
@@ -223,8 +274,21 @@ def assert_same_run_files(dist: Path, full: Path, tmp_path: Path, data: str, opt
     for a, b in evals:
         assert abs(a["eval_logloss"] - b["eval_logloss"]) < 1e-5 and a["eval_samples"] == b["eval_samples"]
     one = tmp_path / "one-process-lookahead"  # the cache section's schema: one process, same mode
-    train(TrainConfig.of(data=data, out=str(one), steps=STEPS, batch_size=BATCH, optimizer=optimizer, lr=0.05,
-                         threads=1, progress=False, mode="lookahead", cache_rows=1500, lookahead=4))
+    train(
+        TrainConfig.of(
+            data=data,
+            out=str(one),
+            steps=STEPS,
+            batch_size=BATCH,
+            optimizer=optimizer,
+            lr=0.05,
+            threads=1,
+            progress=False,
+            mode="lookahead",
+            cache_rows=1500,
+            lookahead=4,
+        )
+    )
     s, f, o = (json.loads((r / "summary.json").read_text()) for r in (dist, full, one))
     assert s.keys() == f.keys() == o.keys()
     assert s["time_per_step_ms"].keys() == o["time_per_step_ms"].keys()
@@ -275,10 +339,14 @@ def test_servers_on_disk_stores(tiny_data, full_runs, tmp_path):
 
 
 def test_the_replicated_cache_computes_the_same_and_syncs_every_row(tiny_data, full_runs, tmp_path):
-    rep = run_distributed(tiny_data, tmp_path / "rep", "adagrad", 2, 2, "--cache-sync", "replicated", "--plans-in-flight", 1)
+    rep = run_distributed(
+        tiny_data, tmp_path / "rep", "adagrad", 2, 2, "--cache-sync", "replicated", "--plans-in-flight", 1
+    )
     d = rep["distributed"]
     assert d["max_plans_in_flight"] == 1  # back-pressure: the oracle never ran ahead
-    assert d["sync_bytes_per_step"] > 0 and d["sync_bytes_per_step"] == pytest.approx(d["replicated_sync_bytes_per_step"])
+    assert d["sync_bytes_per_step"] > 0 and d["sync_bytes_per_step"] == pytest.approx(
+        d["replicated_sync_bytes_per_step"]
+    )
     assert_close(params(tmp_path / "rep"), params(full_runs("adagrad")))
 
 
@@ -290,7 +358,9 @@ def test_periodic_averaging_every_step_matches_full_with_sgd(tiny_data, full_run
     assert s["approximation"]["periodic"]["period"] == 1 and s["approximation"]["periodic"]["averagings"] > 0
     d = s["distributed"]
     # SGD keeps no row state: the same rows' D floats as the exact partitioned cache's gradients
-    assert d["sync_bytes_per_step"] == pytest.approx(d["partitioned_sync_bytes_per_step"]) and d["sync_bytes_per_step"] > 0
+    assert (
+        d["sync_bytes_per_step"] == pytest.approx(d["partitioned_sync_bytes_per_step"]) and d["sync_bytes_per_step"] > 0
+    )
     assert_close(params(tmp_path / "p1"), params(full_runs("sgd")))
 
 
@@ -299,22 +369,50 @@ def test_two_identical_runs_have_equal_digests_and_replicated_syncs_more(tiny_da
     a = run_distributed(tiny_data, tmp_path / "a", "adagrad", 2, 2)
     b = run_distributed(tiny_data, tmp_path / "b", "adagrad", 2, 2)
     assert a["params_sha256"] == b["params_sha256"] is not None
-    rep = run_distributed(tiny_data, tmp_path / "rep", "adagrad", 2, 2, "--cache-sync", "replicated",
-                          "--plans-in-flight", 1)
+    rep = run_distributed(
+        tiny_data, tmp_path / "rep", "adagrad", 2, 2, "--cache-sync", "replicated", "--plans-in-flight", 1
+    )
     assert rep["distributed"]["max_plans_in_flight"] == 1  # back-pressure: the oracle never ran ahead
     # the same maths, more traffic: every planned row is synchronised
     assert_close(params(tmp_path / "rep"), params(tmp_path / "a"))
-    assert rep["distributed"]["sync_bytes_per_step"] == pytest.approx(rep["distributed"]["replicated_sync_bytes_per_step"])
+    assert rep["distributed"]["sync_bytes_per_step"] == pytest.approx(
+        rep["distributed"]["replicated_sync_bytes_per_step"]
+    )
     assert rep["distributed"]["sync_bytes_per_step"] > a["distributed"]["sync_bytes_per_step"]
     assert sum(rep["distributed"]["fetched_rows_per_trainer"]) > sum(a["distributed"]["fetched_rows_per_trainer"])
 
 
 def start_long_job(data: str, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "bagpipe.cli", "train", "--data", data, "--out", str(out), "--steps", "1000000",
-         "--batch-size", "64", "--threads", "1", "--mode", "lookahead", "--trainers", "2", "--servers", "2",
-         "--cache-rows", "2000", "--lookahead", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "bagpipe.cli",
+            "train",
+            "--data",
+            data,
+            "--out",
+            str(out),
+            "--steps",
+            "1000000",
+            "--batch-size",
+            "64",
+            "--threads",
+            "1",
+            "--mode",
+            "lookahead",
+            "--trainers",
+            "2",
+            "--servers",
+            "2",
+            "--cache-rows",
+            "2000",
+            "--lookahead",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -362,18 +460,63 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     secret_file = write_secret_file(tmp_path / "job.secret", secret)
     try:
         for rank in range(5):
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                       WORLD_SIZE="5", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+            env = dict(
+                os.environ,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                WORLD_SIZE="5",
+                GLOO_SOCKET_IFNAME="lo",
+                OMP_NUM_THREADS="1",
+            )
             if rank in (2, 3):  # the servers as a user starts them on storage machines, the secret in a file
-                cmd = ["serve", "--rank", str(rank), "--trainers", "2", "--servers", "2",
-                       "--master-addr", "127.0.0.1", "--master-port", str(port), "--secret-file", str(secret_file)]
+                cmd = [
+                    "serve",
+                    "--rank",
+                    str(rank),
+                    "--trainers",
+                    "2",
+                    "--servers",
+                    "2",
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    str(port),
+                    "--secret-file",
+                    str(secret_file),
+                ]
             else:  # the others as torchrun would, the secret in the environment
                 env[SECRET_ENV] = secret.decode()
-                cmd = ["worker", "--data", tiny_data, "--out", str(tmp_path / "job"), "--steps", "1000000",
-                       "--batch-size", "64", "--mode", "lookahead", "--trainers", "2", "--servers", "2",
-                       "--cache-rows", "2000", "--lookahead", "4"]
-            procs.append(subprocess.Popen([sys.executable, "-m", "bagpipe.cli", *cmd],
-                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                cmd = [
+                    "worker",
+                    "--data",
+                    tiny_data,
+                    "--out",
+                    str(tmp_path / "job"),
+                    "--steps",
+                    "1000000",
+                    "--batch-size",
+                    "64",
+                    "--mode",
+                    "lookahead",
+                    "--trainers",
+                    "2",
+                    "--servers",
+                    "2",
+                    "--cache-rows",
+                    "2000",
+                    "--lookahead",
+                    "4",
+                ]
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "bagpipe.cli", *cmd],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not list(tmp_path.glob("job/config.json")):
             time.sleep(0.2)
@@ -397,8 +540,28 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
 
 def test_a_roles_own_refusal_is_the_launchers_line_and_in_its_log(tiny_data, tmp_path):
     out = tmp_path / "job"
-    r = bagpipe("train", "--data", tiny_data, "--out", out, "--steps", 5, "--batch-size", 64, "--no-progress",
-                "--mode", "lookahead", "--trainers", 1, "--servers", 1, "--cache-rows", 40, "--threads", 1)
+    r = bagpipe(
+        "train",
+        "--data",
+        tiny_data,
+        "--out",
+        out,
+        "--steps",
+        5,
+        "--batch-size",
+        64,
+        "--no-progress",
+        "--mode",
+        "lookahead",
+        "--trainers",
+        1,
+        "--servers",
+        1,
+        "--cache-rows",
+        40,
+        "--threads",
+        1,
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "failed: " in lines[0] and "cannot hold" in lines[0] and "lost contact" not in lines[0], lines[0]
@@ -426,7 +589,10 @@ def test_ctrl_c_stops_every_role(tiny_data, tmp_path):
     [
         (["--trainers", "2"], "need embedding servers"),
         (["--servers", "1", "--mode", "full"], "use --mode nocache or lru or lookahead, got --mode full"),
-        (["--servers", "1", "--mode", "lookahead", "--trainers", "3", "--batch-size", "256"], "split evenly over 3 trainers"),
+        (
+            ["--servers", "1", "--mode", "lookahead", "--trainers", "3", "--batch-size", "256"],
+            "split evenly over 3 trainers",
+        ),
     ],
 )
 def test_bad_distributed_options(tiny_data, tmp_path, run_cli, args, message):
@@ -437,7 +603,9 @@ def test_bad_distributed_options(tiny_data, tmp_path, run_cli, args, message):
 def test_worker_without_rendezvous_environment(tiny_data, tmp_path, monkeypatch, run_cli):
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    rc, _, err = run_cli("worker", "--data", tiny_data, "--out", tmp_path / "x", "--mode", "lookahead", "--servers", "1")
+    rc, _, err = run_cli(
+        "worker", "--data", tiny_data, "--out", tmp_path / "x", "--mode", "lookahead", "--servers", "1"
+    )
     assert rc == 2 and "needs MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE" in err
 
 

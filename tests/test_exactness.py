@@ -68,7 +68,9 @@ def reference(data, tmp_path_factory):
 
 def cfg(data: str, out: str, **kw) -> TrainConfig:
     base = dict(data=data, out=out, steps=STEPS, batch_size=BATCH, lr=0.05, seed=7, progress=False, eval_samples=512)
-    base["device"] = "cpu" if kw.get("mode", "full") == "full" else "cpu-async"  # cached runs: the copies through the twin
+    base["device"] = (
+        "cpu" if kw.get("mode", "full") == "full" else "cpu-async"
+    )  # cached runs: the copies through the twin
     base.update(kw)
     return TrainConfig.of(**only_applicable(base))  # the matrix gives every mode the cache settings
 
@@ -90,7 +92,18 @@ MATRIX = [
 @pytest.mark.parametrize("model,optimizer,mode,store,L", MATRIX)
 def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mode, store, L):
     ref = reference(model, optimizer)
-    got = train(cfg(data, str(tmp_path / "run"), model=model, optimizer=optimizer, mode=mode, store=store, lookahead=L, cache_rows=2000))
+    got = train(
+        cfg(
+            data,
+            str(tmp_path / "run"),
+            model=model,
+            optimizer=optimizer,
+            mode=mode,
+            store=store,
+            lookahead=L,
+            cache_rows=2000,
+        )
+    )
     assert got["params_sha256"] == ref["params_sha256"]
     assert got["eval_auc"] == ref["eval_auc"]
     c = got["cache"]
@@ -112,17 +125,41 @@ def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mod
 # The Adam family: every cached mode on both stores, one model per optimizer, shorter
 # runs; the schedule, a separate embedding rate and weight decay ride along.
 ADAM_MODELS = {"adam": "dlrm", "partial_rowwise_adam": "deepfm"}
-ADAM_SETTINGS = dict(steps=40, lr=0.01, embedding_lr=0.02, weight_decay=1e-3, lr_schedule="warmup-poly",
-                     lr_warmup_steps=10, lr_decay_start=20, lr_decay_steps=15)
-ADAM_MATRIX = [(opt, mode, store) for opt in ADAM_MODELS for mode in ("lookahead", "lru", "nocache") for store in ("memory", "disk")]
+ADAM_SETTINGS = dict(
+    steps=40,
+    lr=0.01,
+    embedding_lr=0.02,
+    weight_decay=1e-3,
+    lr_schedule="warmup-poly",
+    lr_warmup_steps=10,
+    lr_decay_start=20,
+    lr_decay_steps=15,
+)
+ADAM_MATRIX = [
+    (opt, mode, store)
+    for opt in ADAM_MODELS
+    for mode in ("lookahead", "lru", "nocache")
+    for store in ("memory", "disk")
+]
 
 
 @pytest.mark.parametrize("optimizer,mode,store", ADAM_MATRIX)
 def test_adam_family_matches_reference(data, reference, tmp_path, optimizer, mode, store):
     model = ADAM_MODELS[optimizer]
     ref = reference(model, optimizer)
-    got = train(cfg(data, str(tmp_path / "run"), model=model, optimizer=optimizer, mode=mode, store=store,
-                    lookahead=4, cache_rows=1500, **ADAM_SETTINGS))
+    got = train(
+        cfg(
+            data,
+            str(tmp_path / "run"),
+            model=model,
+            optimizer=optimizer,
+            mode=mode,
+            store=store,
+            lookahead=4,
+            cache_rows=1500,
+            **ADAM_SETTINGS,
+        )
+    )
     assert got["params_sha256"] == ref["params_sha256"]
     assert got["cache"]["rows_fetched"] > 0 and (mode != "lookahead" or got["cache"]["hits"] > 0)
 
@@ -183,7 +220,9 @@ def test_cache_of_exactly_one_batch(data, reference, tmp_path):
 def test_lookahead_resume_matches_uninterrupted(data, reference, tmp_path):
     ref = reference("dlrm", "adagrad")
     run = str(tmp_path / "run")
-    half = train(cfg(data, run, mode="lookahead", lookahead=8, steps=STEPS // 2, cache_rows=1500, checkpoint_every=STEPS // 4))
+    half = train(
+        cfg(data, run, mode="lookahead", lookahead=8, steps=STEPS // 2, cache_rows=1500, checkpoint_every=STEPS // 4)
+    )
     assert half["steps"] == STEPS // 2
     resumed = train(cfg(data, run, mode="lookahead", lookahead=8, cache_rows=1500, resume=True))
     assert resumed["steps"] == STEPS and resumed["steps_this_run"] == STEPS // 2

@@ -110,7 +110,9 @@ def torchrec_dlrm(t: dict[str, torch.Tensor], dense: torch.Tensor, pooled: torch
     triangle, OverArch MLP and its final Linear."""
     x, i = dense, 0
     while f"dense_arch.model._mlp.{i}._linear.weight" in t:
-        x = F.relu(F.linear(x, t[f"dense_arch.model._mlp.{i}._linear.weight"], t[f"dense_arch.model._mlp.{i}._linear.bias"]))
+        x = F.relu(
+            F.linear(x, t[f"dense_arch.model._mlp.{i}._linear.weight"], t[f"dense_arch.model._mlp.{i}._linear.bias"])
+        )
         i += 1
     combined = torch.cat([x.unsqueeze(1), pooled], dim=1)
     n = combined.shape[1]
@@ -118,7 +120,9 @@ def torchrec_dlrm(t: dict[str, torch.Tensor], dense: torch.Tensor, pooled: torch
     z = torch.cat([x, torch.bmm(combined, combined.transpose(1, 2))[:, rows, cols]], dim=1)
     i = 0
     while f"over_arch.model.0._mlp.{i}._linear.weight" in t:
-        z = F.relu(F.linear(z, t[f"over_arch.model.0._mlp.{i}._linear.weight"], t[f"over_arch.model.0._mlp.{i}._linear.bias"]))
+        z = F.relu(
+            F.linear(z, t[f"over_arch.model.0._mlp.{i}._linear.weight"], t[f"over_arch.model.0._mlp.{i}._linear.bias"])
+        )
         i += 1
     return F.linear(z, t["over_arch.model.1.weight"], t["over_arch.model.1.bias"]).squeeze(1)
 
@@ -165,7 +169,9 @@ def test_bad_lines_are_reported_by_line_number(criteo, run_cli, tmp_path):
     rc, _, err = run_cli("predict", "--model", out, "--input", raw, "--labelled", "--out", tmp_path / "p.txt")
     assert_one_line_error(rc, err, f"{raw}:3: expected 40 tab-separated fields, got 37")
     assert list(tmp_path.glob("*p.txt")) == []  # no partial output
-    rc, stdout, err = run_cli("predict", "--model", out, "--input", raw, "--labelled", "--on-error", "skip", "--out", tmp_path / "p.txt")
+    rc, stdout, err = run_cli(
+        "predict", "--model", out, "--input", raw, "--labelled", "--on-error", "skip", "--out", tmp_path / "p.txt"
+    )
     assert rc == 0, err
     written = (tmp_path / "p.txt").read_text().splitlines()
     assert len(written) == 5 and written[2] == "nan" and "nan" not in written[:2] + written[3:]
@@ -174,8 +180,20 @@ def test_bad_lines_are_reported_by_line_number(criteo, run_cli, tmp_path):
 
 def test_synthetic_deepfm_export_keeps_bagpipe_names_and_evaluates_as_the_run(tiny_data, tmp_path, run_cli):
     run, out = tmp_path / "run", tmp_path / "export"
-    rc, _, err = run_cli("train", "--data", tiny_data, "--out", run, "--model", "deepfm", "--steps", 30, "--batch-size", 128,
-                         "--no-progress")
+    rc, _, err = run_cli(
+        "train",
+        "--data",
+        tiny_data,
+        "--out",
+        run,
+        "--model",
+        "deepfm",
+        "--steps",
+        30,
+        "--batch-size",
+        128,
+        "--no-progress",
+    )
     assert rc == 0, err
     rc, stdout, err = run_cli("export", "--run", run, "--out", out)
     assert rc == 0 and "dense layers with bagpipe names" in stdout and "no preprocessing vocabulary" in stdout, err
@@ -186,18 +204,29 @@ def test_synthetic_deepfm_export_keeps_bagpipe_names_and_evaluates_as_the_run(ti
     with pytest.raises(bagpipe.errors.DataError, match="trained on data without a raw format"):
         model.predict_lines(["1\t2"])
     # one-line errors of the commands
-    assert_one_line_error(*run_cli("export", "--run", run, "--out", out)[::2], "already holds an export (pass --overwrite")
+    assert_one_line_error(
+        *run_cli("export", "--run", run, "--out", out)[::2], "already holds an export (pass --overwrite"
+    )
     assert run_cli("export", "--run", run, "--out", out, "--overwrite")[0] == 0
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     assert_one_line_error(*run_cli("export", "--run", run, "--out", tmp_path / "other")[::2], "holds no export")
-    assert_one_line_error(*run_cli("export", "--run", run, "--out", tmp_path / "e2", "--shard-mb", 0)[::2], "--shard-mb must be > 0")
-    assert_one_line_error(*run_cli("export", "--run", tmp_path, "--out", tmp_path / "e3")[::2], "not a bagpipe run directory")
-    assert_one_line_error(*run_cli("export", "--run", run, "--out", tmp_path / "e4", "--data", tmp_path / "nowhere")[::2],
-                          "the run's dataset is not there")
-    assert_one_line_error(*run_cli("predict", "--model", out, "--input", run / "config.json")[::2], "without a raw format")
-    assert_one_line_error(*run_cli("predict", "--model", tmp_path, "--input", run / "config.json")[::2],
-                          "not a finished bagpipe export")
+    assert_one_line_error(
+        *run_cli("export", "--run", run, "--out", tmp_path / "e2", "--shard-mb", 0)[::2], "--shard-mb must be > 0"
+    )
+    assert_one_line_error(
+        *run_cli("export", "--run", tmp_path, "--out", tmp_path / "e3")[::2], "not a bagpipe run directory"
+    )
+    assert_one_line_error(
+        *run_cli("export", "--run", run, "--out", tmp_path / "e4", "--data", tmp_path / "nowhere")[::2],
+        "the run's dataset is not there",
+    )
+    assert_one_line_error(
+        *run_cli("predict", "--model", out, "--input", run / "config.json")[::2], "without a raw format"
+    )
+    assert_one_line_error(
+        *run_cli("predict", "--model", tmp_path, "--input", run / "config.json")[::2], "not a finished bagpipe export"
+    )
 
 
 def test_predict_refuses_another_format(criteo, run_cli, tmp_path):

@@ -220,7 +220,11 @@ def test_two_trainers_with_a_gpu_each_use_nccl(tiny_data, full_on, tmp_path):
     assert ref is not None and got is not None
     w, s_ = got.reader().arrays()
     rw, rs = ref.reader().arrays()
-    for a, b in ((w, rw), (s_, rs), *((got.dense["model"][k].numpy(), v.numpy()) for k, v in ref.dense["model"].items())):
+    for a, b in (
+        (w, rw),
+        (s_, rs),
+        *((got.dense["model"][k].numpy(), v.numpy()) for k, v in ref.dense["model"].items()),
+    ):
         assert np.abs(a.astype(np.float64) - b).max() <= 1e-5 * max(float(np.abs(b).max()), 1e-12)
 
 

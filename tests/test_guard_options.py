@@ -80,8 +80,26 @@ def world(tiny_data, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("guard")
     run = root / "run"
-    assert main(["train", "--data", tiny_data, "--out", str(run), "--steps", "3", "--batch-size", "64",
-                 "--no-progress", "--threads", "1", "--no-digest"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                tiny_data,
+                "--out",
+                str(run),
+                "--steps",
+                "3",
+                "--batch-size",
+                "64",
+                "--no-progress",
+                "--threads",
+                "1",
+                "--no-digest",
+            ]
+        )
+        == 0
+    )
     export = root / "export"
     assert main(["export", "--run", str(run), "--out", str(export)]) == 0
     hot = root / "hot.npz"
@@ -137,7 +155,7 @@ def kind(action: argparse.Action) -> str | None:
     t = action.type
     if t is None or t is str:
         return "str"
-    for probe, name in (("1", None), ("1.5", None)):
+    for probe in ("1", "1.5"):
         try:
             v = t(probe)
         except (ValueError, TypeError, argparse.ArgumentTypeError):
@@ -154,8 +172,7 @@ def kind(action: argparse.Action) -> str | None:
 #: value -> must it be refused? (False: it may also be accepted; it may never raise)
 BAD = {
     "int": {"x": True, "": True, "1.5": True, "nan": True, "-1": True, str(2**64): True, NON_UTF8: True},
-    "float": {"x": True, "": True, "nan": True, "inf": True, "-inf": True, "1e400": True, "-1": True,
-              NON_UTF8: True},
+    "float": {"x": True, "": True, "nan": True, "inf": True, "-inf": True, "1e400": True, "-1": True, NON_UTF8: True},
     "tuple": {"x": True, "nan": True, "1,x": True, NON_UTF8: True},
     "choice": {"bogus": True, "": True, NON_UTF8: True},
     "str": {"": True, NON_UTF8: False},
@@ -259,8 +276,8 @@ TOML_MAY_ACCEPT: dict = {}
 
 def test_every_toml_setting_refuses_bad_values_in_one_line(guarded, world, tmp_path):
     from bagpipe.config.options import settings
-    from bagpipe.config.typed import field_types
     from bagpipe.config.train import TrainConfig
+    from bagpipe.config.typed import field_types
 
     base = ["train", "--data", world["data"], "--out", str(tmp_path / "o")]
     found, walked = [], 0
@@ -293,7 +310,7 @@ def test_config_file_mistakes_are_one_line_naming_what_is_wrong(guarded, world, 
         b"cache_rowz = 5\n": "unknown key 'cache_rowz'; did you mean 'cache_rows'?",
         b"[cache]\nlr = 0.1\n": "key 'lr' belongs in [optim], not [cache]",
         b"steps = 5\nsteps = 6\n": "c.toml",
-        b"title = \"caf\xe9\"\n": "not UTF-8 text",
+        b'title = "caf\xe9"\n': "not UTF-8 text",
         b"steps = \n": "c.toml",
     }
     for text, fragment in cases.items():
@@ -310,8 +327,11 @@ def test_random_text_in_any_train_option_never_raises(guarded, world, tmp_path, 
     parser = guarded.parser._subparsers._group_actions[0].choices["train"]
     options = sorted(a.option_strings[-1] for a in parser._actions if a.option_strings and kind(a) is not None)
     opt = data.draw(st.sampled_from(options))
-    value = data.draw(st.lists(st.sampled_from([NON_UTF8, "\n", "-", "nan", "1e400", ","]) | st.text(max_size=4),
-                               max_size=4).map("".join))
+    value = data.draw(
+        st.lists(st.sampled_from([NON_UTF8, "\n", "-", "nan", "1e400", ","]) | st.text(max_size=4), max_size=4).map(
+            "".join
+        )
+    )
     base = ["train", "--data", world["data"], "--out", str(tmp_path / "o"), "--steps", "2", "--no-progress"]
     outcome, rc, err = guarded([*base, f"{opt}={value}"])
     assert outcome != "raised", err
@@ -332,8 +352,21 @@ BAD_ENV = {
 
 @pytest.mark.parametrize("var", BAD_ENV)
 def test_bad_environment_variables_are_one_line_and_only_where_read(guarded, world, tmp_path, monkeypatch, var):
-    train = ["--data", world["data"], "--out", str(tmp_path / "o"), "--steps", "2", "--no-progress",
-             "--mode", "lookahead", "--trainers", "1", "--servers", "1"]
+    train = [
+        "--data",
+        world["data"],
+        "--out",
+        str(tmp_path / "o"),
+        "--steps",
+        "2",
+        "--no-progress",
+        "--mode",
+        "lookahead",
+        "--trainers",
+        "1",
+        "--servers",
+        "1",
+    ]
     for value in BAD_ENV[var]:
         monkeypatch.setenv(var, value)
         for args in (["--version"], ["check", world["data"], "--no-progress"]):
@@ -350,4 +383,6 @@ def test_bad_environment_variables_are_one_line_and_only_where_read(guarded, wor
 
 def test_a_port_above_65535_is_refused(guarded):
     outcome, rc, err = guarded(["serve", "--rank", "1", "--trainers", "1", "--servers", "1", "--master-port", "70000"])
-    assert outcome == "exit" and one_line(rc, err) and "--master-port must be an integer in [1, 65535], got 70000" in err
+    assert (
+        outcome == "exit" and one_line(rc, err) and "--master-port must be an integer in [1, 65535], got 70000" in err
+    )

@@ -35,8 +35,13 @@ pytestmark = pytest.mark.unit
 
 def _batch(rows: np.ndarray) -> Batch:
     n = len(rows)
-    return Batch(labels=torch.zeros(n), dense=torch.zeros(n, 1), rows=torch.from_numpy(rows),
-                 offsets=torch.arange(n + 1), num_features=1)
+    return Batch(
+        labels=torch.zeros(n),
+        dense=torch.zeros(n, 1),
+        rows=torch.from_numpy(rows),
+        offsets=torch.arange(n + 1),
+        num_features=1,
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -91,7 +96,13 @@ def test_dcn_mlperf_recipe():
 
     cfg = recipe("dcn", "dcn-mlperf")
     assert (cfg.embedding_dim, cfg.bottom_mlp, cfg.top_mlp, cfg.cross_layers, cfg.cross_rank, cfg.dcn_stacked) == (
-        128, (512, 256, 128), (1024, 1024, 512, 256), 3, 512, True)
+        128,
+        (512, 256, 128),
+        (1024, 1024, 512, 256),
+        3,
+        512,
+        True,
+    )
     model = build_model(cfg, 13, 26)
     K = 27 * 128
     bottom = (13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)

@@ -130,9 +130,7 @@ def test_kaggle_dlrm_recipe() -> None:
 @pytest.mark.parametrize("self_interaction", [False, True])
 def test_dot_interaction_matches_reference(self_interaction: bool) -> None:
     x = torch.randn(3, 4, 5)
-    want = [
-        (x[:, i] * x[:, j]).sum(1) for i in range(4) for j in range(4) if j < i or (self_interaction and j == i)
-    ]
+    want = [(x[:, i] * x[:, j]).sum(1) for i in range(4) for j in range(4) if j < i or (self_interaction and j == i)]
     assert torch.allclose(DotInteraction(4, self_interaction)(x), torch.stack(want, 1), atol=1e-6)
 
 

@@ -49,13 +49,16 @@ import pytest
 
 from bagpipe.bench.netns import EmulatedNet, run_namespaces, unavailable
 from bagpipe.cli import main
-from bagpipe.distributed.auth import new_secret, write_secret_file
 from bagpipe.config.train import TrainConfig
+from bagpipe.distributed.auth import new_secret, write_secret_file
 from bagpipe.train.loop import train
 
 REASON = unavailable()
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300),
-              pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")]
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}"),
+]
 
 STEPS, BATCH, EVERY = 24, 64, 6
 PORT = 29600
@@ -64,9 +67,36 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 
 def job_args(data: str, out: Path, secret: Path, steps: int, *extra) -> list[str]:
-    return ["--data", data, "--out", str(out), "--steps", str(steps), "--batch-size", str(BATCH), "--optimizer", "adagrad",
-            "--lr", "0.05", "--threads", "1", "--no-progress", "--mode", "lookahead", "--cache-rows", "1000",
-            "--lookahead", "4", "--trainers", "1", "--servers", "2", "--secret-file", str(secret), *map(str, extra)]
+    return [
+        "--data",
+        data,
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--batch-size",
+        str(BATCH),
+        "--optimizer",
+        "adagrad",
+        "--lr",
+        "0.05",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--mode",
+        "lookahead",
+        "--cache-rows",
+        "1000",
+        "--lookahead",
+        "4",
+        "--trainers",
+        "1",
+        "--servers",
+        "2",
+        "--secret-file",
+        str(secret),
+        *map(str, extra),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +107,16 @@ def full_digest(tiny_data, tmp_path_factory):
     def get(steps: int) -> str:
         if steps not in done:
             out = tmp_path_factory.mktemp("full") / "run"
-            cfg = TrainConfig.of(data=tiny_data, out=str(out), steps=steps, batch_size=BATCH, optimizer="adagrad", lr=0.05,
-                                 threads=1, progress=False)
+            cfg = TrainConfig.of(
+                data=tiny_data,
+                out=str(out),
+                steps=steps,
+                batch_size=BATCH,
+                optimizer="adagrad",
+                lr=0.05,
+                threads=1,
+                progress=False,
+            )
             done[steps] = train(cfg)["params_sha256"]
         return done[steps]
 
@@ -91,12 +129,32 @@ def start_hosts(net: EmulatedNet, data: str, out: Path, steps: int, *extra) -> l
     hosts = [net.add("h0"), net.add("h1")]
     procs = []
     for k, h in enumerate(hosts):
-        cmd = [TORCHRUN, "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "2", "--rdzv-backend", "static",
-               "--master-addr", hosts[0].addr, "--master-port", str(PORT), "--max-restarts", "1",
-               "-m", "bagpipe.cli", "worker", *job_args(data, out, secret, steps, *extra)]
+        cmd = [
+            TORCHRUN,
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(k),
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "static",
+            "--master-addr",
+            hosts[0].addr,
+            "--master-port",
+            str(PORT),
+            "--max-restarts",
+            "1",
+            "-m",
+            "bagpipe.cli",
+            "worker",
+            *job_args(data, out, secret, steps, *extra),
+        ]
         env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
         env.pop("BAGPIPE_JOB_SECRET", None)
-        procs.append(net.popen(h, cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out.parent))
+        procs.append(
+            net.popen(h, cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out.parent)
+        )
     return procs
 
 
@@ -121,7 +179,9 @@ def finish(net: EmulatedNet, procs: list[subprocess.Popen]) -> list[str]:
                 os.kill(pid, signal.SIGKILL)
         for t in readers:
             t.join(30)
-    assert not late, f"the hosts' torchruns did not finish within {JOB_TIMEOUT} s:\n" + "\n".join(o[-3000:] for o in outs)
+    assert not late, f"the hosts' torchruns did not finish within {JOB_TIMEOUT} s:\n" + "\n".join(
+        o[-3000:] for o in outs
+    )
     return outs
 
 
@@ -136,7 +196,9 @@ def wait_for(cond, procs, what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if any(p.poll() is not None for p in procs):
-            raise AssertionError(f"a host's torchrun ended before {what}: " + "".join(p.communicate()[0][-2000:] for p in procs))
+            raise AssertionError(
+                f"a host's torchrun ended before {what}: " + "".join(p.communicate()[0][-2000:] for p in procs)
+            )
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
 
@@ -183,6 +245,7 @@ store.add("bagpipe/attempt-0/arrived", 100)
 print("stranger: wrote to the store", flush=True)
 """
 
+
 @pytest.mark.timeout(540)
 def test_a_two_host_job_shrugs_off_a_stranger_and_recovers_from_losing_a_host(tiny_data, tmp_path, full_digest):
     out = tmp_path / "job"
@@ -196,12 +259,22 @@ def test_a_two_host_job_shrugs_off_a_stranger_and_recovers_from_losing_a_host(ti
         for pid in roles:  # hold the job still (its sockets stay open) while the stranger works at its own pace
             os.kill(pid, signal.SIGSTOP)
         # every port another host can reach: on the host's address or any address (not its loopback)
-        targets = sorted(f"{h.addr}:{port}" for h in net.hosts.values() for ip, port in net.listening(h)
-                         if ip in (h.addr, "0.0.0.0", "::"))
+        targets = sorted(
+            f"{h.addr}:{port}"
+            for h in net.hosts.values()
+            for ip, port in net.listening(h)
+            if ip in (h.addr, "0.0.0.0", "::")
+        )
         assert f"{net.hosts['h0'].addr}:{PORT}" in targets and len(targets) > 1  # the store and gloo's listeners
         stranger = net.add("x")
-        r = net.run(stranger, [sys.executable, "-c", STRANGER, *targets], capture_output=True, text=True, timeout=60,
-                    env=dict(os.environ, STORE_PORT=str(PORT)))
+        r = net.run(
+            stranger,
+            [sys.executable, "-c", STRANGER, *targets],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, STORE_PORT=str(PORT)),
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         assert f"stranger: {7 * len(targets)} connections" in r.stdout and "wrote to the store" in r.stdout, r.stdout
         assert heartbeat(out) < STEPS and all(p.poll() is None for p in procs), "the job ended before the stranger did"
@@ -209,8 +282,9 @@ def test_a_two_host_job_shrugs_off_a_stranger_and_recovers_from_losing_a_host(ti
             os.kill(pid, signal.SIGCONT)
         # 2. every role of host 1 (server 1, the oracle) killed after the first checkpoint
         wait_for(lambda: heartbeat(out) >= EVERY + 3, procs, f"step {EVERY + 3}")
-        assert sorted(p for h, agent in zip(net.hosts.values(), procs) for p in workers(net, h, agent)) == sorted(roles), \
-            "a role was restarted before the kill: the stranger did something"
+        assert sorted(p for h, agent in zip(net.hosts.values(), procs) for p in workers(net, h, agent)) == sorted(
+            roles
+        ), "a role was restarted before the kill: the stranger did something"
         victims = workers(net, net.hosts["h1"], procs[1])
         assert len(victims) == 2, victims
         for pid in victims:
@@ -241,7 +315,9 @@ def test_bench_cluster_quick(tmp_path, capsys):
     for v in res.values():
         for role, dirs in v["bytes_vs_model"].items():
             for d, ratio in dirs.items():
-                if v["model_bytes_per_step"][role][d] > 10_000:  # not the oracle's credits: start-up chatter weighs more
+                if (
+                    v["model_bytes_per_step"][role][d] > 10_000
+                ):  # not the oracle's credits: start-up chatter weighs more
                     # below the model as far as write-backs still queued on a slowed link when the
                     # counters are read (17% seen under load); never more than 15% above it
                     assert 0.75 < ratio < 1.15, (v["config"], role, d, ratio)

@@ -56,8 +56,11 @@ COMMON = ("--batch-size", B, "--no-progress", "--threads", 1)
 
 def snapshot(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` (lock files aside: they name their last holder) and the sha256 of its bytes."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def one_line(rc: int, err: str, *fragments: str) -> str:
@@ -90,8 +93,14 @@ def raw_criteo(tmp_path_factory) -> Path:
     """A raw Criteo file of 400 lines."""
     rng = np.random.default_rng(3)
     path = tmp_path_factory.mktemp("raw") / "day.tsv"
-    lines = ["\t".join([str(rng.integers(0, 2))] + [str(v) for v in rng.integers(0, 50, 13)]
-                       + [format(int(v), "x") for v in rng.integers(0, 300, 26)]) for _ in range(400)]
+    lines = [
+        "\t".join(
+            [str(rng.integers(0, 2))]
+            + [str(v) for v in rng.integers(0, 50, 13)]
+            + [format(int(v), "x") for v in rng.integers(0, 300, 26)]
+        )
+        for _ in range(400)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -127,22 +136,44 @@ def role_environment(monkeypatch):
 
 # =========================================================================== the folder guard
 
+
 def folder_commands(tiny_data, raw: Path, run: Path):
     """name -> (argv writing into OUT, the file that marks a finished output, where to interrupt it)."""
     return {
-        "synth": (lambda out: ["synth", "--profile", "tiny", "--samples", 4000, "--out", out, "--no-progress"],
-                  "meta.json", ("bagpipe.data.shards", "ShardWriter", "_flush")),
-        "preprocess": (lambda out: ["preprocess", "criteo", "--input", raw, "--out", out, "--max-rows-per-table", 50,
-                                    "--rows-per-shard", 100, "--no-progress"],
-                       "meta.json", ("bagpipe.data.shards", "ShardWriter", "_flush")),
-        "export": (lambda out: ["export", "--run", run, "--out", out, "--shard-mb", 0.01],
-                   "model.json", ("bagpipe.export.tensorfile", None, "write")),
+        "synth": (
+            lambda out: ["synth", "--profile", "tiny", "--samples", 4000, "--out", out, "--no-progress"],
+            "meta.json",
+            ("bagpipe.data.shards", "ShardWriter", "_flush"),
+        ),
+        "preprocess": (
+            lambda out: [
+                "preprocess",
+                "criteo",
+                "--input",
+                raw,
+                "--out",
+                out,
+                "--max-rows-per-table",
+                50,
+                "--rows-per-shard",
+                100,
+                "--no-progress",
+            ],
+            "meta.json",
+            ("bagpipe.data.shards", "ShardWriter", "_flush"),
+        ),
+        "export": (
+            lambda out: ["export", "--run", run, "--out", out, "--shard-mb", 0.01],
+            "model.json",
+            ("bagpipe.export.tensorfile", None, "write"),
+        ),
     }
 
 
 @pytest.mark.parametrize("command", ["synth", "preprocess", "export"])
-def test_a_whole_output_never_touches_what_is_not_its_own(run_cli, tiny_data, raw_criteo, finished, tmp_path,
-                                                         monkeypatch, command):
+def test_a_whole_output_never_touches_what_is_not_its_own(
+    run_cli, tiny_data, raw_criteo, finished, tmp_path, monkeypatch, command
+):
     argv, done, where = folder_commands(tiny_data, raw_criteo, finished[0])[command]
     out = tmp_path / "out"
     # 1. a folder of someone else's files is never written into, --overwrite or not
@@ -188,18 +219,34 @@ def test_a_whole_output_never_touches_what_is_not_its_own(run_cli, tiny_data, ra
 
 def test_overwrite_refuses_when_an_input_lies_inside_the_output(run_cli, raw_criteo, tmp_path):
     out = tmp_path / "data"
-    rc, _, err = run_cli("preprocess", "criteo", "--input", raw_criteo, "--out", out, "--max-rows-per-table", 50, "--no-progress")
+    rc, _, err = run_cli(
+        "preprocess", "criteo", "--input", raw_criteo, "--out", out, "--max-rows-per-table", 50, "--no-progress"
+    )
     assert rc == 0, err
     inside = out / "raw.tsv"  # the raw log kept next to its dataset
     shutil.copy(raw_criteo, inside)
     before = snapshot(out)
-    one_line(*run_cli("preprocess", "criteo", "--input", inside, "--out", out, "--max-rows-per-table", 50, "--overwrite",
-                      "--no-progress")[::2], f"--input {inside} lies inside --out {out}")
+    one_line(
+        *run_cli(
+            "preprocess",
+            "criteo",
+            "--input",
+            inside,
+            "--out",
+            out,
+            "--max-rows-per-table",
+            50,
+            "--overwrite",
+            "--no-progress",
+        )[::2],
+        f"--input {inside} lies inside --out {out}",
+    )
     assert snapshot(out) == before
 
 
-def test_train_leaves_foreign_files_alone_and_a_refused_resume_changes_nothing(run_cli, tiny_data, finished, tmp_path,
-                                                                              monkeypatch):
+def test_train_leaves_foreign_files_alone_and_a_refused_resume_changes_nothing(
+    run_cli, tiny_data, finished, tmp_path, monkeypatch
+):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
@@ -214,24 +261,49 @@ def test_train_leaves_foreign_files_alone_and_a_refused_resume_changes_nothing(r
     shutil.copytree(finished[0], run)
     before = snapshot(run)
     # refused at the first step (a cache too small for a batch, with --mode that may change on resume)
-    one_line(*run_cli("train", "--data", tiny_data, "--out", run, "--steps", 20, "--resume", *COMMON, "--mode", "lookahead",
-                      "--cache-rows", 40)[::2], "cannot hold")
+    one_line(
+        *run_cli(
+            "train",
+            "--data",
+            tiny_data,
+            "--out",
+            run,
+            "--steps",
+            20,
+            "--resume",
+            *COMMON,
+            "--mode",
+            "lookahead",
+            "--cache-rows",
+            40,
+        )[::2],
+        "cannot hold",
+    )
     assert snapshot(run) == before  # config.json, metrics.jsonl, checkpoints: as they were
 
 
 def test_start_up_refusals_leave_no_run_folder(run_cli, tiny_data, tmp_path):
     out = tmp_path / "new"
-    one_line(*run_cli("train", "--data", tiny_data, "--out", out, "--steps", 5, *COMMON, "--mode", "lookahead",
-                      "--cache-rows", 40)[::2], "cannot hold")
+    one_line(
+        *run_cli(
+            "train", "--data", tiny_data, "--out", out, "--steps", 5, *COMMON, "--mode", "lookahead", "--cache-rows", 40
+        )[::2],
+        "cannot hold",
+    )
     assert not out.exists()
     if importlib.util.find_spec("tensorboard") is None:
-        one_line(*run_cli("train", "--data", tiny_data, "--out", out, "--steps", 5, *COMMON, "--tensorboard",
-                          tmp_path / "tb")[::2], "--tensorboard needs the tensorboard package")
+        one_line(
+            *run_cli(
+                "train", "--data", tiny_data, "--out", out, "--steps", 5, *COMMON, "--tensorboard", tmp_path / "tb"
+            )[::2],
+            "--tensorboard needs the tensorboard package",
+        )
         assert not out.exists()
 
 
-def test_one_file_outputs_appear_whole_and_never_replace_an_input(run_cli, tiny_data, finished, raw_criteo, tmp_path,
-                                                                  monkeypatch):
+def test_one_file_outputs_appear_whole_and_never_replace_an_input(
+    run_cli, tiny_data, finished, raw_criteo, tmp_path, monkeypatch
+):
     run, export = finished
     # predict's output is never its input, nor inside the model
     raw = tmp_path / "raw.tsv"
@@ -241,8 +313,11 @@ def test_one_file_outputs_appear_whole_and_never_replace_an_input(run_cli, tiny_
         one_line(*run_cli("predict", "--model", export, "--input", raw, "--out", out)[::2], "would destroy an input")
     assert raw.read_bytes() == kept and snapshot(export) == snapshot(finished[1])
     # --out in a folder that does not exist, or onto a folder: one line, for each one-file command
-    for argv in (["predict", "--model", export, "--input", raw], ["profile", "--data", tiny_data, "--hot-budget-mb", 0.01],
-                 ["plot", run]):
+    for argv in (
+        ["predict", "--model", export, "--input", raw],
+        ["profile", "--data", tiny_data, "--hot-budget-mb", 0.01],
+        ["plot", run],
+    ):
         one_line(*run_cli(*argv, "--out", tmp_path)[::2], "is a directory")
         if argv[0] != "plot":  # plot makes the folder of its PNG
             one_line(*run_cli(*argv, "--out", tmp_path / "nowhere" / "f")[::2], "does not exist")
@@ -269,6 +344,7 @@ def test_one_file_outputs_appear_whole_and_never_replace_an_input(run_cli, tiny_
 
 # =========================================================================== silent wrong results
 
+
 def test_a_store_directory_in_use_is_refused_naming_its_holder(run_cli, tiny_data, tmp_path):
     from bagpipe.store import open_store
     from bagpipe.store.init import RowInitializer
@@ -280,10 +356,15 @@ def test_a_store_directory_in_use_is_refused_naming_its_holder(run_cli, tiny_dat
     rows = (store / "rows.f32").read_bytes()
     from bagpipe.data.shards import Dataset
 
-    held = open_store("disk", RowInitializer(Dataset(tiny_data).meta.table_sizes, 8, 0), 1, store, owned=False, reuse=True)
+    held = open_store(
+        "disk", RowInitializer(Dataset(tiny_data).meta.table_sizes, 8, 0), 1, store, owned=False, reuse=True
+    )
     try:  # another run trains on it: a second run may not write the same rows
-        one_line(*run_cli("train", "--out", tmp_path / "b", *args, "--init-from-store")[::2],
-                 f"--store-dir {store} is in use by another run", f"pid {os.getpid()}")
+        one_line(
+            *run_cli("train", "--out", tmp_path / "b", *args, "--init-from-store")[::2],
+            f"--store-dir {store} is in use by another run",
+            f"pid {os.getpid()}",
+        )
         assert not (tmp_path / "b").exists() and (store / "rows.f32").read_bytes() == rows
     finally:
         held.close()
@@ -291,11 +372,16 @@ def test_a_store_directory_in_use_is_refused_naming_its_holder(run_cli, tiny_dat
     assert rc == 0, err
 
 
-@pytest.mark.parametrize("damage,fragment", [
-    ("dense", "dense.npy: samples 0..21599: NaN or infinite values (sample 777)"),
-    ("labels", "labels.npy: samples 0..21599: labels other than 0 and 1 (sample 5:"),
-])
-def test_non_finite_dense_values_and_labels_other_than_0_1_stop_training(run_cli, tiny_data, tmp_path, damage, fragment):
+@pytest.mark.parametrize(
+    "damage,fragment",
+    [
+        ("dense", "dense.npy: samples 0..21599: NaN or infinite values (sample 777)"),
+        ("labels", "labels.npy: samples 0..21599: labels other than 0 and 1 (sample 5:"),
+    ],
+)
+def test_non_finite_dense_values_and_labels_other_than_0_1_stop_training(
+    run_cli, tiny_data, tmp_path, damage, fragment
+):
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     f = data / "train" / "00000" / f"{damage}.npy"
@@ -309,18 +395,27 @@ def test_non_finite_dense_values_and_labels_other_than_0_1_stop_training(run_cli
     assert str(f.parent) in line and "bagpipe check" in line and not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--mode", "full", "--store", "disk"], "--store does not apply to --mode full"),
-    (["--mode", "fae", "--cache-rows", 500], "--cache-rows does not apply to --mode fae"),
-    (["--mode", "lru", "--lookahead", 4], "--lookahead does not apply to --mode lru"),
-    (["--mode", "lookahead", "--store-dir", "s"], "--store-dir needs --store disk"),
-    (["--rendezvous-timeout", 10], "--rendezvous-timeout applies to distributed runs"),
-    (["--lr-schedule", "warmup-poly", "--lr-warmup-steps", 2, "--lr-decay-start", 4], "give --lr-decay-steps N > 0"),
-    (["--lr-min", 0.001], "--lr-min applies to --lr-schedule warmup-poly or step, not constant"),
-    (["--mode", "lookahead", "--hot-sample-rate", 0.5], "--hot-sample-rate applies when the hot rows are profiled"),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--mode", "full", "--store", "disk"], "--store does not apply to --mode full"),
+        (["--mode", "fae", "--cache-rows", 500], "--cache-rows does not apply to --mode fae"),
+        (["--mode", "lru", "--lookahead", 4], "--lookahead does not apply to --mode lru"),
+        (["--mode", "lookahead", "--store-dir", "s"], "--store-dir needs --store disk"),
+        (["--rendezvous-timeout", 10], "--rendezvous-timeout applies to distributed runs"),
+        (
+            ["--lr-schedule", "warmup-poly", "--lr-warmup-steps", 2, "--lr-decay-start", 4],
+            "give --lr-decay-steps N > 0",
+        ),
+        (["--lr-min", 0.001], "--lr-min applies to --lr-schedule warmup-poly or step, not constant"),
+        (["--mode", "lookahead", "--hot-sample-rate", 0.5], "--hot-sample-rate applies when the hot rows are profiled"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_options_that_do_not_apply_are_refused_naming_them(run_cli, tiny_data, tmp_path, args, fragment):
-    one_line(*run_cli("train", "--data", tiny_data, "--out", tmp_path / "r", "--steps", 5, *COMMON, *args)[::2], fragment)
+    one_line(
+        *run_cli("train", "--data", tiny_data, "--out", tmp_path / "r", "--steps", 5, *COMMON, *args)[::2], fragment
+    )
     assert not (tmp_path / "r").exists()
 
 
@@ -339,16 +434,22 @@ def test_a_diverging_step_stops_training_keeping_the_last_good_checkpoint(run_cl
     run = tmp_path / "run"
     with monkeypatch.context() as m:
         m.setitem(STEPS, "plain", poisoned)
-        one_line(*run_cli("train", "--data", tiny_data, "--out", run, "--steps", 12, "--checkpoint-every", 5, *COMMON)[::2],
-                 "training diverged at step 7", "stopped without checkpointing it")
+        one_line(
+            *run_cli("train", "--data", tiny_data, "--out", run, "--steps", 12, "--checkpoint-every", 5, *COMMON)[::2],
+            "training diverged at step 7",
+            "stopped without checkpointing it",
+        )
     assert (run / "checkpoints" / "LATEST").read_text().strip() == "step-00000005"
     rc, out, err = run_cli("eval", "--run", run, "--data", tiny_data)
     assert rc == 0 and "step 5:" in out, err
-    rc, out, err = run_cli("train", "--data", tiny_data, "--out", run, "--steps", 12, "--checkpoint-every", 5, "--resume", *COMMON)
+    rc, out, err = run_cli(
+        "train", "--data", tiny_data, "--out", run, "--steps", 12, "--checkpoint-every", 5, "--resume", *COMMON
+    )
     assert rc == 0 and "resumed from step 5" in out, err
 
 
 # =========================================================================== tracebacks
+
 
 def test_eval_on_data_of_another_shape_is_one_line(run_cli, finished, tmp_path):
     from bagpipe.data.synthetic import SynthConfig, generate
@@ -358,12 +459,15 @@ def test_eval_on_data_of_another_shape_is_one_line(run_cli, finished, tmp_path):
     one_line(*run_cli("eval", "--run", finished[0], "--data", other)[::2], "does not match the tables")
 
 
-@pytest.mark.parametrize("damage,fragment", [
-    ("dense", "dense.safetensors: missing"),
-    ("table", "truncated or damaged"),
-    ("manifest", "model.json:"),
-    ("manifest-fields", "a damaged export manifest"),
-])
+@pytest.mark.parametrize(
+    "damage,fragment",
+    [
+        ("dense", "dense.safetensors: missing"),
+        ("table", "truncated or damaged"),
+        ("manifest", "model.json:"),
+        ("manifest-fields", "a damaged export manifest"),
+    ],
+)
 def test_a_damaged_export_is_one_line_in_predict_and_load(run_cli, finished, raw_criteo, tmp_path, damage, fragment):
     import bagpipe
     from bagpipe.errors import DataError
@@ -402,6 +506,7 @@ def test_a_missing_vocabulary_the_export_lists_is_blamed_on_the_export(tmp_path)
 
 # =========================================================================== hangs and misleading messages
 
+
 def test_a_port_held_by_a_stranger_is_given_up_on_within_the_time_out(run_cli, monkeypatch):
     from bagpipe.distributed.roles import RENDEZVOUS_GRACE_S
 
@@ -412,8 +517,9 @@ def test_a_port_held_by_a_stranger_is_given_up_on_within_the_time_out(run_cli, m
         s.listen()
         port = s.getsockname()[1]
         t0 = time.monotonic()
-        rc, _, err = run_cli("serve", "--rank", 1, "--trainers", 1, "--servers", 1, "--master-port", port,
-                             "--rendezvous-timeout", 1)
+        rc, _, err = run_cli(
+            "serve", "--rank", 1, "--trainers", 1, "--servers", 1, "--master-port", port, "--rendezvous-timeout", 1
+        )
         took = time.monotonic() - t0
     one_line(rc, err, "nothing answered as a bagpipe job", f"127.0.0.1:{port}", "within 1 s")
     assert took < 1 + RENDEZVOUS_GRACE_S + 5  # the time-out, the grace, a probe of the port
@@ -421,17 +527,37 @@ def test_a_port_held_by_a_stranger_is_given_up_on_within_the_time_out(run_cli, m
 
 def test_an_unresolvable_master_host_is_named(run_cli, monkeypatch):
     monkeypatch.setenv("BAGPIPE_JOB_SECRET", "a secret for this test job only")
-    one_line(*run_cli("serve", "--rank", "1", "--trainers", "1", "--servers", "1", "--master-addr", "no-such-host.invalid",
-                      "--rendezvous-timeout", 2)[::2], "cannot resolve the master host 'no-such-host.invalid'")
+    one_line(
+        *run_cli(
+            "serve",
+            "--rank",
+            "1",
+            "--trainers",
+            "1",
+            "--servers",
+            "1",
+            "--master-addr",
+            "no-such-host.invalid",
+            "--rendezvous-timeout",
+            2,
+        )[::2],
+        "cannot resolve the master host 'no-such-host.invalid'",
+    )
 
 
-def test_a_distributed_resume_the_run_cannot_continue_is_refused_with_its_reason(run_cli, tiny_data, finished, tmp_path):
+def test_a_distributed_resume_the_run_cannot_continue_is_refused_with_its_reason(
+    run_cli, tiny_data, finished, tmp_path
+):
     run = tmp_path / "run"
     shutil.copytree(finished[0], run)
     before = snapshot(run)
     dist = ("--mode", "lookahead", "--trainers", 1, "--servers", 1, "--resume", "--no-progress", "--threads", 1)
-    one_line(*run_cli("train", "--data", tiny_data, "--out", run, "--steps", 20, "--batch-size", 32, *dist)[::2],
-             "batch_size was 64, now 32")
-    one_line(*run_cli("train", "--data", tiny_data, "--out", run, "--steps", 12, "--batch-size", B, *dist)[::2],
-             "is complete")
+    one_line(
+        *run_cli("train", "--data", tiny_data, "--out", run, "--steps", 20, "--batch-size", 32, *dist)[::2],
+        "batch_size was 64, now 32",
+    )
+    one_line(
+        *run_cli("train", "--data", tiny_data, "--out", run, "--steps", 12, "--batch-size", B, *dist)[::2],
+        "is complete",
+    )
     assert snapshot(run) == before and not (run / "logs").exists()  # no role was started

@@ -102,8 +102,18 @@ def test_warmup_poly_closed_form():
     """MLPerf DLRM: warm-up W = 4, decay from S = 10 over N = 5 steps, power 2, floor 1e-3."""
     s = LRSchedule("warmup-poly", warmup_steps=4, decay_start=10, decay_steps=5, power=2.0, lr_min=1e-3)
     base = 0.5
-    expected = {1: base / 4, 2: base / 2, 4: base, 5: base, 9: base, 10: base, 11: base * (4 / 5) ** 2,
-                14: base * (1 / 5) ** 2, 15: 1e-3, 100: 1e-3}
+    expected = {
+        1: base / 4,
+        2: base / 2,
+        4: base,
+        5: base,
+        9: base,
+        10: base,
+        11: base * (4 / 5) ** 2,
+        14: base * (1 / 5) ** 2,
+        15: 1e-3,
+        100: 1e-3,
+    }
     for t, lr in expected.items():
         assert s.lr(base, t - 1) == pytest.approx(lr, rel=1e-15), t
 
@@ -126,11 +136,16 @@ BAD = {
     "beta": ({"optimizer": "adam", "beta1": 1.0}, "Adam betas must be in [0, 1)"),
     "eps": ({"optimizer": "adam", "eps": 0.0}, "eps must be > 0"),
     "weight decay": ({"optimizer": "adam", "weight_decay": -1.0}, "weight decay must be >= 0"),
-    "adam option without adam": ({"optimizer": "adagrad", "beta2": 0.99}, "apply to adam and partial_rowwise_adam, not adagrad"),
+    "adam option without adam": (
+        {"optimizer": "adagrad", "beta2": 0.99},
+        "apply to adam and partial_rowwise_adam, not adagrad",
+    ),
     "negative schedule steps": ({"lr_schedule": "step", "lr_decay_steps": -1}, "schedule steps must be >= 0"),
     "schedule steps without schedule": ({"lr_warmup_steps": 5}, "need --lr-schedule warmup-poly or step"),
-    "decay before warm-up ends": ({"lr_schedule": "warmup-poly", "lr_warmup_steps": 10, "lr_decay_start": 5, "lr_decay_steps": 9},
-                                  "the decay must start after the warm-up"),
+    "decay before warm-up ends": (
+        {"lr_schedule": "warmup-poly", "lr_warmup_steps": 10, "lr_decay_start": 5, "lr_decay_steps": 9},
+        "the decay must start after the warm-up",
+    ),
     "step without interval": ({"lr_schedule": "step"}, "--lr-schedule step needs --lr-decay-steps N > 0"),
     "gamma": ({"lr_schedule": "step", "lr_decay_steps": 3, "lr_gamma": 1.5}, "lr-gamma must be in (0, 1]"),
     "power": ({"lr_schedule": "warmup-poly", "lr_decay_power": 0.0}, "lr-decay-power must be > 0"),

@@ -125,7 +125,10 @@ def simulate(plans, C: int, L: int | None, num_rows: int) -> None:
     prev = None
     for p in plans:
         # write-back group labelled p.step - 1: previous expiries, then forced evictions
-        for slots, rows in ((prev.evict_after_slots, prev.evict_after_rows) if prev else ((), ()), (p.evict_before_slots, p.evict_before_rows)):
+        for slots, rows in (
+            (prev.evict_after_slots, prev.evict_after_rows) if prev else ((), ()),
+            (p.evict_before_slots, p.evict_before_rows),
+        ):
             for s, r in zip(slots, rows):
                 assert slot_row[s] == r
                 store[r] = slot_ver[s]

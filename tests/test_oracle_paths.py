@@ -38,8 +38,13 @@ ROWS = 60
 
 def make_batch(rows: list[int]) -> Batch:
     n = len(rows)
-    return Batch(labels=torch.zeros(n), dense=torch.zeros(n, 1), rows=torch.tensor(rows, dtype=torch.int64),
-                 offsets=torch.arange(n + 1, dtype=torch.int64), num_features=1)
+    return Batch(
+        labels=torch.zeros(n),
+        dense=torch.zeros(n, 1),
+        rows=torch.tensor(rows, dtype=torch.int64),
+        offsets=torch.arange(n + 1, dtype=torch.int64),
+        num_features=1,
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -82,8 +87,9 @@ def plans(batches, C: int, L: int, fast: bool, dense: bool):
 
 
 # batches of 1..30 lookups over 60 rows; some given already sorted and distinct (as a hot tier's cold rows)
-batch_lists = st.lists(st.tuples(st.lists(st.integers(0, ROWS - 1), min_size=1, max_size=30), st.booleans()),
-                       min_size=1, max_size=40)
+batch_lists = st.lists(
+    st.tuples(st.lists(st.integers(0, ROWS - 1), min_size=1, max_size=30), st.booleans()), min_size=1, max_size=40
+)
 
 
 @settings(max_examples=120, deadline=None)

@@ -30,7 +30,9 @@ def test_peers_without_torchrec_says_make_peers(run_cli, tmp_path, monkeypatch):
 
 
 def test_peers_quick_writes_results(run_cli, tmp_path):
-    pytest.importorskip("torchrec", reason="TorchRec is not installed: `make peers` installs fbgemm-gpu-cpu + torchrec 1.8.0")
+    pytest.importorskip(
+        "torchrec", reason="TorchRec is not installed: `make peers` installs fbgemm-gpu-cpu + torchrec 1.8.0"
+    )
     out = tmp_path / "peers"
     rc, stdout, err = run_cli("bench", "peers", "--quick", "--out", out)
     assert rc == 0, err

@@ -49,14 +49,21 @@ STEPS = [rng.choice(5, 3).tolist() + rng.choice(np.arange(5, ROWS), 5).tolist() 
 
 def batch_of(rows: list[int]) -> Batch:
     B = len(rows)
-    return Batch(labels=torch.zeros(B), dense=torch.zeros(B, 0), rows=torch.tensor(rows, dtype=torch.int64),
-                 offsets=torch.arange(B + 1), num_features=1)
+    return Batch(
+        labels=torch.zeros(B),
+        dense=torch.zeros(B, 0),
+        rows=torch.tensor(rows, dtype=torch.int64),
+        offsets=torch.arange(B + 1),
+        num_features=1,
+    )
 
 
 def run(make_update, opt, *, replicated: bool) -> tuple[torch.Tensor, torch.Tensor, list]:
     """The store's (ROWS, D) weights and state after the steps, and the row strategies."""
     oracle = LookaheadOracle(ROWS, CACHE, 3)
-    plans = [partition(p, N, replicated=replicated) for p in oracle.plans((k, batch_of(r)) for k, r in enumerate(STEPS))]
+    plans = [
+        partition(p, N, replicated=replicated) for p in oracle.plans((k, batch_of(r)) for k, r in enumerate(STEPS))
+    ]
     g = torch.Generator().manual_seed(0)
     store_w, store_s = torch.randn(ROWS, D, generator=g), torch.zeros(ROWS, opt.state_dim)
     caches = [SlotCache(CACHE, D, opt.state_dim) for _ in range(N)]
@@ -81,8 +88,11 @@ def run(make_update, opt, *, replicated: bool) -> tuple[torch.Tensor, torch.Tens
                 cache.state[f] = store_s[torch.from_numpy(p.fetch_rows)]
                 idx = torch.from_numpy(p.slots)
                 grad = torch.randn(len(p.rows), D, generator=torch.Generator().manual_seed(1000 * p.step + i))
-                upd.apply(StepInput(p.step, p.batch, cache.weights, cache.state, idx, torch.from_numpy(p.inverse), p),
-                          cache.weights.index_select(0, idx), grad)
+                upd.apply(
+                    StepInput(p.step, p.batch, cache.weights, cache.state, idx, torch.from_numpy(p.inverse), p),
+                    cache.weights.index_select(0, idx),
+                    grad,
+                )
                 upd.finish() if isinstance(upd, SyncedRowUpdate) else None  # the exact cache: no deferred half here
                 write(cache, p.evict_after_slots, p.evict_after_rows)
                 barrier.wait(10)

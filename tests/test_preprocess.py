@@ -71,9 +71,7 @@ def read_split(out: Path, split: str) -> dict:
         for name, (values, offsets) in sh.multihot.items():
             mh[name].append((np.asarray(values), np.diff(np.asarray(offsets))))
     res = {k: np.concatenate(v) for k, v in parts.items()}
-    res["multihot"] = {
-        n: (np.concatenate([p[0] for p in v]), np.concatenate([p[1] for p in v])) for n, v in mh.items()
-    }
+    res["multihot"] = {n: (np.concatenate([p[0] for p in v]), np.concatenate([p[1] for p in v])) for n, v in mh.items()}
     res["meta"] = ds.meta
     return res
 
@@ -173,7 +171,9 @@ def test_criteo_real_samples_exact(tmp_path, capsys):
 
     # the unlabelled Kaggle test file, through the same vocabulary
     test_out = tmp_path / "criteo-test"
-    code, stdout, err = cli(capsys, "criteo", "--input", CRITEO_TEST, "--no-label", "--vocab-from", out, "--out", test_out)
+    code, stdout, err = cli(
+        capsys, "criteo", "--input", CRITEO_TEST, "--no-label", "--vocab-from", out, "--out", test_out
+    )
     assert code == 0, err
     test_lines = read_lines(CRITEO_TEST)
     assert len(test_lines) == 10_000
@@ -303,7 +303,9 @@ def test_taobao_real_samples_exact(tmp_path, capsys):
 
     # the test file with the same vocabulary
     out2 = tmp_path / "taobao-test"
-    code, stdout, err = cli(capsys, "taobao", "--input", TAOBAO["test"], "--split", "0", "--vocab-from", out, "--out", out2)
+    code, stdout, err = cli(
+        capsys, "taobao", "--input", TAOBAO["test"], "--split", "0", "--vocab-from", out, "--out", out2
+    )
     assert code == 0, err
     assert "eval 100" in stdout
 
@@ -545,7 +547,9 @@ def test_option_conflicts(tmp_path, capsys):
     code, _, err = cli(capsys, "avazu", "--input", avz, "--vocab-from", out, "--out", tmp_path / "o")
     assert code == 2 and "holds a criteo vocabulary, not avazu" in one_line_error(err)
     with pytest.raises(SystemExit):
-        main(["preprocess", "criteo", "--input", str(src), "--out", "x", "--min-count", "2", "--max-rows-per-table", "5"])
+        main(
+            ["preprocess", "criteo", "--input", str(src), "--out", "x", "--min-count", "2", "--max-rows-per-table", "5"]
+        )
     capsys.readouterr()
 
 
@@ -564,8 +568,25 @@ def test_train_on_preprocessed_criteo_sample_reports_auc(tmp_path, capsys):
         for mode in ("full", "lookahead"):
             run = tmp_path / mode
             cache = ["--cache-rows", "4000", "--lookahead", "8"] if mode == "lookahead" else []  # full has no cache
-            rc = main(["train", "--data", str(out), "--out", str(run), "--model", "dlrm", "--steps", "120",
-                       "--batch-size", "64", "--mode", mode, *cache, "--no-progress"])
+            rc = main(
+                [
+                    "train",
+                    "--data",
+                    str(out),
+                    "--out",
+                    str(run),
+                    "--model",
+                    "dlrm",
+                    "--steps",
+                    "120",
+                    "--batch-size",
+                    "64",
+                    "--mode",
+                    mode,
+                    *cache,
+                    "--no-progress",
+                ]
+            )
             captured = capsys.readouterr()
             assert rc == 0, captured.err
             assert "eval AUC" in captured.out

@@ -181,14 +181,30 @@ def hex_field(draw):
     return s.upper() if draw(st.booleans()) else s
 
 
-BAD_INTS = ["1a", "+5", " 7", "8 ", "1.5", "--1", "-", "0x10", "\u0663", "9223372036854775808", "-9223372036854775809", "1e3", "\x00"]
+BAD_INTS = [
+    "1a",
+    "+5",
+    " 7",
+    "8 ",
+    "1.5",
+    "--1",
+    "-",
+    "0x10",
+    "\u0663",
+    "9223372036854775808",
+    "-9223372036854775809",
+    "1e3",
+    "\x00",
+]
 BAD_HEX = ["xyz", "0x1f", "g0000000", "12345678 ", "1234567890abcdef0", "8000000000000000", "-1", "\u00e9", "ab\rcd"]
 BAD_LABELS = ["2", "", "01", " 1", "-1", "1.0", "x"]
 
 
 plain_int_field = st.one_of(st.just(""), st.integers(-5, 50).map(str), st.integers(-(10**8) + 1, 10**8 - 1).map(str))
 plain_hex_field = st.one_of(
-    st.just(""), st.integers(0, 2**32 - 1).map(lambda v: f"{v:08x}"), st.integers(0, 2**32 - 1).map(lambda v: f"{v:08X}")
+    st.just(""),
+    st.integers(0, 2**32 - 1).map(lambda v: f"{v:08x}"),
+    st.integers(0, 2**32 - 1).map(lambda v: f"{v:08X}"),
 )
 
 
@@ -227,7 +243,9 @@ def criteo_line(draw, labelled: bool, rate: float = 0.05):
     return "\t".join(fields)
 
 
-def write(tmp: Path, lines: list[str], crlf: bool, final_newline: bool, gz: bool, header: str | None = None) -> tuple[Path, list[str]]:
+def write(
+    tmp: Path, lines: list[str], crlf: bool, final_newline: bool, gz: bool, header: str | None = None
+) -> tuple[Path, list[str]]:
     """Write the lines; return the path and the lines as a reader sees them."""
     nl = "\r\n" if crlf else "\n"
     body = nl.join(lines) + (nl if final_newline else "")
@@ -306,7 +324,15 @@ def test_criteo_pipeline_round_trip_skip_and_fail(data, opts, workers):
         block = max(1024, opts["block_bytes"])
         res = run_preprocess(
             CriteoFormat(),
-            Options(out=str(d / "o"), inputs=[str(path)], split=1.0, on_error="skip", workers=workers, block_bytes=block, rows_per_shard=64),
+            Options(
+                out=str(d / "o"),
+                inputs=[str(path)],
+                split=1.0,
+                on_error="skip",
+                workers=workers,
+                block_bytes=block,
+                rows_per_shard=64,
+            ),
         )
         assert res.skipped == len(bad)
         assert Dataset(d / "o").meta.source["skipped_lines"] == len(bad)
@@ -318,7 +344,9 @@ def test_criteo_pipeline_round_trip_skip_and_fail(data, opts, workers):
         np.testing.assert_array_equal(keys_back(d / "o", "train", [f"C{i}" for i in range(1, 27)]), [r[2] for r in ok])
         if bad:
             with pytest.raises(ParseError) as e:
-                run_preprocess(CriteoFormat(), Options(out=str(d / "f"), inputs=[str(path)], workers=workers, block_bytes=block))
+                run_preprocess(
+                    CriteoFormat(), Options(out=str(d / "f"), inputs=[str(path)], workers=workers, block_bytes=block)
+                )
             assert e.value.line == bad[0]
             assert e.value.path == str(path)
             assert not (d / "f" / "meta.json").exists()
@@ -362,7 +390,9 @@ def avazu_line(draw, rate: float = 0.05):
 def test_avazu_lines_round_trip(data, opts, header):
     lines = data.draw(st.lists(avazu_line(data.draw(bad_rate)), min_size=1, max_size=150))
     with tempfile.TemporaryDirectory() as d:
-        path, seen = write(Path(d), lines, opts["crlf"], opts["final_newline"], opts["gz"], ",".join(AVAZU_COLUMNS) if header else None)
+        path, seen = write(
+            Path(d), lines, opts["crlf"], opts["final_newline"], opts["gz"], ",".join(AVAZU_COLUMNS) if header else None
+        )
         raw, _, line_numbers, bad = parse_file(AvazuFormat(), path, opts["block_bytes"])
     if header:
         seen = seen[1:]

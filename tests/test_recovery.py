@@ -56,9 +56,30 @@ PHASE_NAMES = [name for name, _ in PHASES]
 
 
 def settings(data: str, out: Path, *extra) -> list[str]:
-    return ["--data", data, "--out", str(out), "--steps", str(STEPS), "--batch-size", str(BATCH), "--optimizer", "adagrad",
-            "--lr", "0.05", "--threads", "1", "--no-progress", "--cache-rows", "1000", "--lookahead", "4",
-            "--checkpoint-every", str(EVERY), *map(str, extra)]
+    return [
+        "--data",
+        data,
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        str(BATCH),
+        "--optimizer",
+        "adagrad",
+        "--lr",
+        "0.05",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--cache-rows",
+        "1000",
+        "--lookahead",
+        "4",
+        "--checkpoint-every",
+        str(EVERY),
+        *map(str, extra),
+    ]
 
 
 def digest(run: Path) -> str:
@@ -99,8 +120,13 @@ def pick_step(seed_note: list) -> int:
 
 
 def launch(data: str, out: Path, trainers: int, servers: int, *extra, env=None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "bagpipe.cli", "train", *settings(data, out, "--mode", "lookahead", "--trainers", trainers,
-                                                                   "--servers", servers, *extra)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bagpipe.cli",
+        "train",
+        *settings(data, out, "--mode", "lookahead", "--trainers", trainers, "--servers", servers, *extra),
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -129,8 +155,16 @@ def assert_nothing_left(run: Path, pids: set[int]) -> None:
 def full_digest(tiny_data, tmp_path_factory) -> str:
     """--mode full on one process: what every one-trainer run must end with, bitwise."""
     out = tmp_path_factory.mktemp("full") / "run"
-    cfg = TrainConfig.of(data=tiny_data, out=str(out), steps=STEPS, batch_size=BATCH, optimizer="adagrad", lr=0.05,
-                         threads=1, progress=False)
+    cfg = TrainConfig.of(
+        data=tiny_data,
+        out=str(out),
+        steps=STEPS,
+        batch_size=BATCH,
+        optimizer="adagrad",
+        lr=0.05,
+        threads=1,
+        progress=False,
+    )
     return train(cfg)["params_sha256"]
 
 
@@ -177,15 +211,22 @@ def test_a_killed_trainer_and_then_a_killed_oracle_are_recovered_exactly(tiny_da
     proc = launch(tiny_data, out, 2, 2, "--max-restarts", 2, "--no-spares")  # restarts into new interpreters
     wait_for(lambda: heartbeat(out) >= first, proc, f"step {first}")
     pids = {kill(out, "trainer 1")}
-    wait_for(lambda: (out / "recovery.json").exists() and heartbeat(out) >= second, proc, f"step {second} after a restart")
+    wait_for(
+        lambda: (out / "recovery.json").exists() and heartbeat(out) >= second, proc, f"step {second} after a restart"
+    )
     pids.add(kill(out, "oracle"))
     stdout, _ = finish(proc)
     events = json.loads((out / "recovery.json").read_text())
-    assert [(e["role"], e["exit"]) for e in events] == [("trainer 1", "killed by SIGKILL"), ("oracle", "killed by SIGKILL")], seeds
+    assert [(e["role"], e["exit"]) for e in events] == [
+        ("trainer 1", "killed by SIGKILL"),
+        ("oracle", "killed by SIGKILL"),
+    ], seeds
     for e in events:
         assert e["died_at_step"] >= e["from_checkpoint"] and e["from_checkpoint"] % EVERY == 0
-        assert (f"[launcher] {e['role']} died at step {e['died_at_step']}; restarting all roles from the checkpoint of "
-                f"step {e['from_checkpoint']} (restart {e['restart']} of 2)") in stdout
+        assert (
+            f"[launcher] {e['role']} died at step {e['died_at_step']}; restarting all roles from the checkpoint of "
+            f"step {e['from_checkpoint']} (restart {e['restart']} of 2)"
+        ) in stdout
     assert digest(out) == two_by_two, seeds
     assert_nothing_left(out, pids)
 
@@ -205,7 +246,9 @@ def test_a_killed_server_and_a_server_killed_while_writing_are_recovered_bitwise
     pids = {kill(out, "server 1")}
     wait_for(flag.exists, proc, "a server pausing inside its checkpoint write")
     pids.add(int(flag.read_text()))
-    wait_for(lambda: heartbeat(out) >= 33 and spares(proc, out) == 4, proc, "training going on while the part is written")
+    wait_for(
+        lambda: heartbeat(out) >= 33 and spares(proc, out) == 4, proc, "training going on while the part is written"
+    )
     assert (out / "checkpoints" / ".tmp-step-00000030").is_dir()  # the write is under way
     os.kill(int(flag.read_text()), signal.SIGKILL)
     stdout, _ = finish(proc)
@@ -224,19 +267,36 @@ def test_a_killed_server_and_a_server_killed_while_writing_are_recovered_bitwise
 def test_torchrun_restarts_every_role_from_the_checkpoint(tiny_data, tmp_path, full_digest):
     out = tmp_path / "job"
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "4", "--max-restarts", "1", "-m", "bagpipe.cli", "worker",
-           *settings(tiny_data, out, "--mode", "lookahead", "--trainers", 1, "--servers", 2)]
+    cmd = [
+        str(torchrun),
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "1",
+        "-m",
+        "bagpipe.cli",
+        "worker",
+        *settings(tiny_data, out, "--mode", "lookahead", "--trainers", 1, "--servers", 2),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", BAGPIPE_JOB_SECRET="a secret for this test job only")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path, start_new_session=True
+    )
     try:
         wait_for(lambda: heartbeat(out) >= 12, proc, "step 12")
-        workers = [int(p) for p in subprocess.run(["pgrep", "-f", f"bagpipe.cli worker.*{out}"], capture_output=True,
-                                                  text=True).stdout.split()]
+        workers = [
+            int(p)
+            for p in subprocess.run(
+                ["pgrep", "-f", f"bagpipe.cli worker.*{out}"], capture_output=True, text=True
+            ).stdout.split()
+        ]
         ranks = {}
         for p in workers:
             try:
-                env_p = dict(line.split("=", 1) for line in open(f"/proc/{p}/environ").read().split("\0") if "=" in line)
+                env_p = dict(
+                    line.split("=", 1) for line in open(f"/proc/{p}/environ").read().split("\0") if "=" in line
+                )
                 ranks[int(env_p["RANK"])] = p
             except (OSError, KeyError):
                 pass
@@ -251,7 +311,9 @@ def test_torchrun_restarts_every_role_from_the_checkpoint(tiny_data, tmp_path, f
     resumed = [int(n) for n in re.findall(r"resumed from step (\d+)", stdout)]
     assert resumed and all(n >= 10 and n % EVERY == 0 for n in resumed), stdout[-3000:]
     assert digest(out) == full_digest
-    leftover = subprocess.run(["pgrep", "-f", f"bagpipe.cli worker.*{out}"], capture_output=True, text=True).stdout.split()
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"bagpipe.cli worker.*{out}"], capture_output=True, text=True
+    ).stdout.split()
     assert not leftover
 
 
@@ -259,7 +321,13 @@ def test_torchrun_restarts_every_role_from_the_checkpoint(tiny_data, tmp_path, f
 
 
 def one_process(data: str, out: Path, *extra, env=None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "bagpipe.cli", "train", *settings(data, out, "--mode", "lookahead", "--store", "disk", *extra)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bagpipe.cli",
+        "train",
+        *settings(data, out, "--mode", "lookahead", "--store", "disk", *extra),
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -268,8 +336,16 @@ def test_one_process_killed_at_any_moment_and_while_checkpointing_resumes_exactl
     175 is half written in the background and training has gone on past it, --resume
     again: bitwise --mode full (disk store)."""
     steps = 200  # one process runs the short job of the other tests in about a second
-    ref = TrainConfig.of(data=tiny_data, out=str(tmp_path / "full"), steps=steps, batch_size=BATCH, optimizer="adagrad",
-                         lr=0.05, threads=1, progress=False)
+    ref = TrainConfig.of(
+        data=tiny_data,
+        out=str(tmp_path / "full"),
+        steps=steps,
+        batch_size=BATCH,
+        optimizer="adagrad",
+        lr=0.05,
+        threads=1,
+        progress=False,
+    )
     want = train(ref)["params_sha256"]
     out, flag, seeds = tmp_path / "run", tmp_path / "paused", []
     pick_step(seeds)
@@ -281,7 +357,9 @@ def test_one_process_killed_at_any_moment_and_while_checkpointing_resumes_exactl
     proc.kill()
     proc.wait()
     assert latest(out) is not None, seeds
-    proc = one_process(tiny_data, out, *extra, "--resume", env=dict(os.environ, BAGPIPE_TEST_PAUSE=f"checkpoint:175:{flag}"))
+    proc = one_process(
+        tiny_data, out, *extra, "--resume", env=dict(os.environ, BAGPIPE_TEST_PAUSE=f"checkpoint:175:{flag}")
+    )
     wait_for(flag.exists, proc, "the checkpoint of step 175 half written")
     wait_for(lambda: heartbeat(out) >= 178, proc, "training going on while it is written")
     proc.kill()
@@ -304,8 +382,14 @@ def params(run: Path) -> dict[str, np.ndarray]:
 def job(data: str, out: Path, steps: int, *extra) -> None:
     cmd = settings(data, out, "--mode", "lookahead", *extra)
     cmd[cmd.index("--steps") + 1] = str(steps)
-    finish(subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "train", *cmd], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True))
+    finish(
+        subprocess.Popen(
+            [sys.executable, "-m", "bagpipe.cli", "train", *cmd],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
 
 
 def test_a_checkpoint_of_the_touched_rows_resumes_distributed_bitwise(tiny_data, tmp_path, full_digest):
@@ -313,8 +397,20 @@ def test_a_checkpoint_of_the_touched_rows_resumes_distributed_bitwise(tiny_data,
     (bytes: theirs alone); then 1 trainer + 2 servers restore it, re-deriving every other
     row from the seed, and train to the end: --mode full's digest."""
     out = tmp_path / "run"
-    cfg = TrainConfig.of(data=tiny_data, batch_size=BATCH, optimizer="adagrad", lr=0.05, threads=1, progress=False,
-                         out=str(out), steps=20, mode="lookahead", cache_rows=1000, lookahead=4, checkpoint_every=EVERY)
+    cfg = TrainConfig.of(
+        data=tiny_data,
+        batch_size=BATCH,
+        optimizer="adagrad",
+        lr=0.05,
+        threads=1,
+        progress=False,
+        out=str(out),
+        steps=20,
+        mode="lookahead",
+        cache_rows=1000,
+        lookahead=4,
+        checkpoint_every=EVERY,
+    )
     train(cfg)
     stream = train_stream(Dataset(tiny_data), cfg.data, cfg.run.seed)
     touched = np.unique(np.concatenate([stream.batch(k).rows.numpy() for k in range(20)]))
@@ -335,8 +431,14 @@ def test_resume_anywhere(tiny_data, tmp_path):
     server to 40, and one process again to 45 (within the distributed tolerance)."""
     out = tmp_path / "run"
     base = dict(data=tiny_data, batch_size=BATCH, optimizer="adagrad", lr=0.05, threads=1, progress=False)
-    train(TrainConfig.of(**base, out=str(out), steps=20, mode="lookahead", cache_rows=1000, lookahead=4, checkpoint_every=EVERY))
-    full = {n: train(TrainConfig.of(**base, out=str(tmp_path / f"full-{n}"), steps=n))["params_sha256"] for n in (30, 35)}
+    train(
+        TrainConfig.of(
+            **base, out=str(out), steps=20, mode="lookahead", cache_rows=1000, lookahead=4, checkpoint_every=EVERY
+        )
+    )
+    full = {
+        n: train(TrainConfig.of(**base, out=str(tmp_path / f"full-{n}"), steps=n))["params_sha256"] for n in (30, 35)
+    }
     job(tiny_data, out, 30, "--trainers", 1, "--servers", 2, "--resume")
     assert digest(out) == full[30]  # a one-process checkpoint, resumed distributed
     job(tiny_data, out, 35, "--trainers", 1, "--servers", 1, "--resume")

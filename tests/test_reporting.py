@@ -53,8 +53,25 @@ def two_runs(tiny_data, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("reporting")
     for name, opt in (("adagrad", "adagrad"), ("adam", "adam")):
-        assert main(["train", "--data", tiny_data, "--out", str(root / name), "--optimizer", opt, "--lr", "0.01",
-                     "--eval-every", "20", *map(str, RUN)]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--data",
+                    tiny_data,
+                    "--out",
+                    str(root / name),
+                    "--optimizer",
+                    opt,
+                    "--lr",
+                    "0.01",
+                    "--eval-every",
+                    "20",
+                    *map(str, RUN),
+                ]
+            )
+            == 0
+        )
     return root / "adagrad", root / "adam"
 
 
@@ -69,7 +86,9 @@ def test_every_figure_in_metrics_summary_and_eval(two_runs, run_cli, tiny_data):
     assert 0 < s["eval_ne"] < 1.05 and 0.5 < s["eval_calibration"] < 2 and 0.5 < s["eval_accuracy"] <= 1
     rc, stdout, err = run_cli("eval", "--run", run, "--data", tiny_data, "--max-samples", 1000)
     assert rc == 0, err
-    assert f"NE {s['eval_ne']:.4f}, calibration {s['eval_calibration']:.3f}, accuracy {s['eval_accuracy']:.4f}" in stdout
+    assert (
+        f"NE {s['eval_ne']:.4f}, calibration {s['eval_calibration']:.3f}, accuracy {s['eval_accuracy']:.4f}" in stdout
+    )
 
 
 def test_the_eval_note_shows_every_figure(tiny_data, tmp_path, caplog):
@@ -82,15 +101,32 @@ def test_the_eval_note_shows_every_figure(tiny_data, tmp_path, caplog):
             return "lines"
 
     caplog.set_level("INFO", logger="bagpipe")
-    train(TrainConfig.of(data=tiny_data, out=str(tmp_path / "r"), steps=20, batch_size=128, eval_every=10,
-                         eval_samples=500), topology=Lines())
+    train(
+        TrainConfig.of(
+            data=tiny_data, out=str(tmp_path / "r"), steps=20, batch_size=128, eval_every=10, eval_samples=500
+        ),
+        topology=Lines(),
+    )
     lines = [r.getMessage() for r in caplog.records]
     note = [x for x in lines if x.startswith("step 10: ")]
-    assert len(note) == 1 and all(k in note[0] for k in ("eval logloss", "eval AUC", "NE", "calibration", "accuracy")), lines
+    assert len(note) == 1 and all(
+        k in note[0] for k in ("eval logloss", "eval AUC", "NE", "calibration", "accuracy")
+    ), lines
 
 
 def test_tensorboard_scalars(tiny_data, tmp_path, run_cli):
-    args = ("train", "--data", tiny_data, "--out", tmp_path / "r", "--eval-every", 20, "--tensorboard", tmp_path / "tb", *RUN)
+    args = (
+        "train",
+        "--data",
+        tiny_data,
+        "--out",
+        tmp_path / "r",
+        "--eval-every",
+        20,
+        "--tensorboard",
+        tmp_path / "tb",
+        *RUN,
+    )
     if importlib.util.find_spec("tensorboard") is None:
         rc, _, err = run_cli(*args)
         assert rc == 2 and "--tensorboard needs the tensorboard package" in err
@@ -102,15 +138,26 @@ def test_tensorboard_scalars(tiny_data, tmp_path, run_cli):
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"train/loss", "train/lr", "train/embedding_lr", "train/samples_per_s", "eval/logloss", "eval/auc", "eval/ne",
-            "eval/calibration", "eval/accuracy"} <= tags
+    assert {
+        "train/loss",
+        "train/lr",
+        "train/embedding_lr",
+        "train/samples_per_s",
+        "eval/logloss",
+        "eval/auc",
+        "eval/ne",
+        "eval/calibration",
+        "eval/accuracy",
+    } <= tags
     auc = {e.step: e.value for e in acc.Scalars("eval/auc")}
     want = {r["step"]: r["eval_auc"] for r in records(tmp_path / "r") if "eval_auc" in r}
     assert auc.keys() == want.keys() and all(auc[k] == pytest.approx(want[k], rel=1e-6) for k in want)
 
 
 def test_plot_two_runs(two_runs, run_cli, tmp_path):
-    rc, stdout, err = run_cli("plot", *two_runs, "--labels", "adagrad", "adam", "--title", "optimizers", "--out", tmp_path / "c.png")
+    rc, stdout, err = run_cli(
+        "plot", *two_runs, "--labels", "adagrad", "adam", "--title", "optimizers", "--out", tmp_path / "c.png"
+    )
     assert rc == 0, err
     png = (tmp_path / "c.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -124,7 +171,7 @@ def test_summary_json_is_the_documented_schema(two_runs):
     """summary.json holds exactly the fields of bagpipe.train.summary.Summary, each section its dataclass's."""
     from dataclasses import fields
 
-    from bagpipe.train.summary import Summary, StepTimes
+    from bagpipe.train.summary import StepTimes, Summary
 
     s = json.loads((two_runs[1] / "summary.json").read_text())
     assert list(s) == [f.name for f in fields(Summary)]

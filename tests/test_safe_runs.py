@@ -55,7 +55,8 @@ def files_of(run: Path) -> dict[str, str]:
     names its latest holder)."""
     return {
         str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name != ".lock"
     }
 
 
@@ -100,16 +101,21 @@ def test_resume_of_a_finished_run_changes_nothing_and_a_longer_one_extends_it(ru
     assert s["steps"] == 25 and s["steps_this_run"] == 5
 
 
-@pytest.mark.parametrize("setting,value,shown", [
-    ("--seed", 7, "seed was 0, now 7"),
-    ("--batch-size", 64, "batch_size was 128, now 64"),
-    ("--model", "dcn", "model was 'dlrm', now 'dcn'"),
-    ("--recipe", "kaggle", "recipe was 'debug', now 'kaggle'"),
-    ("--optimizer", "sgd", "optimizer was 'adagrad', now 'sgd'"),
-])
+@pytest.mark.parametrize(
+    "setting,value,shown",
+    [
+        ("--seed", 7, "seed was 0, now 7"),
+        ("--batch-size", 64, "batch_size was 128, now 64"),
+        ("--model", "dcn", "model was 'dlrm', now 'dcn'"),
+        ("--recipe", "kaggle", "recipe was 'debug', now 'kaggle'"),
+        ("--optimizer", "sgd", "optimizer was 'adagrad', now 'sgd'"),
+    ],
+)
 def test_resume_refuses_a_changed_setting(run_cli, tiny_data, run_copy, setting, value, shown):
     before = files_of(run_copy)
-    rc, _, err = run_cli("train", "--data", tiny_data, "--out", run_copy, "--steps", 40, "--resume", *COMMON, setting, value)
+    rc, _, err = run_cli(
+        "train", "--data", tiny_data, "--out", run_copy, "--steps", 40, "--resume", *COMMON, setting, value
+    )
     one_line_error(rc, err, f"cannot resume {run_copy}", shown)
     assert files_of(run_copy) == before
 
@@ -258,8 +264,22 @@ def test_a_reused_store_dir_needs_init_from_store(run_cli, tiny_data, tmp_path):
 def test_a_store_dir_that_cannot_be_made_is_one_line(run_cli, tiny_data, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    rc, _, err = run_cli("train", "--data", tiny_data, "--out", tmp_path / "r", "--steps", 5, "--mode", "lookahead",
-                         "--store", "disk", "--store-dir", blocker / "store", *COMMON)
+    rc, _, err = run_cli(
+        "train",
+        "--data",
+        tiny_data,
+        "--out",
+        tmp_path / "r",
+        "--steps",
+        5,
+        "--mode",
+        "lookahead",
+        "--store",
+        "disk",
+        "--store-dir",
+        blocker / "store",
+        *COMMON,
+    )
     one_line_error(rc, err, f"--store-dir {blocker / 'store'}: cannot create")
 
 
@@ -316,10 +336,14 @@ def write_multihot(out: Path) -> None:
     n = 4096
     rng = np.random.default_rng(0)
     lengths = 1 + np.arange(n) // 256  # 1 .. 16
-    w = ShardWriter(out, ["d0"], [FeatureSpec("cat", 50), FeatureSpec("seq", 300, multi_hot=True)],
-                    rows_per_shard=1024)
-    w.append("train", rng.integers(0, 2, n).astype(np.float32), rng.random((n, 1)), rng.integers(0, 50, (n, 1)),
-             multihot={"seq": (rng.integers(0, 300, int(lengths.sum())), lengths)})
+    w = ShardWriter(out, ["d0"], [FeatureSpec("cat", 50), FeatureSpec("seq", 300, multi_hot=True)], rows_per_shard=1024)
+    w.append(
+        "train",
+        rng.integers(0, 2, n).astype(np.float32),
+        rng.random((n, 1)),
+        rng.integers(0, 50, (n, 1)),
+        multihot={"seq": (rng.integers(0, 300, int(lengths.sum())), lengths)},
+    )
     w.close()
 
 
@@ -338,18 +362,58 @@ def test_the_multihot_cache_bound_holds_in_every_epoch(tmp_path, run_cli):
     assert bound == 64 * (1 + 16)  # the 64 longest samples: one one-hot id + 16 ids each
     assert first_epoch < max(seen) <= bound  # a bound read off the first epoch would not hold
     # nocache stages exactly `bound` rows: four epochs train without a capacity error
-    rc, _, err = run_cli("train", "--data", data, "--out", tmp_path / "r", "--batch-size", 64, "--block-size", 40,
-                         "--steps", stream.batches_per_epoch * 4, "--mode", "nocache", "--no-progress", "--threads", 1)
+    rc, _, err = run_cli(
+        "train",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "r",
+        "--batch-size",
+        64,
+        "--block-size",
+        40,
+        "--steps",
+        stream.batches_per_epoch * 4,
+        "--mode",
+        "nocache",
+        "--no-progress",
+        "--threads",
+        1,
+    )
     assert rc == 0, err
 
 
 def test_a_too_small_cache_names_a_size_enough_for_the_whole_run(run_cli, tiny_data, tmp_path):
-    rc, _, err = run_cli("train", "--data", tiny_data, "--out", tmp_path / "small", "--steps", 30, "--mode", "lookahead",
-                         "--cache-rows", 50, *COMMON)
+    rc, _, err = run_cli(
+        "train",
+        "--data",
+        tiny_data,
+        "--out",
+        tmp_path / "small",
+        "--steps",
+        30,
+        "--mode",
+        "lookahead",
+        "--cache-rows",
+        50,
+        *COMMON,
+    )
     line = one_line_error(rc, err, "cannot hold", "enough for every batch of this run")
     enough = int(line.split("use at least ")[1].split(" ")[0].replace(",", ""))
-    rc, _, err = run_cli("train", "--data", tiny_data, "--out", tmp_path / "enough", "--steps", 300, "--mode", "lookahead",
-                         "--cache-rows", enough, *COMMON)
+    rc, _, err = run_cli(
+        "train",
+        "--data",
+        tiny_data,
+        "--out",
+        tmp_path / "enough",
+        "--steps",
+        300,
+        "--mode",
+        "lookahead",
+        "--cache-rows",
+        enough,
+        *COMMON,
+    )
     assert rc == 0, err
 
 
@@ -359,12 +423,33 @@ def test_a_too_small_cache_names_a_size_enough_for_the_whole_run(run_cli, tiny_d
 def test_a_server_says_what_it_waits_for_and_gives_up_in_one_line(tmp_path):
     port = free_port()
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "bagpipe.cli", "serve", "--rank", "1", "--trainers", "1", "--servers", "1",
-                        "--master-port", str(port), "--rendezvous-timeout", "3"], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, BAGPIPE_JOB_SECRET="a secret for this test job only"))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bagpipe.cli",
+            "serve",
+            "--rank",
+            "1",
+            "--trainers",
+            "1",
+            "--servers",
+            "1",
+            "--master-port",
+            str(port),
+            "--rendezvous-timeout",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, BAGPIPE_JOB_SECRET="a secret for this test job only"),
+    )
     assert time.monotonic() - t0 < 30
     assert f"waiting for the job's other processes at 127.0.0.1:{port} (up to 3 s)" in r.stdout
-    one_line_error(r.returncode, r.stderr, "did not all arrive", f"127.0.0.1:{port}", "within 3 s", "--rendezvous-timeout")
+    one_line_error(
+        r.returncode, r.stderr, "did not all arrive", f"127.0.0.1:{port}", "within 3 s", "--rendezvous-timeout"
+    )
 
 
 def test_a_taken_port_is_one_line(tiny_data, tmp_path):
@@ -372,11 +457,38 @@ def test_a_taken_port_is_one_line(tiny_data, tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="3",
-                   BAGPIPE_JOB_SECRET="a secret for this test job only")
-        r = subprocess.run([sys.executable, "-m", "bagpipe.cli", "worker", "--data", tiny_data, "--out", str(tmp_path / "j"),
-                            "--mode", "lookahead", "--trainers", "1", "--servers", "1", "--rendezvous-timeout", "5"],
-                           capture_output=True, text=True, timeout=60, env=env)
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK="0",
+            WORLD_SIZE="3",
+            BAGPIPE_JOB_SECRET="a secret for this test job only",
+        )
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bagpipe.cli",
+                "worker",
+                "--data",
+                tiny_data,
+                "--out",
+                str(tmp_path / "j"),
+                "--mode",
+                "lookahead",
+                "--trainers",
+                "1",
+                "--servers",
+                "1",
+                "--rendezvous-timeout",
+                "5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
     assert r.returncode == 2
     assert f"port {port} on 127.0.0.1 is taken" in r.stderr.strip().splitlines()[-1]
     assert "Traceback" not in r.stderr

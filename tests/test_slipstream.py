@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from bagpipe.accel.profile import HotSet
-from bagpipe.train.step.slipstream import StaleSkip, find_threshold, input_keys, keep_inputs, skip_mask
 from bagpipe.config.sections import ApproxConfig
 from bagpipe.data.batch import Batch, make_batch, select_samples
 from bagpipe.data.schema import FeatureSpec
@@ -28,6 +27,7 @@ from bagpipe.models import build_model, recipe
 from bagpipe.optim.build import build_dense_optimizer, build_sparse_optimizer
 from bagpipe.train.protocols import StepInput
 from bagpipe.train.step import LocalRowUpdate, train_step
+from bagpipe.train.step.slipstream import StaleSkip, find_threshold, input_keys, keep_inputs, skip_mask
 
 pytestmark = pytest.mark.unit
 
@@ -61,7 +61,18 @@ def test_keys_threshold_and_skips_by_hand():
     assert stale.rows.tolist() == [0, 1]
     assert skip_mask(batch, stale, 0).tolist() == [True] * 3 + [False] * 7
     # alpha = 1: one stale lookup is enough; the key is the smaller drift
-    assert input_keys(batch, lookup_drift(batch), alpha=1).tolist() == [0.0, 0.0, 0.1, 0.0, 0.5, 0.1, 2.0, 0.0, np.inf, 0.5]
+    assert input_keys(batch, lookup_drift(batch), alpha=1).tolist() == [
+        0.0,
+        0.0,
+        0.1,
+        0.0,
+        0.5,
+        0.1,
+        2.0,
+        0.0,
+        np.inf,
+        0.5,
+    ]
     assert skip_mask(batch, stale, 1).tolist() == [True, True, True, True, False, True, False, True, False, False]
     # a target the sample cannot reach: T just above the largest finite key, every skippable input
     T, share, steps = find_threshold(keys, 0.9, 0.05)
@@ -87,8 +98,14 @@ def test_multi_hot_keys_by_hand():
     feats = [FeatureSpec("m", 10, multi_hot=True)]
     # input 0: rows 0, 1 (drifts 0, 0.1); input 1: no lookups; input 2: rows 2, 9, 3 (0.5, inf, 2)
     values, lengths = np.array([0, 1, 2, 9, 3]), np.array([2, 0, 3])
-    batch = make_batch(feats, np.array([0, 10]), np.zeros(3), np.zeros((3, 1)), np.zeros((3, 0), np.int64),
-                       multihot={"m": (values, lengths)})
+    batch = make_batch(
+        feats,
+        np.array([0, 10]),
+        np.zeros(3),
+        np.zeros((3, 1)),
+        np.zeros((3, 0), np.int64),
+        multihot={"m": (values, lengths)},
+    )
     d = lookup_drift(batch)
     assert input_keys(batch, d, 0).tolist() == [0.1, np.inf, np.inf]
     assert input_keys(batch, d, 2).tolist() == [0.1, np.inf, 2.0]
@@ -136,8 +153,14 @@ def _run(skip_rows: list[int] | None, drop: int | None):
     train_step(model, dense, LocalRowUpdate(rows_opt), _inp(0, batch, weights, state), times)
     step = train_step
     if skip_rows is not None:
-        sk = StaleSkip(ApproxConfig(skip_stale=True, stale_start=100), np.array(skip_rows), lambda: None, NUM_ROWS, 50,
-                       lambda a, b: [])
+        sk = StaleSkip(
+            ApproxConfig(skip_stale=True, stale_start=100),
+            np.array(skip_rows),
+            lambda: None,
+            NUM_ROWS,
+            50,
+            lambda a, b: [],
+        )
         sk.stale = HotSet(np.array(skip_rows), NUM_ROWS)
         step = sk.wrap(train_step)
     if drop is not None:
@@ -156,7 +179,9 @@ def test_skipped_input_changes_no_parameter():
     for a, b in zip(skipped, without):
         assert torch.equal(a, b)
     before, _ = _run(None, None)
-    assert torch.equal(skipped[-2][9], before[-2][9]) and torch.equal(skipped[-1][9], before[-1][9])  # row 9: only input 5
+    assert torch.equal(skipped[-2][9], before[-2][9]) and torch.equal(
+        skipped[-1][9], before[-1][9]
+    )  # row 9: only input 5
 
 
 def test_all_inputs_skipped_changes_nothing():

@@ -137,7 +137,11 @@ SMALL = [40, 9, 71]
 N_SMALL = sum(SMALL)
 
 op = st.one_of(
-    st.tuples(st.just("write"), st.lists(st.integers(0, N_SMALL - 1), min_size=1, max_size=40, unique=True), st.integers(0, 2**32 - 1)),
+    st.tuples(
+        st.just("write"),
+        st.lists(st.integers(0, N_SMALL - 1), min_size=1, max_size=40, unique=True),
+        st.integers(0, 2**32 - 1),
+    ),
     st.tuples(st.just("read"), st.lists(st.integers(0, N_SMALL - 1), min_size=0, max_size=60, unique=True), st.just(0)),
     st.tuples(st.just("range"), st.tuples(st.integers(0, N_SMALL), st.integers(0, N_SMALL)), st.just(0)),
 )
@@ -150,8 +154,16 @@ def test_random_operations_agree_with_a_dict(ops, state_dim, seed):
     ref: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def expect(rows):
-        w = np.stack([ref[r][0] if r in ref else init.rows(np.array([r]))[0] for r in rows]) if rows else np.zeros((0, 4), np.float32)
-        s = np.stack([ref[r][1] if r in ref else np.zeros(state_dim, np.float32) for r in rows]) if rows else np.zeros((0, state_dim), np.float32)
+        w = (
+            np.stack([ref[r][0] if r in ref else init.rows(np.array([r]))[0] for r in rows])
+            if rows
+            else np.zeros((0, 4), np.float32)
+        )
+        s = (
+            np.stack([ref[r][1] if r in ref else np.zeros(state_dim, np.float32) for r in rows])
+            if rows
+            else np.zeros((0, state_dim), np.float32)
+        )
         return w.reshape(len(rows), 4), s.reshape(len(rows), state_dim)
 
     with tempfile.TemporaryDirectory() as d:
@@ -326,7 +338,9 @@ def test_disk_concurrent_reader_and_writer_on_disjoint_rows(tmp_path):
     rounds = 30
 
     def wvals(k):  # round k's value of write_rows: recognisable, distinct per round
-        return np.full((len(write_rows), D), k, np.float32) + np.arange(D, dtype=np.float32), np.full((len(write_rows), 1), -k, np.float32)
+        return np.full((len(write_rows), D), k, np.float32) + np.arange(D, dtype=np.float32), np.full(
+            (len(write_rows), 1), -k, np.float32
+        )
 
     with DiskStore(init, 1, tmp_path / "st", threads=8) as store:
         store.write(read_rows, base_w, base_s)
@@ -409,7 +423,10 @@ def test_the_digest_of_the_written_rows_equals_the_digest_of_every_row(tmp_path)
     mem.write(np.array([500]), init.rows(np.array([500])), np.zeros((1, 1), np.float32))
     digests = set()
     for target in (mem, disk, full):
-        chunks = [(np.arange(a, a + len(cw)), cw, cs) for a, cw, cs in (target.chunks() if hasattr(target, "chunks") else target.export())]
+        chunks = [
+            (np.arange(a, a + len(cw)), cw, cs)
+            for a, cw, cs in (target.chunks() if hasattr(target, "chunks") else target.export())
+        ]
         touched = target.written_rows()
         wt, st_ = target.peek(touched)
         fast = digest_of(model, init, 1, iter([(touched, wt, st_)]))

@@ -68,7 +68,9 @@ def global_plans(steps: list[list[int]], lookahead: int = 2, cache_rows: int = 6
     return list(oracle.plans((k, batch_of(rows)) for k, rows in enumerate(steps)))
 
 
-def fresh_cache(plan_rows: np.ndarray, slots: np.ndarray, seed: int = 0, state_dim: int = 1) -> tuple[SlotCache, torch.Tensor]:
+def fresh_cache(
+    plan_rows: np.ndarray, slots: np.ndarray, seed: int = 0, state_dim: int = 1
+) -> tuple[SlotCache, torch.Tensor]:
     """A cache whose slots hold deterministic values of their rows (and state); also returns the (ROWS, D) truth."""
     g = torch.Generator().manual_seed(seed)
     table = torch.randn(ROWS, D, generator=g)
@@ -118,9 +120,13 @@ def test_one_trainer_is_bitwise_the_local_update():
     grad = grads_for(tp.rows, 0)
     idx = torch.from_numpy(tp.slots)
     synced = SyncedRowUpdate(opt, a)
-    synced.apply(StepInput(0, tp.batch, a.weights, a.state, idx, torch.from_numpy(tp.inverse), tp), a.weights[idx].clone(), grad)
+    synced.apply(
+        StepInput(0, tp.batch, a.weights, a.state, idx, torch.from_numpy(tp.inverse), tp), a.weights[idx].clone(), grad
+    )
     synced.finish()
-    LocalRowUpdate(opt).apply(StepInput(0, tp.batch, b.weights, b.state, idx, torch.from_numpy(tp.inverse), tp), b.weights[idx].clone(), grad)
+    LocalRowUpdate(opt).apply(
+        StepInput(0, tp.batch, b.weights, b.state, idx, torch.from_numpy(tp.inverse), tp), b.weights[idx].clone(), grad
+    )
     assert torch.equal(a.weights, b.weights) and torch.equal(a.state, b.state)
     assert synced.bytes_synced == [0]
 
@@ -150,7 +156,9 @@ def test_two_trainers_end_like_one_process_on_the_global_batch(fake_dist, name):
         total[torch.from_numpy(p.rows)] += g / 2
     ref, table = fresh_cache(plan.rows, plan.slots, state_dim=S)
     idx = torch.from_numpy(plan.slots)
-    new_w, new_s = opt.update(table[torch.from_numpy(plan.rows)], ref.state[idx], total[torch.from_numpy(plan.rows)], plan.step)
+    new_w, new_s = opt.update(
+        table[torch.from_numpy(plan.rows)], ref.state[idx], total[torch.from_numpy(plan.rows)], plan.step
+    )
     for i, p in enumerate(tplans):
         mine = torch.from_numpy(p.slots)
         pos = np.searchsorted(plan.rows, p.rows)
@@ -165,7 +173,7 @@ def test_the_deferred_half_waits_for_the_next_plan_or_finish(fake_dist):
     fake_dist(2)
     plans = global_plans(STEPS)
     tplans = partition(plans[0], 2)
-    deferred = tplans[0].sync_slots[tplans[0].sync_urgent:]
+    deferred = tplans[0].sync_slots[tplans[0].sync_urgent :]
     assert len(deferred) > 0, "the hand-made steps must leave rows whose synchronisation can wait"
     opt = RowWiseAdagrad(0.1)
     caches = [fresh_cache(plans[0].rows, plans[0].slots)[0] for _ in range(2)]
@@ -175,18 +183,36 @@ def test_the_deferred_half_waits_for_the_next_plan_or_finish(fake_dist):
     assert all(u.pending is not None for u in updates)
     assert torch.equal(caches[0].weights[torch.from_numpy(deferred)], before)  # not applied yet
     # a plan that neither evicts nor drops a pending slot leaves it pending
-    quiet = Plan(step=1, batch=tplans[0].batch, rows=np.zeros(0, np.int64), slots=np.zeros(0, np.int64),
-                 inverse=np.zeros(0, np.int64))
+    quiet = Plan(
+        step=1,
+        batch=tplans[0].batch,
+        rows=np.zeros(0, np.int64),
+        slots=np.zeros(0, np.int64),
+        inverse=np.zeros(0, np.int64),
+    )
     updates[0].before_evict(quiet)
     assert updates[0].pending is not None
     # one that evicts a pending slot finishes it first
-    evicting = Plan(step=1, batch=tplans[0].batch, rows=np.zeros(0, np.int64), slots=np.zeros(0, np.int64),
-                    inverse=np.zeros(0, np.int64), evict_before_rows=np.array([0]), evict_before_slots=deferred[:1])
+    evicting = Plan(
+        step=1,
+        batch=tplans[0].batch,
+        rows=np.zeros(0, np.int64),
+        slots=np.zeros(0, np.int64),
+        inverse=np.zeros(0, np.int64),
+        evict_before_rows=np.array([0]),
+        evict_before_slots=deferred[:1],
+    )
     updates[0].before_evict(evicting)
     assert updates[0].pending is None
     assert not torch.equal(caches[0].weights[torch.from_numpy(deferred)], before)
-    dropping = Plan(step=1, batch=tplans[1].batch, rows=np.zeros(0, np.int64), slots=np.zeros(0, np.int64),
-                    inverse=np.zeros(0, np.int64), drop_before_slots=deferred[-1:])
+    dropping = Plan(
+        step=1,
+        batch=tplans[1].batch,
+        rows=np.zeros(0, np.int64),
+        slots=np.zeros(0, np.int64),
+        inverse=np.zeros(0, np.int64),
+        drop_before_slots=deferred[-1:],
+    )
     updates[1].before_evict(dropping)
     assert updates[1].pending is None
     assert torch.equal(caches[0].weights[torch.from_numpy(deferred)], caches[1].weights[torch.from_numpy(deferred)])

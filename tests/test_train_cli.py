@@ -162,7 +162,23 @@ def straight(tiny_data, tmp_path_factory) -> dict:
     from bagpipe.cli import main
 
     out = tmp_path_factory.mktemp("straight") / "run"
-    assert main(["train", "--data", tiny_data, "--out", str(out), *map(str, COMMON), "--model", "dcn", "--steps", str(2 * N)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                tiny_data,
+                "--out",
+                str(out),
+                *map(str, COMMON),
+                "--model",
+                "dcn",
+                "--steps",
+                str(2 * N),
+            ]
+        )
+        == 0
+    )
     return read_json(out / "summary.json")
 
 
@@ -347,9 +363,13 @@ def test_config_file_with_command_line_overrides(run_cli, tiny_data, tmp_path, l
     conf = tmp_path / "run.toml"
     body = (
         f'data = "{tiny_data}"\nout = "{out}"\nmodel = "wide_deep"\nsteps = 40\nbatch_size = 64\n'
-        "lr = 0.1\nseed = 4\nprogress = false\noptimizer = \"sgd\"\n"
+        'lr = 0.1\nseed = 4\nprogress = false\noptimizer = "sgd"\n'
     )
-    text = {"train-table": "[train]\n" + body, "top-level": body, "sections": SECTIONED.format(data=tiny_data, out=out)}[layout]
+    text = {
+        "train-table": "[train]\n" + body,
+        "top-level": body,
+        "sections": SECTIONED.format(data=tiny_data, out=out),
+    }[layout]
     conf.write_text(text)
     rc, _, err = run_cli("train", "--config", conf, "--steps", 12, "--seed", 9)
     assert rc == 0, err
@@ -373,7 +393,9 @@ def test_config_file_values_of_the_wrong_type_fail_at_startup(run_cli, tiny_data
     conf = tmp_path / "run.toml"
     lines = {"steps": "steps = 3", "batch_size": "batch_size = 16", "seed": "seed = 0"}
     lines[setting.split()[0]] = setting
-    conf.write_text(f'data = "{tiny_data}"\nout = "{tmp_path / "run"}"\nprogress = false\n' + "\n".join(lines.values()) + "\n")
+    conf.write_text(
+        f'data = "{tiny_data}"\nout = "{tmp_path / "run"}"\nprogress = false\n' + "\n".join(lines.values()) + "\n"
+    )
     rc, _, err = run_cli("train", "--config", conf)
     assert_one_line_error(rc, err)
 

@@ -46,6 +46,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from fakes import GLOO_CLOSED, SECRET, FakeNet, join_all, role_name
 
 import bagpipe.distributed.transport as transport_mod
 from bagpipe.accel.hot import HotPlan
@@ -65,7 +66,6 @@ from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.oracle import LookaheadOracle
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
-from fakes import GLOO_CLOSED, SECRET, FakeNet, join_all, role_name
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -120,8 +120,13 @@ def assert_same(got, want) -> None:
 
 def batch(rows: list[int]) -> Batch:
     n = len(rows)
-    return Batch(labels=torch.arange(n, dtype=torch.float32), dense=torch.randn(n, 3),
-                 rows=torch.tensor(rows, dtype=torch.int64), offsets=torch.arange(n + 1), num_features=1)
+    return Batch(
+        labels=torch.arange(n, dtype=torch.float32),
+        dense=torch.randn(n, 3),
+        rows=torch.tensor(rows, dtype=torch.int64),
+        offsets=torch.arange(n + 1),
+        num_features=1,
+    )
 
 
 def trainer_plans() -> list[TrainerPlan]:
@@ -137,10 +142,25 @@ def every_message() -> list[tuple[int, object]]:
     rows = rng.integers(0, 1000, 300).astype(np.int64)
     w, s = rng.standard_normal((300, 16)).astype(np.float32), rng.standard_normal((300, 1)).astype(np.float32)
     plan = trainer_plans()[3]
-    hot = HotPlan(step=4, batch=batch([3, 3, 8]), rows=np.array([3, 8]), slots=np.array([6, 0]), inverse=np.array([0, 0, 1]),
-                  next_use=np.array([5, -1]), hot=np.array([True, False]), popular=np.array([True, True, False]))
-    report = OracleReport(plan={"steps": 4, "hit_rate": 0.25, "planning_ms_per_step": 0.1}, cache_rows=6, lookahead=2,
-                          sync_rows=7, fetched_rows=[5, 6], seconds_planning=0.5, max_in_flight=3)
+    hot = HotPlan(
+        step=4,
+        batch=batch([3, 3, 8]),
+        rows=np.array([3, 8]),
+        slots=np.array([6, 0]),
+        inverse=np.array([0, 0, 1]),
+        next_use=np.array([5, -1]),
+        hot=np.array([True, False]),
+        popular=np.array([True, True, False]),
+    )
+    report = OracleReport(
+        plan={"steps": 4, "hit_rate": 0.25, "planning_ms_per_step": 0.1},
+        cache_rows=6,
+        lookahead=2,
+        sync_rows=7,
+        fetched_rows=[5, 6],
+        seconds_planning=0.5,
+        max_in_flight=3,
+    )
     return [
         (REQUEST, {"op": "read", "rows": rows, "after": 12, "count": True}),
         (REQUEST, {"op": "read", "rows": rows[:3], "after": -1, "count": False}),
@@ -160,8 +180,16 @@ def every_message() -> list[tuple[int, object]]:
         (CONTROL, {"table_sizes": [5, 3, 1000], "dim": 16, "seed": 7, "state_dim": 1, "restore": None}),
         (CONTROL, {"table_sizes": [5], "dim": 4, "seed": 1, "state_dim": 2, "restore": "/runs/a/checkpoints/step-40"}),
         (PLAN, {"cache_rows": 6, "lookahead": 2, "trainers": 2, "autotune": None, "hot": None}),
-        (PLAN, {"cache_rows": 6, "lookahead": 2, "trainers": 2, "autotune": {"cache_rows": 6, "reason": "budget"},
-                "hot": {"rows": np.array([3, 9], np.int64), "report": {"coverage": 0.4, "tables": [0.1, 0.5]}}}),
+        (
+            PLAN,
+            {
+                "cache_rows": 6,
+                "lookahead": 2,
+                "trainers": 2,
+                "autotune": {"cache_rows": 6, "reason": "budget"},
+                "hot": {"rows": np.array([3, 9], np.int64), "report": {"coverage": 0.4, "tables": [0.1, 0.5]}},
+            },
+        ),
         (PLAN, plan),
         (PLAN, hot),
         (PLAN, {"end": True, "report": report}),
@@ -201,17 +229,20 @@ def test_arrays_arrive_as_aligned_writable_views_and_odd_arrays_travel_by_value(
     got["w"][0, 0] = 1.0  # the receiver owns its arrays
 
 
-@pytest.mark.parametrize("values,stored_bytes", [
-    (np.arange(1000, dtype=np.int64), 0),  # a range: its first value and step
-    (np.arange(1000, dtype=np.int64) * -3 + 7, 0),
-    (np.arange(1000, dtype=np.int64) % 200, 1000),  # uint8
-    (np.arange(1000, dtype=np.int64) % 200 - 100, 1000),  # int8
-    (np.arange(1000, dtype=np.int64) % 7 * 9000, 2000),  # uint16
-    (np.arange(1000, dtype=np.int64) % 7 * 1_000_000, 4000),  # uint32
-    (np.arange(1000, dtype=np.int64) % 7 * (1 << 40), 8000),  # as it is
-    (np.arange(1000, dtype=np.int32) % 7 * 1_000_000, 4000),  # int32 stays int32
-    (np.arange(63, dtype=np.int64) % 5, 63 * 8),  # too short to bother
-])
+@pytest.mark.parametrize(
+    "values,stored_bytes",
+    [
+        (np.arange(1000, dtype=np.int64), 0),  # a range: its first value and step
+        (np.arange(1000, dtype=np.int64) * -3 + 7, 0),
+        (np.arange(1000, dtype=np.int64) % 200, 1000),  # uint8
+        (np.arange(1000, dtype=np.int64) % 200 - 100, 1000),  # int8
+        (np.arange(1000, dtype=np.int64) % 7 * 9000, 2000),  # uint16
+        (np.arange(1000, dtype=np.int64) % 7 * 1_000_000, 4000),  # uint32
+        (np.arange(1000, dtype=np.int64) % 7 * (1 << 40), 8000),  # as it is
+        (np.arange(1000, dtype=np.int32) % 7 * 1_000_000, 4000),  # int32 stays int32
+        (np.arange(63, dtype=np.int64) % 5, 63 * 8),  # too short to bother
+    ],
+)
 def test_integer_arrays_travel_narrow_or_as_ranges_and_arrive_as_they_were(values, stored_bytes):
     msg = {"op": "read", "rows": values.astype(np.int64), "after": 1, "count": True}
     got = decode(REQUEST, encode(REQUEST, msg))["rows"]
@@ -224,34 +255,65 @@ def test_integer_arrays_travel_narrow_or_as_ranges_and_arrive_as_they_were(value
 def test_a_plan_is_less_than_half_its_int64_size_on_the_wire():
     rng = np.random.default_rng(4)
     oracle = LookaheadOracle(num_rows=2_000_000, cache_rows=40_000, lookahead=4)
-    batches = [(i, Batch(labels=torch.zeros(512), dense=torch.randn(512, 13),
-                         rows=torch.from_numpy((rng.zipf(1.2, 512 * 26) % 2_000_000).astype(np.int64)),
-                         offsets=torch.arange(512 * 26 + 1), num_features=26)) for i in range(6)]
+    batches = [
+        (
+            i,
+            Batch(
+                labels=torch.zeros(512),
+                dense=torch.randn(512, 13),
+                rows=torch.from_numpy((rng.zipf(1.2, 512 * 26) % 2_000_000).astype(np.int64)),
+                offsets=torch.arange(512 * 26 + 1),
+                num_features=26,
+            ),
+        )
+        for i in range(6)
+    ]
     plan = partition(list(oracle.plans(batches))[-1], 2)[0]
-    raw = sum(np.asarray(v).nbytes for v in [*(getattr(plan, f.name) for f in dataclasses.fields(plan)),
-                                            *(getattr(plan.batch, f.name) for f in dataclasses.fields(plan.batch))]
-              if isinstance(v, (np.ndarray, torch.Tensor)))
+    raw = sum(
+        np.asarray(v).nbytes
+        for v in [
+            *(getattr(plan, f.name) for f in dataclasses.fields(plan)),
+            *(getattr(plan.batch, f.name) for f in dataclasses.fields(plan.batch)),
+        ]
+        if isinstance(v, (np.ndarray, torch.Tensor))
+    )
     body = encode(PLAN, plan)
     assert len(body) < 0.5 * raw, (len(body), raw)
     assert_same(decode(PLAN, body), plan)
 
 
-@pytest.mark.parametrize("stream,obj,says", [
-    (REQUEST, {"op": "frobnicate"}, r"unknown op 'frobnicate'"),
-    (REQUEST, {"op": "read", "rows": np.arange(3), "after": 1}, r"request message\[read\]: missing count"),
-    (REQUEST, {"op": "mark", "label": 3, "extra": 1}, r"request message\[mark\]: unexpected extra"),
-    (REQUEST, {"op": "read", "rows": np.arange(3.0), "after": 1, "count": True},
-     r"\.rows: expected an array of int64 with 1 dimension\(s\), got float64 array"),
-    (REQUEST, {"op": "write", "rows": np.arange(2), "w": np.zeros(2, np.float32), "s": np.zeros((2, 1), np.float32)},
-     r"\.w: expected an array of float32 with 2 dimension\(s\)"),
-    (CREDIT, "one", r"credit message: expected an integer, got str"),
-    (PLAN, {"end": True, "report": {"plan": {}}}, r"expected OracleReport, got dict"),
-    (CONTROL, {"table_sizes": [5], "dim": 4, "seed": 1, "state_dim": 2, "restore": None, "code": print},
-     r"unexpected code"),
-    (REPLY, {"part": {"call": print}}, r"a builtin_function_or_method cannot travel"),
-    (REPLY, {"part": {1: 2}}, r"dict keys must be strings"),
-    (REPLY, {"w": np.zeros((1, 1), np.complex64), "s": np.zeros((1, 1), np.float32)}, r"expected an array of float32"),
-])
+@pytest.mark.parametrize(
+    "stream,obj,says",
+    [
+        (REQUEST, {"op": "frobnicate"}, r"unknown op 'frobnicate'"),
+        (REQUEST, {"op": "read", "rows": np.arange(3), "after": 1}, r"request message\[read\]: missing count"),
+        (REQUEST, {"op": "mark", "label": 3, "extra": 1}, r"request message\[mark\]: unexpected extra"),
+        (
+            REQUEST,
+            {"op": "read", "rows": np.arange(3.0), "after": 1, "count": True},
+            r"\.rows: expected an array of int64 with 1 dimension\(s\), got float64 array",
+        ),
+        (
+            REQUEST,
+            {"op": "write", "rows": np.arange(2), "w": np.zeros(2, np.float32), "s": np.zeros((2, 1), np.float32)},
+            r"\.w: expected an array of float32 with 2 dimension\(s\)",
+        ),
+        (CREDIT, "one", r"credit message: expected an integer, got str"),
+        (PLAN, {"end": True, "report": {"plan": {}}}, r"expected OracleReport, got dict"),
+        (
+            CONTROL,
+            {"table_sizes": [5], "dim": 4, "seed": 1, "state_dim": 2, "restore": None, "code": print},
+            r"unexpected code",
+        ),
+        (REPLY, {"part": {"call": print}}, r"a builtin_function_or_method cannot travel"),
+        (REPLY, {"part": {1: 2}}, r"dict keys must be strings"),
+        (
+            REPLY,
+            {"w": np.zeros((1, 1), np.complex64), "s": np.zeros((1, 1), np.float32)},
+            r"expected an array of float32",
+        ),
+    ],
+)
 def test_the_sender_refuses_a_message_its_stream_does_not_declare(pair, stream, obj, says):
     a, *_ = pair
     with pytest.raises(WireError, match=says):
@@ -267,30 +329,42 @@ I64 = codec._I64.pack
 U32 = codec._U32.pack
 
 
-@pytest.mark.parametrize("body,says", [
-    (_body(), r"truncated"),
-    (_body(bytes([codec.INT]), b"\x01\x02"), r"truncated"),
-    (_body(bytes([codec.NONE]), b"\x00"), r"1 bytes left over"),
-    (_body(bytes([99])), r"unknown value tag 99"),
-    (_body(bytes([codec.STR]), U32(2), b"\xff\xfe"), r"not UTF-8"),
-    (_body(bytes([codec.STR]), U32(1 << 30), b"ab"), r"truncated"),
-    (_body(bytes([codec.LIST]), U32(1 << 30)), r"a list of 1073741824 values in 0 bytes"),
-    (_body(bytes([codec.DICT]), U32(1)), r"a dict of 1 items in 0 bytes"),
-    (_body(bytes([codec.DICT]), U32(1), U32(9), b"key"), r"truncated"),
-    (_body(bytes([codec.ARRAY, 200, 1]), I64(3)), r"unknown dtype code 200"),
-    (_body(bytes([codec.ARRAY, 4, 9])), r"an array of 9 dimensions"),
-    (_body(bytes([codec.ARRAY, 4, 1]), I64(-1)), r"negative shape"),
-    (_body(bytes([codec.ARRAY, 4, 2]), I64(1 << 40), I64(1 << 40), bytes([codec.RAW])), r"longer than the message"),
-    (_body(bytes([codec.ARRAY, 4, 1]), I64(3), bytes([7])), r"unknown array encoding 7"),
-    (_body(bytes([codec.ARRAY, 3, 1]), I64(3), bytes([codec.NARROW, 4])), r"int32 values stored as dtype code 4"),
-    (_body(bytes([codec.ARRAY, 10, 1]), I64(3), bytes([codec.NARROW, 1])), r"float32 values stored as dtype code 1"),
-    (_body(bytes([codec.ARRAY, 4, 1]), I64(1 << 40), bytes([codec.RANGE]), I64(0), I64(1)), r"expands to more than"),
-    (_body(bytes([codec.ARRAY, 4, 2]), I64(2), I64(2), bytes([codec.RANGE]), I64(0), I64(1)), r"a range of int64 with 2 dim"),
-    (_body(bytes([codec.ARRAY, 4, 1]), I64(4), bytes(20)), r"longer than the message"),
-    (_body(bytes([codec.ARRAY, 4, 1]), I64(3), bytes(25)), r"truncated"),
-    (_body(bytes([codec.RECORD]), codec._U16.pack(77)), r"unknown record code 77"),
-    (_body(*([bytes([codec.LIST]), U32(1)] * 20), bytes([codec.NONE])), r"nested deeper"),
-])
+@pytest.mark.parametrize(
+    "body,says",
+    [
+        (_body(), r"truncated"),
+        (_body(bytes([codec.INT]), b"\x01\x02"), r"truncated"),
+        (_body(bytes([codec.NONE]), b"\x00"), r"1 bytes left over"),
+        (_body(bytes([99])), r"unknown value tag 99"),
+        (_body(bytes([codec.STR]), U32(2), b"\xff\xfe"), r"not UTF-8"),
+        (_body(bytes([codec.STR]), U32(1 << 30), b"ab"), r"truncated"),
+        (_body(bytes([codec.LIST]), U32(1 << 30)), r"a list of 1073741824 values in 0 bytes"),
+        (_body(bytes([codec.DICT]), U32(1)), r"a dict of 1 items in 0 bytes"),
+        (_body(bytes([codec.DICT]), U32(1), U32(9), b"key"), r"truncated"),
+        (_body(bytes([codec.ARRAY, 200, 1]), I64(3)), r"unknown dtype code 200"),
+        (_body(bytes([codec.ARRAY, 4, 9])), r"an array of 9 dimensions"),
+        (_body(bytes([codec.ARRAY, 4, 1]), I64(-1)), r"negative shape"),
+        (_body(bytes([codec.ARRAY, 4, 2]), I64(1 << 40), I64(1 << 40), bytes([codec.RAW])), r"longer than the message"),
+        (_body(bytes([codec.ARRAY, 4, 1]), I64(3), bytes([7])), r"unknown array encoding 7"),
+        (_body(bytes([codec.ARRAY, 3, 1]), I64(3), bytes([codec.NARROW, 4])), r"int32 values stored as dtype code 4"),
+        (
+            _body(bytes([codec.ARRAY, 10, 1]), I64(3), bytes([codec.NARROW, 1])),
+            r"float32 values stored as dtype code 1",
+        ),
+        (
+            _body(bytes([codec.ARRAY, 4, 1]), I64(1 << 40), bytes([codec.RANGE]), I64(0), I64(1)),
+            r"expands to more than",
+        ),
+        (
+            _body(bytes([codec.ARRAY, 4, 2]), I64(2), I64(2), bytes([codec.RANGE]), I64(0), I64(1)),
+            r"a range of int64 with 2 dim",
+        ),
+        (_body(bytes([codec.ARRAY, 4, 1]), I64(4), bytes(20)), r"longer than the message"),
+        (_body(bytes([codec.ARRAY, 4, 1]), I64(3), bytes(25)), r"truncated"),
+        (_body(bytes([codec.RECORD]), codec._U16.pack(77)), r"unknown record code 77"),
+        (_body(*([bytes([codec.LIST]), U32(1)] * 20), bytes([codec.NONE])), r"nested deeper"),
+    ],
+)
 def test_decode_refuses_crafted_bodies(body, says):
     with pytest.raises(WireError, match=says):
         decode(CREDIT, body)
@@ -338,8 +412,12 @@ def test_nothing_that_reads_the_wire_can_unpickle_or_evaluate():
 
     for mod in (wire, codec, schema, t, auth):
         tree = ast.parse(open(mod.__file__).read())
-        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                    for a in (n.names if isinstance(n, ast.Import) else [ast.alias(n.module or "")])}
+        imported = {
+            a.name.split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in (n.names if isinstance(n, ast.Import) else [ast.alias(n.module or "")])
+        }
         assert not imported & {"pickle", "marshal", "shelve", "dill", "cloudpickle", "importlib"}, mod.__name__
         called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         assert not called & {"eval", "exec", "torch.load", "np.load", "getattr(builtins)", "__import__"}, mod.__name__
@@ -360,8 +438,16 @@ def test_threads_sending_to_one_peer_never_interleave_their_messages(pair):
 
     def send_all(k: int):
         for i in range(messages):
-            a.send(1, REQUEST, {"op": "write", "rows": np.full(i + 1, k, np.int64),
-                                "w": np.full((i + 1, 3), i, np.float32), "s": np.zeros((i + 1, 1), np.float32)})
+            a.send(
+                1,
+                REQUEST,
+                {
+                    "op": "write",
+                    "rows": np.full(i + 1, k, np.int64),
+                    "w": np.full((i + 1, 3), i, np.float32),
+                    "s": np.zeros((i + 1, 1), np.float32),
+                },
+            )
 
     threads = [threading.Thread(target=partial(send_all, k)) for k in range(senders)]
     for t in threads:
@@ -381,7 +467,10 @@ def test_threads_sending_to_one_peer_never_interleave_their_messages(pair):
 def test_a_broken_wire_is_peer_lost_naming_the_peers_role(pair, doing):
     a, _, net, _ = pair
     net.kill(1)
-    with pytest.raises(PeerLost, match=rf"^trainer 0 lost contact with server 0 while {doing} it \(Connection closed by peer \[127\.0\.0\.1\]:29501\)$") as caught:
+    with pytest.raises(
+        PeerLost,
+        match=rf"^trainer 0 lost contact with server 0 while {doing} it \(Connection closed by peer \[127\.0\.0\.1\]:29501\)$",
+    ) as caught:
         if doing == "sending to":
             a.send(1, REQUEST, {"op": "bye"})
         else:
@@ -415,7 +504,10 @@ def test_the_default_wire_makes_the_gloo_calls_of_the_default_group(monkeypatch)
         raise RuntimeError(GLOO_CLOSED.format(port=4242))
 
     monkeypatch.setattr(transport_mod.dist, "send", refused)
-    with pytest.raises(PeerLost, match=r"^this process lost contact with server 0 while sending to it \(Connection closed by peer \[127\.0\.0\.1\]:4242\)$"):
+    with pytest.raises(
+        PeerLost,
+        match=r"^this process lost contact with server 0 while sending to it \(Connection closed by peer \[127\.0\.0\.1\]:4242\)$",
+    ):
         t.send(1, REQUEST, {"op": "bye"})  # outside a process group the sender has no role name
 
 
@@ -441,18 +533,24 @@ def test_a_role_with_another_secret_is_refused_by_name():
             errors[rank] = e
             net.kill(rank)  # the refusing role exits, as a process would
 
-    threads = [threading.Thread(target=join, args=(a, [1], SECRET, 0)),
-               threading.Thread(target=join, args=(b, [0], b"another job's secret, 32 bytes..", 1))]
+    threads = [
+        threading.Thread(target=join, args=(a, [1], SECRET, 0)),
+        threading.Thread(target=join, args=(b, [0], b"another job's secret, 32 bytes..", 1)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
     assert isinstance(errors[1], auth.AuthError)
-    assert str(errors[1]).startswith("server 0 refused trainer 0 (rank 0): it did not prove it holds the job's secret (bad MAC")
+    assert str(errors[1]).startswith(
+        "server 0 refused trainer 0 (rank 0): it did not prove it holds the job's secret (bad MAC"
+    )
     assert "start every role with the same secret (BAGPIPE_JOB_SECRET or --secret-file)" in str(errors[1])
     assert isinstance(errors[0], PeerLost)
-    assert str(errors[0]).startswith("trainer 0 lost contact with server 0 while proving the job's secret to it during the "
-                                     "handshake (did it refuse this role? every role needs the same secret)")
+    assert str(errors[0]).startswith(
+        "trainer 0 lost contact with server 0 while proving the job's secret to it during the "
+        "handshake (did it refuse this role? every role needs the same secret)"
+    )
 
 
 def test_a_wrong_answer_to_the_challenge_is_refused(monkeypatch):
@@ -462,9 +560,14 @@ def test_a_wrong_answer_to_the_challenge_is_refused(monkeypatch):
     a, b = Transport(role_name(1), net.wire(0)), Transport(role_name(1), net.wire(1))
     real = auth.proof
     server = "join-1"  # join_all's thread of rank 1: only the server's answers are wrong
-    monkeypatch.setattr(auth, "proof", lambda *a: b"\x00" * 32 if threading.current_thread().name == server else real(*a))
+    monkeypatch.setattr(
+        auth, "proof", lambda *a: b"\x00" * 32 if threading.current_thread().name == server else real(*a)
+    )
     errors = join_all({0: a, 1: b}, {0: [1], 1: [0]})
-    assert str(errors[0]) == "trainer 0 refused server 0 (rank 1): its answer to the challenge is wrong (another job's secret?)"
+    assert (
+        str(errors[0])
+        == "trainer 0 refused server 0 (rank 1): its answer to the challenge is wrong (another job's secret?)"
+    )
 
 
 def signed(t: Transport, peer: int, stream: int, obj, key: bytes | None = None, seq: int | None = None) -> list[bytes]:
@@ -496,7 +599,10 @@ ATTACKS = {
     "flipped MAC bit": (lambda a: [flip(signed(a, 1, REQUEST, MARK)[0], 40)], "bad MAC"),
     "truncated header": (lambda a: [signed(a, 1, REQUEST, MARK)[0][:60]], "bad MAC"),
     "truncated body": (lambda a: (lambda m: [m[0], m[1][:100]])(signed(a, 1, REQUEST, WRITE)), "bad MAC"),
-    "oversized": (lambda a: [transport_mod._FIXED.pack(transport_mod.MAGIC, REQUEST, 0, 9, 1 << 40) + bytes(32)], "oversized"),
+    "oversized": (
+        lambda a: [transport_mod._FIXED.pack(transport_mod.MAGIC, REQUEST, 0, 9, 1 << 40) + bytes(32)],
+        "oversized",
+    ),
     "garbage": (lambda a: [np.random.default_rng(3).bytes(HEADER_BYTES)], "garbage"),
     "empty": (lambda a: [b""], "garbage"),
     "another stream's header": (lambda a: [signed(a, 1, REPLY, {})[0]], "garbage"),
@@ -546,11 +652,13 @@ def test_a_well_signed_malformed_body_is_refused(pair, monkeypatch):
     monkeypatch.undo()
     a.send(1, REQUEST, {"op": "bye"})
     assert b.recv(0, REQUEST) == {"op": "bye"}
-    assert log == ["server 0: refused a message from trainer 0 (rank 0) on the request stream: malformed: "
-                   "request message: unknown op 'launch'"]
+    assert log == [
+        "server 0: refused a message from trainer 0 (rank 0) on the request stream: malformed: "
+        "request message: unknown op 'launch'"
+    ]
 
 
-def _unchecked(obj) -> "codec._Writer":
+def _unchecked(obj) -> codec._Writer:
     w = codec._Writer()
     codec._put(w, obj, 0)
     return w
@@ -604,14 +712,20 @@ def test_the_secret_comes_from_a_private_file_or_the_environment(tmp_path):
 def test_a_secret_file_others_may_read_or_write_is_refused(tmp_path, mode):
     path = auth.write_secret_file(tmp_path / "job.secret", b"0123456789abcdef0123")
     os.chmod(path, mode)
-    with pytest.raises(ConfigError, match=rf"^the job's secret file {path} has mode 0{mode:o}: others may read it; "
-                                          rf"make it readable by its owner only \(chmod 600 {path}\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^the job's secret file {path} has mode 0{mode:o}: others may read it; "
+        rf"make it readable by its owner only \(chmod 600 {path}\)$",
+    ):
         auth.load_secret(str(path), environ={})
 
 
 def test_a_missing_or_short_secret_is_a_one_line_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"^a distributed role needs the job's secret: set BAGPIPE_JOB_SECRET .* "
-                                          r"or give --secret-file FILE \(mode 0600\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^a distributed role needs the job's secret: set BAGPIPE_JOB_SECRET .* "
+        r"or give --secret-file FILE \(mode 0600\)",
+    ):
         auth.load_secret(None, environ={})
     with pytest.raises(ConfigError, match=r"^the job's secret in \$BAGPIPE_JOB_SECRET is 5 bytes; use at least 16"):
         auth.load_secret(None, environ={auth.SECRET_ENV: "short"})

@@ -36,7 +36,9 @@ def main(argv=None) -> int:
         raise SystemExit("the runs have different parameters")
     worst, name = worst_difference(a, b)
     ok = worst <= args.tolerance
-    print(f"largest difference: {worst:.2e} of the tensor's scale ({name}); tolerance {args.tolerance:g}: {'ok' if ok else 'EXCEEDED'}")
+    print(
+        f"largest difference: {worst:.2e} of the tensor's scale ({name}); tolerance {args.tolerance:g}: {'ok' if ok else 'EXCEEDED'}"
+    )
     return 0 if ok else 1
 
 
