@@ -21,6 +21,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 import argparse  # noqa: E402
 import importlib  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Collection, Sequence  # noqa: E402
 
 from bagpipe.errors import BagpipeError  # noqa: E402
 from bagpipe.log import to_terminal  # noqa: E402
@@ -75,11 +76,18 @@ def one_line(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(load: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; ``load``: the commands whose modules are imported and
+    whose options are added (None: all). The others are listed by name and summary only,
+    so ``bagpipe --version``, ``bagpipe --help`` and ``bagpipe COMMAND ...`` import no
+    module but the one they run (a command's module may import torch: seconds)."""
     parser = Parser(prog="bagpipe", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
+        if load is not None and name not in load:
+            sub.add_parser(name, help=summary)
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -95,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` (the arguments after ``bagpipe``) runs: its first argument that
+    is not an option (``bagpipe`` itself takes no option with a value), if it names one."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 def _version() -> str:
@@ -125,7 +140,10 @@ def _leave_past_stuck_threads(rc: int) -> None:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    command = command_of(argv)
+    parser = build_parser(load=[command] if command is not None else [])
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -193,7 +193,7 @@ def guarded(monkeypatch, world, tmp_path, run_cli):
     from bagpipe.bench.registry import SCENARIOS
 
     parser = cli.build_parser()
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "build_parser", lambda load=None: parser)
     for targets in WORK.values():
         for module, name in targets:
             monkeypatch.setattr(f"{module}.{name}", reached)

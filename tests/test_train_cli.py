@@ -30,6 +30,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -414,3 +416,35 @@ def test_help_texts(run_cli):
         assert mode in out
     rc, out, _ = run_cli()
     assert rc == 2 and "usage: bagpipe" in out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "argv, shows",
+    [
+        (["--version"], "bagpipe 0."),
+        (["--help"], "train a model"),
+        ([], "Run `bagpipe COMMAND --help`"),
+        (["train", "--help"], "--steps"),
+        (["eval", "--help"], "--run"),
+    ],
+)
+def test_version_and_help_import_no_command_but_their_own(argv, shows):
+    """`bagpipe --version` / `--help` import no command module (torch alone takes seconds to
+    import); `bagpipe COMMAND --help` only its own."""
+    probe = (
+        "import sys\n"
+        "from bagpipe.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('bagpipe.commands.'))\n"
+        "print('torch' in sys.modules, ','.join(loaded), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    torch_loaded, _, loaded = done.stderr.strip().splitlines()[-1].partition(" ")
+    assert torch_loaded == "False", done.stderr
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    assert loaded == (f"bagpipe.commands.{command}" if command else ""), loaded
+    assert shows in done.stdout, done.stdout
