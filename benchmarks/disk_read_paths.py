@@ -40,6 +40,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -221,7 +222,7 @@ def main() -> int:
         f"{a.batches} batches of {a.batch_rows:,} uniform random rows",
         flush=True,
     )
-    results = {}
+    results: dict[str, dict[str, Any]] = {}  # by path: rows_per_s, batches, ratio_to_device
     for kind in a.paths.split(","):
         for t in threads:
             key = f"{kind}-{t}"

@@ -48,6 +48,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -114,6 +115,14 @@ def in_callers_order(res: np.ndarray, order: np.ndarray, dim: int) -> tuple[np.n
     return np.take(res[:, :dim], inv, axis=0), np.take(res[:, dim:], inv, axis=0)
 
 
+class Reader(Protocol):
+    """What each strategy is: DiskStore itself, or one of the alternatives below."""
+
+    def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
 class PreadPool:
     """Sorted, page-coalesced preads from a thread pool (the alternative to mmap gathers)."""
 
@@ -128,7 +137,7 @@ class PreadPool:
         rb = 4 * cols
         n = len(srows)
         out = np.empty((n, cols), np.float32)
-        mv = memoryview(out).cast("B")
+        mv = out.data.cast("B")
         off = srows * rb
         pg0, pg1 = off // PAGE, (off + rb - 1) // PAGE
         brk = np.flatnonzero(pg0[1:] > pg1[:-1] + 1) + 1
@@ -171,9 +180,12 @@ class MmapOneThread:
 
     def __init__(self, path: Path, num_rows: int, dim: int, state_dim: int, random_advice: bool):
         self.dim = dim
-        self.map = np.memmap(path / ROWS, np.float32, "r", shape=(num_rows, dim + state_dim))
+        shape = (num_rows, dim + state_dim)
+        with open(path / ROWS, "rb") as f:  # what np.memmap(..., "r") does, with the mmap at hand
+            self.mm = mmap.mmap(f.fileno(), 4 * shape[0] * shape[1], access=mmap.ACCESS_READ)
         if random_advice:
-            self.map._mmap.madvise(mmap.MADV_RANDOM)
+            self.mm.madvise(mmap.MADV_RANDOM)
+        self.map = np.ndarray(shape, np.float32, buffer=self.mm)
 
     def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(rows)
@@ -181,8 +193,8 @@ class MmapOneThread:
         return in_callers_order(np.take(np.asarray(self.map), srows, axis=0), order, self.dim)
 
     def close(self) -> None:
-        self.map._mmap.close()
-        self.map = None
+        del self.map  # the array's export of the mmap's buffer first, or close raises BufferError
+        self.mm.close()
 
 
 # ---------------------------------------------------------------- driver
@@ -280,6 +292,7 @@ def main(argv=None) -> int:
                 "rows_straddling_a_page": straddle,
             }
             for name in strategies:
+                reader: Reader
                 if name == "diskstore":
                     reader = store
                 elif name == "pread_pool":

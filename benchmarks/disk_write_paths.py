@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -166,7 +167,7 @@ def main() -> int:
                 proc = subprocess.run(cmd, preexec_fn=group.enter, capture_output=True, text=True)
                 series = sampler.stop()
                 rep_ = group.report()
-            res = json.loads(proc.stdout) if proc.returncode == 0 else {"failed": proc.stderr[-500:]}
+            res: dict[str, Any] = json.loads(proc.stdout) if proc.returncode == 0 else {"failed": proc.stderr[-500:]}
             res |= {"returncode": proc.returncode, "group": rep_, "max": sampler.maxima(), "series": series}
             results.setdefault(name, []).append(res)
             m = res["max"]

@@ -19,11 +19,15 @@ import os
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch.multiprocessing as mp
 
-_TABLE = None
+if TYPE_CHECKING:
+    import torch
+
+_TABLE: torch.Tensor | None = None  # the served rows, set in the serving process by _rpc
 
 
 def _rows(n: int, d: int):
@@ -86,6 +90,7 @@ def _raw(rank: int, port: int, n: int, d: int, repeat: int, q) -> None:
 
 
 def _serve_rows(rows):
+    assert _TABLE is not None, "_rpc sets the table before the RPC agent starts"
     return _TABLE[: len(rows)]
 
 

@@ -15,6 +15,12 @@ lower it for themselves (and restore it afterwards).
 
 from __future__ import annotations
 
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -49,24 +55,22 @@ def run_cli(capsys):
     return run
 
 
-@pytest.fixture
-def small_disk():
-    import errno
-    import os
-    import subprocess
+class SmallDisk:
+    """``small_disk(path, size)`` mounts a tmpfs; ``small_disk.fill(path)`` fills it."""
 
-    made = []
+    def __init__(self) -> None:
+        self.made: list[Path] = []
 
-    def mount(where, size: str):
+    def __call__(self, where: Path, size: str) -> Path:
         where.mkdir(parents=True, exist_ok=True)
         if subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
         ).returncode:
             pytest.skip("cannot mount a small tmpfs here (needs root)")
-        made.append(where)
+        self.made.append(where)
         return where
 
-    def fill(where) -> None:
+    def fill(self, where: Path) -> None:
         """Fill the filesystem of ``where`` with a file (another program's)."""
         fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
         try:
@@ -77,9 +81,12 @@ def small_disk():
         finally:
             os.close(fd)
 
-    mount.fill = fill
-    yield mount
-    for where in made:
+
+@pytest.fixture
+def small_disk() -> Iterator[SmallDisk]:
+    disk = SmallDisk()
+    yield disk
+    for where in disk.made:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 

@@ -142,10 +142,12 @@ def role_name(trainers: int) -> Callable[[int], str]:
 
 
 def join_all(
-    transports: dict[int, Transport], peers: dict[int, list[int]], secret: bytes = SECRET
+    transports: dict[int, Transport], peers: dict[int, list[int]], secret: bytes | dict[int, bytes] = SECRET
 ) -> dict[int, BaseException]:
     """Run every transport's ``join(peers[rank], secret)`` at once, each in a thread, as the
-    processes of a job do (one that fails leaves the net); returns the exceptions raised, by rank."""
+    processes of a job do (one that fails leaves the net); returns the exceptions raised, by rank.
+    ``secret`` is one for all, or each rank's own (a dict by rank). Every transport's wire is a
+    :class:`FakeWire`."""
     errors: dict[int, BaseException] = {}
 
     def run(rank: int) -> None:
@@ -153,7 +155,9 @@ def join_all(
             transports[rank].join(peers[rank], secret if not isinstance(secret, dict) else secret[rank])
         except BaseException as e:  # noqa: BLE001 - returned
             errors[rank] = e
-            transports[rank].wire.net.kill(rank)  # a role that fails to join exits, as its process would
+            wire = transports[rank].wire
+            assert isinstance(wire, FakeWire)
+            wire.net.kill(rank)  # a role that fails to join exits, as its process would
 
     threads = [threading.Thread(target=run, args=(r,), name=f"join-{r}") for r in transports]
     for t in threads:

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from bagpipe.checkpoint import (
+    Checkpoint,
     CheckpointFolder,
     CheckpointReader,
     CheckpointWriter,
@@ -51,6 +52,13 @@ D, S_STATE = 4, 1
 SEED = 3
 SPACE = RowSpace(sum(SIZES), D, S_STATE, InitialRows(SEED, SIZES))
 ROW_BYTES = 8 + 4 * (D + S_STATE)  # a stored row: its id and its values
+
+
+def newest(folder: CheckpointFolder) -> Checkpoint:
+    """The folder's latest checkpoint (the test has committed one)."""
+    ck = folder.latest()
+    assert ck is not None, f"{folder.root}: no committed checkpoint"
+    return ck
 
 
 def stores(shards: int) -> list[MemoryStore]:
@@ -104,7 +112,7 @@ def test_full_checkpoint_reads_back_in_any_layout(tmp_path, shards):
     folder = CheckpointFolder(tmp_path)
     m = checkpoint(folder, st, 10)
     assert m.rows == 6 and m.bytes == 6 * ROW_BYTES + 2 * 128 * shards  # the rows written, not the 100 of the tables
-    r = folder.latest().reader()
+    r = newest(folder).reader()
     w, s = r.arrays()
     tw, ts = truth(st)
     assert np.array_equal(w, tw) and np.array_equal(s, ts)
@@ -130,7 +138,7 @@ def test_deltas_hold_the_rows_written_since_and_compaction_starts_a_new_chain(tm
         else:  # every row written since initialisation (step 40: merged from the chain), nothing else
             assert m.rows == len(written) and m.base is None
         assert m.bytes == m.rows * ROW_BYTES + 2 * 128 * len(m.parts)  # the rows, and two .npy headers a part
-        w, s = folder.latest().reader().arrays()
+        w, s = newest(folder).reader().arrays()
         tw, ts = truth(st)
         assert np.array_equal(w, tw) and np.array_equal(s, ts), step
     assert kinds == ["full", "delta", "delta", "full", "delta"]
@@ -147,7 +155,7 @@ def test_pruning_keeps_the_chain_under_the_kept_checkpoints(tmp_path):
         checkpoint(folder, st, step, compact_every=5)
     names = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*"))
     assert names == ["step-00000010", "step-00000020", "step-00000030"]  # 30 rests on 20 on 10
-    w, _ = folder.latest().reader().arrays()
+    w, _ = newest(folder).reader().arrays()
     assert np.array_equal(w, truth(st)[0])
 
 
@@ -157,9 +165,9 @@ def test_an_uncommitted_checkpoint_never_counts(tmp_path):
     checkpoint(folder, st, 10)
     staging = folder.begin(20)  # a writer dies here: parts written, no manifest
     write_part(staging, take_snapshot(st[0], True), 0, 1, "full")
-    assert folder.latest().step == 10
+    assert newest(folder).step == 10
     checkpoint(folder, st, 30)
-    assert not staging.exists() and folder.latest().step == 30
+    assert not staging.exists() and newest(folder).step == 30
 
 
 def test_a_broken_chain_or_a_missing_part_is_one_line(tmp_path):
@@ -187,6 +195,7 @@ def test_a_restore_loads_the_checkpoint_and_returns_later_rows_to_their_initial_
     folder = CheckpointFolder(tmp_path / "run")
     checkpoint(folder, st, 10)
     init = RowInitializer(SIZES, D, seed=SEED)
+    target: MemoryStore | DiskStore | FullBackend
     if kind == "memory":
         target = MemoryStore(init, S_STATE)
     elif kind == "disk":
@@ -195,7 +204,7 @@ def test_a_restore_loads_the_checkpoint_and_returns_later_rows_to_their_initial_
         target = FullBackend(init, S_STATE)
     # the target trained on after the checkpoint: rows 50 (also in it) and 90 (not)
     target.load(np.array([50, 90]), np.full((2, D), 9.0, np.float32), np.full((2, 1), 9.0, np.float32))
-    assert restore_rows(target, folder.latest().reader()) == 3
+    assert restore_rows(target, newest(folder).reader()) == 3
     tw, ts = truth(st)
     w, s = target.peek(np.arange(sum(SIZES)))
     assert np.array_equal(w, tw) and np.array_equal(s, ts)  # row 90 is its initial value again
@@ -234,13 +243,13 @@ def test_a_version_2_checkpoint_still_reads_also_under_a_version_3_delta(tmp_pat
     write_rows(st, np.array([4, 60]), 1.0)
     _v2_checkpoint(tmp_path, 10, *truth(st))
     folder = CheckpointFolder(tmp_path)
-    r = folder.latest().reader()
+    r = newest(folder).reader()
     assert np.array_equal(r.arrays()[0], truth(st)[0]) and r.manifest.version == 2
     st[0].take_dirty()  # what the restored run would have: nothing written since the restore
     write_rows(st, np.array([60, 61]), 2.0)
     m = checkpoint(folder, st, 20, compact_every=5)  # a resumed old run: a version-3 delta on it
     assert m.kind == "delta" and m.base == "step-00000010" and m.rows == 2
-    w, s = folder.latest().reader().arrays()
+    w, s = newest(folder).reader().arrays()
     assert np.array_equal(w, truth(st)[0]) and np.array_equal(s, truth(st)[1])
 
 
@@ -279,12 +288,12 @@ def test_a_checkpoint_that_does_not_fit_is_discarded_in_one_line_and_the_next_is
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("checkpoint of step 20 not written: no space left on the disk of ")
     assert lines[0].endswith("its partial files are removed and step-00000010 stays the latest checkpoint")
-    assert folder.latest().step == 10 and not target.staging.exists()
+    assert newest(folder).step == 10 and not target.staging.exists()
     assert checkpoint_tried.history[-1].failed is not None
     filler.unlink()  # space again: the next checkpoint holds every row written (row 5 is in no checkpoint yet)
     nxt = checkpoint_tried.begin(30)
     assert (nxt.kind, nxt.base) == ("full", None)
     snap = take_snapshot(st[0], nxt.everything)
     checkpoint_tried.submit(nxt, {"step": 30}, lambda: [write_part(nxt.staging, snap, 0, 1, nxt.kind)], 0.0)
-    w, s = folder.latest().reader().arrays()
-    assert folder.latest().step == 30 and np.array_equal(w, truth(st)[0]) and np.array_equal(s, truth(st)[1])
+    w, s = newest(folder).reader().arrays()
+    assert newest(folder).step == 30 and np.array_equal(w, truth(st)[0]) and np.array_equal(s, truth(st)[1])

@@ -11,6 +11,7 @@ work without dense features (e.g. Avazu).
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -124,7 +125,8 @@ def test_bad_names_raise() -> None:
 def test_kaggle_dlrm_recipe() -> None:
     cfg = recipe("dlrm", "kaggle")
     assert (cfg.embedding_dim, cfg.bottom_mlp, cfg.top_mlp) == (16, (512, 256, 64, 16), (512, 256))
-    assert ModelConfig(name="dlrm", bottom_mlp=[32, 16]).bottom_mlp == (32, 16)  # lists are accepted
+    as_read: Any = [32, 16]  # a list, as a TOML file or JSON gives it (the field is typed as a tuple)
+    assert ModelConfig(name="dlrm", bottom_mlp=as_read).bottom_mlp == (32, 16)  # lists are accepted
 
 
 @pytest.mark.parametrize("self_interaction", [False, True])

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from bagpipe.data.batch import Batch
 from bagpipe.errors import CapacityError
 from bagpipe.oracle import LookaheadOracle, LRUPlanner, NoCachePlanner
+from bagpipe.oracle.lookahead import DenseMap
 
 pytestmark = pytest.mark.unit
 
@@ -146,6 +147,7 @@ def simulate(plans, C: int, L: int | None, num_rows: int) -> None:
         true_version[p.rows] += 1
         slot_ver[p.slots] += 1
         prev = p
+    assert prev is not None
     for s, r in zip(prev.evict_after_slots, prev.evict_after_rows):
         store[r] = slot_ver[s]
         slot_row[s] = -1
@@ -195,6 +197,7 @@ def test_lookahead_with_ample_cache_misses_only_first_uses_in_window():
 
 def test_oracle_state_is_one_int32_per_row():
     o = LookaheadOracle(num_rows=1_000_000, cache_rows=100, lookahead=4)
+    assert isinstance(o.latest, DenseMap)  # 4 MB: under DENSE_MAP_BYTES
     assert o.latest.latest.dtype == np.int32 and o.latest.latest.shape == (1_000_000,)
 
 

@@ -106,7 +106,7 @@ def replay(seq, N, cache_rows, lookahead, replicated=False):
     """Run every trainer's plans on its own slot table; returns per-row write-back counts."""
     gp = global_plans(seq, cache_rows, lookahead)
     slots = [np.full(cache_rows, -1, np.int64) for _ in range(N)]
-    written = {}
+    written: dict[int, int] = {}
     for g in gp:
         parts = partition(g, N, replicated=replicated)
         # the sync list is the same on every trainer

@@ -60,7 +60,8 @@ def torch_names(root: Path) -> dict[str, str]:
         for node in ast.walk(tree):
             names: list[str] = []
             if isinstance(node, ast.Attribute) and id(node) not in inner:
-                parts, n = [], node
+                parts: list[str] = []
+                n: ast.expr = node
                 while isinstance(n, ast.Attribute):
                     parts.append(n.attr)
                     n = n.value

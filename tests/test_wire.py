@@ -411,6 +411,7 @@ def test_nothing_that_reads_the_wire_can_unpickle_or_evaluate():
     import bagpipe.distributed.transport as t
 
     for mod in (wire, codec, schema, t, auth):
+        assert mod.__file__ is not None
         tree = ast.parse(open(mod.__file__).read())
         imported = {
             a.name.split(".")[0]
@@ -479,7 +480,8 @@ def test_a_broken_wire_is_peer_lost_naming_the_peers_role(pair, doing):
 
 
 def test_the_default_wire_makes_the_gloo_calls_of_the_default_group(monkeypatch):
-    calls, fifo = [], deque()
+    calls: list[tuple[str, int, int, int]] = []
+    fifo: deque[torch.Tensor] = deque()
 
     def send(tensor, *, dst, tag):  # keyword-only: the exact call Transport always made
         calls.append(("send", dst, tag, tensor.numel()))
@@ -573,11 +575,13 @@ def test_a_wrong_answer_to_the_challenge_is_refused(monkeypatch):
 def signed(t: Transport, peer: int, stream: int, obj, key: bytes | None = None, seq: int | None = None) -> list[bytes]:
     """The bytes ``t`` would send ``peer`` (header, body if any), signed with ``key`` (default: its own)."""
     net = FakeNet()
-    capture = Transport(t.name, net.wire(t.wire.rank()))
+    rank = t.wire.rank()
+    assert rank is not None  # a FakeWire's
+    capture = Transport(t.name, net.wire(rank))
     capture._keys[peer] = (key or t._keys[peer][0], b"")
     capture._sent_seq[(peer, stream)] = t._sent_seq[(peer, stream)] if seq is None else seq
     capture.send(peer, stream, obj)
-    fifo = net._fifos[(t.wire.rank(), peer, stream)]
+    fifo = net._fifos[(rank, peer, stream)]
     return [fifo.popleft() for _ in range(len(fifo))]
 
 

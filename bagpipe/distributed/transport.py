@@ -44,7 +44,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -80,6 +80,17 @@ LOG_REFUSALS = 20  # refusals logged one by one per peer; then one line every 1,
 
 class PeerLost(BagpipeError):
     """A peer's connection broke (it died, or its machine did): names the peer's role."""
+
+
+class Wire(Protocol):
+    """What moves a :class:`Transport`'s tensors, one at a time (:class:`GlooWire`, or a
+    test's in-memory one)."""
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> None: ...
+
+    def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> None: ...
+
+    def rank(self) -> int | None: ...
 
 
 class GlooWire:
@@ -122,12 +133,12 @@ class Transport:
     def __init__(
         self,
         name: Callable[[int], str] | None = None,
-        wire: GlooWire | None = None,
+        wire: Wire | None = None,
         log: Callable[[str], None] | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ):
         self.name = name or (lambda rank: f"rank {rank}")
-        self.wire = wire or GlooWire()
+        self.wire: Wire = wire or GlooWire()
         self.log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
         self.max_message_bytes = int(max_message_bytes)
         self._locks: dict[tuple[int, int], threading.Lock] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from bagpipe.export.naming import from_export
 from bagpipe.export.write import FORMAT, MANIFEST, VERSION
 from bagpipe.models import ModelConfig, build_model
 from bagpipe.train.evaluate import batch_logits
+
+if TYPE_CHECKING:
+    from bagpipe.preprocess.vocab import Mapping
 
 
 class ExportedModel(nn.Module):
@@ -73,7 +77,7 @@ class ExportedModel(nn.Module):
                 )
             self.tables.append(t)
         self.table_offsets = np.array(offsets + [sum(f.num_rows for f in self.features)], np.int64)
-        self._mapping = None
+        self._mapping: Mapping | None = None
         self.eval()
 
     def _load_dense(self, name: str, naming: str) -> None:
@@ -152,7 +156,7 @@ class ExportedModel(nn.Module):
 
         return raw_format(self.raw_format_name, labelled=labelled, header=header)
 
-    def mapping(self):
+    def mapping(self) -> Mapping:
         """The preprocessing's keys -> ids mapping (vocabulary or hashing), read once."""
         if self._mapping is None:
             from bagpipe.preprocess.vocab import read_mapping
