@@ -2,7 +2,7 @@
 file does not fit in memory, and how close does it come to the raw device?
 
 Runs inside a fresh memory cgroup (``--memory-limit-mb``, page cache included; see
-``bagpipe/bench/memlimit.py``) on an existing DiskStore directory much larger than the
+``bagpipe/testbed/memlimit.py``) on an existing DiskStore directory much larger than the
 limit (``bagpipe bench scale`` leaves one at bench-out/scale/store). For each of
 ``--batches`` batches of ``--batch-rows`` unique uniform random rows (the same batches
 for every path, the page cache of the file dropped before each path), it times:
@@ -46,9 +46,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bagpipe.bench.memlimit import MemoryGroup, find_memory_controller  # noqa: E402
 from bagpipe.store.disk import ROWS, DiskStore  # noqa: E402
 from bagpipe.store.init import RowInitializer  # noqa: E402
+from bagpipe.testbed.memlimit import MemoryGroup, find_memory_controller  # noqa: E402
 
 PAGE = 4096
 

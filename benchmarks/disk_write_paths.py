@@ -3,7 +3,7 @@ when the run lives inside a memory cgroup that counts the page cache (dirty page
 included)?
 
 Each variant runs a lookahead run's store traffic, without training, in a child process
-inside a fresh memory group (``bagpipe/bench/memlimit.py``): for ``--steps`` steps it
+inside a fresh memory group (``bagpipe/testbed/memlimit.py``): for ``--steps`` steps it
 reads ``--read-rows`` rows (drawn from a power law over the table, hot rows scattered
 over the file, like the skewed profiles' lookups) and a writer thread writes back, with
 new values, the rows read ``--delay`` steps earlier (the lookahead executor's write-back
@@ -46,10 +46,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bagpipe.bench.memlimit import MemoryGroup, find_memory_controller  # noqa: E402
 from bagpipe.store.disk import DiskStore  # noqa: E402
 from bagpipe.store.diskio import DiskIO  # noqa: E402
 from bagpipe.store.init import RowInitializer  # noqa: E402
+from bagpipe.testbed.memlimit import MemoryGroup, find_memory_controller  # noqa: E402
 
 MIB = 1 << 20
 PRIME = 2_654_435_761  # spreads rank r over the file as r * PRIME % n (a bijection when gcd = 1)

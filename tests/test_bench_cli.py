@@ -8,7 +8,7 @@
   subclass bases from another module, whose annotations they do not import).
 * The option names users have today reach the settings of the scenarios they applied
   to, and ``--quick`` with an option keeps the rest of the quick size.
-* :func:`bagpipe.bench.runner.train_args` builds options ``bagpipe train`` accepts.
+* :func:`bagpipe.bench.harness.runner.train_args` builds options ``bagpipe train`` accepts.
 * ``bench cluster`` where namespaces cannot be made prints one line saying why and writes it to results.json.
 """
 
@@ -18,8 +18,8 @@ import dataclasses
 
 import pytest
 
+from bagpipe.bench.harness.runner import train_args
 from bagpipe.bench.registry import SCENARIOS
-from bagpipe.bench.runner import train_args
 
 pytestmark = pytest.mark.unit
 
@@ -194,7 +194,7 @@ def test_train_args_are_bagpipe_train_options(tmp_path):
 def test_cluster_skips_in_one_line_without_namespaces(tmp_path, capsys, monkeypatch):
     import json
 
-    import bagpipe.bench.cluster as cluster
+    import bagpipe.bench.scenarios.cluster.scenario as cluster
     from bagpipe.cli import main
 
     monkeypatch.setattr(cluster, "unavailable", lambda: "emulated hosts need root (network namespaces, veth, tc)")

@@ -42,7 +42,7 @@ CI = ["--configs", "full,nocache,lru,lookahead", "--steps", "200", "--warmup", "
 
 
 def _run_scale(tmp_path, capsys, *extra) -> dict:
-    from bagpipe.bench.memlimit import find_memory_controller
+    from bagpipe.testbed.memlimit import find_memory_controller
 
     controller, why = find_memory_controller()
     if controller is None:
@@ -110,7 +110,7 @@ def test_a_second_invocation_on_the_same_table_file_stays_exact(tmp_path, capsys
 
 
 def test_scale_skips_in_one_line_without_cgroups(tmp_path, capsys, monkeypatch):
-    import bagpipe.bench.scale as scale
+    import bagpipe.bench.scenarios.scale.scenario as scale
 
     monkeypatch.setattr(scale, "find_memory_controller", lambda: (None, "no cgroup memory controller mounted"))
     rc = main(["bench", "scale", "--quick", "--out", str(tmp_path / "s")])

@@ -196,7 +196,7 @@ def test_training_and_the_launcher_run_without_psutil():
         "import bagpipe.train.loop\n"
         "from bagpipe.distributed.launch import interface_of\n"
         "from bagpipe.train.metrics import current_rss_mb\n"
-        "from bagpipe.bench.report import machine\n"
+        "from bagpipe.bench.harness.report import machine\n"
         "print(interface_of('127.0.0.1'), current_rss_mb() > 10, machine()['ram_gib'] > 0)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)

@@ -133,7 +133,7 @@ def test_dcn_mlperf_recipe_is_dcn_only():
 
 
 def test_memory_limit_holds():
-    from bagpipe.bench.memlimit import MemoryGroup, find_memory_controller
+    from bagpipe.testbed.memlimit import MemoryGroup, find_memory_controller
 
     controller, why = find_memory_controller()
     if controller is None:

@@ -1,7 +1,7 @@
 """Real multi-host jobs: two network namespaces as two hosts, torchrun on each.
 
 Each host is a network namespace with its own address on a bridge
-(``bagpipe/bench/netns.py``); on each, ``torchrun --nnodes 2 --rdzv-backend static``
+(``bagpipe/testbed/netns.py``); on each, ``torchrun --nnodes 2 --rdzv-backend static``
 starts two roles of a job of 1 trainer + 2 embedding servers + the oracle, the
 rendezvous at host 0's address (never loopback), gloo bound to ``eth0``, the job's
 secret in a file of mode 0600. Proves:
@@ -47,10 +47,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bagpipe.bench.netns import EmulatedNet, run_namespaces, unavailable
 from bagpipe.cli import main
 from bagpipe.config.train import TrainConfig
 from bagpipe.distributed.auth import new_secret, write_secret_file
+from bagpipe.testbed.netns import EmulatedNet, run_namespaces, unavailable
 from bagpipe.train.loop import train
 
 REASON = unavailable()

@@ -34,11 +34,11 @@ import numpy as np
 import psutil
 import pytest
 
-from bagpipe.bench.load import BackgroundLoad
 from bagpipe.cache.advice import plan_advice, run_advice
 from bagpipe.config.modes import mode_spec
 from bagpipe.store import diskio
 from bagpipe.store.memory import COMMIT_BYTES, committed_zeros
+from bagpipe.testbed.load import BackgroundLoad
 from bagpipe.train.threadcpu import ThreadClock, ThreadTime, pipeline_share
 
 linux = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
@@ -210,7 +210,7 @@ def test_background_load_spins_while_it_runs_and_is_gone_after():
 def test_no_background_process_outlives_a_benchmark_killed_with_sigkill():
     code = (
         "import sys, time\n"
-        "from bagpipe.bench.load import BackgroundLoad\n"
+        "from bagpipe.testbed.load import BackgroundLoad\n"
         "load = BackgroundLoad(2).start()\n"
         "print(*load.pids, flush=True)\n"
         "time.sleep(60)\n"

@@ -38,7 +38,7 @@ class _Elsewhere(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bagpipe.bench.config import show
+    from bagpipe.bench.harness.settings import show
     from bagpipe.bench.registry import SCENARIOS
     from bagpipe.config import add_options
     from bagpipe.config.options import flag

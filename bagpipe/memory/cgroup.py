@@ -12,7 +12,7 @@ that group through ``/proc/self/cgroup`` and reads it:
   else its own ``memory.limit_in_bytes``.
 
 A limit of "max" (v2) or of the v1 sentinel near 2^63 is no limit. Nothing here writes
-to the hierarchy (benchmarks that make groups use :mod:`bagpipe.bench.memlimit`).
+to the hierarchy (benchmarks that make groups use :mod:`bagpipe.testbed.memlimit`).
 """
 
 from __future__ import annotations

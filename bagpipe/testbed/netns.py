@@ -271,7 +271,7 @@ class EmulatedNet:
         host.rate_mbit = None
 
     def _offloads_off(self, ns: str, dev: str) -> None:
-        _run("ip", "netns", "exec", ns, sys.executable, "-m", "bagpipe.bench.netns", "offloads-off", dev)
+        _run("ip", "netns", "exec", ns, sys.executable, "-m", "bagpipe.testbed.netns", "offloads-off", dev)
 
     def popen(self, host: Host, cmd: list[str], **kwargs) -> subprocess.Popen:
         """Start ``cmd`` inside ``host`` (its own session, so it and its children can be stopped together)."""
@@ -331,14 +331,14 @@ def probe_rate(net: EmulatedNet, src: Host, dst: Host, seconds: float, port: int
     counts from its first byte to the last)."""
     recv = net.popen(
         dst,
-        [sys.executable, "-m", "bagpipe.bench.netns", "probe-recv", dst.addr, str(port)],
+        [sys.executable, "-m", "bagpipe.testbed.netns", "probe-recv", dst.addr, str(port)],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         r = net.run(
             src,
-            [sys.executable, "-m", "bagpipe.bench.netns", "probe-send", dst.addr, str(port), str(seconds)],
+            [sys.executable, "-m", "bagpipe.testbed.netns", "probe-send", dst.addr, str(port), str(seconds)],
             timeout=seconds + 30,
             capture_output=True,
             text=True,
@@ -419,7 +419,7 @@ def offloads_off(dev: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m bagpipe.bench.netns offloads-off DEV | probe-recv ADDR PORT | probe-send ADDR PORT SECONDS``
+    """``python -m bagpipe.testbed.netns offloads-off DEV | probe-recv ADDR PORT | probe-send ADDR PORT SECONDS``
     (run inside a namespace), or ``clean`` (remove the namespaces of runs that are gone)."""
     if argv[:1] == ["offloads-off"] and len(argv) == 2:
         offloads_off(argv[1])
@@ -435,7 +435,7 @@ def main(argv: list[str]) -> int:
             print(f"removed {ns}")
         return 0
     print(
-        "usage: python -m bagpipe.bench.netns offloads-off DEV | probe-recv ADDR PORT | probe-send ADDR PORT SECONDS | clean",
+        "usage: python -m bagpipe.testbed.netns offloads-off DEV | probe-recv ADDR PORT | probe-send ADDR PORT SECONDS | clean",
         file=sys.stderr,
     )
     return 2

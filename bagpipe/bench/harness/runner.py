@@ -3,7 +3,7 @@
 Every measured configuration is one ``python -m bagpipe train ...`` process (so peak
 memory, thread pools and page cache state are per run) whose ``--summary-json`` is read
 back. :func:`train_args` is the one place its options are built (from a scenario's
-:class:`~bagpipe.bench.config.TrainBench` settings plus the configuration's own);
+:class:`~bagpipe.bench.harness.settings.TrainBench` settings plus the configuration's own);
 :func:`launch` runs it. :func:`make_data` makes (or reuses) the generated dataset a
 scenario runs on.
 """
@@ -48,7 +48,7 @@ def run_train(args: list[str], summary: Path, label: str, timeout: float | None 
     ``child_io`` (the process's bytes read from block devices, from ``getrusage``'s
     ``ru_inblock``, and its major page faults) added; raises :class:`TrainFailed` if the
     process fails. ``preexec_fn`` runs in the child before ``exec`` (e.g. entering a
-    memory group, :mod:`bagpipe.bench.memlimit`).
+    memory group, :mod:`bagpipe.testbed.memlimit`).
     """
     cmd = train_command(args) + ["--summary-json", str(summary)]
     t0 = time.perf_counter()

@@ -156,7 +156,7 @@ class Loaded(Checked):
 
     background_load: int = 0
     """CPU-bound processes the benchmark starts beside its runs and stops after them
-    (bagpipe.bench.load): 1 on a 2-core machine takes half of it from the runs."""
+    (bagpipe.testbed.load): 1 on a 2-core machine takes half of it from the runs."""
 
     def validate(self) -> None:
         super().validate()
@@ -205,7 +205,7 @@ class CriteoSample(Checked):
 @dataclass(kw_only=True)
 class TrainBench(BenchConfig):
     """Settings of the scenarios whose runs are ``bagpipe train`` processes (see
-    :func:`bagpipe.bench.runner.train_args`)."""
+    :func:`bagpipe.bench.harness.runner.train_args`)."""
 
     model: Model = "dlrm"
     """Model (bagpipe train --model)."""

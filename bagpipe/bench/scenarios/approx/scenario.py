@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bagpipe.bench.config import CriteoSample, Throughput
-from bagpipe.bench.convergence import CRITEO_SAMPLE, SHARED_DATA, _preprocess_criteo
-from bagpipe.bench.report import header, markdown_table, median, pyplot, save_png, throughput, write_results
-from bagpipe.bench.runner import data_samples, ensure_synth, run_train, train_args
+from bagpipe.bench.harness.report import header, markdown_table, median, pyplot, save_png, throughput, write_results
+from bagpipe.bench.harness.runner import data_samples, ensure_synth, run_train, train_args
+from bagpipe.bench.harness.settings import CriteoSample, Throughput
+from bagpipe.bench.scenarios.convergence.scenario import CRITEO_SAMPLE, SHARED_DATA, _preprocess_criteo
 
 CONFIGS = ("exact", "skip-stale", "dist-exact", "periodic")
 REFERENCE = {"exact": "exact", "skip-stale": "exact", "dist-exact": "dist-exact", "periodic": "dist-exact"}

@@ -1,4 +1,4 @@
-"""Tables, targets and plots of ``bagpipe bench cluster`` (its runs are in :mod:`bagpipe.bench.cluster`).
+"""Tables, targets and plots of ``bagpipe bench cluster`` (its runs are in :mod:`bagpipe.bench.scenarios.cluster.scenario`).
 
 Per configuration (link rate, trainers, mode): the median samples/s of the repetitions
 and its spread; speedups over ``nocache`` and ``lru`` at the same rate and trainers,
@@ -13,14 +13,11 @@ misses it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from bagpipe.bench.cluster_model import model_for, traffic_for
-from bagpipe.bench.report import header, markdown_table, median_spread, pyplot, save_png
+from bagpipe.bench.harness.report import header, markdown_table, median_spread, pyplot, save_png
+from bagpipe.bench.scenarios.cluster.cost_model import model_for, traffic_for
+from bagpipe.bench.scenarios.cluster.settings import ClusterBench
 from bagpipe.data.schema import DatasetMeta
-
-if TYPE_CHECKING:
-    from bagpipe.bench.cluster import ClusterBench
 
 ROLES = ("trainer 0", "server 0", "oracle")
 

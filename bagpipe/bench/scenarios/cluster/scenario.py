@@ -2,7 +2,7 @@
 
 Every role of a distributed job -- N trainers, S embedding servers, the oracle -- runs
 in a network namespace of its own with its own address on a bridge
-(:mod:`bagpipe.bench.netns`); the job starts through the same rendezvous as a
+(:mod:`bagpipe.testbed.netns`); the job starts through the same rendezvous as a
 multi-machine job, at trainer 0's address (never loopback); gloo binds to ``eth0``;
 TSO/GSO/GRO are off and the MTU is 1500; both directions of every link are shaped
 (``tbf``) to the link rate, a trainer's at ``rate`` and a server's and the oracle's at
@@ -15,7 +15,7 @@ process with no network at all as the ideal (per trainer; N trainers ideally rea
 times it). For each configuration: samples/s and its spread; speedups over nocache and
 lru; bytes per step on every host's link (its interface counters, read when trainer 0
 starts and when trainer 0 finishes the last step) beside the cost model's
-(:mod:`bagpipe.bench.cluster_model`); the rate a TCP probe achieves on each link under
+(:mod:`bagpipe.bench.scenarios.cluster.cost_model`); the rate a TCP probe achieves on each link under
 the same shaping; trainer 0's time per step split into compute (forward, backward,
 optimizer), waiting for rows (fetch waits and synchronous write-backs) and
 synchronisation (waiting for deferred embedding sync); each role's CPU use over the
@@ -34,105 +34,20 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.cluster_report import plot, summarise
-from bagpipe.bench.config import CachePoint, Throughput
-from bagpipe.bench.netns import EmulatedNet, Host, probe_rate, terminate_as_interrupt, unavailable
-from bagpipe.bench.report import header, write_results
-from bagpipe.bench.runner import data_samples, ensure_synth
-from bagpipe.bench.runner import launch as launch_train
-from bagpipe.config.modes import mode_spec
+from bagpipe.bench.harness.report import header, write_results
+from bagpipe.bench.harness.runner import data_samples, ensure_synth
+from bagpipe.bench.harness.runner import launch as launch_train
+from bagpipe.bench.scenarios.cluster.report import plot, summarise
+from bagpipe.bench.scenarios.cluster.settings import ClusterBench
 from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.distributed.launch import Placement, launch
 from bagpipe.distributed.layout import Layout
+from bagpipe.testbed.netns import EmulatedNet, Host, probe_rate, terminate_as_interrupt, unavailable
 
-MODES = ("nocache", "lru", "lookahead")
 PORT = 29500
-
-
-@dataclass(kw_only=True)
-class ClusterBench(CachePoint, Throughput):
-    """Every role in a network namespace of its own on a bridge, links shaped both ways
-    (tbf; a server's and the oracle's at --server-ratio times a trainer's rate), one
-    thread per role: samples/s of nocache, lru and lookahead against link rate and
-    number of trainers (batch per trainer fixed), --mode full on one process as the
-    ideal; bytes per step on every link against a cost model, probe rates, time per
-    step by phase, CPU per role. Needs root and network namespaces (skips in one line
-    without). --batch-size is the batch of each trainer."""
-
-    name = "cluster"
-    QUICK = dict(
-        scale=0.01,
-        recipe="debug",
-        batch_size=128,
-        steps=10,
-        warmup=3,
-        reps=1,
-        rates=(20.0,),
-        trainers=(1,),
-        modes=("nocache", "lookahead"),
-        lookahead=4,
-        large_lookahead=0,
-        eval_samples=256,
-        probe_s=0.3,
-        embedding_dim=16,
-        digest=True,
-    )
-
-    batch_size: int = 1024
-    steps: int = 40
-    warmup: int = 8
-    eval_samples: int = 2048
-    scale: float = 0.25
-    rates: tuple[float, ...] = (1000.0, 300.0, 100.0, 30.0)
-    """Link rates of a trainer in Mbit/s, each direction (a server's and the oracle's are --server-ratio times it)."""
-    server_ratio: float = 2.5
-    """A server's (and the oracle's) link rate over a trainer's (the paper: 25 / 10 Gbit/s)."""
-    trainers: tuple[int, ...] = (1, 2, 4)
-    """Numbers of trainers (each trains on --batch-size samples a step)."""
-    servers: int = 1
-    """Embedding servers."""
-    modes: tuple[str, ...] = MODES
-    """Modes across the network: a comma-separated subset of nocache,lru,lookahead (full always runs, on one process)."""
-    large_lookahead: int = 60
-    """A second, larger L for lookahead (0: only --lookahead)."""
-    embedding_dim: int = 48
-    """D (the paper's Criteo Kaggle runs: 48)."""
-    probe_s: float = 1.0
-    """Seconds each link probe sends for."""
-    digest: bool = False
-    """Compute params_sha256 of every run (the exactness check of --quick: every one-trainer run equals full's)."""
-
-    def validate(self) -> None:
-        super().validate()
-        self.check_subset("modes", MODES)
-        self.check("rates", bool(self.rates) and all(r > 0 for r in self.rates), "must be link rates > 0 in Mbit/s")
-        self.check(
-            "trainers", bool(self.trainers) and all(n >= 1 for n in self.trainers), "must be numbers of trainers >= 1"
-        )
-        self.check("servers", 1 <= self.servers <= 8, "must be in 1..8")
-        self.check("server_ratio", self.server_ratio > 0, "must be > 0")
-        self.check(
-            "large_lookahead",
-            self.large_lookahead == 0 or self.large_lookahead > self.lookahead,
-            f"must be 0 or larger than --lookahead ({self.lookahead})",
-        )
-        self.check("threads", self.threads in (0, 1), "must be 1 (or 0): every role runs one thread")
-        self.check("embedding_dim", self.embedding_dim >= 1, "must be >= 1")
-        self.check("probe_s", self.probe_s > 0, "must be > 0")
-
-    def configs(self) -> list[tuple[str, str, int]]:
-        """(key, mode, L) of every mode across the network."""
-        out = []
-        for mode in self.modes:
-            if mode_spec(mode).looks_ahead:  # one configuration per L
-                out += [(f"{mode}-L{L}", mode, L) for L in (self.lookahead, self.large_lookahead) if L]
-            else:
-                out.append((mode, mode, 1))
-        return out
 
 
 def _hosts(net: EmulatedNet, b: ClusterBench) -> dict[str, Host]:

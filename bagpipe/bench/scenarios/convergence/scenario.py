@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bagpipe.bench.config import CachePoint, CriteoSample, TrainBench
-from bagpipe.bench.report import header, markdown_table, pyplot, save_png, write_results
-from bagpipe.bench.runner import (
+from bagpipe.bench.harness.report import header, markdown_table, pyplot, save_png, write_results
+from bagpipe.bench.harness.runner import (
     data_samples,
     make_data,
     run_train,
     train_args,
     widest_batch,
 )
+from bagpipe.bench.harness.settings import CachePoint, CriteoSample, TrainBench
 from bagpipe.config.modes import mode_spec
 
 #: ``../shared/data`` next to the repository (real data samples, not part of the repo).

@@ -22,8 +22,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.config import CachePoint, Throughput
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median,
@@ -33,7 +32,8 @@ from bagpipe.bench.report import (
     throughput,
     write_results,
 )
-from bagpipe.bench.runner import launch, prepare
+from bagpipe.bench.harness.runner import launch, prepare
+from bagpipe.bench.harness.settings import CachePoint, Throughput
 
 # key -> (label, trainers, servers, cache sync); trainers 0 = one process, in-process store
 CONFIGS = {

@@ -34,9 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bagpipe.bench.config import Throughput
-from bagpipe.bench.modes import fresh_cold_copy, materialise_disk_store
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median,
@@ -47,7 +45,9 @@ from bagpipe.bench.report import (
     throughput,
     write_results,
 )
-from bagpipe.bench.runner import data_samples, ensure_synth, launch
+from bagpipe.bench.harness.runner import data_samples, ensure_synth, launch
+from bagpipe.bench.harness.settings import Throughput
+from bagpipe.bench.scenarios.modes.scenario import fresh_cold_copy, materialise_disk_store
 from bagpipe.config.modes import mode_spec
 
 CONFIGS = ("nocache", "lru", "fae", "fae-split", "hotline", "lookahead", "lookahead+hot")

@@ -27,8 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.config import Model, OnDevice, Profile, Recipe, Throughput
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     pyplot,
@@ -36,7 +35,8 @@ from bagpipe.bench.report import (
     stacked_step_times,
     write_results,
 )
-from bagpipe.bench.runner import launch, prepare
+from bagpipe.bench.harness.runner import launch, prepare
+from bagpipe.bench.harness.settings import Model, OnDevice, Profile, Recipe, Throughput
 
 
 @dataclass(kw_only=True)
@@ -126,7 +126,7 @@ def run(b: MLPerfBench) -> dict:
 
 
 def summarise(b: MLPerfBench, runs: list[dict], meta, data_s: float) -> dict:
-    from bagpipe.bench.report import median_spread, step_times
+    from bagpipe.bench.harness.report import median_spread, step_times
 
     sps, spread = median_spread([r["samples_per_s"] for r in runs])
     r = runs[0]

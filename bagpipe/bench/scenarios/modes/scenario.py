@@ -15,9 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.config import CachePoint, Loaded, OnDevice, Throughput
-from bagpipe.bench.load import BackgroundLoad
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     forward_backward,
     header,
     markdown_table,
@@ -32,10 +30,12 @@ from bagpipe.bench.report import (
     throughput,
     write_results,
 )
-from bagpipe.bench.runner import launch, prepare
+from bagpipe.bench.harness.runner import launch, prepare
+from bagpipe.bench.harness.settings import CachePoint, Loaded, OnDevice, Throughput
 from bagpipe.config.modes import mode_spec
 from bagpipe.config.train import only_applicable
 from bagpipe.optim.names import row_state_dim
+from bagpipe.testbed.load import BackgroundLoad
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
 STORES = ("memory", "disk")

@@ -26,8 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.config import BenchConfig, Repeated
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median_spread,
@@ -35,6 +34,7 @@ from bagpipe.bench.report import (
     save_png,
     write_results,
 )
+from bagpipe.bench.harness.settings import BenchConfig, Repeated
 
 
 @dataclass(kw_only=True)

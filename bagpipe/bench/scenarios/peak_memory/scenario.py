@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.config import CachePoint, Repeated, TrainBench
-from bagpipe.bench.memlimit import MemoryGroup, find_memory_controller
-from bagpipe.bench.report import header, markdown_table, median_spread, pyplot, save_png, write_results
-from bagpipe.bench.runner import TrainFailed, launch, prepare
+from bagpipe.bench.harness.report import header, markdown_table, median_spread, pyplot, save_png, write_results
+from bagpipe.bench.harness.runner import TrainFailed, launch, prepare
+from bagpipe.bench.harness.settings import CachePoint, Repeated, TrainBench
+from bagpipe.testbed.memlimit import MemoryGroup, find_memory_controller
 
 CONFIGS = (
     "full/memory",
@@ -44,7 +44,7 @@ WITHIN = 0.15
 
 
 @dataclass(kw_only=True)
-class MemoryBench(CachePoint, Repeated, TrainBench):
+class PeakMemoryBench(CachePoint, Repeated, TrainBench):
     """bagpipe plan's estimate against the measured peak anonymous memory of real runs:
     the modes, the memory and disk stores, and embedding servers (Criteo-Kaggle profile
     at a quarter of its cardinality, D = 64, DLRM Kaggle MLPs, batch 2048, 1% cache)."""
@@ -108,7 +108,7 @@ def _pair(name: str, total: float, parts: dict, peak: float) -> dict:
     }
 
 
-def run(b: MemoryBench) -> dict:
+def run(b: PeakMemoryBench) -> dict:
     from bagpipe.optim.names import row_state_dim
 
     out, data, meta = prepare(b)
@@ -154,7 +154,7 @@ def run(b: MemoryBench) -> dict:
     return payload
 
 
-def summarise(b: MemoryBench, results: dict[str, list[dict]], cgroup: str | None) -> dict:
+def summarise(b: PeakMemoryBench, results: dict[str, list[dict]], cgroup: str | None) -> dict:
     rows: list[list] = []
     res: dict[str, dict] = {}
     for key, runs in results.items():

@@ -6,9 +6,9 @@ repetitions (the order rotates from one repetition to the next):
 
 * ``full`` / ``lookahead`` (memory store) / ``lookahead-disk``: ``python -m bagpipe
   train ... --summary-json`` exactly as ``bagpipe bench modes`` launches it
-  (:func:`bagpipe.bench.modes.run_mode`, including the cold copy of the disk table file).
-* ``torchrec``: :func:`~bagpipe.bench.torchrec_worker.train_torchrec` in a subprocess
-  (``python -m bagpipe.bench.torchrec_worker ...``): TorchRec's
+  (:func:`bagpipe.bench.scenarios.modes.scenario.run_mode`, including the cold copy of the disk table file).
+* ``torchrec``: :func:`~bagpipe.bench.scenarios.peers.torchrec_worker.train_torchrec` in a subprocess
+  (``python -m bagpipe.bench.scenarios.peers.torchrec_worker ...``): TorchRec's
   ``torchrec.models.dlrm.DLRM`` around an ``EmbeddingBagCollection`` (one
   ``EmbeddingBagConfig`` per table, pooling SUM), sharded by ``DistributedModelParallel``
   on a one-process gloo group, every table ``TABLE_WISE`` on the ``FUSED`` compute
@@ -48,8 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.config import CachePoint, Throughput
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median,
@@ -60,7 +59,8 @@ from bagpipe.bench.report import (
     throughput,
     write_results,
 )
-from bagpipe.bench.runner import prepare
+from bagpipe.bench.harness.runner import prepare
+from bagpipe.bench.harness.settings import CachePoint, Throughput
 from bagpipe.errors import ConfigError
 
 BAGPIPE_CONFIGS = {
@@ -172,7 +172,7 @@ def _run_torchrec(b: PeersBench, data: Path, run_dir: Path, kernel: str, omp_wai
     cmd = [
         sys.executable,
         "-m",
-        "bagpipe.bench.torchrec_worker",
+        "bagpipe.bench.scenarios.peers.torchrec_worker",
         "--data",
         str(data),
         "--kernel",
@@ -209,7 +209,7 @@ def run(b: PeersBench) -> dict:
     missing = torchrec_available() if any(c in TORCHREC_CONFIGS for c in b.modes) else None
     if missing:
         raise ConfigError(missing)
-    from bagpipe.bench.modes import materialise_disk_store, run_mode
+    from bagpipe.bench.scenarios.modes.scenario import materialise_disk_store, run_mode
     from bagpipe.models import recipe
 
     out, data, meta = prepare(b)

@@ -1,13 +1,13 @@
 """One TorchRec training run of ``bagpipe bench peers``, in its own process.
 
-``python -m bagpipe.bench.torchrec_worker --data DATA --summary-json FILE ...`` runs
+``python -m bagpipe.bench.scenarios.peers.torchrec_worker --data DATA --summary-json FILE ...`` runs
 :func:`train_torchrec`: TorchRec's ``torchrec.models.dlrm.DLRM`` around an
 ``EmbeddingBagCollection`` (one ``EmbeddingBagConfig`` per table, pooling SUM), sharded
 by ``DistributedModelParallel`` on a one-process gloo group, every table ``TABLE_WISE``
 on the ``FUSED`` compute kernel (or ``DATA_PARALLEL`` on ``DENSE``), starting from exactly
 bagpipe's initial values (embedding rows from bagpipe's ``RowInitializer``, MLP weights
 copied from bagpipe's DLRM built with the same seed). Its summary is shaped like
-``bagpipe train``'s. :mod:`bagpipe.bench.peers` (the driver) explains the comparison.
+``bagpipe train``'s. :mod:`bagpipe.bench.scenarios.peers.scenario` (the driver) explains the comparison.
 Needs TorchRec and FBGEMM (``make peers``); they are imported only in here.
 """
 
@@ -296,7 +296,8 @@ def _has_dist(name: str) -> bool:
 
 def _worker_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bagpipe.bench.torchrec_worker", description="one TorchRec training run (internal)"
+        prog="python -m bagpipe.bench.scenarios.peers.torchrec_worker",
+        description="one TorchRec training run (internal)",
     )
     p.add_argument("--data", required=True)
     p.add_argument("--kernel", default="fused", choices=("fused", "dense"))

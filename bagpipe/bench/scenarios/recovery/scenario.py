@@ -34,8 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe.bench.config import CachePoint, Throughput
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median_spread,
@@ -44,7 +43,8 @@ from bagpipe.bench.report import (
     throughput,
     write_results,
 )
-from bagpipe.bench.runner import launch, prepare, train_args, train_command
+from bagpipe.bench.harness.runner import launch, prepare, train_args, train_command
+from bagpipe.bench.harness.settings import CachePoint, Throughput
 from bagpipe.phases import PHASES
 
 TOPOLOGIES = {"1x2": (1, 2), "2x2": (2, 2)}

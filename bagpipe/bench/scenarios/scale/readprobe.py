@@ -1,7 +1,7 @@
 """The reads-only probe of ``bagpipe bench scale``: how long the store alone takes to read
 each step's misses, under the same memory limit as the training runs.
 
-``python -m bagpipe.bench.readprobe SETTINGS.json RESULT.json`` (started by the scale
+``python -m bagpipe.bench.scenarios.scale.readprobe SETTINGS.json RESULT.json`` (started by the scale
 scenario inside a fresh memory group) plans the run the way ``bagpipe train --mode
 lookahead`` does (the lookahead oracle over the same batch stream, cache size and L),
 keeps each step's ``fetch_rows``, drops the table file from the page cache, then reads
@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def probe(settings: dict) -> dict:
-    """Run the probe described by ``settings`` (see :func:`bagpipe.bench.scale.probe_settings`)."""
+    """Run the probe described by ``settings`` (see :func:`bagpipe.bench.scenarios.scale.scenario.probe_settings`)."""
     import numpy as np
 
     from bagpipe.data.shards import Dataset

@@ -1,4 +1,4 @@
-"""The figures, targets, table and plot of ``bagpipe bench scale`` (:mod:`bagpipe.bench.scale`).
+"""The figures, targets, table and plot of ``bagpipe bench scale`` (:mod:`bagpipe.bench.scenarios.scale.scenario`).
 
 Per configuration, over its repetitions: samples/s (median of the runs that finished,
 and which failed and why), ratios to full, nocache and lru, the share of nocache's step
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median_spread,

@@ -1,7 +1,7 @@
 """``bagpipe bench scale``: tables larger than memory, under a cgroup memory limit.
 
 Each configuration is a ``bagpipe train`` process. The cached modes run on the disk
-store inside a fresh memory control group (:mod:`bagpipe.bench.memlimit`) whose limit
+store inside a fresh memory control group (:mod:`bagpipe.testbed.memlimit`) whose limit
 ``--memory-limit-mb`` counts the page cache too, so the table file cannot be cached and
 a miss is a real device read; each run takes its memory budget from that group (no
 ``--memory-budget-mb``: the default). ``full`` runs on the memory store with no limit:
@@ -17,7 +17,7 @@ reads matter more.
     lookahead       the oracle's cache of the same size, L = --lookahead
     lookahead+hot   the same memory: --hot-share of it a hot tier, the rest cache
     reads-only      (--probe: a probe, not training) the lookahead run's misses read step
-                    after step from the store under the same limit (:mod:`bagpipe.bench.readprobe`)
+                    after step from the store under the same limit (:mod:`bagpipe.bench.scenarios.scale.readprobe`)
 
 The table file is written once, every row materialised (its initial value and zero
 state); before each run the rows the previous runs could have written (every row of
@@ -31,7 +31,7 @@ writeback, mapped) is sampled every ``--sample-s`` seconds into results.json and
 plot; the run's own summary adds its anonymous memory and its group's figures every 10
 steps (``memory.by_step``). A run that fails (an OOM kill, an error, a time-out) is
 reported as failed with the reason, never as a ratio or a digest. The report's figures
-and targets: :mod:`bagpipe.bench.scale_report`.
+and targets: :mod:`bagpipe.bench.scenarios.scale.report`.
 """
 
 from __future__ import annotations
@@ -45,14 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.bench.config import CachePoint, Loaded, Throughput
-from bagpipe.bench.load import BackgroundLoad
-from bagpipe.bench.memlimit import MemoryGroup, find_memory_controller
-from bagpipe.bench.modes import drop_cached, materialise_disk_store
-from bagpipe.bench.report import header, write_results
-from bagpipe.bench.runner import TrainFailed, launch, prepare
-from bagpipe.bench.scale_report import plot, summarise, thin
+from bagpipe.bench.harness.report import header, write_results
+from bagpipe.bench.harness.runner import TrainFailed, launch, prepare
+from bagpipe.bench.harness.settings import CachePoint, Loaded, Throughput
+from bagpipe.bench.scenarios.modes.scenario import drop_cached, materialise_disk_store
+from bagpipe.bench.scenarios.scale.report import plot, summarise, thin
 from bagpipe.optim.names import row_state_dim
+from bagpipe.testbed.load import BackgroundLoad
+from bagpipe.testbed.memlimit import MemoryGroup, find_memory_controller
 
 CONFIGS = ("full", "nocache", "lru", "lookahead", "lookahead+hot")
 PROBE = "reads-only"
@@ -302,7 +302,7 @@ def run_probe(
     dim: int,
     state_dim: int,
 ) -> dict:
-    """The reads-only probe (:mod:`bagpipe.bench.readprobe`) in its own process and memory group."""
+    """The reads-only probe (:mod:`bagpipe.bench.scenarios.scale.readprobe`) in its own process and memory group."""
     spec = {
         "data": str(data),
         "store_dir": str(store_dir),
@@ -319,7 +319,7 @@ def run_probe(
     spec_file.write_text(json.dumps(spec))
     with MemoryGroup(controller, limit, "bagpipe-scale-probe") as group:
         proc = subprocess.run(
-            [sys.executable, "-m", "bagpipe.bench.readprobe", str(spec_file), str(result_file)],
+            [sys.executable, "-m", "bagpipe.bench.scenarios.scale.readprobe", str(spec_file), str(result_file)],
             capture_output=True,
             text=True,
             preexec_fn=group.enter,

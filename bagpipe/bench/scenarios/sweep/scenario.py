@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bagpipe.bench.config import Throughput
-from bagpipe.bench.report import (
+from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median,
@@ -40,7 +39,8 @@ from bagpipe.bench.report import (
     throughput,
     write_results,
 )
-from bagpipe.bench.runner import TrainFailed, launch, prepare, widest_batch
+from bagpipe.bench.harness.runner import TrainFailed, launch, prepare, widest_batch
+from bagpipe.bench.harness.settings import Throughput
 from bagpipe.optim.names import row_state_dim
 
 

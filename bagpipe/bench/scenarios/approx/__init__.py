@@ -1,0 +1,1 @@
+"""``bagpipe bench approx``: exact training against the approximate methods (Slipstream, cDLRM)."""

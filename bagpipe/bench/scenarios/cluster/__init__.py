@@ -1,0 +1,1 @@
+"""``bagpipe bench cluster``: an emulated cluster (settings, runs, report, traffic cost model)."""

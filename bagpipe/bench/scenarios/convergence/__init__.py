@@ -1,0 +1,1 @@
+"""``bagpipe bench convergence``: eval curves of full and lookahead, which must be identical."""

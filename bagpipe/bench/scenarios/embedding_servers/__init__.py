@@ -1,0 +1,1 @@
+"""``bagpipe bench distributed``: embedding servers against the in-process store; partitioned against replicated cache."""

@@ -1,0 +1,1 @@
+"""``bagpipe bench mlperf``: MLPerf DLRM-DCNv2 at full size for a bounded number of steps."""

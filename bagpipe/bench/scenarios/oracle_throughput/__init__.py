@@ -1,0 +1,1 @@
+"""``bagpipe bench oracle``: the lookahead oracle's planning throughput alone."""

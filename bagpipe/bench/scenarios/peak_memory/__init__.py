@@ -1,0 +1,1 @@
+"""``bagpipe bench memory``: ``bagpipe plan``'s memory estimate against the measured peak of real runs."""

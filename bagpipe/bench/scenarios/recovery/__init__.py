@@ -1,0 +1,1 @@
+"""``bagpipe bench recovery``: checkpoint cost and recovery time of a killed role."""

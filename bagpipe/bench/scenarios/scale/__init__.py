@@ -1,0 +1,1 @@
+"""``bagpipe bench scale``: tables larger than memory (runs, report, the reads-only probe process)."""

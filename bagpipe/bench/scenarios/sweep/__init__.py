@@ -1,0 +1,1 @@
+"""``bagpipe bench sweep``: lookahead over cache size x L, and the cache-budget auto-tuner."""
