@@ -1,10 +1,13 @@
 """The codebase's own rules, checked so that they stay true.
 
 * No import cycle inside ``bagpipe/``: the graph of every ``import`` statement (lazy
-  ones inside functions included, ``if TYPE_CHECKING:`` blocks excluded) has no
-  strongly connected component larger than one module, and the graph of its folders
-  (each module counted in its top-level folder; a module at the top is its own node)
-  has none either: every arrow between concepts runs one way.
+  ones inside functions and ``if TYPE_CHECKING:`` blocks included: a cycle a type
+  checker needs is still two modules that cannot be read apart) has no strongly
+  connected component larger than one module, and the graph of its folders (each
+  module counted in its top-level folder; a module at the top is its own node) has
+  none either: every arrow between concepts runs one way.
+* No module or package under ``bagpipe/bench/`` is named like a package or top-level
+  module of ``bagpipe/`` (a scenario named ``memory`` beside the ``memory`` package).
 * "Mode" has one home: no module but ``bagpipe/config/modes.py`` compares a mode's name
   (a string of the table of modes compared with something named like a mode or a
   planner); every mode's planner, step and executor are registered.
@@ -40,25 +43,18 @@ PACKAGE = Path(__file__).resolve().parents[1] / "bagpipe"
 MAX_LINES = 500
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, root: Path = PACKAGE.parent) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_modules(path: Path, name: str, known: set[str]) -> set[str]:
-    """Modules of ``known`` that the file at ``path`` imports (anywhere but TYPE_CHECKING blocks)."""
+    """Modules of ``known`` that the file at ``path`` imports, anywhere in it (functions and
+    ``if TYPE_CHECKING:`` blocks too)."""
     found: set[str] = set()
     is_pkg = path.name == "__init__.py"
 
     class Visitor(ast.NodeVisitor):
-        def visit_If(self, node: ast.If) -> None:
-            t = node.test
-            if getattr(t, "id", None) == "TYPE_CHECKING" or getattr(t, "attr", None) == "TYPE_CHECKING":
-                for n in node.orelse:
-                    self.visit(n)
-                return
-            self.generic_visit(node)
-
         def visit_Import(self, node: ast.Import) -> None:
             found.update(a.name for a in node.names)
 
@@ -128,19 +124,55 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def import_graph(package: Path) -> dict[str, set[str]]:
-    files = {module_name(p): p for p in package.rglob("*.py")}
+    files = {module_name(p, package.parent): p for p in package.rglob("*.py")}
     return {name: imported_modules(p, name, set(files)) for name, p in files.items()}
 
 
+def cycle_path(graph: dict[str, set[str]], component: list[str]) -> str:
+    """A shortest cycle through ``component`` (a strongly connected one), as ``a -> b -> a``."""
+    start, inside = component[0], set(component)
+    came_from: dict[str, str] = {}  # breadth first from start until an arrow leads back to it
+    frontier = [start]
+    while start not in came_from:
+        reached = []
+        for v in frontier:
+            for w in sorted(graph[v] & inside):
+                if w not in came_from:
+                    came_from[w] = v
+                    reached.append(w)
+        frontier = reached
+    path = [start]
+    while len(path) == 1 or path[-1] != start:
+        path.append(came_from[path[-1]])
+    return " -> ".join(reversed(path))
+
+
+def cycle_report(graph: dict[str, set[str]]) -> str:
+    return "\n".join(cycle_path(graph, c) for c in cycles(graph))
+
+
 def test_cycle_finder_finds_a_cycle():
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert cycles({"a": {"b"}, "b": set()}) == []
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycle_report(graph) == "a -> b -> c -> a"
+    assert cycles({"a": {"b"}, "b": set()}) == [] and cycle_report({"a": {"b"}, "b": set()}) == ""
+
+
+def test_import_graph_sees_type_checking_and_lazy_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n")
+    (pkg / "b.py").write_text("def f():\n    from . import a\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.b"} and "pkg.a" in graph["pkg.b"]
+    assert cycle_report(graph) == "pkg.a -> pkg.b -> pkg.a"
 
 
 def test_no_import_cycle_inside_bagpipe():
     graph = import_graph(PACKAGE)
     assert "bagpipe.models.config" in graph["bagpipe.models.dlrm"]  # the graph sees real imports
-    assert cycles(graph) == []
+    assert cycles(graph) == [], f"modules that import each other (TYPE_CHECKING imports count):\n{cycle_report(graph)}"
 
 
 def folder_of(module: str) -> str:
@@ -163,7 +195,37 @@ def test_no_import_cycle_between_folders():
     graph = folder_graph(import_graph(PACKAGE))
     assert "oracle" in graph["train"] and "train" in graph["distributed"]  # the graph sees the folders
     assert cycles({"a.x": {"b"}, "b": {"a.x"}}) == [["a.x", "b"]]
-    assert cycles(graph) == [], "folders that import each other (an arrow that runs back up)"
+    assert cycles(graph) == [], f"folders that import each other (an arrow that runs back up):\n{cycle_report(graph)}"
+
+
+def core_names(package: Path) -> set[str]:
+    """The names ``package`` gives its subpackages and its top-level modules."""
+    return {
+        p.stem
+        for p in package.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and not p.stem.startswith("__"))
+    }
+
+
+def named_like(folder: Path, names: set[str]) -> list[str]:
+    """Modules and packages under ``folder`` whose name is one of ``names``."""
+    return sorted(
+        str(p.relative_to(folder.parent))
+        for p in folder.rglob("*")
+        if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.stem in names
+    )
+
+
+def test_no_bench_module_named_like_a_core_package(tmp_path):
+    names = core_names(PACKAGE)
+    assert {"memory", "oracle", "config", "accel", "distributed", "bench", "errors"} <= names
+    (tmp_path / "bench" / "memory").mkdir(parents=True)
+    (tmp_path / "bench" / "memory" / "__init__.py").write_text("")
+    (tmp_path / "bench" / "config.py").write_text("")
+    (tmp_path / "bench" / "peak_memory.py").write_text("")
+    assert named_like(tmp_path / "bench", names) == ["bench/config.py", "bench/memory"]
+    clashes = named_like(PACKAGE / "bench", names)
+    assert clashes == [], f"named like a package or module of bagpipe/ (rename for what it measures): {clashes}"
 
 
 def mode_comparisons(path: Path) -> list[str]:
