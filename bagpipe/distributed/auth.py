@@ -31,7 +31,7 @@ SECRET_ENV = "BAGPIPE_JOB_SECRET"
 SECRET_FILE_ENV = "BAGPIPE_JOB_SECRET_FILE"
 MIN_SECRET_BYTES = 16
 NONCE_BYTES = 32
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the handshake carries the role's settings (bagpipe.config.agreement)
 
 
 class AuthError(BagpipeError):

@@ -272,6 +272,7 @@ def joined(
     secret_file: str | None = None,
     placement: TrainerPlacement | None = None,
     report_errors: bool = False,
+    settings: dict[str, str] | None = None,
 ):
     """Join the job's process group and prove the job's secret (``secret_file``, else the
     environment's) to every role this one talks to; yields (transport, trainer group);
@@ -300,7 +301,7 @@ def joined(
         backend = trainer_backend([store.get(f"trainer-gpu/{r}").decode() for r in layout.trainer_ranks])
         group = dist.new_group(layout.trainer_ranks, backend=backend) if layout.trainers > 1 else None
         transport = Transport(layout.name, log=log.warning)
-        transport.join(layout.peers(rank), secret)
+        transport.join(layout.peers(rank), secret, settings)
         phases.mark("joined")
         log.info(f"{name} (rank {rank} of {layout.world_size}) joined")
         yield transport, group
@@ -334,8 +335,9 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
             f"{layout.name(rank)}: restarted after the job had ended (its summary and final checkpoint are written); nothing to do"
         )
         return None
+    settings = role_settings(cfg)
     if role == "server":
-        serve(ServerConfig.of(cfg, layout, rank), layout, rank, report_errors=True)
+        serve(ServerConfig.of(cfg, layout, rank), layout, rank, report_errors=True, settings=settings)
         return None
     threads, timeout = role_threads(cfg.run.threads, layout, rank), cfg.dist.rendezvous_timeout
     if role == "trainer":
@@ -348,14 +350,16 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
             cfg.device.device, placement.index, cfg.device.deterministic, cfg.device.device_memory_budget_mb
         )
         try:
-            with joined(layout, rank, threads, timeout, cfg.dist.secret_file, placement, report_errors=True) as (
-                transport,
-                group,
-            ):
+            with joined(
+                layout, rank, threads, timeout, cfg.dist.secret_file, placement, report_errors=True, settings=settings
+            ) as (transport, group):
                 return run_trainer(cfg, layout, rank, transport, group, device)
         finally:
             device.close()
-    with joined(layout, rank, threads, timeout, cfg.dist.secret_file, report_errors=True) as (transport, group):
+    with joined(layout, rank, threads, timeout, cfg.dist.secret_file, report_errors=True, settings=settings) as (
+        transport,
+        group,
+    ):
         from bagpipe.distributed.oracle_role import run_oracle
 
         report = run_oracle(cfg, layout, transport)
@@ -366,6 +370,17 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
         return None
 
 
+def role_settings(cfg: TrainConfig) -> dict[str, str]:
+    """What this role compares with every peer at the join (:mod:`bagpipe.config.agreement`):
+    its settings, and its data set by contents."""
+    from bagpipe.config.agreement import job_settings
+    from bagpipe.data.integrity import fingerprint
+    from bagpipe.data.schema import DatasetMeta
+
+    data = Path(cfg.data.data)
+    return job_settings(cfg, fingerprint(data, DatasetMeta.load(data)))
+
+
 def trainer_placement(device: str) -> TrainerPlacement:
     """This trainer process's GPU: ``cuda:LOCAL_RANK`` (see :mod:`bagpipe.device.placement`)."""
     import torch
@@ -373,9 +388,11 @@ def trainer_placement(device: str) -> TrainerPlacement:
     return place_trainer(device, local_rank(), torch.cuda.device_count() if device == "cuda" else 0)
 
 
-def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = False) -> None:
-    """Run embedding server ``rank`` until every trainer has said goodbye (``report_errors``:
-    as :func:`joined`)."""
+def serve(
+    scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = False, settings: dict[str, str] | None = None
+) -> None:
+    """Run embedding server ``rank`` until every trainer has said goodbye (``report_errors``,
+    ``settings``: as :func:`joined`; a server started by hand holds no training settings)."""
     from bagpipe.distributed.server import (
         EmbeddingServer,
         ShardInit,
@@ -388,10 +405,15 @@ def serve(scfg: ServerConfig, layout: Layout, rank: int, report_errors: bool = F
     role, shard = layout.role(rank)
     if role != "server":
         raise ConfigError(f"rank {rank} is {layout.name(rank)}, not a server, in this layout")
-    with joined(layout, rank, scfg.threads, scfg.rendezvous_timeout, scfg.secret_file, report_errors=report_errors) as (
-        transport,
-        _,
-    ):
+    with joined(
+        layout,
+        rank,
+        scfg.threads,
+        scfg.rendezvous_timeout,
+        scfg.secret_file,
+        report_errors=report_errors,
+        settings=settings,
+    ) as (transport, _):
         init, state_dim, restore = receive_setup(transport, layout.trainer_ranks[0])
         sinit = ShardInit(init, shard, layout.servers)
         directory = (

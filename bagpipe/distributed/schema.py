@@ -97,6 +97,18 @@ def list_of(spec: Spec) -> Spec:
     return check_list
 
 
+def dict_of(spec: Spec) -> Spec:
+    """A dict of text keys, each value as ``spec``."""
+
+    def check_dict(v: Any, where: str) -> None:
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            _fail(where, "a dict with text keys", v)
+        for k, x in v.items():
+            spec(x, f"{where}[{k!r}]")
+
+    return check_dict
+
+
 def record(*classes: type) -> Spec:
     def check_record(v: Any, where: str) -> None:
         if type(v) not in classes:
@@ -164,6 +176,8 @@ def spec_of(t: Any, where: str) -> Spec:
     if type(None) in args:  # X | None
         (inner,) = [a for a in args if a is not type(None)]
         return maybe(spec_of(inner, where))
+    if typing.get_origin(t) is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]
+        return list_of(spec_of(args[0], where))
     simple = {
         int: INT_,
         float: FLOAT_,

@@ -42,7 +42,7 @@ import struct
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -50,6 +50,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from bagpipe.config.agreement import differences
 from bagpipe.distributed import auth
 from bagpipe.distributed.wire import (  # noqa: F401 - the streams are part of this interface
     CONTROL,
@@ -76,6 +77,10 @@ INLINE_BYTES = HEADER_BYTES - _BODY_AT
 INLINE = 1  # flag: the body is inside the header
 MAX_MESSAGE_BYTES = 1 << 32  # a read_range chunk of 2^20 rows of D = 128 with Adam's state is ~1 GiB
 LOG_REFUSALS = 20  # refusals logged one by one per peer; then one line every 1,000
+
+
+class SettingsDiffer(BagpipeError):
+    """Two roles of a job were started with different settings that shape its result."""
 
 
 class PeerLost(BagpipeError):
@@ -163,9 +168,15 @@ class Transport:
         return self.name(rank) if rank is not None else "this process"
 
     # the handshake -----------------------------------------------------------------
-    def join(self, peers: Iterable[int], secret: bytes) -> None:
+    def join(self, peers: Iterable[int], secret: bytes, settings: Mapping[str, str] | None = None) -> None:
         """Prove to every one of ``peers`` that this role holds the job's ``secret`` and
         check that it does too (challenge and response), then agree the pair's keys.
+
+        ``settings``: what this role was started with that every role must share
+        (:func:`bagpipe.config.agreement.job_settings`); each pair exchanges theirs in the
+        handshake and, once every pair has met, a role whose settings differ from a
+        peer's raises SettingsDiffer naming the settings and the peers (every role of the
+        pair says so, and none starts training).
 
         Every role walks its pairs in ascending order of the peer's rank -- the global
         order of the pairs (lower rank, higher rank) -- so no two roles ever wait for
@@ -174,15 +185,28 @@ class Transport:
         me = self.wire.rank()
         if me is None:
             raise BagpipeError("Transport.join needs this process's rank (a process group, or a wire that knows it)")
+        mine = dict(settings or {})
+        differ = []
         for peer in sorted(set(peers) - {me}):
             with self._guard(
                 peer,
                 "proving the job's secret to",
                 during="the handshake (did it refuse this role? every role needs the same secret)",
             ):
-                self._keys[peer] = self._handshake(me, peer, secret)
+                self._keys[peer], theirs = self._handshake(me, peer, secret, mine)
+            if diff := differences(mine, theirs):
+                differ.append(f"{self.name(peer)} (rank {peer}): " + ", ".join(diff))
+        if differ:
+            raise SettingsDiffer(
+                f"{self._me()} was started with other settings than "
+                + "; ".join(differ)
+                + ": start every role of a job with the same options and data set"
+            )
 
-    def _handshake(self, me: int, peer: int, secret: bytes) -> tuple[bytes, bytes]:
+    def _handshake(
+        self, me: int, peer: int, secret: bytes, settings: dict[str, str]
+    ) -> tuple[tuple[bytes, bytes], dict[str, str]]:
+        """The pair's session keys, and the settings the peer sent."""
         keys = auth.hello_key(secret, me, peer), auth.hello_key(secret, peer, me)
         mine = auth.token_nonce()
 
@@ -204,12 +228,15 @@ class Transport:
                 )
 
         if me < peer:  # the lower rank challenges first
-            self._send_message(peer, HELLO, {"version": auth.PROTOCOL_VERSION, "nonce": mine}, keys[0])
+            self._send_message(
+                peer, HELLO, {"version": auth.PROTOCOL_VERSION, "nonce": mine, "settings": settings}, keys[0]
+            )
             got = expect()
             if "proof" not in got or "nonce" not in got:
                 raise auth.AuthError(f"{self._me()} refused {self.name(peer)} (rank {peer}): a handshake out of order")
             theirs = got["nonce"]
             check(got["proof"], theirs)
+            their_settings = got.get("settings", {})
             self._send_message(peer, HELLO, {"proof": auth.proof(secret, me, peer, theirs, mine)}, keys[0])
         else:
             got = expect()
@@ -218,15 +245,18 @@ class Transport:
                     f"{self._me()} refused {self.name(peer)} (rank {peer}): handshake version "
                     f"{got.get('version')}, this role speaks {auth.PROTOCOL_VERSION} (another bagpipe version?)"
                 )
-            theirs = got["nonce"]
+            theirs, their_settings = got["nonce"], got.get("settings", {})
             self._send_message(
-                peer, HELLO, {"nonce": mine, "proof": auth.proof(secret, me, peer, theirs, mine)}, keys[0]
+                peer,
+                HELLO,
+                {"nonce": mine, "proof": auth.proof(secret, me, peer, theirs, mine), "settings": settings},
+                keys[0],
             )
             got = expect()
             if set(got) != {"proof"}:
                 raise auth.AuthError(f"{self._me()} refused {self.name(peer)} (rank {peer}): a handshake out of order")
             check(got["proof"], theirs)
-        return auth.session_keys(secret, me, peer, mine, theirs)
+        return auth.session_keys(secret, me, peer, mine, theirs), their_settings
 
     # messages ----------------------------------------------------------------------
     def send(self, peer: int, stream: int, obj: Any) -> None:

@@ -31,6 +31,7 @@ from bagpipe.distributed.schema import (
     WireError,
     array,
     by_op,
+    dict_of,
     list_of,
     maybe,
     one_of,
@@ -106,8 +107,9 @@ SCHEMAS: dict[int, Spec] = {
         error=struct_({"step": INT_, "error": STR_, "no_space": BOOL_}),
     ),
     HELLO: one_of(
-        hello=struct_({"version": INT_, "nonce": BYTES_}),
-        answer=struct_({"nonce": BYTES_, "proof": BYTES_}),
+        # settings: optional in the schema, so a peer of another version is told so by the version check
+        hello=struct_({"version": INT_, "nonce": BYTES_}, {"settings": dict_of(STR_)}),
+        answer=struct_({"nonce": BYTES_, "proof": BYTES_}, {"settings": dict_of(STR_)}),
         proof=struct_({"proof": BYTES_}),
     ),
 }

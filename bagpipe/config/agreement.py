@@ -1,0 +1,76 @@
+"""The settings every role of a distributed job must share, as each role sees them.
+
+Roles are started separately (by the launcher, by torchrun, by hand on several hosts),
+each from its own command line. A role given another ``--seed``, ``--steps`` or data set
+than the others would train another model than the one the run reports, or wait forever
+in a collective the others never enter. So each role sends :func:`job_settings` in its
+handshake (:meth:`bagpipe.distributed.transport.Transport.join`) and every pair of roles
+compares them before the first step (:func:`differences`).
+
+Every setting of :class:`~bagpipe.config.train.TrainConfig` is compared except the
+:data:`PER_ROLE` ones, which may differ between roles without changing the run; a new
+setting is compared unless it is added there, with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from bagpipe.config.train import TrainConfig
+
+PER_ROLE = frozenset(
+    {
+        # where a role keeps or writes its own things
+        "out",
+        "store",
+        "store_dir",
+        "summary_json",
+        "tensorboard",
+        # how a role runs on its own machine: the result is the same on any of them
+        "memory_budget_mb",
+        "server_memory_budget_mb",
+        "device",
+        "device_memory_budget_mb",
+        "threads",
+        "progress",
+        "plans_in_flight",
+        # how a role joins and is restarted (the launcher's and the rendezvous' business)
+        "rendezvous_timeout",
+        "max_restarts",
+        "spares",
+        "secret_file",
+    }
+)
+"""Settings a role may hold differently from the others."""
+
+
+def option(name: str) -> str:
+    """The command-line option of setting ``name`` (``batch_size`` -> ``--batch-size``)."""
+    return "--" + name.replace("_", "-")
+
+
+def job_settings(cfg: TrainConfig, data_fingerprint: str) -> dict[str, str]:
+    """Option -> value (as text) of every setting the roles must share; the data set by its
+    contents (``data_fingerprint``: :meth:`bagpipe.data.shards.Dataset.fingerprint`), not
+    by its path, which may differ between hosts."""
+    out: dict[str, str] = {}
+    for section in dataclasses.fields(cfg):
+        values = getattr(cfg, section.name)
+        for f in dataclasses.fields(values):
+            if f.name in PER_ROLE:
+                continue
+            value = getattr(values, f.name)
+            if f.name == "data":
+                out["--data (its contents)"] = f"fingerprint {data_fingerprint[:12]}"
+            else:
+                out[option(f.name)] = str(value)
+    return out
+
+
+def differences(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
+    """What differs between two roles' settings, as ``--seed 3 here, 0 there``, over the
+    settings both sent (an embedding server started by hand holds none of them)."""
+    return [
+        f"{k} {mine[k]} here, {theirs[k]} there" for k in sorted(mine.keys() & theirs.keys()) if mine[k] != theirs[k]
+    ]
