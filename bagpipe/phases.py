@@ -53,7 +53,9 @@ def mark(name: str, rank: int | None = None, fresh: bool = False) -> None:
     folder = os.environ.get(ENV)
     if not folder:
         return
-    rank = int(os.environ.get("RANK", "-1")) if rank is None else rank
+    if rank is None:
+        text = os.environ.get("RANK", "-1")
+        rank = int(text) if text.strip().lstrip("-").isdigit() else -1  # a bad RANK is the role's to refuse
     path = Path(folder) / f"phases-{rank}.json"
     try:
         marks = {} if fresh or not path.exists() else json.loads(path.read_text())

@@ -18,7 +18,7 @@ themselves so that a new option is covered the day it is added:
   the wrong TOML type, non-finite floats, out-of-range ints, an unknown key, a mistyped
   table name (answered with the table it meant), a file that is not UTF-8;
 * random text for random options (hypothesis) never raises;
-* bad environment variables (``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+* bad environment variables (``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``OMP_NUM_THREADS``, ``TORCHELASTIC_RESTART_COUNT``, ``BAGPIPE_TEST_PAUSE``) break
   no command that does not read them (``--version``, ``check``) and are one line,
   naming the variable, in those that do (``worker``, ``serve``); a port above 65535 is
@@ -344,6 +344,7 @@ BAD_ENV = {
     "MASTER_PORT": ["x", "", "70000", "-5", NON_UTF8],
     "RANK": ["x", "-1", "7", NON_UTF8],
     "WORLD_SIZE": ["x", "0", "4"],
+    "LOCAL_RANK": ["x", "-1", NON_UTF8],
     "OMP_NUM_THREADS": ["x", "-2"],
     "TORCHELASTIC_RESTART_COUNT": ["x"],
     "BAGPIPE_TEST_PAUSE": ["nonsense"],

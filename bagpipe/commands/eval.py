@@ -23,7 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config.argtypes import count, path
 
     p.add_argument("--run", required=True, type=path, help="run directory written by bagpipe train")
-    p.add_argument("--data", required=True, type=path, help="dataset directory with an eval split")
+    p.add_argument(
+        "--data", required=True, type=path, help="dataset directory with an eval split (refused without one)"
+    )
     p.add_argument("--batch-size", type=count(1), default=4096, help="eval batch size (default 4096)")
     p.add_argument("--max-samples", type=count(0), default=0, help="cap on eval samples (default: all)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -48,6 +50,13 @@ def run(args: argparse.Namespace) -> int:
     if ckpt is None:
         raise CheckpointError(f"{run_dir}: the run has no checkpoint to evaluate")
     dataset = Dataset(args.data)
+    if not dataset.has_split("eval"):
+        splits = ", ".join(f"{k} {v.num_samples:,}" for k, v in dataset.meta.splits.items()) or "none"
+        raise ConfigError(
+            f"{args.data} has no eval split (its splits: {splits}), so there is nothing to evaluate: give --data "
+            "a data set that has one, e.g. made with the run's vocabulary by `bagpipe preprocess FORMAT --input "
+            "EVAL_FILE --split 0 --vocab-from DATA --out DATA_EVAL` (every line to eval)"
+        )
     trained = conf.get("dataset", {}).get("table_sizes")
     have = dataset.meta.table_sizes
     if trained is not None and trained != have:
@@ -86,8 +95,6 @@ def run(args: argparse.Namespace) -> int:
     res["step"] = ckpt.step
     if args.json:
         print(json.dumps(res))
-    elif res["eval_auc"] is None:
-        print(f"{args.data} has no eval split")
     else:
         print(f"step {ckpt.step}: {eval_line(res)}")
     return 0

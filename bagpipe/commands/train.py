@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.train.loop import train
 
     cfg = load_config(args.config, given(args, TrainConfig))
+    check_summary_json(cfg)
     if cfg.distributed:
         from bagpipe.distributed.launch import launch
 
@@ -88,6 +89,50 @@ def run(args: argparse.Namespace) -> int:
         print(summary_line(one))  # the launcher already echoed trainer 0's line
     print(f"run directory: {cfg.run.out}")
     return 0
+
+
+def check_summary_json(cfg) -> None:
+    """Refuse, in one line and before anything is trained, a ``--summary-json PATH`` that
+    the run could not write or that would replace a file that is not this run's: a folder,
+    a path under a file, or an existing file -- another run's summary, or anything else --
+    unless it is this run's own (RUN/summary.json, or the path a resumed run's earlier
+    start wrote its summary to). A device (``/dev/stdout``) is written directly."""
+    import json
+    import os
+    from pathlib import Path
+
+    from bagpipe.errors import ConfigError
+    from bagpipe.train.resume import elastic_restart
+
+    given = cfg.run.summary_json
+    if not given:
+        return
+    path = Path(given)
+    flag = f"--summary-json {given}"
+    if path.is_dir():
+        raise ConfigError(f"{flag}: is a directory; give the file to write (e.g. {path / 'summary.json'})")
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"{flag}: {above} is a file, not a folder; choose another path")
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_file():
+        return  # a device or a pipe: written directly, nothing replaced
+    real = os.path.realpath(path)
+    run = Path(cfg.run.out)
+    if real == os.path.realpath(run / "summary.json"):
+        return  # the run's own summary
+    if cfg.run.resume or elastic_restart():
+        try:
+            earlier = json.loads((run / "config.json").read_text())["train"]["run"]["summary_json"]
+        except (OSError, ValueError, KeyError, TypeError):
+            earlier = None
+        if earlier and os.path.realpath(earlier) == real:
+            return  # written by this run's earlier start
+    raise ConfigError(
+        f"{flag}: the file exists and is not this run's summary (another run's?); it is not replaced: "
+        "choose a new path, or move the file away first"
+    )
 
 
 def summary_line(s: dict) -> str:

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import bagpipe.phases as phases
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
+    from bagpipe.device.placement import local_rank
     from bagpipe.distributed.layout import Layout
     from bagpipe.distributed.roles import env_rank, import_role_modules, report_error, run_role
     from bagpipe.errors import BagpipeError
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, given(args, TrainConfig))
     layout = Layout(cfg.dist.trainers, cfg.dist.servers)
     rank = env_rank(layout)
+    local_rank()  # LOCAL_RANK checked now, not when the trainer picks its GPU after the join
     try:
         summary = run_role(cfg, layout, rank)
     except BagpipeError as e:

@@ -142,7 +142,7 @@ class TrainConfig:
 STORE_SETTINGS = ("store",)
 DISK_SETTINGS = ("store_dir", "init_from_store")
 #: The settings only a distributed run (--trainers/--servers) reads.
-DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts")
+DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts", "secret_file")
 #: The settings of the hot tier's start-up profile (not read when --hot-rows gives the rows).
 PROFILE_SETTINGS = ("hot_sample_rate",)
 #: The schedule terms each --lr-schedule reads.
@@ -162,7 +162,10 @@ def _refuse_inapplicable(cfg: TrainConfig) -> None:
     flat = to_flat(cfg)
     defaults = _defaults()
     for name, why in inapplicable(flat):
-        need(flat[name] == defaults[name], f"--{name.replace('_', '-')} {why}")
+        value = flat[name]
+        # a switch turned off is spelt --no-NAME on the command line
+        flag = f"--{'no-' if value is False and defaults[name] is True else ''}{name.replace('_', '-')}"
+        need(value == defaults[name], f"{flag} {why}")
 
 
 def _defaults() -> dict:
@@ -212,6 +215,12 @@ def inapplicable(flat: dict) -> list[tuple[str, str]]:
             ("device_memory_budget_mb",),
             "applies to --device cuda or cpu-async (a device's own memory); --memory-budget-mb bounds the host's",
         )
+    if v["device"] != "cuda":
+        add(
+            ("deterministic",),
+            f"applies to --device cuda (torch's deterministic GPU algorithms); on --device {v['device']} "
+            "every run is deterministic already, with or without it",
+        )
     schedule = v["lr_schedule"]
     for name in ("lr_decay_power", "lr_gamma", "lr_min"):
         if name not in SCHEDULE_TERMS[schedule]:
@@ -222,6 +231,12 @@ def inapplicable(flat: dict) -> list[tuple[str, str]]:
             ("lr_decay_start", "lr_decay_power", "lr_min"),
             "shapes warmup-poly's decay, which needs its length: give --lr-decay-steps N > 0 "
             "(without it the rate never decays)",
+        )
+    if schedule == "warmup-poly" and v["lr_warmup_steps"] == 0 and v["lr_decay_steps"] == 0:
+        add(
+            ("lr_schedule",),
+            "warmup-poly without --lr-warmup-steps W or --lr-decay-steps N keeps the rate constant: "
+            "give W and/or N (docs/optimizers.md), or drop --lr-schedule",
         )
     return out
 

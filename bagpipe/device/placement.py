@@ -20,16 +20,17 @@ and every rank reads all of them (:func:`trainer_backend`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 LOCAL_RANK_ENV = "LOCAL_RANK"
 
 
 def local_rank(environ: dict | None = None) -> int:
-    """This process's LOCAL_RANK (0 when unset: a process alone on its machine)."""
-    env = os.environ if environ is None else environ
-    return int(env.get(LOCAL_RANK_ENV, "0"))
+    """This process's LOCAL_RANK (0 when unset: a process alone on its machine); a value
+    that is not an integer >= 0 is a one-line ConfigError naming the variable."""
+    from bagpipe.config.environ import env_int
+
+    return env_int(LOCAL_RANK_ENV, 0, environ=environ)
 
 
 @dataclass(frozen=True)

@@ -196,8 +196,13 @@ class RunDir:
         text = json.dumps(summary, indent=2)
         atomic_write_text(self.summary_file, text)
         if also:
-            Path(also).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(also, text)
+            target = Path(also)
+            if target.exists() and not (target.is_file() or target.is_dir()):  # a device (/dev/stdout)
+                with open(target, "w") as f:
+                    f.write(text + "\n")
+                return
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(target, text)
 
 
 def dense_digest(model: torch.nn.Module):
