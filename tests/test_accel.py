@@ -24,9 +24,9 @@ import functools
 
 import numpy as np
 import pytest
+from runs import last_checkpoint, trained
 
 from bagpipe.accel.profile import profile
-from bagpipe.checkpoint import latest
 from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
@@ -64,7 +64,7 @@ def reference(tiny_data, tmp_path_factory):
     @functools.cache
     def run(model: str, optimizer: str, steps: int = STEPS) -> dict:
         out = tmp_path_factory.mktemp(f"full-{model}-{optimizer}-{steps}")
-        return train(cfg(tiny_data, out, model=model, optimizer=optimizer, mode="full", steps=steps)) | {"out": out}
+        return trained(cfg(tiny_data, out, model=model, optimizer=optimizer, mode="full", steps=steps)) | {"out": out}
 
     return run
 
@@ -87,7 +87,7 @@ MATRIX = [
 def test_hot_tier_matches_reference(tiny_data, reference, tmp_path, model, optimizer, mode, store):
     ref = reference(model, optimizer)
     # a cache of 200 rows and L = 16: batches have up to ~130 cold rows, so the oracle must force rows out
-    got = train(
+    got = trained(
         cfg(
             tiny_data,
             tmp_path / "run",
@@ -110,7 +110,7 @@ def test_hot_tier_matches_reference(tiny_data, reference, tmp_path, model, optim
 
 
 def test_fae_with_every_row_hot_is_exact(tiny_data, reference, tmp_path):
-    got = train(cfg(tiny_data, tmp_path / "run", mode="fae"))  # FAE's 256 MiB: every row the profile saw
+    got = trained(cfg(tiny_data, tmp_path / "run", mode="fae"))  # FAE's 256 MiB: every row the profile saw
     assert got["params_sha256"] == reference("dlrm", "adagrad")["params_sha256"]
     assert got["cache"]["hot"]["profile"]["budget_mb"] == 256.0
     assert got["cache"]["hot"]["lookup_share"] == 1.0 and got["cache"]["rows_fetched"] == 0
@@ -120,13 +120,13 @@ def test_resumed_run_with_a_hot_tier_matches_reference(tiny_data, reference, tmp
     run = tmp_path / "run"
     settings = dict(mode="lookahead", hot_budget_mb=HOT_MB, cache_rows=1500, lookahead=4)
     train(cfg(tiny_data, run, steps=STEPS // 2, checkpoint_every=STEPS // 4, **settings))
-    resumed = train(cfg(tiny_data, run, resume=True, **settings))
+    resumed = trained(cfg(tiny_data, run, resume=True, **settings))
     assert resumed["steps_this_run"] == STEPS // 2
     assert resumed["params_sha256"] == reference("dlrm", "adagrad")["params_sha256"]
 
 
 def params(run) -> dict[str, np.ndarray]:
-    ck = latest(run)
+    ck = last_checkpoint(run)
     out = {f"dense/{k}": v.numpy() for k, v in ck.dense["model"].items()}
     w, s = ck.reader().arrays()
     return out | {"emb/weights": w, "emb/state": s}
@@ -144,7 +144,7 @@ def max_rel_diff(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("optimizer,steps,rel", [("sgd", STEPS, 1e-6), ("adagrad", 1, 1e-6), ("adagrad", STEPS, 1e-5)])
 def test_hotline_matches_reference_within_rounding(tiny_data, reference, tmp_path, optimizer, steps, rel):
     ref = reference("dlrm", optimizer, steps)
-    got = train(
+    got = trained(
         cfg(tiny_data, tmp_path / "run", mode="hotline", optimizer=optimizer, steps=steps, hot_budget_mb=4 * HOT_MB)
     )
     assert max_rel_diff(params(tmp_path / "run"), params(ref["out"])) <= rel
@@ -155,7 +155,7 @@ def test_hotline_matches_reference_within_rounding(tiny_data, reference, tmp_pat
 
 
 def test_fae_split_schedule_trains_hot_batches_apart(tiny_data, reference, tmp_path):
-    got = train(cfg(tiny_data, tmp_path / "run", mode="fae", fae_schedule="split", hot_budget_mb=4 * HOT_MB))
+    got = trained(cfg(tiny_data, tmp_path / "run", mode="fae", fae_schedule="split", hot_budget_mb=4 * HOT_MB))
     hot = got["cache"]["hot"]
     assert hot["schedule"] == "split" and hot["all_hot_batches"] > 0
     assert got["params_sha256"] != reference("dlrm", "adagrad")["params_sha256"]
@@ -163,7 +163,7 @@ def test_fae_split_schedule_trains_hot_batches_apart(tiny_data, reference, tmp_p
 
 
 def test_summary_hot_figures_match_a_recount(tiny_data, tmp_path):
-    got = train(cfg(tiny_data, tmp_path / "run", mode="nocache", hot_budget_mb=HOT_MB))
+    got = trained(cfg(tiny_data, tmp_path / "run", mode="nocache", hot_budget_mb=HOT_MB))
     hot = got["cache"]["hot"]
     ds = Dataset(tiny_data)
     stream = BatchStream(ds, "train", BATCH, seed=5)
@@ -195,7 +195,7 @@ def test_profile_command_file_drives_a_run(tiny_data, reference, run_cli, tmp_pa
     )
     assert rc == 0, err
     assert "all" in out and "hot rows: 600" in out
-    got = train(cfg(tiny_data, tmp_path / "run", mode="lookahead", hot_rows=str(hot_file), cache_rows=1500))
+    got = trained(cfg(tiny_data, tmp_path / "run", mode="lookahead", hot_rows=str(hot_file), cache_rows=1500))
     assert got["params_sha256"] == reference("dlrm", "adagrad")["params_sha256"]
     assert got["cache"]["hot"]["rows"] == 600 and got["cache"]["hot"]["profile"]["source"] == str(hot_file)
     common = ["train", "--data", tiny_data, "--steps", 2, "--batch-size", BATCH, "--no-progress"]

@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 
 import pytest
+from runs import trained
 
 from bagpipe.config.train import TrainConfig, only_applicable
-from bagpipe.train.loop import train
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def run(data: str, out: Path, **kw) -> dict:
         hot_sample_rate=1.0,
         final_checkpoint=False,
     )
-    return train(TrainConfig.of(**only_applicable(base | kw)))  # shared settings, each mode reads its own
+    return trained(TrainConfig.of(**only_applicable(base | kw)))  # shared settings, each mode reads its own
 
 
 def records(out: Path) -> list[dict]:

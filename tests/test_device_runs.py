@@ -23,6 +23,7 @@ import json
 
 import pytest
 import torch
+from runs import trained
 
 import bagpipe.cache.transfer as transfer
 from bagpipe.config.train import TrainConfig, only_applicable
@@ -45,7 +46,7 @@ def cfg(data: str, out, **kw) -> TrainConfig:
 def full(tiny_data, tmp_path_factory):
     @functools.cache
     def run(model: str = "dlrm") -> dict:
-        return train(cfg(tiny_data, tmp_path_factory.mktemp(f"full-{model}"), mode="full", model=model))
+        return trained(cfg(tiny_data, tmp_path_factory.mktemp(f"full-{model}"), mode="full", model=model))
 
     return run
 
@@ -80,18 +81,18 @@ def test_the_twin_catches_a_missing_wait(tiny_data, tmp_path, monkeypatch, wait,
 def test_a_dropped_wait_is_harmless_where_copies_are_synchronous(tiny_data, full, tmp_path, monkeypatch):
     for target in DROPPED.values():
         monkeypatch.setattr(*target)
-    got = train(cfg(tiny_data, tmp_path / "run", mode="lookahead", device="cpu"))
+    got = trained(cfg(tiny_data, tmp_path / "run", mode="lookahead", device="cpu"))
     assert got["params_sha256"] == full()["params_sha256"]
 
 
 def test_fae_on_the_twin_equals_full(tiny_data, full, tmp_path):
-    got = train(cfg(tiny_data, tmp_path / "fae", mode="fae", hot_budget_mb=0.02, device="cpu-async"))
+    got = trained(cfg(tiny_data, tmp_path / "fae", mode="fae", hot_budget_mb=0.02, device="cpu-async"))
     assert got["cache"]["hot"]["rows"] > 0
     assert got["params_sha256"] == full()["params_sha256"]
 
 
 def test_hotline_on_the_twin_equals_hotline_on_the_cpu(tiny_data, tmp_path):
-    a, b = (train(cfg(tiny_data, tmp_path / d, mode="hotline", hot_budget_mb=0.02, device=d, optimizer="sgd"))
+    a, b = (trained(cfg(tiny_data, tmp_path / d, mode="hotline", hot_budget_mb=0.02, device=d, optimizer="sgd"))
             for d in ("cpu", "cpu-async"))  # fmt: skip
     assert a["params_sha256"] == b["params_sha256"] and a["cache"]["rows_fetched"] > 0
 
@@ -99,9 +100,9 @@ def test_hotline_on_the_twin_equals_hotline_on_the_cpu(tiny_data, tmp_path):
 def test_evaluations_checkpoints_and_resume_on_the_twin(tiny_data, full, tmp_path):
     run = tmp_path / "run"
     settings = dict(mode="lookahead", device="cpu-async", eval_every=20, checkpoint_every=20)
-    half = train(cfg(tiny_data, run, steps=40, **settings))
+    half = trained(cfg(tiny_data, run, steps=40, **settings))
     assert half["device"].startswith("cpu-async")
-    resumed = train(cfg(tiny_data, run, resume=True, **settings))
+    resumed = trained(cfg(tiny_data, run, resume=True, **settings))
     assert resumed["steps_this_run"] == STEPS - 40
     assert resumed["params_sha256"] == full()["params_sha256"]
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

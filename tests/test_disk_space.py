@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import last_checkpoint, trained
 
-from bagpipe.checkpoint import latest
 from bagpipe.config.train import TrainConfig
-from bagpipe.train.loop import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -61,7 +60,7 @@ def test_a_run_whose_checkpoints_cannot_fit_refuses_to_start_in_one_line(tiny_da
 def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_loses_no_row(
     tiny_data, tmp_path, small_disk
 ):
-    want = train(
+    want = trained(
         TrainConfig.of(
             data=tiny_data,
             out=str(tmp_path / "full"),
@@ -121,7 +120,7 @@ def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_l
         f"checkpoint of step {STEPS} not written: no space left on the disk of {out / 'checkpoints'} "
         f"(0 MiB free); its partial files are removed and step-{STEPS - EVERY:08d} stays the latest checkpoint"
     ]
-    assert latest(out).step == STEPS - EVERY and not list((out / "checkpoints").glob(".tmp-*"))
+    assert last_checkpoint(out).step == STEPS - EVERY and not list((out / "checkpoints").glob(".tmp-*"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checkpoints"]["failed"] == 1 and summary["checkpoints"]["last_step"] == STEPS - EVERY
     assert summary["params_sha256"] == want  # every trained row is in the store

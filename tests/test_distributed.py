@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runs import last_checkpoint
 
-from bagpipe.checkpoint import latest
 from bagpipe.config.train import TrainConfig
 from bagpipe.train.loop import train
 
@@ -145,7 +145,7 @@ def full_runs(tiny_data, tmp_path_factory):
 
 
 def params(run: Path) -> dict[str, np.ndarray]:
-    ck = latest(run)
+    ck = last_checkpoint(run)
     out = {f"dense/{k}": v.numpy() for k, v in ck.dense["model"].items()}
     out["emb/weights"], out["emb/state"] = ck.reader().arrays()
     return out

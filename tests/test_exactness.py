@@ -33,12 +33,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runs import trained
 
 from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.data.synthetic import SynthConfig, generate
-from bagpipe.train.loop import train
 
 # tiny models: one torch thread is faster, above all on a busy machine (tests/README.md)
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
@@ -60,7 +60,7 @@ def reference(data, tmp_path_factory):
     def run(model: str, optimizer: str) -> dict:
         out = tmp_path_factory.mktemp(f"full-{model}-{optimizer}")
         extra = ADAM_SETTINGS if optimizer in ADAM_MODELS else {}
-        summary = train(cfg(data, str(out), model=model, optimizer=optimizer, mode="full", **extra))
+        summary = trained(cfg(data, str(out), model=model, optimizer=optimizer, mode="full", **extra))
         return summary | {"out": out}
 
     return run
@@ -92,7 +92,7 @@ MATRIX = [
 @pytest.mark.parametrize("model,optimizer,mode,store,L", MATRIX)
 def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mode, store, L):
     ref = reference(model, optimizer)
-    got = train(
+    got = trained(
         cfg(
             data,
             str(tmp_path / "run"),
@@ -147,7 +147,7 @@ ADAM_MATRIX = [
 def test_adam_family_matches_reference(data, reference, tmp_path, optimizer, mode, store):
     model = ADAM_MODELS[optimizer]
     ref = reference(model, optimizer)
-    got = train(
+    got = trained(
         cfg(
             data,
             str(tmp_path / "run"),
@@ -168,9 +168,9 @@ def test_resume_mid_warmup_matches_uninterrupted(data, reference, tmp_path):
     ref = reference("dlrm", "adam")
     run = str(tmp_path / "run")
     settings = dict(mode="lookahead", lookahead=4, cache_rows=1500, optimizer="adam") | ADAM_SETTINGS
-    half = train(cfg(data, run, **(settings | {"steps": 6})))  # the warm-up lasts 10 steps
+    half = trained(cfg(data, run, **(settings | {"steps": 6})))  # the warm-up lasts 10 steps
     assert half["steps"] == 6
-    resumed = train(cfg(data, run, resume=True, **settings))
+    resumed = trained(cfg(data, run, resume=True, **settings))
     assert resumed["steps_this_run"] == 34
     assert resumed["params_sha256"] == ref["params_sha256"]
 
@@ -203,7 +203,7 @@ def max_unique_rows(data: str) -> int:
 def test_tiny_cache_forces_early_evictions_and_stays_exact(data, reference, tmp_path):
     ref = reference("dlrm", "adagrad")
     C = max_unique_rows(data) + 8
-    got = train(cfg(data, str(tmp_path / "run"), mode="lookahead", lookahead=8, cache_rows=C))
+    got = trained(cfg(data, str(tmp_path / "run"), mode="lookahead", lookahead=8, cache_rows=C))
     assert got["cache"]["forced_evictions"] > 0
     assert got["cache"]["max_occupied"] <= C
     assert got["params_sha256"] == ref["params_sha256"]
@@ -212,7 +212,7 @@ def test_tiny_cache_forces_early_evictions_and_stays_exact(data, reference, tmp_
 def test_cache_of_exactly_one_batch(data, reference, tmp_path):
     ref = reference("deepfm", "adagrad")
     C = max_unique_rows(data)
-    got = train(cfg(data, str(tmp_path / "run"), model="deepfm", mode="lookahead", lookahead=2, cache_rows=C))
+    got = trained(cfg(data, str(tmp_path / "run"), model="deepfm", mode="lookahead", lookahead=2, cache_rows=C))
     assert got["cache"]["forced_evictions"] > 0
     assert got["params_sha256"] == ref["params_sha256"]
 
@@ -220,10 +220,10 @@ def test_cache_of_exactly_one_batch(data, reference, tmp_path):
 def test_lookahead_resume_matches_uninterrupted(data, reference, tmp_path):
     ref = reference("dlrm", "adagrad")
     run = str(tmp_path / "run")
-    half = train(
+    half = trained(
         cfg(data, run, mode="lookahead", lookahead=8, steps=STEPS // 2, cache_rows=1500, checkpoint_every=STEPS // 4)
     )
     assert half["steps"] == STEPS // 2
-    resumed = train(cfg(data, run, mode="lookahead", lookahead=8, cache_rows=1500, resume=True))
+    resumed = trained(cfg(data, run, mode="lookahead", lookahead=8, cache_rows=1500, resume=True))
     assert resumed["steps"] == STEPS and resumed["steps_this_run"] == STEPS // 2
     assert resumed["params_sha256"] == ref["params_sha256"]

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from runs import last_checkpoint
 
 import bagpipe
-from bagpipe.checkpoint import latest
 from bagpipe.data.shards import Dataset
 from bagpipe.export import tensorfile
 from bagpipe.export.write import export_run
@@ -40,7 +40,9 @@ def read_json(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def assert_one_line_error(rc: int, err: str, fragment: str) -> None:
+def assert_one_line_error(result: tuple[int, str, str], fragment: str) -> None:
+    """``result``: ``run_cli``'s (exit code, stdout, stderr)."""
+    rc, _, err = result
     assert rc == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
 
 
@@ -85,7 +87,7 @@ def test_tables_and_dense_round_trip_bit_for_bit(criteo):
 
     data, run, out = criteo
     m = read_json(out / "model.json")
-    weights = latest(run).reader().arrays()[0]
+    weights = last_checkpoint(run).reader().arrays()[0]
     files = {t["file"] for t in m["tables"]}
     assert len(files) >= 3 and m["dense"]["naming"] == "torchrec"
     index = read_json(out / "model.safetensors.index.json")["weight_map"]
@@ -99,7 +101,7 @@ def test_tables_and_dense_round_trip_bit_for_bit(criteo):
     assert sum(t["num_embeddings"] for t in m["tables"]) == len(weights)
     assert (out / "vocab" / "vocab.json").exists() and m["preprocessing"]["format"] == "criteo"
     model = bagpipe.load(out)
-    saved = latest(run).dense["model"]
+    saved = last_checkpoint(run).dense["model"]
     assert model.net.state_dict().keys() == saved.keys()
     assert all(torch.equal(model.net.state_dict()[k], v) for k, v in saved.items())
 
@@ -166,8 +168,10 @@ def test_bad_lines_are_reported_by_line_number(criteo, run_cli, tmp_path):
     lines[2] = "\t".join(lines[2].split("\t")[:-3]) + "\n"  # 37 fields
     raw = tmp_path / "bad.tsv"
     raw.write_text("".join(lines))
-    rc, _, err = run_cli("predict", "--model", out, "--input", raw, "--labelled", "--out", tmp_path / "p.txt")
-    assert_one_line_error(rc, err, f"{raw}:3: expected 40 tab-separated fields, got 37")
+    assert_one_line_error(
+        run_cli("predict", "--model", out, "--input", raw, "--labelled", "--out", tmp_path / "p.txt"),
+        f"{raw}:3: expected 40 tab-separated fields, got 37",
+    )
     assert list(tmp_path.glob("*p.txt")) == []  # no partial output
     rc, stdout, err = run_cli(
         "predict", "--model", out, "--input", raw, "--labelled", "--on-error", "skip", "--out", tmp_path / "p.txt"
@@ -204,35 +208,31 @@ def test_synthetic_deepfm_export_keeps_bagpipe_names_and_evaluates_as_the_run(ti
     with pytest.raises(bagpipe.errors.DataError, match="trained on data without a raw format"):
         model.predict_lines(["1\t2"])
     # one-line errors of the commands
-    assert_one_line_error(
-        *run_cli("export", "--run", run, "--out", out)[::2], "already holds an export (pass --overwrite"
-    )
+    assert_one_line_error(run_cli("export", "--run", run, "--out", out), "already holds an export (pass --overwrite")
     assert run_cli("export", "--run", run, "--out", out, "--overwrite")[0] == 0
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    assert_one_line_error(*run_cli("export", "--run", run, "--out", tmp_path / "other")[::2], "holds no export")
+    assert_one_line_error(run_cli("export", "--run", run, "--out", tmp_path / "other"), "holds no export")
     assert_one_line_error(
-        *run_cli("export", "--run", run, "--out", tmp_path / "e2", "--shard-mb", 0)[::2], "--shard-mb must be > 0"
+        run_cli("export", "--run", run, "--out", tmp_path / "e2", "--shard-mb", 0), "--shard-mb must be > 0"
     )
+    assert_one_line_error(run_cli("export", "--run", tmp_path, "--out", tmp_path / "e3"), "not a bagpipe run directory")
     assert_one_line_error(
-        *run_cli("export", "--run", tmp_path, "--out", tmp_path / "e3")[::2], "not a bagpipe run directory"
-    )
-    assert_one_line_error(
-        *run_cli("export", "--run", run, "--out", tmp_path / "e4", "--data", tmp_path / "nowhere")[::2],
+        run_cli("export", "--run", run, "--out", tmp_path / "e4", "--data", tmp_path / "nowhere"),
         "the run's dataset is not there",
     )
+    assert_one_line_error(run_cli("predict", "--model", out, "--input", run / "config.json"), "without a raw format")
     assert_one_line_error(
-        *run_cli("predict", "--model", out, "--input", run / "config.json")[::2], "without a raw format"
-    )
-    assert_one_line_error(
-        *run_cli("predict", "--model", tmp_path, "--input", run / "config.json")[::2], "not a finished bagpipe export"
+        run_cli("predict", "--model", tmp_path, "--input", run / "config.json"), "not a finished bagpipe export"
     )
 
 
 def test_predict_refuses_another_format(criteo, run_cli, tmp_path):
     _, _, out = criteo
-    rc, _, err = run_cli("predict", "--model", out, "--format", "avazu", "--input", CRITEO)
-    assert_one_line_error(rc, err, "was trained on criteo data, not avazu")
+    assert_one_line_error(
+        run_cli("predict", "--model", out, "--format", "avazu", "--input", CRITEO),
+        "was trained on criteo data, not avazu",
+    )
 
 
 @pytest.mark.parametrize("command", ["export", "predict", "plot"])

@@ -32,6 +32,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from runs import trained
 
 from bagpipe.cache.slots import SlotCache
 from bagpipe.cache.transfer import Transfers
@@ -39,7 +40,6 @@ from bagpipe.checkpoint import latest
 from bagpipe.config.train import TrainConfig, only_applicable
 from bagpipe.device import open_device
 from bagpipe.device.cuda import cuda_unavailable_reason
-from bagpipe.train.loop import train
 
 NO_GPU = cuda_unavailable_reason()
 needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU: {NO_GPU}")]
@@ -73,7 +73,7 @@ def full_on(tiny_data, tmp_path_factory):
     @functools.cache
     def run(device: str, model: str = "dlrm", optimizer: str = "adagrad") -> dict:
         out = tmp_path_factory.mktemp(f"full-{device}-{model}-{optimizer}")
-        return train(cfg(tiny_data, out, mode="full", device=device, model=model, optimizer=optimizer)) | {"out": out}
+        return trained(cfg(tiny_data, out, mode="full", device=device, model=model, optimizer=optimizer)) | {"out": out}
 
     return run
 
@@ -90,7 +90,7 @@ CACHED = [("lookahead", "memory"), ("lru", "disk"), ("nocache", "memory"), ("fae
 def test_every_cached_mode_on_cuda_equals_full_on_cuda(tiny_data, full_on, tmp_path, model, optimizer, mode, store):
     ref = full_on("cuda", model, optimizer)
     extra = dict(hot_budget_mb=0.05) if mode == "fae" else dict(cache_rows=2000, lookahead=4)
-    got = train(cfg(tiny_data, tmp_path / "run", mode=mode, store=store, device="cuda", model=model,
+    got = trained(cfg(tiny_data, tmp_path / "run", mode=mode, store=store, device="cuda", model=model,
                     optimizer=optimizer, **extra))  # fmt: skip
     assert got["device"].startswith("cuda:")
     assert got["cache"]["rows_fetched"] > 0
@@ -101,7 +101,7 @@ def test_every_cached_mode_on_cuda_equals_full_on_cuda(tiny_data, full_on, tmp_p
 @pytest.mark.parametrize("device", device_params(pytest.mark.integration))
 def test_cpu_and_device_runs_agree_in_eval_log_loss(tiny_data, full_on, tmp_path, device):
     cpu = full_on("cpu")
-    on_device = [full_on(device), train(cfg(tiny_data, tmp_path / "la", mode="lookahead", device=device,
+    on_device = [full_on(device), trained(cfg(tiny_data, tmp_path / "la", mode="lookahead", device=device,
                                             cache_rows=2000, lookahead=4))]  # fmt: skip
     for s in on_device:
         assert s["eval_samples"] == cpu["eval_samples"] > 0
@@ -179,7 +179,7 @@ def test_the_compute_stream_sees_a_side_copy_only_after_waiting_for_it(opened):
 @pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU: {NO_GPU}")
 def test_a_checkpoint_written_on_a_gpu_is_evaluated_on_the_host(tiny_data, tmp_path, run_cli):
     out = tmp_path / "run"
-    s = train(cfg(tiny_data, out, mode="lookahead", device="cuda", cache_rows=2000, lookahead=4))
+    s = trained(cfg(tiny_data, out, mode="lookahead", device="cuda", cache_rows=2000, lookahead=4))
     ck = latest(out)
     assert ck is not None and all(v.device.type == "cpu" for v in ck.dense["model"].values())
     rc, stdout, err = run_cli("eval", "--run", out, "--data", tiny_data, "--json", "--max-samples", 2048,

@@ -46,12 +46,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from runs import trained
 
 from bagpipe.cli import main
 from bagpipe.config.train import TrainConfig
 from bagpipe.distributed.auth import new_secret, write_secret_file
 from bagpipe.testbed.netns import EmulatedNet, run_namespaces, unavailable
-from bagpipe.train.loop import train
 
 REASON = unavailable()
 pytestmark = [
@@ -117,7 +117,7 @@ def full_digest(tiny_data, tmp_path_factory):
                 threads=1,
                 progress=False,
             )
-            done[steps] = train(cfg)["params_sha256"]
+            done[steps] = trained(cfg)["params_sha256"]
         return done[steps]
 
     return get

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from runs import last_checkpoint, trained
 
 from bagpipe.checkpoint import latest
 from bagpipe.config.train import TrainConfig
@@ -112,7 +113,7 @@ def wait_for(cond, proc: subprocess.Popen, what: str, timeout: float = 120.0) ->
         time.sleep(0.05)
 
 
-def pick_step(seed_note: list) -> int:
+def pick_step(seed_note: list[int]) -> int:
     seed = int(time.time() * 1000) % 100_000
     seed_note.append(seed)
     print(f"kill step drawn with seed {seed}")
@@ -165,7 +166,7 @@ def full_digest(tiny_data, tmp_path_factory) -> str:
         threads=1,
         progress=False,
     )
-    return train(cfg)["params_sha256"]
+    return trained(cfg)["params_sha256"]
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +205,7 @@ def kill(out: Path, role: str) -> int:
 def test_a_killed_trainer_and_then_a_killed_oracle_are_recovered_exactly(tiny_data, tmp_path, two_by_two):
     """2 trainers + 2 servers: trainer 1, then the oracle, SIGKILLed at random steps; the
     roles restart into new interpreters (--no-spares; the test below uses the spares)."""
-    out, seeds = tmp_path / "job", []
+    out, seeds = tmp_path / "job", list[int]()
     pick_step(seeds)
     first = random.Random(seeds[0]).randint(EVERY + 2, STEPS - 18)
     second = random.Random(seeds[0] + 1).randint(first + EVERY + 3, STEPS - 2)
@@ -237,7 +238,7 @@ def test_a_killed_server_and_a_server_killed_while_writing_are_recovered_bitwise
     having gone on (the checkpoint therefore never completes: the job falls back to step
     25's); the restarts go into the launcher's pre-started spares; ends bitwise equal to
     --mode full."""
-    out, flag, seeds = tmp_path / "job", tmp_path / "paused", []
+    out, flag, seeds = tmp_path / "job", tmp_path / "paused", list[int]()
     pick_step(seeds)
     at = random.Random(seeds[0]).randint(EVERY + 2, 20)
     env = dict(os.environ, BAGPIPE_TEST_PAUSE=f"checkpoint:30:{flag}")
@@ -346,8 +347,8 @@ def test_one_process_killed_at_any_moment_and_while_checkpointing_resumes_exactl
         threads=1,
         progress=False,
     )
-    want = train(ref)["params_sha256"]
-    out, flag, seeds = tmp_path / "run", tmp_path / "paused", []
+    want = trained(ref)["params_sha256"]
+    out, flag, seeds = tmp_path / "run", tmp_path / "paused", list[int]()
     pick_step(seeds)
     at = random.Random(seeds[0]).randint(EVERY + 2, 150)
     extra = ("--steps", steps)  # given last: replaces STEPS
@@ -364,7 +365,7 @@ def test_one_process_killed_at_any_moment_and_while_checkpointing_resumes_exactl
     wait_for(lambda: heartbeat(out) >= 178, proc, "training going on while it is written")
     proc.kill()
     proc.wait()
-    assert latest(out).step == 170 and (out / "checkpoints" / ".tmp-step-00000175").is_dir()
+    assert last_checkpoint(out).step == 170 and (out / "checkpoints" / ".tmp-step-00000175").is_dir()
     stdout, _ = finish(one_process(tiny_data, out, *extra, "--resume"))
     assert "resumed from step 170" in stdout and digest(out) == want, seeds
 
@@ -373,7 +374,7 @@ def test_one_process_killed_at_any_moment_and_while_checkpointing_resumes_exactl
 
 
 def params(run: Path) -> dict[str, np.ndarray]:
-    ck = latest(run)
+    ck = last_checkpoint(run)
     out = {f"dense/{k}": v.numpy() for k, v in ck.dense["model"].items()}
     out["emb/weights"], out["emb/state"] = ck.reader().arrays()
     return out
@@ -414,7 +415,7 @@ def test_a_checkpoint_of_the_touched_rows_resumes_distributed_bitwise(tiny_data,
     train(cfg)
     stream = train_stream(Dataset(tiny_data), cfg.data, cfg.run.seed)
     touched = np.unique(np.concatenate([stream.batch(k).rows.numpy() for k in range(20)]))
-    ck = latest(out)
+    ck = last_checkpoint(out)
     reader = ck.reader()
     assert np.array_equal(reader.stored_ids(), touched) and len(touched) < reader.num_rows // 4
     stored = sum(m.rows for _, m in reader.chain)  # the chain: the first full checkpoint, then deltas
@@ -437,7 +438,7 @@ def test_resume_anywhere(tiny_data, tmp_path):
         )
     )
     full = {
-        n: train(TrainConfig.of(**base, out=str(tmp_path / f"full-{n}"), steps=n))["params_sha256"] for n in (30, 35)
+        n: trained(TrainConfig.of(**base, out=str(tmp_path / f"full-{n}"), steps=n))["params_sha256"] for n in (30, 35)
     }
     job(tiny_data, out, 30, "--trainers", 1, "--servers", 2, "--resume")
     assert digest(out) == full[30]  # a one-process checkpoint, resumed distributed
