@@ -12,7 +12,8 @@ Lines are parsed, their dense values transformed and their categories mapped to 
 the preprocessing code, with the vocabulary (or hashing) the training data was
 preprocessed with: a category never seen in training gets row 0, as in preprocessing.
 The input is the format the model was trained on (--format defaults to it), plain or
-gzip. Bad lines stop the run naming FILE:LINE: problem (--on-error fail, the default)
+gzip, a file or a stream read once as it comes: --input - (standard input), /dev/stdin,
+a named pipe or <(zcat day_23.gz). Bad lines stop the run naming FILE:LINE: problem (--on-error fail, the default)
 or are skipped and counted, writing nan on their line (--on-error skip); the --out
 file appears only once complete.
 
@@ -24,6 +25,7 @@ Examples:
   bagpipe predict --model exports/criteo --input test.txt --out test.pred
   bagpipe predict --model exports/criteo --input day_23.gz --labelled --out /dev/null
   bagpipe predict --model exports/avazu --format avazu --input test_1k.csv --on-error skip
+  zcat day_23.gz | bagpipe predict --model exports/criteo --input - --out day_23.pred
 """
 
 
@@ -34,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", required=True, type=path, metavar="DIR", help="export directory written by bagpipe export"
     )
-    p.add_argument("--input", required=True, type=path, metavar="FILE", help="raw log file (plain or gzip)")
+    p.add_argument(
+        "--input", required=True, type=path, metavar="FILE", help="raw log file (plain or gzip); - reads standard input"
+    )
     p.add_argument(
         "--format", choices=list(FORMATS), help="raw format of --input (default: the model's training data's)"
     )

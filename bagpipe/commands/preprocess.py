@@ -23,6 +23,11 @@ values never seen share row 0) or hashing (--max-rows-per-table M: id = value % 
 DLRM's --max-ind-range). The mapping is saved in OUT/vocab; --vocab-from DIR reuses
 DIR's, so a validation or test file gets the same ids and table sizes.
 
+Inputs: files, plain or gzip, or streams read once as they come: - (standard input),
+/dev/stdin, a named pipe, <(zcat day_0.gz). With a fractional --split (the default 0.9)
+a stream's text is kept once beside --out (.OUT.spill-*, removed at the end) to count its
+lines first; the dataset is the one the same lines in a file give.
+
 Bad lines (wrong field count, non-numeric integer, non-hex category, label not 0/1, ...)
 stop the run with FILE:LINE: problem (--on-error fail, the default) or are skipped and
 counted (--on-error skip; the count is printed and stored in meta.json). meta.json is
@@ -33,6 +38,7 @@ Examples:
   bagpipe preprocess criteo --input day_0.gz day_1.gz --eval-files day_23.gz \\
       --max-rows-per-table 10000000 --out data/terabyte
   bagpipe preprocess criteo --input test.txt --no-label --vocab-from data/criteo --out data/criteo-test
+  zcat day_0.gz | bagpipe preprocess criteo --input - --split 1 --max-rows-per-table 10000000 --out data/day0
   bagpipe preprocess avazu --input train_head9k.csv --eval-files test_1k.csv --out data/avazu
   bagpipe preprocess avazu --input test_1k.csv --no-header --split 0 --vocab-from data/avazu --out data/avazu-test
   bagpipe preprocess taobao --input train.csv --eval-files valid.csv --min-count 2 --out data/taobao
@@ -83,7 +89,12 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
     _positive_int, _fraction = count(1), real(0, 1)
     g = p.add_argument_group("input and output")
     g.add_argument(
-        "--input", nargs="+", type=path, default=[], metavar="FILE", help="raw files (plain or gzip), read in order"
+        "--input",
+        nargs="+",
+        type=path,
+        default=[],
+        metavar="FILE",
+        help="raw files (plain or gzip), read in order; - (standard input) or a pipe is read once",
     )
     g.add_argument(
         "--eval-files", nargs="+", type=path, default=[], metavar="FILE", help="files that go whole to split 'eval'"

@@ -1,7 +1,8 @@
 """``bagpipe predict``: raw log lines -> one click probability per line.
 
-Nothing here parses or maps on its own: a file is read in blocks of whole lines with
-exact line numbers (:mod:`bagpipe.preprocess.inputs`), each block parsed by the format's
+Nothing here parses or maps on its own: a file (or a pipe, ``-``: read once as it
+comes) is read in blocks of whole lines with exact line numbers
+(:mod:`bagpipe.preprocess.inputs`), each block parsed by the format's
 parser with its exact fallback (:meth:`RawFormat.parse_block`), dense values transformed
 and categorical keys mapped to ids by the saved vocabulary or hashing
 (:func:`bagpipe.preprocess.vocab.map_ids`), bad lines reported as ``FILE:LINE: problem``
@@ -85,7 +86,8 @@ def predict_file(
     on_error: str = "fail",
     block_bytes: int = DEFAULT_BLOCK_BYTES,
 ) -> Prediction:
-    """Write one probability per data line of raw file ``path`` (plain or gzip) to ``out``."""
+    """Write one probability per data line of raw file ``path`` (plain or gzip) to ``out``.
+    ``path`` may be ``-`` (standard input) or a pipe: read once, as it comes, never seeked."""
     fmt = model.raw_format(labelled, header)
     model.mapping()  # a missing vocabulary is an error before any output
     f = InputFile(str(path), "input")
@@ -93,13 +95,16 @@ def predict_file(
     bad = BadLines(on_error)
     lines = 0
     kept: list[tuple[np.ndarray, np.ndarray]] = []
-    for block in iter_blocks(f, block_bytes):
-        probs, labels = score_block(model, fmt, block, bad)
-        np.savetxt(out, probs, fmt="%.9g")
-        lines += block.nlines
-        if labelled:
-            ok = ~np.isnan(probs)
-            kept.append((labels[ok], probs[ok]))
+    try:
+        for block in iter_blocks(f, block_bytes):
+            probs, labels = score_block(model, fmt, block, bad)
+            np.savetxt(out, probs, fmt="%.9g")
+            lines += block.nlines
+            if labelled:
+                ok = ~np.isnan(probs)
+                kept.append((labels[ok], probs[ok]))
+    finally:
+        f.close()
     figures = None
     if labelled and kept:
         y, p = (np.concatenate(parts) for parts in zip(*kept))

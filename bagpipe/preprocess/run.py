@@ -6,7 +6,12 @@ The pipeline, for every format (:mod:`bagpipe.preprocess.criteo`,
 1. *probe*: every input file exists, has at least one data line; a CSV header is
    recognised (or refused with ``--no-header``).
 2. *count* (only for ``0 < --split < 1``): newlines per file, so the first
-   ``floor(split * N)`` data lines can go to ``train``.
+   ``floor(split * N)`` data lines can go to ``train``. An input that can be read only
+   once (``-``, a pipe: :func:`~bagpipe.preprocess.inputs.is_stream`) is read here, its
+   text kept in a folder ``.OUT.spill-PID-*`` next to the output (removed at the end) and
+   read from there by the passes below: the same lines as a file's, so the same output.
+   Any other run reads a stream exactly once, in the first pass that needs its lines,
+   the probe's lines replayed.
 3. *vocabulary* (vocabulary mode only): every ``--input`` line is parsed, the
    categorical keys of the train lines are counted, and the parsed blocks are kept in
    a spill file next to the output directory (:mod:`bagpipe.preprocess.spill`).
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -44,8 +51,11 @@ from bagpipe.preprocess.inputs import (
     Block,
     InputFile,
     count_data_lines,
+    identity,
+    is_stream,
     iter_blocks,
     probe,
+    spool,
 )
 from bagpipe.preprocess.options import Options, Result
 from bagpipe.preprocess.spill import Parsed, Spill
@@ -62,7 +72,8 @@ from bagpipe.preprocess.vocab import (
 MAX_BAD_EXAMPLES = 10
 
 
-def _progress(opts: Options, total: int, desc: str):
+def _progress(opts: Options, total: int | None, desc: str):
+    """A byte progress bar; ``total`` None (a stream's size is unknown): bytes read only."""
     from tqdm import tqdm
 
     disable = None if opts.progress is None else not opts.progress
@@ -112,6 +123,13 @@ class BadLines:
                 self.examples.append(f"{block.file.path}:{line}: {problem}")
 
 
+def _total(files: list[InputFile]) -> int | None:
+    """Bytes the next pass reads of ``files``; None when a stream's size is unknown."""
+    if any(f.stream is not None and not f.stream.taken for f in files):
+        return None
+    return sum(f.read_size for f in files)
+
+
 def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
     """Convert ``opts.inputs`` / ``opts.eval_files`` in format ``fmt`` into a dataset in ``opts.out``."""
     t0 = time.perf_counter()
@@ -126,7 +144,7 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
         files = [InputFile(p, "input") for p in opts.inputs] + [InputFile(p, "eval") for p in opts.eval_files]
     seen = set()
     for f in files:
-        key = os.path.realpath(f.path)
+        key = identity(f.path)
         if key in seen:
             raise ConfigError(f"{f.path}: given twice")
         seen.add(key)
@@ -136,38 +154,65 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
         "dataset",
         META_FILE,
         overwrite=opts.overwrite,
-        inputs={"--input": opts.inputs, "--eval-files": opts.eval_files},
+        inputs={
+            flag: [p for p in paths if not is_stream(p)]
+            for flag, paths in [("--input", opts.inputs), ("--eval-files", opts.eval_files)]
+        },
     )
     output.check()  # every refusal of the output before the input is read
-    for f in files:
-        probe(fmt, f)
+    try:
+        for f in files:
+            probe(fmt, f)
 
-    # -- mapping loaded early (the output may replace the dataset it is read from)
-    mapping: Mapping | None = None
-    if opts.vocab_from:
-        mapping = load_mapping(opts.vocab_from, fmt)
-    with output:  # locked (one writer per output) and staged beside it until complete
-        return _convert(fmt, opts, files, output, mapping, split, workers, t0)
+        # -- mapping loaded early (the output may replace the dataset it is read from)
+        mapping: Mapping | None = None
+        if opts.vocab_from:
+            mapping = load_mapping(opts.vocab_from, fmt)
+        with output:  # locked (one writer per output) and staged beside it until complete
+            return _convert(fmt, opts, files, output, mapping, split, workers, t0)
+    finally:
+        for f in files:
+            f.close()
 
 
 def _convert(fmt, opts, files, output, mapping, split, workers, t0) -> Result:
-    """Passes 1 (vocabulary mode) and 2 into the staging folder of ``output``."""
+    """The count (``0 < --split < 1``; a stream's text kept for the passes after it),
+    then :func:`_passes`."""
     out = output.target
 
     inputs = [f for f in files if f.role == "input"]
     n_train: int | None = None  # global data-line index bound of "train" among the inputs
-    if split is not None and inputs:
-        if split >= 1.0:
-            n_train = None  # all train
-        elif split <= 0.0:
-            n_train = 0
-        else:
-            bar = _progress(opts, sum(f.size for f in inputs), "counting lines")
-            with bar:
-                for f in inputs:
-                    f.lines = count_data_lines(f, opts.block_bytes, bar)
-            total = sum(f.lines or 0 for f in inputs)
-            n_train = math.floor(Fraction(str(split)) * total)
+    kept: Path | None = None  # streams' text, when they must be read twice
+    try:
+        if split is not None and inputs:
+            if split >= 1.0:
+                n_train = None  # all train
+            elif split <= 0.0:
+                n_train = 0
+            else:
+                bar = _progress(opts, _total(inputs), "counting lines")
+                with bar:
+                    for f in inputs:
+                        if f.stream is not None:  # read once, kept to be read again
+                            if kept is None:
+                                out.parent.mkdir(parents=True, exist_ok=True)
+                                # named as the Spill's, so a run killed here is cleaned up alike
+                                prefix = f".{out.name}.spill-{os.getpid()}-"
+                                kept = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+                            f.lines = spool(f, kept, opts.block_bytes, bar)
+                        else:
+                            f.lines = count_data_lines(f, opts.block_bytes, bar)
+                total = sum(f.lines or 0 for f in inputs)
+                n_train = math.floor(Fraction(str(split)) * total)
+        return _passes(fmt, opts, files, output, mapping, split, workers, t0, inputs, n_train)
+    finally:
+        if kept is not None:
+            shutil.rmtree(kept, ignore_errors=True)
+
+
+def _passes(fmt, opts, files, output, mapping, split, workers, t0, inputs, n_train) -> Result:
+    """Passes 1 (vocabulary mode) and 2 into the staging folder of ``output``."""
+    out = output.target
 
     bad = BadLines(opts.on_error)
     stop = opts.on_error == "fail"
@@ -232,7 +277,7 @@ def _convert(fmt, opts, files, output, mapping, split, workers, t0) -> Result:
                     counts += [KeyCounter.count(v) for v, _ in raw.seqs]
                 return p, counts
 
-            bar = _progress(opts, sum(f.size for f in inputs), "vocabulary")
+            bar = _progress(opts, _total(inputs), "vocabulary")
             lines_done = 0
             with bar:
                 for b, (p, counts) in _pipelined(blocks(inputs), count_block, workers):
@@ -295,7 +340,7 @@ def _write(
     rows_per_split: dict[str, int] = {}
     text_bytes = 0
     lines_done = 0
-    bar = _progress(opts, sum(f.size for f in files), "writing shards")
+    bar = _progress(opts, _total(files), "writing shards")
     with bar:
         for (kind, b, _), (rows, labels, dense, sparse, multihot, bad_lines) in _pipelined(items(), work, workers):
             if kind == "parse":
