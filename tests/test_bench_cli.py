@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -185,7 +186,7 @@ def test_train_args_are_bagpipe_train_options(tmp_path):
     assert ns.progress is False and ns.final_checkpoint is False and ns.digest is False
     # no warm-up field (convergence): no --warmup-steps; a shared value replaced, None left out
     c = SCENARIOS["convergence"].config()
-    args = train_args(c, "d", "r", digest=True, mode="full", steps=7, eval_samples=None)
+    args = train_args(c, Path("d"), Path("r"), digest=True, mode="full", steps=7, eval_samples=None)
     assert "--warmup-steps" not in args and "--eval-samples" not in args and "--no-digest" not in args
     assert args[args.index("--steps") + 1] == "7" and "--threads" not in args
     assert parser.parse_args(["train", *args]).digest is None

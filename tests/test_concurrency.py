@@ -47,10 +47,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import chain, islice
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -93,7 +93,8 @@ class Background:
     """``fn()`` in a thread of its own (another trainer, a server process, a blocking call)."""
 
     def __init__(self, fn: Callable, name: str = "test-background"):
-        self.value = self.error = None
+        self.value: Any = None
+        self.error: BaseException | None = None
         self._done = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
         self.thread.start()
@@ -165,9 +166,9 @@ class RecordingStore(MemoryStore):
     def _enter(self, kind: str, rows=(), label=None) -> None:
         with self._lock:
             self._calls[kind] += 1
-            nth, exc = self._faults.get(kind, (0, None))
-            if self._calls[kind] == nth:
-                raise exc
+            fault = self._faults.get(kind)
+            if fault is not None and self._calls[kind] == fault[0]:
+                raise fault[1]
             if kind != "write":
                 self.log.append(Op(kind, tuple(int(r) for r in rows), label, threading.current_thread().name))
 
@@ -194,9 +195,10 @@ def assert_fetches_gated(log: list[Op], start: int = -1) -> None:
     marked = start
     for i, op in enumerate(log):
         if op.kind == "mark":
+            assert op.label is not None  # a mark's label
             marked = max(marked, op.label)
         elif op.kind == "read":
-            assert op.label <= marked, (
+            assert op.label is not None and op.label <= marked, (
                 f"op {i}: read of rows {op.rows} needing label {op.label} issued when only {marked} was written: {log[: i + 1]}"
             )
 
@@ -342,11 +344,15 @@ def test_the_fetch_thread_runs_ahead_depth_plus_one_plans(store, executors):
     n, depth = 8, 2
     ex = executors([hand_plan(k, {k: k}, fetch=[k]) for k in range(n)], depth=depth, cache_rows=n)
     it = iter(ex)
+
+    def reads_at_least(k: int) -> bool:
+        return len(store.ops("read")) >= k
+
     for consumed in range(n - depth):
         # ``depth`` fetched plans wait in the queue, one more in the fetch thread's hand
         expect = min(n, consumed + depth + 1)
-        assert wait_until(lambda expect=expect: len(store.ops("read")) >= expect), store.ops()
-        assert not wait_until(lambda expect=expect: len(store.ops("read")) > expect, 0.1 if consumed else HELD)
+        assert wait_until(partial(reads_at_least, expect)), store.ops()
+        assert not wait_until(partial(reads_at_least, expect + 1), 0.1 if consumed else HELD)
         assert next(it).step == consumed
     assert [op.rows for op in store.ops("read")] == [(k,) for k in range(n)]
     assert {op.thread for op in store.ops("read")} == {"bagpipe-fetch"}
@@ -374,11 +380,13 @@ def test_a_failure_in_any_thread_reaches_the_trainer_as_itself(where, pipelined,
     fault, steps_before = FAULTS[where]
     exc = (ValueError if where == "planner" else OSError)(f"{where} failed")
     plans = hand_plans()
+    source: Iterable[Plan] = plans
     if fault is None:
-        plans = broken_planner(plans, steps_before, exc)
+        assert steps_before is not None  # the planner's fault: after a known number of plans
+        source = broken_planner(plans, steps_before, exc)
     else:
         store.fail(*fault, exc)
-    ex = executors(plans, pipelined=pipelined)
+    ex = executors(source, pipelined=pipelined)
     done: list[int] = []
     t0 = time.monotonic()
     with pytest.raises(type(exc)) as caught:
@@ -754,8 +762,13 @@ def test_a_role_ends_its_attempt_once_another_host_restarted_into_the_next():
     master.add(attempt_key(0), 100)  # what the stranger in test_multihost.py writes
     told: list[str] = []
     ended = threading.Event()
+
+    def tell(m: str) -> None:
+        told.append(m)
+        ended.set()
+
     watches = [
-        SupersededWatch("127.0.0.1", master.port, 0, "server 0", lambda m: (told.append(m), ended.set()), period_s=0.1),
+        SupersededWatch("127.0.0.1", master.port, 0, "server 0", tell, period_s=0.1),
         SupersededWatch("127.0.0.1", master.port, 0, "trainer 0", lambda m: told.append("stopped " + m), period_s=0.1),
     ]
     for w in watches:

@@ -114,7 +114,7 @@ def baselines(w: dict, out: Path) -> dict[tuple[str, ...], list[str]]:
     d, o = w["data"], str(out / "o")
     train = ["--data", d, "--out", o, "--steps", "2", "--batch-size", "64", "--no-progress"]
     dist = ["--mode", "lookahead", "--trainers", "1", "--servers", "1"]
-    lines = {
+    lines: dict[tuple[str, ...], list[str]] = {
         ("synth",): ["--profile", "tiny", "--samples", "1000", "--out", o, "--no-progress"],
         ("profile",): ["--data", d, "--hot-budget-mb", "0.01", "--no-progress"],
         ("train",): train,
@@ -155,6 +155,7 @@ def kind(action: argparse.Action) -> str | None:
     t = action.type
     if t is None or t is str:
         return "str"
+    assert callable(t), t  # not a name in argparse's registry of types (none is used)
     for probe in ("1", "1.5"):
         try:
             v = t(probe)
@@ -206,18 +207,23 @@ def guarded(monkeypatch, world, tmp_path, run_cli):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.chdir(tmp_path)
+    return Guarded(parser, run_cli)
 
-    def call(args):
+
+class Guarded:
+    """The ``guarded`` fixture: called as ``guarded(args)``; ``parser`` is the one ``main`` uses."""
+
+    def __init__(self, parser: argparse.ArgumentParser, run_cli) -> None:
+        self.parser, self.run_cli = parser, run_cli
+
+    def __call__(self, args) -> tuple[str, int | None, str]:
         try:
-            rc, _, err = run_cli(*args)
+            rc, _, err = self.run_cli(*args)
         except Reached:
             return "reached", None, ""
         except Exception as e:  # noqa: BLE001 - the finding
             return "raised", None, f"{type(e).__name__}: {e}"
         return "exit", rc, err
-
-    call.parser = parser
-    return call
 
 
 def one_line(rc, err) -> bool:

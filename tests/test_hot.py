@@ -141,15 +141,15 @@ def test_fae_schedule_regroups_the_epoch(tiny_hot):
     sched = FaeSchedule(plain, hot)
     assert sched.hot_batches > 0 and sched.other_batches > 0
     assert plain.batches_per_epoch - 1 <= sched.batches_per_epoch <= plain.batches_per_epoch
-    seen = []
+    parts = []
     n_all_hot = 0
     for k in range(sched.batches_per_epoch):
         b = sched.batch(k)
         lookup_hot = hot.contains(b.rows.numpy()).reshape(ds.meta.num_features, B)
         n_all_hot += bool(lookup_hot.all())
-        seen.append(np.column_stack([b.labels.numpy(), b.dense.numpy()]))
+        parts.append(np.column_stack([b.labels.numpy(), b.dense.numpy()]))
     assert n_all_hot >= sched.hot_batches  # every hot batch is all hot (others may be by chance)
-    seen = np.concatenate(seen)
+    seen = np.concatenate(parts)
     assert len(np.unique(seen, axis=0)) == len(seen)  # no input twice (dense features tell them apart)
     want = np.concatenate([np.column_stack([b.labels.numpy(), b.dense.numpy()]) for b in plain.batches(0)])
     assert len(seen) > len(want) - 2 * B

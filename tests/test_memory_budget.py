@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -95,7 +96,7 @@ def test_budget_sources(monkeypatch):
 
 
 def shape(mode="lookahead", **kw) -> RunShape:
-    base = dict(
+    base: dict[str, Any] = dict(
         spec=mode_spec(mode), store="disk", num_rows=8_000_000, dim=64, state_dim=1, batch_size=2048,
         num_features=26, lookups=2048 * 26, unique=12_000, batch_bytes=1_000_000, dense_params=500_000,
         dense_states=1, saved_bytes=30 * MIB, sample_bytes=264, eval_batch=2048, fetch_rows=2000, evict_rows=2000,
@@ -126,10 +127,11 @@ def test_a_tight_budget_lowers_the_defaults_and_keeps_what_was_set():
     two = estimate(shape(), dataclasses.replace(at_big.sizes, staged=2)).total
     b = budget((at_big.estimate.total + two) / 2)  # short by what 10 fewer plans read ahead hold
     f = fit(b, shape(), wanted())
-    assert f.fits and f.estimate.total <= b.usable
+    assert f.fits and b.usable is not None and f.estimate.total <= b.usable
     assert f.sizes.staged < 21 and f.sizes.cache_rows == 400_000 and f.changes[0].startswith(f"{f.sizes.staged} plans")
     tight = budget(low + 10 * MIB)  # the default cache must give way
     g = fit(tight, shape(), wanted())
+    assert tight.usable is not None
     assert 2048 * 26 <= g.sizes.cache_rows < 400_000 and g.estimate.total <= tight.usable
     assert any(c.startswith("a cache of") for c in g.changes)
     with pytest.raises(BudgetError, match=r"lower --cache-rows / --cache-budget-mb to at most [\d,]+ rows"):
@@ -151,14 +153,20 @@ def test_too_small_a_budget_names_the_smallest_that_works():
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("memory budget 200 MiB (--memory-budget-mb 200) is too small")
     need = int(msg.split("the smallest budget that works is ")[1].split(" MiB")[0].replace(",", ""))
-    assert need * MIB * (1 - MARGIN) >= e.value.estimate.total
+    assert e.value.estimate is not None and need * MIB * (1 - MARGIN) >= e.value.estimate.total
     fit(Budget((need + 1) * MIB, "test"), shape(), wanted())  # and that budget works
 
 
 @pytest.mark.unit
 def test_the_estimate_grows_with_what_it_holds():
     s, w = shape(), wanted().sizes
-    for change in (dict(cache_rows=800_000), dict(staged=40), dict(lookahead=40), dict(hot_rows=10_000)):
+    changes: list[dict[str, Any]] = [
+        dict(cache_rows=800_000),
+        dict(staged=40),
+        dict(lookahead=40),
+        dict(hot_rows=10_000),
+    ]
+    for change in changes:
         assert estimate(s, dataclasses.replace(w, **change)).total > estimate(s, w).total, change
     assert estimate(dataclasses.replace(s, num_rows=16_000_000), w).total > estimate(s, w).total
     full = estimate(shape("full", store="memory"), w)
@@ -221,7 +229,8 @@ def test_disk_store_rounds_and_write_behind_keep_values(tmp_path):
     init = RowInitializer([5000, 15000], 16, seed=3)
     rng = np.random.default_rng(1)
     io = DiskIO(threads=2, hint_bytes=37 * PAGE, dirty_bytes=8 * PAGE, chunk_rows=999)
-    truth_w, truth_s = {}, {}
+    truth_w: dict[int, np.ndarray] = {}
+    truth_s: dict[int, np.ndarray] = {}
     with DiskStore(init, 2, tmp_path / "s", io=io) as store:
         for _ in range(5):
             rows = rng.choice(20_000, 700, replace=False)  # unsorted: the store sorts and puts them back
@@ -260,7 +269,7 @@ def test_digest_does_not_depend_on_chunks():
         for n in cuts:
             parts.append((ids[a : a + n], w[a : a + n], s[a : a + n]))
             a += n
-        hash_rows(h, init, parts)
+        hash_rows(h, init, iter(parts))
         digests.add(h.hexdigest())
     assert len(digests) == 1
     record = np.concatenate([ids.view(np.uint8).reshape(-1, 8), w.view(np.uint8), s.view(np.uint8)], axis=1)

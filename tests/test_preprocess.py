@@ -21,6 +21,7 @@ import gzip
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,7 +71,7 @@ def read_split(out: Path, split: str) -> dict:
         parts["sparse"].append(np.asarray(sh.sparse))
         for name, (values, offsets) in sh.multihot.items():
             mh[name].append((np.asarray(values), np.diff(np.asarray(offsets))))
-    res = {k: np.concatenate(v) for k, v in parts.items()}
+    res: dict[str, Any] = {k: np.concatenate(v) for k, v in parts.items()}
     res["multihot"] = {n: (np.concatenate([p[0] for p in v]), np.concatenate([p[1] for p in v])) for n, v in mh.items()}
     res["meta"] = ds.meta
     return res

@@ -42,7 +42,7 @@ from bagpipe.preprocess.taobao import TaobaoFormat
 
 pytestmark = pytest.mark.unit
 
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # ---------------------------------------------------------------------------------
 # reference parsers (plain Python, from the format descriptions)
@@ -278,7 +278,7 @@ file_options = st.fixed_dictionaries(
 # ---------------------------------------------------------------------------------
 
 
-@settings(max_examples=80, **SETTINGS)
+@settings(SETTINGS, max_examples=80)
 @given(data=st.data(), labelled=st.booleans(), opts=file_options)
 def test_criteo_lines_round_trip_and_bad_lines_are_named(data, labelled, opts):
     lines = data.draw(st.lists(criteo_line(labelled, data.draw(bad_rate)), min_size=1, max_size=300))
@@ -309,14 +309,14 @@ def keys_back(out: Path, split: str, names: list[str]) -> np.ndarray:
     return np.stack(cols, axis=1) if cols else np.zeros((len(sparse), 0), np.int64)
 
 
-@settings(max_examples=25, **SETTINGS)
+@settings(SETTINGS, max_examples=25)
 @given(data=st.data(), opts=file_options, workers=st.integers(1, 3))
 def test_criteo_pipeline_round_trip_skip_and_fail(data, opts, workers):
     lines = data.draw(st.lists(criteo_line(True, data.draw(bad_rate)), min_size=1, max_size=200))
     lines[0] = "0\t" + "\t".join(["1"] * 13) + "\t" + "\t".join(["0000abcd"] * 26)
     ref = None
-    with tempfile.TemporaryDirectory() as d:
-        d = Path(d)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
         path, seen = write(d, lines, opts["crlf"], opts["final_newline"], opts["gz"])
         ref = [ref_criteo(ln, True) for ln in seen]
         bad = [i + 1 for i, r in enumerate(ref) if r is None]
@@ -385,7 +385,7 @@ def avazu_line(draw, rate: float = 0.05):
     return ",".join(fields)
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(SETTINGS, max_examples=40)
 @given(data=st.data(), opts=file_options, header=st.booleans())
 def test_avazu_lines_round_trip(data, opts, header):
     lines = data.draw(st.lists(avazu_line(data.draw(bad_rate)), min_size=1, max_size=150))
@@ -433,7 +433,7 @@ def taobao_line(draw, rate: float = 0.05):
     return ",".join(fields)
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(SETTINGS, max_examples=40)
 @given(data=st.data(), opts=file_options)
 def test_taobao_lines_round_trip(data, opts):
     lines = data.draw(st.lists(taobao_line(data.draw(bad_rate)), min_size=1, max_size=150))

@@ -91,7 +91,7 @@ def test_search_from_snapshots_by_hand():
     sk.decide(sk.read_watched())
     d = sk.decision
     assert (d["threshold"], d["stale_rows"], d["sample_inputs"], d["sample_skippable_share"]) == (0.5, 2, 10, 0.3)
-    assert sk.stale.rows.tolist() == [0, 1]
+    assert sk.stale is not None and sk.stale.rows.tolist() == [0, 1]
 
 
 def test_multi_hot_keys_by_hand():

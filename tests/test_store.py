@@ -53,7 +53,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.array_equal(bits(a), bits(b))
 
 
-def make(kind: str, init: RowInitializer, state_dim: int, path) -> object:
+def make(kind: str, init: RowInitializer, state_dim: int, path) -> MemoryStore | DiskStore:
     if kind == "memory":
         return MemoryStore(init, state_dim)
     return DiskStore(init, state_dim, path, threads=4)

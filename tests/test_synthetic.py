@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -145,7 +146,7 @@ def test_same_seed_gives_identical_bytes_other_seed_differs(tmp_path):
 
 
 def test_eval_fraction_and_shard_size_do_not_change_the_samples(tmp_path):
-    base = dict(profile="tiny", samples=70_000, seed=1)  # > one 64k chunk
+    base: dict[str, Any] = dict(profile="tiny", samples=70_000, seed=1)  # > one 64k chunk
     generate(SynthConfig(**base, eval_fraction=0.1), tmp_path / "a", progress=False)
     generate(SynthConfig(**base, eval_fraction=0.3, rows_per_shard=10_007), tmp_path / "b", progress=False)
     for x, y in zip(load_all(tmp_path / "a"), load_all(tmp_path / "b")):
