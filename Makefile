@@ -40,8 +40,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-# The checks the test suite also runs (tests/test_codebase.py): ruff's lint and format, mypy
-# on the package; ruff also on the tests, the benchmarks and the tools.
+# The checks the test suite also runs (tests/test_codebase.py): ruff's lint and format and
+# mypy (check_untyped_defs; its files in pyproject.toml), all on the package, the tests, the
+# benchmarks and the tools.
 lint: setup
 	$(BIN)/ruff check bagpipe tests benchmarks tools
 	$(BIN)/ruff format --check bagpipe tests benchmarks tools
