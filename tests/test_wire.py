@@ -50,6 +50,8 @@ from fakes import GLOO_CLOSED, SECRET, FakeNet, join_all, role_name
 
 import bagpipe.distributed.transport as transport_mod
 from bagpipe.accel.hot import HotPlan
+from bagpipe.accel.profile import HotSet
+from bagpipe.cache.setup import CachePlan
 from bagpipe.data.batch import Batch
 from bagpipe.distributed import auth, codec, wire
 from bagpipe.distributed.oracle_report import OracleReport
@@ -63,7 +65,10 @@ from bagpipe.distributed.transport import (
 )
 from bagpipe.distributed.wire import CONTROL, CREDIT, PLAN, REPLY, REQUEST, WireError, decode, encode
 from bagpipe.errors import BagpipeError, ConfigError
+from bagpipe.memory.budget import Budget, Fit
+from bagpipe.memory.estimate import Estimate, Part, Sizes
 from bagpipe.oracle import LookaheadOracle
+from bagpipe.store.diskio import DiskIO
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
 
@@ -179,16 +184,22 @@ def every_message() -> list[tuple[int, object]]:
         (REPLY, {"store": {"reads": 3, "rows_read": 40}, "requests": {"read": 3, "mark": 2}, "waited_s": 0.25}),
         (CONTROL, {"table_sizes": [5, 3, 1000], "dim": 16, "seed": 7, "state_dim": 1, "restore": None}),
         (CONTROL, {"table_sizes": [5], "dim": 4, "seed": 1, "state_dim": 2, "restore": "/runs/a/checkpoints/step-40"}),
-        (PLAN, {"cache_rows": 6, "lookahead": 2, "trainers": 2, "autotune": None, "hot": None}),
+        (PLAN, CachePlan(cache_rows=6, lookahead=2)),
         (
             PLAN,
-            {
-                "cache_rows": 6,
-                "lookahead": 2,
-                "trainers": 2,
-                "autotune": {"cache_rows": 6, "reason": "budget"},
-                "hot": {"rows": np.array([3, 9], np.int64), "report": {"coverage": 0.4, "tables": [0.1, 0.5]}},
-            },
+            CachePlan(
+                cache_rows=6,
+                lookahead=2,
+                staged=3,
+                hot=HotSet(np.array([3, 9], np.int64), 32, {"coverage": 0.4, "tables": [0.1, 0.5]}),
+                autotune={"cache_rows": 6, "reason": "budget"},
+                fit=Fit(
+                    Budget(512 << 20, "--memory-budget-mb 512"),
+                    Sizes(cache_rows=6, hot_rows=2, lookahead=2, staged=3, io=DiskIO(dirty_bytes=None)),
+                    Estimate("remote-trainer", (Part("cache", 6 * 64, "C rows"), Part("dense model", 1 << 20))),
+                    changes=("cache 10 -> 6 rows",),
+                ),
+            ),
         ),
         (PLAN, plan),
         (PLAN, hot),
@@ -379,6 +390,19 @@ def test_decode_of_a_well_formed_body_of_the_wrong_shape_is_refused():
         body[1:3] = codec._U16.pack(4)  # a Batch where a plan was: its fields no longer fit
         decode(PLAN, np.frombuffer(bytes(body), np.uint8).copy())
     assert_same(decode(REQUEST, encode(REQUEST, ok)), ok)
+
+
+def test_a_cache_plan_arrives_typed_and_its_records_own_checks_are_wire_errors():
+    """The oracle's CachePlan travels as a record (a Fit's tuples arrive as tuples); a hot
+    set whose rows leave its row space is refused by the decoder, not by the trainer."""
+    plan = next(obj for stream, obj in every_message() if isinstance(obj, CachePlan) and obj.fit is not None)
+    got = decode(PLAN, encode(PLAN, plan))
+    assert type(got.fit.estimate.parts) is tuple and got.fit == plan.fit
+    bad = dataclasses.replace(plan, hot=HotSet(np.array([3, 9], np.int64), 32))
+    assert bad.hot is not None
+    bad.hot.rows = np.array([3, 40], np.int64)  # past R = 32 (a HotSet checks its rows when made)
+    with pytest.raises(WireError, match=r"^HotSet: hot rows must be distinct, ascending rows in \[0, 32\)"):
+        decode(PLAN, encode(PLAN, bad))
 
 
 def test_random_damage_to_real_bodies_raises_only_wire_error():

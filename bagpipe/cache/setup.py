@@ -1,12 +1,15 @@
 """A run's cache, decided in one place for every topology.
 
 :func:`set_up_cache` sizes the cache (C and L, by the auto-tuner when given a budget),
-picks the hot tier, and returns a :class:`CacheSetup` whose :class:`LocalPlans` make the
-run's plans. A one-process run (:class:`bagpipe.train.topology.SingleProcess`) and the
-oracle role of a distributed job (:mod:`bagpipe.distributed.oracle_role`) both call it,
-so a run's cache is the same wherever its planner runs. Given the run's memory plan it
-also fits the cache, the plans read ahead, a default hot tier and the disk store's I/O
-bounds to the run's memory budget (:mod:`bagpipe.memory`).
+picks the hot tier, and returns a :class:`CacheSetup`: the planner's side (whose
+:class:`LocalPlans` make the run's plans) and the :class:`CachePlan`, everything a
+trainer's cache is built from (:func:`bagpipe.train.backends.cached_backend`). A
+one-process run (:class:`bagpipe.train.topology.SingleProcess`) and the oracle role of a
+distributed job (:mod:`bagpipe.distributed.oracle_role`, which sends the plan to every
+trainer as a record of :mod:`bagpipe.distributed.codec`) both call it, so a run's cache
+is the same wherever its planner runs. Given the run's memory plan it also fits the
+cache, the plans read ahead, a default hot tier and the disk store's I/O bounds to the
+run's memory budget (:mod:`bagpipe.memory`).
 """
 
 from __future__ import annotations
@@ -34,48 +37,85 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class CachePlan:
+    """What a trainer's cache is: all a cached backend is built from, whichever process
+    planned it (:func:`bagpipe.train.backends.cached_backend`).
+
+    The oracle role of a distributed job sends it to every trainer as it is (a record of
+    :mod:`bagpipe.distributed.codec`: every field travels, checked against its
+    annotation), so a field added here reaches the trainers with no other change.
+
+    Attributes:
+        cache_rows: C, the cache's slots for the planned (cold) rows.
+        lookahead: L, the planner's window as sized (used by a planner that looks ahead).
+        staged: plans whose rows are fetched ahead of the step (the pipelined executor's
+            depth), as the memory budget chose; None: the executor's own default (L + 1).
+        hot: the hot rows (slots C..C+H-1 of the cache, for the whole run), or None.
+        autotune: the auto-tuner's choice of C and L
+            (:meth:`bagpipe.oracle.autotune.AutotuneChoice.as_dict`, the summary's
+            ``cache.autotune``), or None when it did not choose.
+        fit: the sizes chosen for the trainer's memory budget and their estimate
+            (:mod:`bagpipe.memory.budget`, the summary's ``memory``), or None when the
+            run was not sized.
+    """
+
+    cache_rows: int
+    lookahead: int
+    staged: int | None = None
+    hot: HotSet | None = None
+    autotune: dict | None = None
+    fit: Fit | None = None
+
+
+@dataclass(frozen=True)
 class CacheSetup:
-    """What a run's cache is: its mode, its C and L, its hot tier.
+    """What a run's cache is: its mode and planner, and the :class:`CachePlan` its trainers build.
 
     Attributes:
         spec: the mode's row of the table of modes (its planner).
         num_rows: R, rows of all tables.
-        size: C (``size.rows``), L, and the auto-tuner's choice when it made them.
-        hot: the hot rows (slots C..C+H-1 of the trainer's cache), or None.
+        plan: C, L, the plans staged, the hot tier, the auto-tuner's choice and the
+            memory budget's fit.
         enough: a cache size that holds every batch of the run (the hint of a too-small
             cache's error).
         fae_schedule: ``keep`` the data order, or ``split`` it as FAE does.
-        memory: the sizes chosen for the run's memory budget and their estimate
-            (:mod:`bagpipe.memory.budget`), or None when the caller gave no memory plan.
     """
 
     spec: ModeSpec
     num_rows: int
-    size: CacheSize
-    hot: HotSet | None
+    plan: CachePlan
     enough: int
     fae_schedule: str = "keep"
-    memory: Fit | None = None
-
-    @property
-    def staged(self) -> int | None:
-        """Plans whose rows are fetched ahead of the step (the pipelined executor's depth),
-        as the budget chose; None: the executor's own default."""
-        return self.memory.sizes.staged if self.memory is not None and self.spec.pipelined else None
-
-    @property
-    def cache_rows(self) -> int:
-        return self.size.rows
 
     @property
     def lookahead(self) -> int | None:
         """L, for a planner that looks ahead (else None)."""
-        return self.size.lookahead if self.spec.looks_ahead else None
+        return self.plan.lookahead if self.spec.looks_ahead else None
 
     def planner(self) -> Planner:
         """A new planner of the mode's kind for C slots."""
         assert self.spec.planner is not None, f"--mode {self.spec.name} has no planner"
-        return build_planner(self.spec.planner, self.num_rows, self.size.rows, self.size.lookahead, self.enough)
+        return build_planner(self.spec.planner, self.num_rows, self.plan.cache_rows, self.plan.lookahead, self.enough)
+
+
+def _setup(
+    spec: ModeSpec,
+    num_rows: int,
+    size: CacheSize,
+    hot: HotSet | None,
+    enough: int,
+    fae_schedule: str,
+    chosen: Fit | None,
+) -> CacheSetup:
+    plan = CachePlan(
+        cache_rows=size.rows,
+        lookahead=size.lookahead,
+        staged=chosen.sizes.staged if chosen is not None and spec.pipelined else None,
+        hot=hot,
+        autotune=size.tuned.as_dict() if size.tuned is not None else None,
+        fit=chosen,
+    )
+    return CacheSetup(spec, num_rows, plan, enough, fae_schedule)
 
 
 def set_up_cache(
@@ -107,7 +147,7 @@ def set_up_cache(
         log.info(size.tuned.line())
     if memory is None:
         rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed)
-        return CacheSetup(spec, num_rows, size, rows, enough=min(lookups, num_rows), fae_schedule=hot.fae_schedule)
+        return _setup(spec, num_rows, size, rows, min(lookups, num_rows), hot.fae_schedule, None)
     # a hot tier the user asked for is chosen first (its size is then known); a mode's
     # default one is sized by the budget below
     rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed) if hot.on else None
@@ -139,9 +179,7 @@ def set_up_cache(
         if chosen.sizes.hot_rows < hot_rows:
             fitted = dataclasses.replace(hot, hot_budget_mb=chosen.sizes.hot_rows * row_bytes / MIB)
         rows = hot_set_for(fitted, spec, dataset, dim, state_dim, seed)
-    return CacheSetup(
-        spec, num_rows, size, rows, enough=min(lookups, num_rows), fae_schedule=hot.fae_schedule, memory=chosen
-    )
+    return _setup(spec, num_rows, size, rows, min(lookups, num_rows), hot.fae_schedule, chosen)
 
 
 class LocalPlans:
@@ -153,7 +191,8 @@ class LocalPlans:
         self.setup = setup
         self.lookahead = setup.lookahead
         self.planner: Planner | None = None
-        self.split = HotSplit(setup.hot, setup.cache_rows, setup.fae_schedule) if setup.hot is not None else None
+        hot, cache_rows = setup.plan.hot, setup.plan.cache_rows
+        self.split = HotSplit(hot, cache_rows, setup.fae_schedule) if hot is not None else None
 
     def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]:
         """The plans of steps [start, stop) of ``stream``."""

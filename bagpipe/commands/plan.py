@@ -132,8 +132,8 @@ def _fit(cfg, dataset, stream, memory):
         seed=cfg.run.seed,
         memory=memory,
     )
-    assert setup.memory is not None
-    return setup.memory
+    assert setup.plan.fit is not None
+    return setup.plan.fit
 
 
 def _roles(cfg, dataset, stream, shape, fit):

@@ -3,8 +3,10 @@
 Nothing that arrives from the network is unpickled or evaluated: a message body is a
 tree of typed values written by :func:`encode_value` and read back by :func:`decode_value`, which
 builds only numbers, strings, bytes, lists, dicts, numpy arrays, CPU tensors and the
-few dataclasses listed in :data:`RECORDS` (plans, batches, the oracle's report), each
-from exactly its declared fields, every field checked against its annotated type. A
+few dataclasses listed in :data:`RECORDS` (plans, batches, the oracle's report, the
+cache plan with its hot rows and memory fit), each from exactly its declared fields,
+every field checked against its annotated type (a ``tuple[X, ...]`` field arrives as a
+tuple). A
 body that is truncated, has bytes left over, names an unknown type, dtype, encoding
 or record, nests deeper than :data:`MAX_DEPTH`, claims more bytes than it has or
 expands beyond :data:`MAX_DECODED_BYTES` raises :class:`WireError`. What each stream
@@ -23,6 +25,8 @@ Layout of a body (little-endian; every value starts with a one-byte tag):
                    the data in it as RAW
            RANGE   i64 first value, i64 step (a 1-D array of evenly spaced integers)
     RECORD u16 record code, then one value per field of the record, in declared order
+           (a record whose own checks refuse the values, e.g. a HotSet's rows out of
+           range, is a WireError too)
 
 RAW arrays are received as views of the body (no copy): 8-byte aligned and writable.
 Integer arrays are sent NARROW or as a RANGE when that is shorter (lossless, and
@@ -43,11 +47,17 @@ import numpy as np
 import torch
 
 from bagpipe.accel.hot import HotPlan
+from bagpipe.accel.profile import HotSet
+from bagpipe.cache.setup import CachePlan
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import TrainerPlan
 from bagpipe.distributed.schema import Spec, WireError, spec_of
+from bagpipe.errors import BagpipeError
+from bagpipe.memory.budget import Budget, Fit
+from bagpipe.memory.estimate import Estimate, Part, Sizes
 from bagpipe.oracle.plan import Plan
+from bagpipe.store.diskio import DiskIO
 
 MAX_DEPTH = 16  # containers inside containers
 MAX_NDIM = 4
@@ -75,7 +85,22 @@ DTYPES = [
 ]
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 # the only classes a message may build, by code (a record's code is part of the format)
-RECORDS: dict[int, type] = {1: Plan, 2: TrainerPlan, 3: HotPlan, 4: Batch, 5: OracleReport}
+RECORDS: dict[int, type] = {
+    1: Plan,
+    2: TrainerPlan,
+    3: HotPlan,
+    4: Batch,
+    5: OracleReport,
+    # the cache plan the oracle role sends every trainer, and the records inside it
+    6: CachePlan,
+    7: HotSet,
+    8: Fit,
+    9: Budget,
+    10: Sizes,
+    11: DiskIO,
+    12: Estimate,
+    13: Part,
+}
 _RECORD_CODE = {cls: code for code, cls in RECORDS.items()}
 
 _U8, _U16, _U32, _I64, _F64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<q", "<d"))
@@ -293,7 +318,12 @@ def _get(r: _Reader, depth: int) -> Any:
         values = {f.name: _get(r, depth + 1) for f in _fields(cls)}
         for f in _fields(cls):
             _field_spec(cls, f.name)(values[f.name], f"{cls.__name__}.{f.name}")
-        return cls(**values)
+            if f.name in _tuple_fields(cls):  # a tuple travels as a list
+                values[f.name] = tuple(values[f.name])
+        try:
+            return cls(**values)
+        except (BagpipeError, ValueError) as e:  # the record's own checks (__post_init__)
+            raise WireError(f"{cls.__name__}: {e}") from None
     raise WireError(f"unknown value tag {tag}")
 
 
@@ -345,12 +375,21 @@ def _get_array(r: _Reader) -> np.ndarray:
 # records -----------------------------------------------------------------------------
 _FIELDS: dict[type, tuple] = {}
 _FIELD_SPECS: dict[tuple[type, str], Spec] = {}
+_TUPLES: dict[type, frozenset[str]] = {}
 
 
 def _fields(cls: type) -> tuple:
     if cls not in _FIELDS:
         _FIELDS[cls] = dataclasses.fields(cls)
     return _FIELDS[cls]
+
+
+def _tuple_fields(cls: type) -> frozenset[str]:
+    """The names of the fields of ``cls`` annotated as tuples."""
+    if cls not in _TUPLES:
+        hints = typing.get_type_hints(cls)
+        _TUPLES[cls] = frozenset(f.name for f in _fields(cls) if typing.get_origin(hints[f.name]) is tuple)
+    return _TUPLES[cls]
 
 
 def _field_spec(cls: type, name: str) -> Spec:

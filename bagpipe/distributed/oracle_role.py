@@ -14,13 +14,14 @@ import threading
 import time
 
 import bagpipe.phases as phases
-from bagpipe.cache.setup import CacheSetup, LocalPlans, set_up_cache
+from bagpipe.cache.setup import CachePlan, CacheSetup, LocalPlans, set_up_cache
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
+from bagpipe.distributed.schema import WireError
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
 from bagpipe.memory import memory_plan
 from bagpipe.optim.names import row_state_dim
@@ -53,24 +54,14 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
     """Plan the job's global batches and send each trainer its part, to the end of the run."""
     stream, setup = oracle_cache(cfg)
     start = resume_step(cfg)
-    hot = setup.hot
-    info = {
-        "staged": setup.staged,
-        "memory": setup.memory.as_dict() if setup.memory is not None else None,  # plain data for the wire
-        "cache_rows": setup.cache_rows,
-        "lookahead": setup.size.lookahead,
-        "trainers": layout.trainers,
-        "autotune": setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
-        "hot": None if hot is None else {"rows": hot.rows, "report": hot.report},
-    }
-    for r in layout.trainer_ranks:
-        transport.send(r, PLAN, info)
+    for r in layout.trainer_ranks:  # the cache each trainer builds, first on the plan stream
+        transport.send(r, PLAN, setup.plan)
     phases.mark("ready")
     d = cfg.dist
     source = LocalPlans(setup)
     report = OracleReport(
-        cache_rows=setup.cache_rows,
-        lookahead=setup.size.lookahead,
+        cache_rows=setup.plan.cache_rows,
+        lookahead=setup.plan.lookahead,
         cache_sync=d.cache_sync,
         plans_in_flight=d.plans_in_flight,
         fetched_rows=[0] * layout.trainers,
@@ -169,12 +160,16 @@ class _Credits:
 
 
 class PlanReceiver:
-    """A trainer's side of the plan stream: iterate to get plans, one credit per plan taken."""
+    """A trainer's side of the plan stream: ``plan``, the cache the oracle role planned
+    (the stream's first message); then iterate to get plans, one credit per plan taken."""
 
     def __init__(self, transport: Transport, oracle_rank: int):
         self.t = transport
         self.oracle = oracle_rank
-        self.info = self.t.recv(self.oracle, PLAN)
+        plan = self.t.recv(self.oracle, PLAN)
+        if not isinstance(plan, CachePlan):  # the wire allows it anywhere on the stream
+            raise WireError(f"the plan stream starts with a {type(plan).__name__}, not the cache's CachePlan")
+        self.plan: CachePlan = plan
         self.report: OracleReport | None = None
 
     def __iter__(self):

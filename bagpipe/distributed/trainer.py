@@ -16,8 +16,6 @@ from collections.abc import Iterator
 
 import torch
 
-from bagpipe.accel.profile import HotSet
-from bagpipe.cache import EXECUTORS
 from bagpipe.cache.periodic import PeriodicRowUpdate
 from bagpipe.cache.sync import SyncedRowUpdate
 from bagpipe.checkpoint import Checkpoint, CutTarget
@@ -33,10 +31,10 @@ from bagpipe.distributed.transport import CONTROL, Transport
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.backends import CachedBackend
+from bagpipe.train.backends import CachedBackend, cached_backend
 from bagpipe.train.loop import train
 from bagpipe.train.progress import ProgressKind
-from bagpipe.train.protocols import Backend, PartsWriter
+from bagpipe.train.protocols import PartsWriter, RowUpdate
 from bagpipe.train.summary import DistributedStats
 
 
@@ -46,7 +44,7 @@ class RemotePlans:
 
     def __init__(self, receiver: PlanReceiver):
         self.receiver = receiver
-        self.lookahead: int | None = int(receiver.info["lookahead"])
+        self.lookahead: int | None = receiver.plan.lookahead
 
     def plans(self, stream: BatchStream, start: int, stop: int) -> Iterator[Plan]:
         yield from self.receiver
@@ -57,25 +55,14 @@ class RemotePlans:
         return dict(report.plan) if report is not None else {}
 
 
-class RemoteBackend(CachedBackend):
-    """A trainer's backend: the rows on the embedding servers (a :class:`RemoteStore`), the
-    plans from the oracle role (:class:`RemotePlans`), a cache of the size the oracle chose."""
-
-    @property
-    def remote(self) -> RemoteStore:
-        """The store, a :class:`RemoteStore` of the servers' rows."""
-        assert isinstance(self.store, RemoteStore)
-        return self.store
-
-    @property
-    def plans(self) -> RemotePlans:
-        """The plan source, the oracle role's stream."""
-        assert isinstance(self.source, RemotePlans)
-        return self.source
+RemoteBackend = CachedBackend[RemoteStore, RemotePlans]
+"""A trainer's backend: the rows on the embedding servers (a :class:`RemoteStore`), the
+plans from the oracle role (:class:`RemotePlans`), the cache the oracle role planned."""
 
 
 class DataParallel:
-    """Trainer ``rank`` of a job laid out as ``layout`` (a :class:`~bagpipe.train.protocols.Topology`).
+    """Trainer ``rank`` of a job laid out as ``layout`` (a ``Topology[RemoteBackend]``:
+    :class:`~bagpipe.train.protocols.Topology`).
 
     What it builds for the run -- the remote store, the plan stream -- lives in the
     :class:`RemoteBackend` that :meth:`backend` returns, which every later call is given.
@@ -117,38 +104,21 @@ class DataParallel:
                 self.t.send(s, CONTROL, setup_message(init, state_dim, restore))
         store = RemoteStore(init, state_dim, self.t, self.layout.server_ranks)
         plans = RemotePlans(PlanReceiver(self.t, self.layout.oracle_rank))
-        info = plans.receiver.info
-        hot = HotSet(info["hot"]["rows"], init.num_rows, info["hot"]["report"]) if info.get("hot") else None
-        backend = RemoteBackend(
-            store,
-            int(info["cache_rows"]),
-            plans,
-            EXECUTORS[cfg.cache.spec.executor],
-            writes_cached=self.rank == 0,
-            hot=hot,
-            autotune=info.get("autotune"),
-            depth=info.get("staged"),
-            device=self.device,
+        # the cache (and the trainers' memory) as the oracle role planned it
+        return cached_backend(
+            plans.receiver.plan, store, plans, self.device, cfg.cache.spec.executor, writes_cached=self.rank == 0
         )
-        backend.memory = info.get("memory")  # the oracle role sized the trainers' memory
-        return backend
 
-    @staticmethod
-    def _remote(backend: Backend) -> RemoteBackend:
-        assert isinstance(backend, RemoteBackend), f"a data-parallel trainer runs a RemoteBackend, not {backend!r}"
-        return backend
-
-    def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
+    def restore_rows(self, ckpt: Checkpoint, backend: RemoteBackend) -> None:
         """Nothing here: each server restored its own rows at start-up (no process funnels every row)."""
 
-    def checkpoint_cut(self, step: int, backend: Backend, target: CutTarget | None) -> PartsWriter | None:
+    def checkpoint_cut(self, step: int, backend: RemoteBackend, target: CutTarget | None) -> PartsWriter | None:
         """A cut at step ``step``: every trainer drains its write-backs (trainer 0 also sends
         its cached rows) and asks every server for its cut; a server takes it once every
         trainer asked (so every write-back before the cut is in), copies the rows its part
         needs and writes the part in the background. Trainer 0 names the folder and the
         kind; its checkpoint writer then waits for every server's part."""
-        remote = self._remote(backend)
-        remote.flush(step - 1, durable=False)
+        backend.flush(step - 1, durable=False)
         request: dict = {"op": "checkpoint", "step": step}
         if target is not None:
             merge = target.root / target.base if target.kind == "full" and target.base else None
@@ -158,13 +128,14 @@ class DataParallel:
                 "everything": target.everything,
                 "base": str(merge.resolve()) if merge is not None else None,
             }
-        remote.remote.checkpoint(request)
+        servers = backend.store
+        servers.checkpoint(request)
         if target is None:
             return None
-        return lambda: remote.remote.parts(step)
+        return lambda: servers.parts(step)
 
-    def row_update(self, opt: SparseOptimizer, backend: Backend) -> SyncedRowUpdate | PeriodicRowUpdate:
-        cache = self._remote(backend).cache
+    def row_update(self, opt: SparseOptimizer, backend: RemoteBackend) -> SyncedRowUpdate | PeriodicRowUpdate:
+        cache = backend.cache
         if self.sync_period:  # cDLRM's periodic averaging (an approximation)
             return PeriodicRowUpdate(opt, cache, self.sync_period, self.layout.trainers, self.group)
         return SyncedRowUpdate(opt, cache, self.group)
@@ -181,10 +152,9 @@ class DataParallel:
     def progress_kind(self, progress: bool) -> ProgressKind:
         return "lines" if self.rank == 0 else "off"
 
-    def section(self, backend: Backend, rows) -> DistributedStats:
-        remote = self._remote(backend)
-        N, dim = self.layout.trainers, remote.store.dim
-        report = remote.plans.receiver.report
+    def section(self, backend: RemoteBackend, rows: RowUpdate) -> DistributedStats:
+        N, dim = self.layout.trainers, backend.store.dim
+        report = backend.source.receiver.report
         assert report is not None, "the oracle's last message carries its report"
         steps = max(report.plan.get("steps", 0), 1)
         return DistributedStats(
@@ -205,7 +175,7 @@ class DataParallel:
             max_plans_in_flight=report.max_in_flight,
             oracle_planning_s=report.seconds_planning,
             oracle_waiting_for_credit_s=report.seconds_waiting_for_credit,
-            servers_report=remote.remote.server_stats(),
+            servers_report=backend.store.server_stats(),
             bytes_sent_by_trainer0=self.t.bytes_sent,
             bytes_received_by_trainer0=self.t.bytes_received,
             trainer_backend=self.backend_name,

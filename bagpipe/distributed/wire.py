@@ -4,7 +4,7 @@
 The body of a message is the data-only encoding of :mod:`bagpipe.distributed.codec`
 (never a pickle); on top of it every stream has a schema (:data:`SCHEMAS`): the
 messages allowed on it, field by field, with the dtype and number of dimensions of
-every array -- each server request and reply, the set-up, the oracle's info, plans,
+every array -- each server request and reply, the set-up, the cache plan, plans,
 the end of the plan stream with the oracle's report, credits, checkpoint requests and
 the join handshake. A message that does not match raises :class:`WireError`: the
 sender refuses to send it (a bug), the receiving transport refuses it (logged).
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from bagpipe.accel.hot import HotPlan
+from bagpipe.cache.setup import CachePlan
 from bagpipe.distributed.codec import decode_value, encode_value
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import TrainerPlan
@@ -89,16 +90,7 @@ SCHEMAS: dict[int, Spec] = {
     ),
     PLAN: one_of(
         plan=record(Plan, TrainerPlan, HotPlan),
-        info=struct_(
-            {
-                "cache_rows": INT_,
-                "lookahead": INT_,
-                "trainers": INT_,
-                "autotune": DATA,
-                "hot": maybe(struct_({"rows": ROWS, "report": DATA})),
-            },
-            {"staged": maybe(INT_), "memory": DATA},  # the trainers' memory, sized by the oracle role
-        ),
+        info=record(CachePlan),  # the stream's first message: the cache every trainer builds
         end=struct_({"end": BOOL_, "report": record(OracleReport)}),
     ),
     CREDIT: maybe(INT_),  # 1 per plan taken; None: no more

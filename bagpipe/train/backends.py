@@ -10,7 +10,10 @@ Both are :class:`~bagpipe.train.protocols.Backend` implementations:
   slot of a small (C, D) cache each row occupies, and an executor
   (:mod:`bagpipe.cache.executor`, the mode's ``ModeSpec.executor``) moves rows between
   store and cache. With a hot tier (:mod:`bagpipe.accel.hot`) the cache has C + H slots,
-  the last H holding the hot rows for the whole run.
+  the last H holding the hot rows for the whole run. :func:`cached_backend` builds one
+  from a :class:`~bagpipe.cache.setup.CachePlan` for both topologies: what differs
+  between them is only the store and the plan source, which the backend is generic in
+  (a data-parallel trainer's is a ``CachedBackend[RemoteStore, RemotePlans]``).
 
 Both hand the training step the same thing: a table tensor plus the indices (global
 rows or slots) of the batch's unique rows in ascending global-row order, and the
@@ -25,18 +28,23 @@ backend's rows travel through one :class:`~bagpipe.cache.transfer.Transfers`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 
 from bagpipe.accel.hot import HotSet, hot_section
+from bagpipe.cache import EXECUTORS
 from bagpipe.cache.executor import PlanExecutor
+from bagpipe.cache.setup import CachePlan
 from bagpipe.cache.slots import SlotCache
 from bagpipe.cache.transfer import Transfers
 from bagpipe.checkpoint import CheckpointReader, Snapshot, restore_rows, take_snapshot
+from bagpipe.config.modes import ExecutorName
 from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
+from bagpipe.errors import ConfigError
 from bagpipe.memory import Fit
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
@@ -72,7 +80,10 @@ class FullBackend:
     step updates are remembered, for the next checkpoint's cut and for the digest.
     """
 
-    def __init__(self, init: RowInitializer, state_dim: int, device: Device | None = None):
+    hot: HotSet | None = None
+    """No hot tier: every row is in the device's memory (any rows can be watched)."""
+
+    def __init__(self, init: RowInitializer, state_dim: int, device: Device | None = None, *, fit: Fit | None = None):
         self.init = init
         self.device = HostDevice() if device is None else device
         self.num_rows, self.dim, self.state_dim = init.num_rows, init.dim, int(state_dim)
@@ -84,7 +95,7 @@ class FullBackend:
         self.state = torch.zeros(init.num_rows, state_dim, device=dev)
         self._dirty = np.zeros(init.num_rows, dtype=bool)  # rows updated since the last checkpoint's cut
         self._written = np.zeros(init.num_rows, dtype=bool)  # rows updated (or restored) since initialisation
-        self.memory: Fit | None = None  # the memory budget's check of the run, for the summary
+        self.fit = fit  # the memory budget's check of the run, for the summary
 
     # a restore's target (RowTarget) and a cut's source (RowSource)
     def load(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
@@ -157,6 +168,15 @@ class FullBackend:
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
         return self.weights.index_select(0, self.device.put(rows))
 
+    def watched(self, rows: np.ndarray) -> Callable[[], torch.Tensor]:
+        """Any rows: each call gathers (H, D) of the tables."""
+        index = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+
+        def read() -> torch.Tensor:
+            return self.weights.index_select(0, index)
+
+        return read
+
     def phase_seconds(self) -> dict:
         return {}
 
@@ -167,52 +187,41 @@ class FullBackend:
         pass
 
 
-class CachedBackend:
-    """Rows in a store, a C-slot cache in the trainer, plans from a :class:`PlanSource`.
+S = TypeVar("S", bound=EmbeddingStore)
+P = TypeVar("P", bound=PlanSource)
 
-    Args:
-        store: where the rows live.
-        cache_rows: C.
-        source: the plans.
-        executor: the executor class that runs them (:data:`bagpipe.cache.EXECUTORS`).
-        writes_cached: whether :meth:`flush` writes the cached rows to the store (in a
-            data-parallel job the cached rows are equal on every trainer: one writes them).
-        hot: the hot rows (slots C..C+H-1, read from the store when training starts), if any;
-            the source's plans must then come through a ``HotSplit`` of C slots.
-        autotune: the auto-tuner's choice of C and L, for the summary (None when not used).
-        depth: plans the executor fetches ahead (its ``depth``); None: L + 1.
-        device: where the cache lives (default: host memory).
 
-    ``memory`` is the memory budget's fit of the run (:class:`bagpipe.memory.Fit`), set by
-    the topology that sized it, for the summary.
+class CachedBackend(Generic[S, P]):
+    """Rows in a store ``S``, a C-slot cache in the trainer, plans from a :class:`PlanSource` ``P``.
+
+    Built by :func:`cached_backend` (its arguments are described there). ``store`` and
+    ``source`` keep their own types, so a topology reaches its own store's and source's
+    members (a trainer's servers, the oracle's report) without a downcast.
     """
 
     def __init__(
         self,
-        store: EmbeddingStore,
-        cache_rows: int,
-        source: PlanSource,
+        plan: CachePlan,
+        store: S,
+        source: P,
         executor: type[PlanExecutor],
         *,
-        writes_cached: bool = True,
-        hot: HotSet | None = None,
-        autotune: dict | None = None,
-        depth: int | None = None,
-        device: Device | None = None,
+        writes_cached: bool,
+        device: Device,
     ):
-        self.store = store
-        self.depth = depth
-        self.memory: Fit | None = None
-        self.source = source
+        self.store: S = store
+        self.source: P = source
+        self.depth = plan.staged
+        self.fit = plan.fit
         self.executor_class = executor
-        self.cold_rows = cache_rows
-        self.hot = hot
-        self.device = HostDevice() if device is None else device
+        self.cold_rows = plan.cache_rows
+        self.hot = plan.hot
+        self.device = device
         self.transfers = Transfers(self.device)
-        slots = cache_rows + (len(hot) if hot is not None else 0)
+        slots = self.cold_rows + (len(self.hot) if self.hot is not None else 0)
         self.cache = SlotCache(slots, store.dim, store.state_dim, self.device.torch)
         self.writes_cached = writes_cached
-        self.autotune = autotune
+        self.autotune = plan.autotune
         self.executor: PlanExecutor | None = None
         self._finished = False
 
@@ -307,6 +316,19 @@ class CachedBackend:
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
         return store_lookup(self.store, rows)
 
+    def watched(self, rows: np.ndarray) -> Callable[[], torch.Tensor]:
+        """The hot tier's rows only (slots C..C+H-1 of the cache, there the whole run):
+        each call copies (H, D) of the cache. ValueError for any other rows."""
+        hot = self.hot
+        if hot is None or not np.array_equal(np.asarray(rows, dtype=np.int64), hot.rows):
+            raise ValueError("a cached backend watches its hot tier's rows only")
+        C, H = self.cold_rows, len(hot)
+
+        def read() -> torch.Tensor:
+            return self.cache.weights[C : C + H].clone()
+
+        return read
+
     def phase_seconds(self) -> dict:
         return self.executor.times.as_dict() if self.executor is not None else {}
 
@@ -332,3 +354,25 @@ class CachedBackend:
             self.store.abandon()
         else:
             self.store.close()
+
+
+def cached_backend(
+    plan: CachePlan,
+    store: S,
+    source: P,
+    device: Device,
+    executor: ExecutorName,
+    *,
+    writes_cached: bool = True,
+) -> CachedBackend[S, P]:
+    """The cached backend of a run, for every topology: the cache ``plan`` describes (C
+    slots, plus H for its hot rows, on ``device``), over the rows of ``store``, the plans
+    of ``source`` run by the mode's ``executor`` (:data:`bagpipe.cache.EXECUTORS`).
+
+    ``plan``'s hot rows are read from the store when training starts, so the source's
+    plans must then come through a ``HotSplit`` of C slots. ``writes_cached``: whether
+    :meth:`CachedBackend.flush` writes the cached rows to the store (in a data-parallel
+    job the cached rows are equal on every trainer: one writes them)."""
+    if plan.hot is not None and plan.hot.num_rows != store.num_rows:  # (a plan from the oracle role names its R)
+        raise ConfigError(f"hot rows of a row space of {plan.hot.num_rows:,} rows, not the store's {store.num_rows:,}")
+    return CachedBackend(plan, store, source, EXECUTORS[executor], writes_cached=writes_cached, device=device)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Generic
 
 import torch
 
@@ -34,7 +35,7 @@ from bagpipe.store.init import RowInitializer
 from bagpipe.train.evaluate import eval_line, evaluate
 from bagpipe.train.guards import StepGuard
 from bagpipe.train.progress import Progress
-from bagpipe.train.protocols import Backend, StepFn, Topology
+from bagpipe.train.protocols import B, StepFn, Topology
 from bagpipe.train.resume import (
     elastic_restart,
     refuse_overwrite,
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 LOG_EVERY = 10  # steps between metrics.jsonl records (and progress updates)
 
 
-def train(cfg: TrainConfig, topology: Topology | None = None) -> dict | None:
+def train(cfg: TrainConfig, topology: Topology[B] | None = None) -> dict | None:
     """Train as configured; returns (and writes) the summary, or None on a process that
     does not report (a data-parallel trainer other than trainer 0).
 
@@ -93,7 +94,7 @@ def train(cfg: TrainConfig, topology: Topology | None = None) -> dict | None:
         return _start(cfg, topo, run)
 
 
-def _start(cfg: TrainConfig, topo: Topology, run: RunDir) -> dict | None:
+def _start(cfg: TrainConfig, topo: Topology[B], run: RunDir) -> dict | None:
     rc = cfg.run
     if rc.threads:
         torch.set_num_threads(rc.threads)
@@ -163,13 +164,14 @@ def _approximation(names: list[str], skipper: StaleSkip | None, row_stats: dict)
     )
 
 
-class _Run:
-    """One run of the loop, from its first step to its summary (the pieces :func:`train` built)."""
+class _Run(Generic[B]):
+    """One run of the loop, from its first step to its summary (the pieces :func:`train` built);
+    ``B``: the topology's backend."""
 
     def __init__(
         self,
         cfg: TrainConfig,
-        topo: Topology,
+        topo: Topology[B],
         run: RunDir,
         dataset: Dataset,
         stream: BatchStream,
@@ -178,7 +180,7 @@ class _Run:
         dense_opt: torch.optim.Optimizer,
         sparse_opt: SparseOptimizer,
         init: RowInitializer,
-        backend: Backend,
+        backend: B,
         start: int,
     ):
         self.cfg, self.topo, self.run, self.dataset, self.stream = cfg, topo, run, dataset, stream
@@ -353,7 +355,7 @@ class _Run:
                 checkpoints=CheckpointStats.of(self.writer.history, start),
                 approximation=_approximation(approx, skipper, rows.stats()),
                 end_of_run_s=end,
-                memory=MemoryReport.of(backend.memory, watch, watch.stop()),
+                memory=MemoryReport.of(backend.fit, watch, watch.stop()),
                 spec=spec,
                 slow_store=slow_store(cfg.cache.store, cfg.distributed),
             ).to_json()

@@ -26,21 +26,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
 
+from bagpipe.accel.profile import HotSet
 from bagpipe.checkpoint import Checkpoint, CheckpointReader, CutTarget, Part, Snapshot
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.batch import Batch
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device
+from bagpipe.memory.budget import Fit
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.progress import ProgressKind
+from bagpipe.train.summary import CacheStats, DistributedStats
 
 Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
 """Rows in chunks: (first global row, (n, D) weights, (n, S) optimizer state)."""
@@ -145,9 +148,13 @@ class Backend(Protocol):
     :meth:`close` always.
     """
 
-    memory: Any
-    """The memory budget's fit of the run (:class:`bagpipe.memory.Fit`: the budget, the
-    sizes it chose, their estimate) for the summary, or None where nothing was sized."""
+    fit: Fit | None
+    """The memory budget's fit of the run (the budget, the sizes it chose, their
+    estimate; on a data-parallel trainer the oracle role's, which sized it) for the
+    summary, or None where nothing was sized. Given at construction."""
+    hot: HotSet | None
+    """The rows held in the device's memory for the whole run beside the cache (the hot
+    tier), or None."""
 
     def restore(self, reader: CheckpointReader) -> None:
         """Hold the checkpoint's rows (before training starts): the rows it holds are
@@ -193,14 +200,20 @@ class Backend(Protocol):
         """(U, D) current weights of global ``rows`` (evaluation)."""
         ...
 
+    def watched(self, rows: np.ndarray) -> Callable[[], torch.Tensor]:
+        """A reader of the current weights of ``rows`` ((H,) ascending global rows that
+        stay in the device's memory: any rows of the full tables, a cached backend's hot
+        tier): each call returns an (H, D) copy, in the order of ``rows`` (Slipstream's
+        snapshots). ValueError for rows this backend cannot watch."""
+        ...
+
     def phase_seconds(self) -> dict:
         """Cumulative seconds of the trainer thread's embedding phases (``wait_embeddings``,
         ``writeback``) for the step meter."""
         ...
 
-    def stats(self) -> Any:
-        """The summary's ``cache`` section (:class:`bagpipe.train.summary.CacheStats`), or
-        None for the full tables."""
+    def stats(self) -> CacheStats | None:
+        """The summary's ``cache`` section, or None for the full tables."""
         ...
 
     def close(self, abandon: bool = False) -> None:
@@ -208,12 +221,16 @@ class Backend(Protocol):
         ...
 
 
-class Topology(Protocol):
+B = TypeVar("B", bound=Backend)
+
+
+class Topology(Protocol[B]):
     """What differs between one process and a trainer of a data-parallel job.
 
     Everything a method needs is passed in or was given to the topology's constructor:
     what a topology builds for the run (a remote store, the plan stream) lives in the
-    backend it returns, which the loop passes to every later call.
+    backend ``B`` it returns, which the loop passes to every later call -- typed as the
+    topology built it (a data-parallel trainer's reaches its servers without a downcast).
     """
 
     reports: bool
@@ -233,23 +250,23 @@ class Topology(Protocol):
         dataset: Dataset,
         stream: BatchStream,
         ckpt: Checkpoint | None,
-    ) -> Backend:
+    ) -> B:
         """Where the rows live: R = ``init.num_rows`` rows of D = ``init.dim`` weights and
         S = ``state_dim`` optimizer values; ``ckpt``: the checkpoint a resumed run restores."""
         ...
 
-    def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
+    def restore_rows(self, ckpt: Checkpoint, backend: B) -> None:
         """Make the rows of ``ckpt`` the rows where this topology keeps its rows."""
         ...
 
-    def checkpoint_cut(self, step: int, backend: Backend, target: CutTarget | None) -> PartsWriter | None:
+    def checkpoint_cut(self, step: int, backend: B, target: CutTarget | None) -> PartsWriter | None:
         """The cut of the checkpoint of ``step`` (:mod:`bagpipe.checkpoint.writer`): copy
         what its row parts need, now, and return what writes them (or waits for the
         processes that write them) afterwards, in the background. Every trainer takes part;
         ``target`` is None (and so is the result) on a process that does not commit."""
         ...
 
-    def row_update(self, opt: SparseOptimizer, backend: Backend) -> RowUpdate:
+    def row_update(self, opt: SparseOptimizer, backend: B) -> RowUpdate:
         """The step's row strategy."""
         ...
 
@@ -261,7 +278,6 @@ class Topology(Protocol):
         """How progress is shown: a bar, lines, or not at all."""
         ...
 
-    def section(self, backend: Backend, rows: RowUpdate) -> Any:
-        """The summary's ``distributed`` section (:class:`bagpipe.train.summary.DistributedStats`),
-        or None on one process."""
+    def section(self, backend: B, rows: RowUpdate) -> DistributedStats | None:
+        """The summary's ``distributed`` section, or None on one process."""
         ...

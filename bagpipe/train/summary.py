@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from bagpipe.cache.advice import run_advice
 from bagpipe.config.modes import ModeSpec
+from bagpipe.memory.budget import Fit
 from bagpipe.train.metrics import current_rss_mb, peak_rss_mb
 from bagpipe.train.threadcpu import ThreadClock, ThreadTime, pipeline_share
 
@@ -277,10 +278,10 @@ class MemoryReport:
     process's memory cgroup over those samples (empty without a cgroup)."""
 
     @classmethod
-    def of(cls, fit, watch, peak_anon_mb: float) -> MemoryReport:
-        """From a :class:`bagpipe.memory.Fit` or its ``as_dict()`` (a remote trainer's, from the
-        oracle role; None: no memory plan) and a :class:`bagpipe.memory.watch.MemoryWatch`."""
-        d = fit if isinstance(fit, dict) else (fit.as_dict() if fit is not None else {})
+    def of(cls, fit: Fit | None, watch, peak_anon_mb: float) -> MemoryReport:
+        """From the run's memory fit (a remote trainer's from the oracle role, which sized it;
+        None: no memory plan) and a :class:`bagpipe.memory.watch.MemoryWatch`."""
+        d = fit.as_dict() if fit is not None else {}
         est = d.get("estimate", {})
         return cls(
             budget_mb=d.get("budget_mb"),

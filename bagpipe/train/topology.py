@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bagpipe.cache import EXECUTORS
 from bagpipe.cache.setup import LocalPlans, set_up_cache
 from bagpipe.checkpoint import Checkpoint, CutTarget, write_part
 from bagpipe.config.train import TrainConfig
@@ -27,7 +26,7 @@ from bagpipe.memory.budget import full_tables_fit
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.backends import CachedBackend, FullBackend
+from bagpipe.train.backends import FullBackend, cached_backend
 from bagpipe.train.progress import ProgressKind
 from bagpipe.train.protocols import Backend, PartsWriter, RowUpdate
 from bagpipe.train.step import LocalRowUpdate
@@ -35,7 +34,8 @@ from bagpipe.train.step import LocalRowUpdate
 
 class SingleProcess:
     """One trainer with its store (memory or disk) in the same process, computing on
-    ``device`` (default: the host, ``--device cpu``)."""
+    ``device`` (default: the host, ``--device cpu``): a ``Topology[Backend]`` (the loop
+    needs nothing of its backend beyond the protocol)."""
 
     reports = True
 
@@ -57,9 +57,7 @@ class SingleProcess:
         c, spec = cfg.cache, cfg.cache.spec
         memory = memory_plan(cfg, dataset, stream)
         if not spec.store:
-            full = FullBackend(init, state_dim, self.device)
-            full.memory = full_tables_fit(memory.budget, memory.shape)
-            return full
+            return FullBackend(init, state_dim, self.device, fit=full_tables_fit(memory.budget, memory.shape))
         setup = set_up_cache(
             spec,
             c,
@@ -81,20 +79,9 @@ class SingleProcess:
             store_dir,
             owned=not c.store_dir,
             reuse=c.init_from_store or ckpt is not None,
-            io=setup.memory.sizes.io if setup.memory is not None else None,
+            io=setup.plan.fit.sizes.io if setup.plan.fit is not None else None,
         )
-        backend = CachedBackend(
-            store,
-            setup.cache_rows,
-            LocalPlans(setup),
-            EXECUTORS[spec.executor],
-            hot=setup.hot,
-            autotune=setup.size.tuned.as_dict() if setup.size.tuned is not None else None,
-            depth=setup.staged,
-            device=self.device,
-        )
-        backend.memory = setup.memory
-        return backend
+        return cached_backend(setup.plan, store, LocalPlans(setup), self.device, spec.executor)
 
     def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:
         backend.restore(ckpt.reader())

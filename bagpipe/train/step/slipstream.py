@@ -50,7 +50,6 @@ from bagpipe.data.batch import Batch, select_samples
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.oracle.unique import unique_inverse
-from bagpipe.train.backends import CachedBackend, FullBackend
 from bagpipe.train.protocols import Backend, StepInput
 from bagpipe.train.step.plain import forward_logits
 
@@ -295,25 +294,15 @@ def stale_skip_for(
     its own (it samples batches ahead of the training loop's)."""
     if not approx.skip_stale:
         return None
-    if not spec.store:
-        assert isinstance(backend, FullBackend)
-        tables = backend
+    if spec.store:  # the hot tier's rows (the config asks for one with a store)
+        rows = backend.hot
+        assert rows is not None, f"--skip-stale with --mode {spec.name} needs a hot tier"
+    else:
         rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed)
         if rows is None:
             rows = profile(
                 dataset, FAE_BUDGET_MB, dim=dim, state_dim=state_dim, sample_rate=hot.hot_sample_rate, seed=seed
             )
             log.info(rows.line())
-        rows_t = torch.from_numpy(rows.rows)
-
-        def read() -> torch.Tensor:
-            return tables.weights.index_select(0, rows_t)
-    else:
-        assert isinstance(backend, CachedBackend) and backend.hot is not None
-        cached, rows = backend, backend.hot
-        C, H = cached.cold_rows, len(rows)
-
-        def read() -> torch.Tensor:
-            return cached.cache.weights[C : C + H].clone()
-
+    read = backend.watched(rows.rows)
     return StaleSkip(approx, rows.rows, read, sum(dataset.meta.table_sizes), stream.batches_per_epoch, stream.batches)
