@@ -16,6 +16,8 @@
   ``check_untyped_defs``: what ``make lint`` runs).
 * No module under ``bagpipe/`` is longer than 500 lines unless its docstring says why
   (the phrase "long because").
+* No function under ``bagpipe/train/`` is longer than 80 lines (from its ``def`` to its
+  last line): the loop and its parts stay readable one piece at a time.
 * ``bagpipe train --help`` and the TOML loader agree setting for setting: every
   setting of :class:`TrainConfig` has its ``--option`` in the help, and a TOML file
   giving it a value yields exactly the config the command line gives (or the same
@@ -322,6 +324,36 @@ def test_no_long_module_without_a_reason():
         if n > MAX_LINES and "long because" not in (ast.get_docstring(ast.parse(p.read_text())) or ""):
             long.append(f"{p.relative_to(PACKAGE.parent)} ({n} lines)")
     assert not long, "modules over 500 lines without a stated reason: " + ", ".join(long)
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function (methods and nested ones too) under ``root`` longer than ``limit``
+    lines, counted from its ``def`` to its last line (decorators not counted)."""
+    long = []
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    long.append(f"{p.relative_to(root.parent)}:{node.lineno} {node.name} ({n} lines)")
+    return long
+
+
+def test_long_function_finder_finds_one(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    body = "".join(f"        x{i} = {i}\n" for i in range(80))
+    (pkg / "m.py").write_text(f"def short():\n    return 1\n\n\nclass C:\n    def long(self):\n{body}")
+    assert long_functions(pkg) == ["pkg/m.py:6 long (81 lines)"]
+
+
+def test_no_long_function_in_train():
+    long = long_functions(PACKAGE / "train")
+    assert not long, f"functions in bagpipe/train/ over {MAX_FUNCTION_LINES} lines: " + ", ".join(long)
 
 
 def test_old_dist_package_is_gone():

@@ -6,7 +6,9 @@ across machines), prefixes each line they print with the role (``[server 1]``) a
 keeps a log per role under RUN/logs/. The first role to fail stops the job: the
 launcher names it, stops every other role (SIGTERM, then SIGKILL after a grace
 period) and returns an error. Ctrl-C stops every role the same way. RUN/roles.json
-lists the roles' ranks and pids while the job runs.
+lists the roles' ranks and pids while the job runs. A launcher killed outright (SIGKILL)
+stops nothing itself: each role it started ends when it sees the launcher gone
+(:mod:`bagpipe.lifeline`), and holds the run folder's lock until then.
 
 This module is long because it also holds the restart loop and the pre-started spares
 (:class:`Spares`), which share the launcher's process handling.
@@ -29,20 +31,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bagpipe import lifeline
 from bagpipe.checkpoint import CheckpointFolder, Manifest
 from bagpipe.config.train import TrainConfig
-from bagpipe.data.shards import Dataset
 from bagpipe.distributed.auth import SECRET_ENV, load_secret, new_secret
 from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.distributed.roles import ERROR_PREFIX
 from bagpipe.errors import BagpipeError, ConfigError
-from bagpipe.files import atomic_write_text
+from bagpipe.files import atomic_write_text, held_lock_fds
 from bagpipe.phases import ENV as PHASES_ENV
 from bagpipe.phases import RESTART_ENV
 from bagpipe.store import holds_store
-from bagpipe.train.resume import finished, refuse_overwrite, resume_point
+from bagpipe.train.preflight import preflight
+from bagpipe.train.resume import finished
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
-from bagpipe.train.space import check_checkpoint_space
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +238,7 @@ class Launcher:
             if place:
                 env["GLOO_SOCKET_IFNAME"] = place.iface
             env[PHASES_ENV] = str(phases_dir)
+            env[lifeline.ENV] = lifeline.token()  # the role ends when this launcher is gone, even by SIGKILL
             if self.restart:
                 env[RESTART_ENV] = str(self.restart)
             spare = self.spares.take() if self.spares is not None else None
@@ -261,6 +264,7 @@ class Launcher:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the roles itself
+                    pass_fds=held_lock_fds(),  # the run folder's lock stays held while any role lives
                 )
             role = Role(rank, name, proc, log_path)
             role.pump = threading.Thread(target=self._pump, args=(role,), daemon=True, name=f"log-{name}")
@@ -398,10 +402,10 @@ def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
     """Run a distributed job on this machine (every role on loopback, or where
     ``placement`` puts it); returns trainer 0's summary.
 
-    The launcher checks the data set and holds the run folder's lock for the whole job
-    (its roles know from ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
-    dataset = Dataset(cfg.data.data)  # a missing or damaged data set fails here, before any folder exists
-    check_checkpoint_space(cfg, dataset)  # said once, before any role starts
+    The launcher checks what trainer 0 would check (:func:`bagpipe.train.preflight.preflight`:
+    the data set, a resume, the checkpoints' disk space), said once before any role
+    starts, and holds the run folder's lock for the whole job (its roles know from
+    ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
     if cfg.dist.secret_file:
         load_secret(
             cfg.dist.secret_file
@@ -414,13 +418,17 @@ def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
                     f"--store-dir {shard} already holds a store: its rows would become this run's "
                     "starting tables; pass --init-from-store to start from them, or give an empty directory"
                 )
-    with RunDir(cfg.run.out).claim() as run, Spares(cfg, run) as spares:
-        # what trainer 0 would refuse (a finished run, a changed setting, another run's
-        # checkpoints), said here in one line before anything in the folder changes
-        if cfg.run.resume:
-            resume_point(run, cfg, dataset, required=True)
-        else:
-            refuse_overwrite(run)
+    with RunDir(cfg.run.out).claim() as run:
+        # what trainer 0 would refuse (a missing data set, a finished run, a changed setting,
+        # another run's checkpoints, no room for the checkpoints), said here in one line
+        # before anything in the folder changes (a folder claimed here is removed again)
+        preflight(cfg, run)
+        return _run_job(cfg, run, placement)
+
+
+def _run_job(cfg: TrainConfig, run: RunDir, placement: Placement | None) -> dict:
+    """The attempts of the job in ``run`` (claimed and checked), restarted after a failure."""
+    with Spares(cfg, run) as spares:
         summary = run.summary_file
         before = _stamp(summary)
         run.started()  # the roles' logs stay if the job fails
@@ -529,7 +537,7 @@ class Spares:
     def _fill(self, since: float) -> None:
         while not self._closed.is_set() and self._beat() <= since:
             time.sleep(0.2)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env = lifeline.child_env(dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
         with self._lock:
             self._procs = [p for p in self._procs if p.poll() is None]
             while not self._closed.is_set() and len(self._procs) < self.count:

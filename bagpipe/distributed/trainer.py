@@ -28,6 +28,7 @@ from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_role import PlanReceiver
 from bagpipe.distributed.server import RemoteStore, setup_message
 from bagpipe.distributed.transport import CONTROL, Transport
+from bagpipe.memory.estimate import RunShape
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
@@ -96,6 +97,7 @@ class DataParallel:
         state_dim: int,
         dataset: Dataset,
         stream: BatchStream,
+        shape: RunShape,
         ckpt: Checkpoint | None,
     ) -> RemoteBackend:
         if self.rank == 0:  # the servers learn the row space (and where to restore from) from trainer 0

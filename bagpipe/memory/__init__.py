@@ -47,15 +47,17 @@ class MemoryPlan:
     role: str = "trainer"
 
 
-def memory_plan(cfg, dataset, stream, role: str = "trainer") -> MemoryPlan:
+def memory_plan(cfg, dataset, stream, role: str = "trainer", shape: RunShape | None = None) -> MemoryPlan:
     """The memory plan of the run ``cfg`` (a :class:`~bagpipe.config.train.TrainConfig`)
-    over ``dataset``'s train ``stream``: its budget and its shape. ``role``
-    ``remote-trainer``: the trainers of a distributed job (the oracle role sizes their
-    cache for them), each on 1/N of the batch."""
-    from bagpipe.memory.shape import run_shape
+    over ``dataset``'s train ``stream``: its budget and its shape (``shape``: as the run
+    measured it already; None: measured here). ``role`` ``remote-trainer``: the trainers
+    of a distributed job (the oracle role sizes their cache for them), each on 1/N of the batch."""
+    if shape is None:
+        from bagpipe.memory.shape import run_shape
 
-    share = stream.batch_size // cfg.dist.trainers if role == "remote-trainer" else None
-    return MemoryPlan(Budget.of(cfg.memory.memory_budget_mb), run_shape(cfg, dataset, stream, share), role=role)
+        share = stream.batch_size // cfg.dist.trainers if role == "remote-trainer" else None
+        shape = run_shape(cfg, dataset, stream, share)
+    return MemoryPlan(Budget.of(cfg.memory.memory_budget_mb), shape, role=role)
 
 
 def server_fit(

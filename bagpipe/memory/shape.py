@@ -63,7 +63,8 @@ def unique_rows(stream: BatchStream, batches: int = SAMPLED_BATCHES) -> int:
 
 def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_size: int | None = None) -> RunShape:
     """The shape of the run ``cfg`` over ``dataset``'s train ``stream`` (``batch_size``: a
-    data-parallel trainer's share, default the stream's)."""
+    data-parallel trainer's share, default the stream's). A run measures it once, in
+    :func:`bagpipe.train.preflight.preflight`, and passes it on."""
     import torch
 
     from bagpipe.models import build_model
@@ -73,10 +74,11 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
     mcfg = cfg.arch.model_config()
     D, F = mcfg.embedding_dim, meta.num_features
     B = batch_size or stream.batch_size
-    with torch.random.fork_rng():  # a throwaway model: the run's own draws stay as they are
+    # a throwaway model and random inputs (host only): the run's own draws stay as they are
+    with torch.random.fork_rng(devices=[]):
         model = build_model(mcfg, meta.num_dense, F)
-    params = sum(p.numel() for p in model.parameters())
-    per_sample = saved_bytes_per_sample(model, meta.num_dense, F, D)
+        params = sum(p.numel() for p in model.parameters())
+        per_sample = saved_bytes_per_sample(model, meta.num_dense, F, D)
     del model
     lookups = lookups_per_batch(meta, stream, cfg.run.steps) * B // stream.batch_size
     unique = min(lookups, unique_rows(stream))

@@ -8,42 +8,53 @@ them (the row strategy), how the model is wrapped (DDP), how a figure is average
 the trainers and whether this process writes the run's files. Everything else --
 resuming, the progress line, metrics.jsonl, evaluation, checkpoints, the digest and
 summary.json -- is this one piece of code.
+
+Start-up checks the run (:func:`bagpipe.train.preflight.preflight`, which the local
+launcher calls too) and builds its parts (:class:`RunParts`); :meth:`_Run.train` steps
+and, after each step, lets the parts that act every so many steps
+(:mod:`bagpipe.train.cadence`: metrics, evaluations, checkpoints) decide whether to;
+:meth:`_Run.end` is the end of the run, one timed sequence.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from dataclasses import dataclass
 from typing import Generic
 
 import torch
 
 import bagpipe.phases as phases
 from bagpipe.cache.advice import slow_store
-from bagpipe.checkpoint import CheckpointFolder, CheckpointWriter, InitialRows, RowSpace
+from bagpipe.checkpoint import InitialRows, RowSpace
 from bagpipe.config.train import TrainConfig
-from bagpipe.data.shards import Dataset
-from bagpipe.data.stream import BatchStream, train_stream
+from bagpipe.data.stream import train_stream
 from bagpipe.device import on_host, open_device
-from bagpipe.faults import pause_at
 from bagpipe.memory.device import check_device_budget, device_estimate
 from bagpipe.memory.watch import MemoryWatch
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store.init import RowInitializer
-from bagpipe.train.evaluate import eval_line, evaluate
+from bagpipe.train.cadence import (
+    LOG_EVERY,
+    Cadence,
+    Checkpointer,
+    EndClock,
+    Epochs,
+    Evaluator,
+    MetricsLogger,
+    NullReporter,
+    Reporter,
+    RunReporter,
+)
+from bagpipe.train.evaluate import evaluate
 from bagpipe.train.guards import StepGuard
+from bagpipe.train.preflight import Preflight, preflight
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import B, StepFn, Topology
-from bagpipe.train.resume import (
-    elastic_restart,
-    refuse_overwrite,
-    restore_dense,
-    resume_point,
-)
+from bagpipe.train.resume import restore_dense
 from bagpipe.train.rundir import RunDir, dense_copy, digest_of
-from bagpipe.train.space import check_checkpoint_space
 from bagpipe.train.step import STEPS
 from bagpipe.train.step.slipstream import StaleSkip, stale_skip_for
 from bagpipe.train.summary import (
@@ -55,12 +66,11 @@ from bagpipe.train.summary import (
     StepMeter,
     Summary,
 )
-from bagpipe.train.tensorboard import with_tensorboard
 from bagpipe.train.topology import SingleProcess
 
 log = logging.getLogger(__name__)
 
-LOG_EVERY = 10  # steps between metrics.jsonl records (and progress updates)
+__all__ = ["LOG_EVERY", "RunParts", "train"]
 
 
 def train(cfg: TrainConfig, topology: Topology[B] | None = None) -> dict | None:
@@ -89,64 +99,86 @@ def train(cfg: TrainConfig, topology: Topology[B] | None = None) -> dict | None:
     topo = topology
     rc = cfg.run
     if not topo.reports:  # trainers 1..N-1 write nothing to the run folder
-        return _start(cfg, topo, RunDir(rc.out))
+        return _start(cfg, topo, RunDir(rc.out), NullReporter())
     with RunDir(rc.out).claim() as run:
-        return _start(cfg, topo, run)
+        return _start(cfg, topo, run, RunReporter(run, cfg))
 
 
-def _start(cfg: TrainConfig, topo: Topology[B], run: RunDir) -> dict | None:
+@dataclass(frozen=True)
+class Dense:
+    """The dense side of a run: the model, the model as the step runs it (``net``: DDP on a
+    data-parallel trainer) and its optimizer."""
+
+    model: torch.nn.Module
+    net: torch.nn.Module
+    opt: torch.optim.Optimizer
+
+
+@dataclass(frozen=True)
+class RunParts(Generic[B]):
+    """What start-up built for one run of the loop; ``B``: the topology's backend."""
+
+    cfg: TrainConfig
+    topo: Topology[B]
+    pre: Preflight
+    """The data set, its train stream, the run's shape, the checkpoint it continues."""
+    dense: Dense
+    init: RowInitializer
+    sparse_opt: SparseOptimizer
+    backend: B
+    reporter: Reporter
+    start: int
+    """The step the run starts at (0, or the resumed checkpoint's)."""
+
+
+def _start(cfg: TrainConfig, topo: Topology[B], run: RunDir, reporter: Reporter) -> dict | None:
     rc = cfg.run
     if rc.threads:
         torch.set_num_threads(rc.threads)
-    dataset = Dataset(cfg.data.data)
-    # a role restarted by torchrun --max-restarts continues from the latest checkpoint, if any
-    resuming = rc.resume or elastic_restart()
-    if topo.reports:
-        if resuming:
-            ckpt = resume_point(run, cfg, dataset, required=rc.resume, complete_ok=elastic_restart())
-        else:
-            refuse_overwrite(run)
-            ckpt = None
-        check_checkpoint_space(cfg, dataset)  # before anything is trained: refuse what could not be saved
-    else:  # trainers 1..N-1 take the checkpoint trainer 0 checked
-        ckpt = CheckpointFolder(run.path).latest() if resuming else None
-    meta = dataset.meta
-    stream = train_stream(dataset, cfg.data, rc.seed)
+    # trainer 0 checks; trainers 1..N-1 take the checkpoint trainer 0 checked
+    pre = preflight(cfg, run, checks=topo.reports)
+    meta = pre.dataset.meta
     mcfg = cfg.arch.model_config()
     torch.manual_seed(rc.seed)
     # built on the host (the same initial values on every device), then moved
     model = build_model(mcfg, meta.num_dense, meta.num_features).to(topo.device.torch)
     # before any row reaches the device: a run that cannot fit its device budget stops here
-    share = stream.batch_size // cfg.dist.trainers if cfg.dist.distributed else None
-    check_device_budget(cfg, device_estimate(cfg, meta, sum(p.numel() for p in model.parameters()), share))
-    net = topo.wrap(model)
-    dense_opt = cfg.optim.dense_optimizer(model.parameters())
+    check_device_budget(cfg, device_estimate(cfg, meta, pre.shape.dense_params, pre.share))
+    dense = Dense(model, topo.wrap(model), cfg.optim.dense_optimizer(model.parameters()))
     sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, rc.seed)
-    backend = topo.backend(cfg, init, sparse_opt.state_dim, dataset, stream, ckpt)
+    backend = topo.backend(cfg, init, sparse_opt.state_dim, pre.dataset, pre.stream, pre.shape, pre.ckpt)
     phases.mark("ready")
     failed = True
     try:
         start = 0
-        if ckpt is not None:
-            start = restore_dense(ckpt, model, dense_opt, init, sparse_opt.state_dim)
-            topo.restore_rows(ckpt, backend)
+        if pre.ckpt is not None:
+            start = restore_dense(pre.ckpt, model, dense.opt, init, sparse_opt.state_dim)
+            topo.restore_rows(pre.ckpt, backend)
             phases.mark("restored")
-            if topo.reports:
-                log.info(f"resumed from step {start}")
-        if topo.reports:  # written by the first step's heartbeat: a refusal before it leaves the folder as it was
-            run.write_config_later(
-                cfg.to_json(),
-                mcfg,
-                {
-                    "dir": str(dataset.dir),
-                    "fingerprint": dataset.fingerprint(),
-                    "table_sizes": meta.table_sizes,
-                    "num_dense": meta.num_dense,
-                },
-            )
-        run_ = _Run(cfg, topo, run, dataset, stream, model, net, dense_opt, sparse_opt, init, backend, start)
-        summary = run_.train()
+            reporter.resumed(start)
+        reporter.config_later(
+            cfg.to_json(),
+            mcfg,
+            {
+                "dir": str(pre.dataset.dir),
+                "fingerprint": pre.dataset.fingerprint(),
+                "table_sizes": meta.table_sizes,
+                "num_dense": meta.num_dense,
+            },
+        )
+        parts = RunParts(
+            cfg=cfg,
+            topo=topo,
+            pre=pre,
+            dense=dense,
+            init=init,
+            sparse_opt=sparse_opt,
+            backend=backend,
+            reporter=reporter,
+            start=start,
+        )
+        summary = _Run(parts).train()
         failed = False
         return summary
     finally:
@@ -165,62 +197,52 @@ def _approximation(names: list[str], skipper: StaleSkip | None, row_stats: dict)
 
 
 class _Run(Generic[B]):
-    """One run of the loop, from its first step to its summary (the pieces :func:`train` built);
-    ``B``: the topology's backend."""
+    """One run of the loop, from its first step to its summary."""
 
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        topo: Topology[B],
-        run: RunDir,
-        dataset: Dataset,
-        stream: BatchStream,
-        model: torch.nn.Module,
-        net: torch.nn.Module,
-        dense_opt: torch.optim.Optimizer,
-        sparse_opt: SparseOptimizer,
-        init: RowInitializer,
-        backend: B,
-        start: int,
-    ):
-        self.cfg, self.topo, self.run, self.dataset, self.stream = cfg, topo, run, dataset, stream
-        self.model, self.net, self.dense_opt, self.sparse_opt = model, net, dense_opt, sparse_opt
-        self.init, self.backend, self.start = init, backend, start
-        self.rows = topo.row_update(sparse_opt, backend)
-        self.schedule = cfg.optim.schedule()
-        self.bases = {"lr": cfg.optim.lr, "embedding_lr": cfg.optim.row_lr}
-        self.writer = (
-            CheckpointWriter(
-                CheckpointFolder(run.path),
-                cfg.run.checkpoint_compact_every,
-                RowSpace(init.num_rows, init.dim, sparse_opt.state_dim, InitialRows(init.seed, init.table_sizes)),
-            )
-            if topo.reports
-            else None
+    def __init__(self, parts: RunParts[B]):
+        p = self.p = parts
+        rc, init = parts.cfg.run, parts.init
+        self.rows = p.topo.row_update(p.sparse_opt, p.backend)
+        self.schedule = p.cfg.optim.schedule()
+        self.bases = {"lr": p.cfg.optim.lr, "embedding_lr": p.cfg.optim.row_lr}
+        self.checkpointer = Checkpointer(
+            every=rc.checkpoint_every,
+            total=rc.steps,
+            writer=p.reporter.checkpoint_writer(
+                RowSpace(init.num_rows, init.dim, p.sparse_opt.state_dim, InitialRows(init.seed, init.table_sizes))
+            ),
+            finish_rows=self.rows.finish,
+            cut_rows=lambda step, target: p.topo.checkpoint_cut(step, p.backend, target),
+            dense_state=self.dense_state,
+        )
+        # Slipstream's watched rows are profiled (full) before the meter starts
+        self.skipper = stale_skip_for(
+            p.cfg.approx,
+            p.cfg.cache.spec,
+            p.cfg.hot,
+            p.backend,
+            p.pre.dataset,
+            train_stream(p.pre.dataset, p.cfg.data, rc.seed),
+            p.init.dim,
+            p.sparse_opt.state_dim,
+            rc.seed,
+        )
+        self.meter = StepMeter(
+            start=p.start,
+            warmup=rc.warmup_steps,
+            batch_size=p.cfg.data.batch_size,
+            phases=lambda: p.backend.phase_seconds() | self.rows.phase_seconds(),
         )
 
-    def checkpoint(self, step: int) -> None:
-        """The cut of the checkpoint of ``step`` (every trainer takes part): what it needs is
-        copied now, its files are written in the background (:mod:`bagpipe.checkpoint.writer`)."""
-        t0 = time.perf_counter()
-        writer = self.writer
-        if writer is not None:
-            writer.wait()  # the previous checkpoint is written (in a run that checkpoints every few minutes: long ago)
-        pause_at("cut", step)  # a test changes the world here (fills the disk)
-        self.rows.finish()  # deferred row work done: every row final
-        target = writer.begin(step) if writer is not None else None
-        write_parts = self.topo.checkpoint_cut(step, self.backend, target)
-        if writer is None:
-            return
-        assert target is not None and write_parts is not None
-        dense = dense_copy(
+    def dense_state(self, step: int) -> dict:
+        """What a checkpoint of ``step`` holds of the dense side (on the host: loadable on any machine)."""
+        return dense_copy(
             step=step,
-            model=on_host(self.model.state_dict()),  # loadable on any machine
-            dense_optimizer=on_host(self.dense_opt.state_dict()),
+            model=on_host(self.p.dense.model.state_dict()),
+            dense_optimizer=on_host(self.p.dense.opt.state_dict()),
             torch_rng=torch.get_rng_state(),
             lr_schedule=self.schedule.state(step, self.bases),
         )
-        writer.submit(target, dense, write_parts, time.perf_counter() - t0)
 
     def settle(self, step: int) -> None:
         """After ``step`` steps: every row final and in the store (for an evaluation or a
@@ -228,147 +250,124 @@ class _Run(Generic[B]):
         done is ``step - 1``, and announcing any later label would let other trainers'
         reads overtake write-backs that have not happened yet."""
         self.rows.finish()
-        self.backend.flush(step - 1)
+        self.p.backend.flush(step - 1)
+
+    def rates(self, step: int) -> dict:
+        """The learning rates of the 0-based ``step``."""
+        return self.schedule.rates(step, self.bases)
+
+    def evaluation(self) -> dict:
+        p = self.p
+        return evaluate(p.dense.model, p.backend.lookup, p.pre.dataset, p.cfg.data.batch_size, p.cfg.run.eval_samples)
 
     def train(self) -> dict | None:
-        cfg, topo, run, backend, rows = self.cfg, self.topo, self.run, self.backend, self.rows
-        rc, spec, start, stream = cfg.run, cfg.cache.spec, self.start, self.stream
-        # Slipstream's watched rows are profiled (full) before the meter starts
-        skipper = stale_skip_for(
-            cfg.approx,
-            spec,
-            cfg.hot,
-            backend,
-            self.dataset,
-            train_stream(self.dataset, cfg.data, rc.seed),
-            self.init.dim,
-            self.sparse_opt.state_dim,
-            rc.seed,
-        )
-        approx = cfg.approximations
-        tags = {"exact": False, "approximation": approx} if approx else {}  # every metrics record of an approximate run
-        meter = StepMeter(
-            start=start,
-            warmup=rc.warmup_steps,
-            batch_size=cfg.data.batch_size,
-            phases=lambda: backend.phase_seconds() | rows.phase_seconds(),
-        )
-        metrics = with_tensorboard(run.metrics(since=start), rc.tensorboard) if topo.reports else None
+        p, rows, meter = self.p, self.rows, self.meter
+        cfg, rc, stream, reporter = p.cfg, p.cfg.run, p.pre.stream, p.reporter
         progress = Progress(
-            topo.progress_kind(rc.progress),
+            p.topo.progress_kind(rc.progress),
             total=rc.steps,
-            initial=start,
+            initial=p.start,
             desc=f"train {cfg.arch.model}/{cfg.cache.mode}",
-            quiet=not topo.reports,
+            quiet=not p.topo.reports,
         )
         watch = MemoryWatch()  # samples the anonymous memory from here to the end of the run
-        schedule, bases = self.schedule, self.bases
-        run_step: StepFn = STEPS[spec.step]
-        if skipper is not None:  # Slipstream: the stale inputs are left out of the step
-            run_step = skipper.wrap(run_step)
-        step = start
-        guard = StepGuard()
+        reporter.open(p.start)
+        cadence: tuple[Cadence, ...] = (
+            Epochs(stream.batches_per_epoch, rc.steps, progress),
+            MetricsLogger(LOG_EVERY, rc.steps, p.start, meter, p.topo.mean, self.rates, progress, watch, reporter),
+            Evaluator(rc.eval_every, rc.steps, self.settle, self.evaluation, reporter, progress.note),
+            self.checkpointer,
+        )
+        run_step: StepFn = STEPS[cfg.cache.spec.step]
+        if self.skipper is not None:  # Slipstream: the stale inputs are left out of the step
+            run_step = self.skipper.wrap(run_step)
+        step, guard = p.start, StepGuard()
         try:
-            for inp in backend.steps(stream, start, rc.steps, before_evict=rows.before_evict):
+            for inp in p.backend.steps(stream, p.start, rc.steps, before_evict=rows.before_evict):
                 # the rows' optimizer scales its own rate by inp.step
-                set_lr(self.dense_opt, schedule.lr(cfg.optim.lr, inp.step))
-                loss = run_step(self.net, self.dense_opt, rows, inp, meter.times)
-                backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
+                set_lr(p.dense.opt, self.schedule.lr(cfg.optim.lr, inp.step))
+                loss = run_step(p.dense.net, p.dense.opt, rows, inp, meter.times)
+                p.backend.after_step(inp)  # its copy-out time is in the executor's "writeback"
                 step = inp.step + 1
-                guard.check(
-                    step, loss, self.model, inp
-                )  # a NaN or infinite loss, gradient or row, or an exploded loss, stops the run here
+                # a NaN or infinite loss, gradient or row, or an exploded loss, stops the run here
+                guard.check(step, loss, p.dense.model, inp)
                 meter.record(step, loss)
-                if topo.reports:
-                    run.heartbeat(step)
-                    if step == start + 1:
-                        phases.report(run.path)  # a restarted job: where the seconds since the failure went
+                reporter.stepped(step)
                 progress.advance()
-                if step % stream.batches_per_epoch == 0 and step < rc.steps:
-                    progress.note(
-                        f"epoch {step // stream.batches_per_epoch + 1} begins at step {step + 1} "
-                        f"(the train split holds {stream.batches_per_epoch} batches; each epoch reshuffles its blocks)"
-                    )
-                if step % LOG_EVERY == 0 or step == rc.steps or step == start + 1:
-                    watch.mark(step)
-                    recent = topo.mean(meter.losses[-LOG_EVERY:])  # every trainer takes part
-                    sps = meter.samples_per_s()
-                    progress.show(step, recent, sps)
-                    if metrics is not None:
-                        metrics.write(
-                            step=step, loss=recent, samples_per_s=sps, **schedule.rates(step - 1, bases), **tags
-                        )
-                if rc.eval_every and step % rc.eval_every == 0 and step < rc.steps:
-                    self.settle(step)
-                    if metrics is not None:
-                        ev = evaluate(self.model, backend.lookup, self.dataset, cfg.data.batch_size, rc.eval_samples)
-                        metrics.write(step=step, **ev, **tags)
-                        progress.note(f"step {step}: {eval_line(ev)}")
-                if rc.checkpoint_every and step % rc.checkpoint_every == 0 and step < rc.steps:
-                    self.checkpoint(step)  # the cut: its time is in samples_per_s, the write runs meanwhile
+                for part in cadence:
+                    part.maybe(step)
             rows.finish()
             meter.stop()
             progress.close()
-            end = EndOfRun()
-            t_end = time.perf_counter()
-            train_loss = topo.mean(meter.losses[-LOSS_WINDOW:]) if meter.losses else None
-            backend.finish()
-            end.finish = time.perf_counter() - t_end
-            if rc.final_checkpoint and step > start:  # (a run restarted after its end has it already)
-                t0 = time.perf_counter()
-                self.checkpoint(step)  # written while the run evaluates and hashes
-                end.checkpoint_cut = time.perf_counter() - t0
-            peak_anon = watch.peak()  # the summary's training-time peak; the watch goes on
-            if metrics is None:
-                return None
-            t0 = time.perf_counter()
-            ev = evaluate(self.model, backend.lookup, self.dataset, cfg.data.batch_size, rc.eval_samples)
-            metrics.write(step=step, **ev, **tags)
-            end.evaluation = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            digest = (
-                digest_of(self.model, self.init, self.sparse_opt.state_dim, backend.touched()) if rc.digest else None
-            )
-            end.digest = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            assert self.writer is not None
-            self.writer.wait()
-            end.checkpoint_wait = time.perf_counter() - t0
-            end.total = time.perf_counter() - t_end
-            summary = Summary.of(
-                mode=cfg.cache.mode,
-                model=cfg.arch.model,
-                device=topo.device.describe(),
-                optimizer=cfg.optim.optimizer,
-                batch_size=cfg.data.batch_size,
-                steps=step,
-                timing=meter.result(),
-                train_logloss=train_loss,
-                evaluation=ev,
-                params_sha256=digest,
-                peak_anon_rss_mb=peak_anon,
-                total_rows=self.init.num_rows,
-                embedding_dim=self.init.dim,
-                cache=backend.stats(),
-                distributed=topo.section(backend, rows),
-                epochs=step / stream.batches_per_epoch,
-                checkpoints=CheckpointStats.of(self.writer.history, start),
-                approximation=_approximation(approx, skipper, rows.stats()),
-                end_of_run_s=end,
-                memory=MemoryReport.of(backend.fit, watch, watch.stop()),
-                spec=spec,
-                slow_store=slow_store(cfg.cache.store, cfg.distributed),
-            ).to_json()
-            if summary["advice"]:
-                log.info(f"advice: {summary['advice']}")
-            run.write_summary(summary, also=rc.summary_json)
-            return summary
+            return self.end(step, watch)
         except BaseException:
-            if self.writer is not None:
-                self.writer.close(abandon=True)  # the run failed: its last complete checkpoint is what survives
+            self.checkpointer.abandon()
             raise
         finally:
             watch.stop()
             progress.close()
-            if metrics is not None:
-                metrics.close()
+            reporter.close()
+
+    def end(self, step: int, watch: MemoryWatch) -> dict | None:
+        """The end of the run after its last step, each phase timed (the summary's
+        ``end_of_run_s``); a process that does not report stops after the final cut."""
+        p, reporter = self.p, self.p.reporter
+        clock = EndClock()
+        with clock.phase("finish"):
+            train_loss = p.topo.mean(self.meter.losses[-LOSS_WINDOW:]) if self.meter.losses else None
+            p.backend.finish()
+        if p.cfg.run.final_checkpoint and step > p.start:  # (a run restarted after its end has it already)
+            with clock.phase("checkpoint_cut"):
+                self.checkpointer.cut(step)  # written while the run evaluates and hashes
+        peak_anon = watch.peak()  # the summary's training-time peak; the watch goes on
+        with clock.phase("evaluation"):
+            ev = reporter.evaluate(step, self.evaluation)
+        with clock.phase("digest"):
+            digest = reporter.only(self.digest) if p.cfg.run.digest else None
+        with clock.phase("checkpoint_wait"):
+            self.checkpointer.wait()
+        end = clock.result()
+        return reporter.write_summary(lambda: self.summary(step, train_loss, ev, digest, peak_anon, end, watch))
+
+    def digest(self) -> str:
+        p = self.p
+        return digest_of(p.dense.model, p.init, p.sparse_opt.state_dim, p.backend.touched())
+
+    def summary(
+        self,
+        step: int,
+        train_loss: float | None,
+        ev: dict | None,
+        digest: str | None,
+        peak_anon: float,
+        end: EndOfRun,
+        watch: MemoryWatch,
+    ) -> dict:
+        p, cfg = self.p, self.p.cfg
+        writer = self.checkpointer.writer
+        # built on the process that reports, which evaluates and writes the checkpoints
+        assert writer is not None and ev is not None
+        return Summary.of(
+            mode=cfg.cache.mode,
+            model=cfg.arch.model,
+            device=p.topo.device.describe(),
+            optimizer=cfg.optim.optimizer,
+            batch_size=cfg.data.batch_size,
+            steps=step,
+            timing=self.meter.result(),
+            train_logloss=train_loss,
+            evaluation=ev,
+            params_sha256=digest,
+            peak_anon_rss_mb=peak_anon,
+            total_rows=p.init.num_rows,
+            embedding_dim=p.init.dim,
+            cache=p.backend.stats(),
+            distributed=p.topo.section(p.backend, self.rows),
+            epochs=step / p.pre.stream.batches_per_epoch,
+            checkpoints=CheckpointStats.of(writer.history, p.start),
+            approximation=_approximation(cfg.approximations, self.skipper, self.rows.stats()),
+            end_of_run_s=end,
+            memory=MemoryReport.of(p.backend.fit, watch, watch.stop()),
+            spec=cfg.cache.spec,
+            slow_store=slow_store(cfg.cache.store, cfg.distributed),
+        ).to_json()

@@ -39,6 +39,7 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device
 from bagpipe.memory.budget import Fit
+from bagpipe.memory.estimate import RunShape
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
@@ -249,10 +250,13 @@ class Topology(Protocol[B]):
         state_dim: int,
         dataset: Dataset,
         stream: BatchStream,
+        shape: RunShape,
         ckpt: Checkpoint | None,
     ) -> B:
         """Where the rows live: R = ``init.num_rows`` rows of D = ``init.dim`` weights and
-        S = ``state_dim`` optimizer values; ``ckpt``: the checkpoint a resumed run restores."""
+        S = ``state_dim`` optimizer values; ``shape``: the run's, as its pre-flight measured
+        it (:func:`bagpipe.train.preflight.preflight`: what a topology that sizes its own
+        memory plans by); ``ckpt``: the checkpoint a resumed run restores."""
         ...
 
     def restore_rows(self, ckpt: Checkpoint, backend: B) -> None:

@@ -25,6 +25,7 @@ from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import train_stream
 from bagpipe.errors import ConfigError
+from bagpipe.memory.estimate import RunShape
 
 PROBE_BATCHES = 3  # batches whose unique rows are counted
 MARGIN = 1.25
@@ -83,25 +84,20 @@ def free_bytes(path: Path) -> tuple[Path, int]:
     return where, shutil.disk_usage(where).free
 
 
-def check_checkpoint_space(cfg: TrainConfig, dataset: Dataset) -> CheckpointEstimate | None:
+def check_checkpoint_space(cfg: TrainConfig, dataset: Dataset, shape: RunShape) -> CheckpointEstimate | None:
     """Refuse (ConfigError, one line) a run whose largest checkpoint does not fit on the
-    disk of its run folder; None when the run writes no checkpoint."""
-    from bagpipe.models import build_model
-    from bagpipe.optim.names import row_state_dim
-
+    disk of its run folder; None when the run writes no checkpoint. ``shape``: the run's,
+    as :func:`bagpipe.train.preflight.preflight` measured it (its dense parameters and
+    the rows' optimizer values)."""
     rc = cfg.run
     if not (rc.final_checkpoint or rc.checkpoint_every):
         return None
-    mcfg = cfg.arch.model_config()
-    model = build_model(mcfg, dataset.meta.num_dense, dataset.meta.num_features)
-    dense_params = sum(p.numel() for p in model.parameters())
-    state_dim = row_state_dim(cfg.optim.optimizer, mcfg.embedding_dim)
     resumed = 0
     if rc.resume:
         latest = CheckpointFolder(rc.out).latest()
         if latest is not None:
             resumed = sum(man.rows if man.version >= 3 else man.num_rows for _, man in latest.reader().chain)
-    est = estimate(cfg, dataset, dense_params, state_dim, resumed)
+    est = estimate(cfg, dataset, shape.dense_params, shape.state_dim, resumed)
     where, free = free_bytes(Path(rc.out) / "checkpoints")
     if est.bytes > free:
         raise ConfigError(

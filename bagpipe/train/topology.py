@@ -23,6 +23,7 @@ from bagpipe.device import Device, HostDevice
 from bagpipe.faults import pause_at
 from bagpipe.memory import memory_plan
 from bagpipe.memory.budget import full_tables_fit
+from bagpipe.memory.estimate import RunShape
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
@@ -52,10 +53,11 @@ class SingleProcess:
         state_dim: int,
         dataset: Dataset,
         stream: BatchStream,
+        shape: RunShape,
         ckpt: Checkpoint | None,
     ) -> Backend:
         c, spec = cfg.cache, cfg.cache.spec
-        memory = memory_plan(cfg, dataset, stream)
+        memory = memory_plan(cfg, dataset, stream, shape=shape)  # the shape the loop measured
         if not spec.store:
             return FullBackend(init, state_dim, self.device, fit=full_tables_fit(memory.budget, memory.shape))
         setup = set_up_cache(

@@ -1,0 +1,325 @@
+"""The parts of the training loop that act every so many steps, each deciding its own cadence.
+
+The loop (:mod:`bagpipe.train.loop`) calls ``maybe(step)`` on each after every step; each
+knows when it has something to do:
+
+* :class:`MetricsLogger` -- every :data:`LOG_EVERY` steps, the first and the last: the
+  loss over the trainers, samples/s, the progress line, a metrics.jsonl record;
+* :class:`Epochs` -- the note that a new epoch begins;
+* :class:`Evaluator` -- every ``--eval-every`` steps (not the last: the end of the run
+  evaluates): every row final, then an evaluation recorded by the reporter;
+* :class:`Checkpointer` -- every ``--checkpoint-every`` steps (not the last: the end of
+  the run takes the final one), and the final one on request.
+
+What only the process that writes the run's files does (metrics.jsonl, the heartbeat,
+evaluations, the summary) goes through a :class:`Reporter`: a :class:`RunReporter` on
+that process, a :class:`NullReporter` (which does nothing) on the others, so that the
+loop reads the same on every trainer. :class:`EndClock` times the end of the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import Protocol, TypeVar
+
+import bagpipe.phases as phases
+from bagpipe.checkpoint import CheckpointFolder, CheckpointWriter, CutTarget, RowSpace
+from bagpipe.config.train import TrainConfig
+from bagpipe.faults import pause_at
+from bagpipe.memory.watch import MemoryWatch
+from bagpipe.train.evaluate import eval_line
+from bagpipe.train.progress import Progress
+from bagpipe.train.protocols import PartsWriter
+from bagpipe.train.rundir import MetricsLog, RunDir
+from bagpipe.train.summary import EndOfRun, StepMeter
+from bagpipe.train.tensorboard import Logs, with_tensorboard
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY = 10  # steps between metrics.jsonl records (and progress updates)
+
+T = TypeVar("T")
+
+
+class Cadence(Protocol):
+    """A part of the loop that acts every so many steps."""
+
+    def maybe(self, step: int) -> None:
+        """Act if ``step`` (steps done) is one of this part's."""
+        ...
+
+
+class Reporter(Protocol):
+    """What only the process that writes the run's files does."""
+
+    def checkpoint_writer(self, space: RowSpace) -> CheckpointWriter | None:
+        """What commits the run's checkpoints (rows of ``space``); None: this process does not."""
+        ...
+
+    def resumed(self, start: int) -> None:
+        """Say that the run continues at ``start``."""
+        ...
+
+    def config_later(self, train: dict, model: object, dataset: dict) -> None:
+        """The run's config.json, written once start-up is over (:meth:`RunDir.write_config_later`)."""
+        ...
+
+    def open(self, start: int) -> None:
+        """Open metrics.jsonl for the steps after ``start``."""
+        ...
+
+    def stepped(self, step: int) -> None:
+        """``step`` steps are done (the heartbeat)."""
+        ...
+
+    def record(self, **fields: object) -> None:
+        """One metrics.jsonl record (with the run's approximation tags)."""
+        ...
+
+    def evaluate(
+        self, step: int, evaluation: Callable[[], dict], note: Callable[[str], None] | None = None
+    ) -> dict | None:
+        """Run ``evaluation`` after ``step`` steps and record it (``note``: say it too)."""
+        ...
+
+    def only(self, work: Callable[[], T]) -> T | None:
+        """``work()`` here; None where nothing is reported."""
+        ...
+
+    def write_summary(self, summary: Callable[[], dict]) -> dict | None:
+        """Build the summary, say its advice and write summary.json; returns it."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class NullReporter:
+    """The :class:`Reporter` of a process that reports nothing (trainers 1..N-1)."""
+
+    def checkpoint_writer(self, space: RowSpace) -> CheckpointWriter | None:
+        return None
+
+    def resumed(self, start: int) -> None:
+        pass
+
+    def config_later(self, train: dict, model: object, dataset: dict) -> None:
+        pass
+
+    def open(self, start: int) -> None:
+        pass
+
+    def stepped(self, step: int) -> None:
+        pass
+
+    def record(self, **fields: object) -> None:
+        pass
+
+    def evaluate(
+        self, step: int, evaluation: Callable[[], dict], note: Callable[[str], None] | None = None
+    ) -> dict | None:
+        return None
+
+    def only(self, work: Callable[[], T]) -> T | None:
+        return None
+
+    def write_summary(self, summary: Callable[[], dict]) -> dict | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class RunReporter:
+    """The :class:`Reporter` of the process that writes the run folder ``run``."""
+
+    def __init__(self, run: RunDir, cfg: TrainConfig):
+        self.run, self.cfg = run, cfg
+        approx = cfg.approximations
+        # in every metrics record of an approximate run
+        self.tags: dict = {"exact": False, "approximation": approx} if approx else {}
+        self.start = 0
+        self.metrics: MetricsLog | Logs | None = None
+
+    def checkpoint_writer(self, space: RowSpace) -> CheckpointWriter | None:
+        return CheckpointWriter(CheckpointFolder(self.run.path), self.cfg.run.checkpoint_compact_every, space)
+
+    def resumed(self, start: int) -> None:
+        log.info(f"resumed from step {start}")
+
+    def config_later(self, train: dict, model: object, dataset: dict) -> None:
+        # written by the first step's heartbeat: a refusal before it leaves the folder as it was
+        self.run.write_config_later(train, model, dataset)
+
+    def open(self, start: int) -> None:
+        self.start = start
+        self.metrics = with_tensorboard(self.run.metrics(since=start), self.cfg.run.tensorboard)
+
+    def stepped(self, step: int) -> None:
+        self.run.heartbeat(step)
+        if step == self.start + 1:
+            phases.report(self.run.path)  # a restarted job: where the seconds since the failure went
+
+    def record(self, **fields: object) -> None:
+        assert self.metrics is not None, "open() first"
+        self.metrics.write(**fields, **self.tags)
+
+    def evaluate(
+        self, step: int, evaluation: Callable[[], dict], note: Callable[[str], None] | None = None
+    ) -> dict | None:
+        ev = evaluation()
+        self.record(step=step, **ev)
+        if note is not None:
+            note(f"step {step}: {eval_line(ev)}")
+        return ev
+
+    def only(self, work: Callable[[], T]) -> T | None:
+        return work()
+
+    def write_summary(self, summary: Callable[[], dict]) -> dict | None:
+        s = summary()
+        if s["advice"]:
+            log.info(f"advice: {s['advice']}")
+        self.run.write_summary(s, also=self.cfg.run.summary_json)
+        return s
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+@dataclass
+class MetricsLogger:
+    """Every ``every`` steps, the first step and the last: the recent loss (averaged over
+    the trainers: every trainer takes part), samples/s, the progress line and a record."""
+
+    every: int
+    total: int
+    start: int
+    meter: StepMeter
+    mean: Callable[[list[float]], float]
+    """The topology's mean over the trainers (a collective)."""
+    rates: Callable[[int], dict]
+    """The learning rates of a 0-based step, for the record."""
+    progress: Progress
+    watch: MemoryWatch
+    reporter: Reporter
+
+    def maybe(self, step: int) -> None:
+        if not (step % self.every == 0 or step == self.total or step == self.start + 1):
+            return
+        self.watch.mark(step)
+        recent = self.mean(self.meter.losses[-self.every :])
+        sps = self.meter.samples_per_s()
+        self.progress.show(step, recent, sps)
+        self.reporter.record(step=step, loss=recent, samples_per_s=sps, **self.rates(step - 1))
+
+
+@dataclass
+class Epochs:
+    """The note that a new epoch begins (after the last batch of the train split)."""
+
+    batches_per_epoch: int
+    total: int
+    progress: Progress
+
+    def maybe(self, step: int) -> None:
+        n = self.batches_per_epoch
+        if step % n == 0 and step < self.total:
+            self.progress.note(
+                f"epoch {step // n + 1} begins at step {step + 1} "
+                f"(the train split holds {n} batches; each epoch reshuffles its blocks)"
+            )
+
+
+@dataclass
+class Evaluator:
+    """Every ``every`` steps but the last (0: never): every row final and in the store
+    (every trainer), then the evaluation, recorded by the reporter."""
+
+    every: int
+    total: int
+    settle: Callable[[int], None]
+    evaluation: Callable[[], dict]
+    reporter: Reporter
+    note: Callable[[str], None]
+
+    def maybe(self, step: int) -> None:
+        if self.every and step % self.every == 0 and step < self.total:
+            self.settle(step)
+            self.reporter.evaluate(step, self.evaluation, self.note)
+
+
+@dataclass
+class Checkpointer:
+    """Every ``every`` steps but the last (0: never), and the final checkpoint by
+    :meth:`cut`. Every trainer takes part in a cut; the one with a ``writer`` commits it
+    (:mod:`bagpipe.checkpoint.writer`: its files are written in the background)."""
+
+    every: int
+    total: int
+    writer: CheckpointWriter | None
+    """None on a trainer that takes part in the cut but writes nothing."""
+    finish_rows: Callable[[], None]
+    """Deferred row work done: every row final."""
+    cut_rows: Callable[[int, CutTarget | None], PartsWriter | None]
+    """The topology's cut of the rows (:meth:`~bagpipe.train.protocols.Topology.checkpoint_cut`)."""
+    dense_state: Callable[[int], dict]
+    """The dense state after a step, copied to the host."""
+
+    def maybe(self, step: int) -> None:
+        if self.every and step % self.every == 0 and step < self.total:
+            self.cut(step)  # the cut: its time is in samples_per_s, the write runs meanwhile
+
+    def cut(self, step: int) -> None:
+        """The cut of the checkpoint of ``step``: what it needs is copied now."""
+        t0 = time.perf_counter()
+        writer = self.writer
+        if writer is not None:
+            writer.wait()  # the previous checkpoint is written (in a run that checkpoints every few minutes: long ago)
+        pause_at("cut", step)  # a test changes the world here (fills the disk)
+        self.finish_rows()
+        target = writer.begin(step) if writer is not None else None
+        write_parts = self.cut_rows(step, target)
+        if writer is None:
+            return
+        assert target is not None and write_parts is not None
+        writer.submit(target, self.dense_state(step), write_parts, time.perf_counter() - t0)
+
+    def wait(self) -> None:
+        """Until the last checkpoint is written and committed."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def abandon(self) -> None:
+        """The run failed: its last complete checkpoint is what survives."""
+        if self.writer is not None:
+            self.writer.close(abandon=True)
+
+
+_END_PHASES = frozenset(f.name for f in fields(EndOfRun)) - {"total"}
+
+
+class EndClock:
+    """The end of a run, timed in one place: each named :meth:`phase` is one of
+    :class:`~bagpipe.train.summary.EndOfRun`'s fields; ``total`` runs from the clock's
+    start (the end of the last step) to :meth:`result`. A phase skipped stays 0."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+        self._end = EndOfRun()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in _END_PHASES:
+            raise ValueError(f"{name!r} is not a phase of the end of a run ({sorted(_END_PHASES)})")
+        t0 = time.perf_counter()
+        yield
+        setattr(self._end, name, time.perf_counter() - t0)
+
+    def result(self) -> EndOfRun:
+        self._end.total = time.perf_counter() - self._t0
+        return self._end
