@@ -21,7 +21,8 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 import argparse  # noqa: E402
 import importlib  # noqa: E402
 import sys  # noqa: E402
-from collections.abc import Collection, Sequence  # noqa: E402
+from collections.abc import Collection, Iterator, Sequence  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 
 from bagpipe.errors import BagpipeError  # noqa: E402
 from bagpipe.log import to_terminal  # noqa: E402
@@ -120,6 +121,11 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``bagpipe ARGV`` (``sys.argv`` when None: the program itself) and return its exit code."""
+    if argv is None:  # the program: started by bagpipe (a role, a spare, a bench run), it ends with its parent
+        from bagpipe import lifeline
+
+        command = command_of(sys.argv[1:])
+        lifeline.watch(f"bagpipe {command}" if command else "bagpipe")
     rc = _main(argv)
     if argv is None:
         _leave_past_stuck_threads(rc)
@@ -152,7 +158,8 @@ def _main(argv: list[str] | None) -> int:
     # the library's notices reach the terminal (a role's with the time, for its log)
     to_terminal(timestamps=args.command in ("worker", "serve"))
     try:
-        return int(args._run(args) or 0)
+        with _children_end_with_bench(args.command == "bench"):
+            return int(args._run(args) or 0)
     except BagpipeError as e:
         print(one_line(f"bagpipe {args.command}: error: {e}"), file=sys.stderr)
         return 2
@@ -162,6 +169,26 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:  # `bagpipe ... | head`: the reader left; nothing to report
         sys.stderr.close()
         return 0
+
+
+@contextmanager
+def _children_end_with_bench(bench: bool) -> Iterator[None]:
+    """For ``bagpipe bench``: every process it starts (training runs, helpers) inherits
+    :data:`bagpipe.lifeline.ENV` naming it, so a ``kill -9`` of the benchmark ends them too."""
+    if not bench:
+        yield
+        return
+    from bagpipe import lifeline
+
+    before = os.environ.get(lifeline.ENV)
+    os.environ[lifeline.ENV] = lifeline.token()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(lifeline.ENV, None)
+        else:
+            os.environ[lifeline.ENV] = before
 
 
 def _tolerate_unencodable_output() -> None:

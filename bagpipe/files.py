@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
@@ -13,6 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bagpipe.errors import ConfigError
+from bagpipe.lifeline import start_time
+
+log = logging.getLogger(__name__)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -102,9 +106,13 @@ class RunLock:
 
     The kernel drops a ``flock`` when its holder dies however it dies (even SIGKILL), so
     a lock left by a dead process never blocks the next run; the file keeps the last
-    holder's pid, host and start time, which a refused run names. ``what`` and ``hint``
-    make the refusal's message (``runs/a is in use by another run (...); wait for it to
-    end or choose another --out``).
+    holder's pid, host and start time, which a refused run names. A holder that lets go
+    marks the record ``released``; a record without the mark was left by a process that
+    died holding the lock, and the next holder says that it took it over (one line,
+    naming the pid). The lock is also held by the processes a holder starts with its
+    descriptor (:func:`held_lock_fds`: the local launcher's roles), until the last of
+    them ends. ``what`` and ``hint`` make the refusal's message (``runs/a is in use by
+    another run (...); wait for it to end or choose another --out``).
     """
 
     def __init__(self, path: Path, what: str | None = None, hint: str = "wait for it to end or choose another --out"):
@@ -112,6 +120,7 @@ class RunLock:
         self.what = what if what is not None else str(self.path.parent)
         self.hint = hint
         self.fd: int | None = None
+        self._info: dict = {}
 
     def acquire(self) -> None:
         for _ in range(3):
@@ -131,6 +140,7 @@ class RunLock:
             os.close(fd)
         else:
             raise ConfigError(f"{self.what}: its lock file {self.path} keeps changing; {self.hint}")
+        left = _read_record(fd)
         os.ftruncate(fd, 0)
         info = {
             "pid": os.getpid(),
@@ -138,14 +148,28 @@ class RunLock:
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(sys.argv[:3]),
         }
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-        self.fd = fd
+        self._write(fd, info)
+        self.fd, self._info = fd, info
+        _HELD.add(fd)
+        if left and "pid" in left and not left.get("released") and left.get("pid") != os.getpid():
+            log.info(f"{self.what}: took over the lock left by {_describe(left)}, which is gone")
 
     def release(self) -> None:
         if self.fd is not None:
+            _HELD.discard(self.fd)
+            try:  # let go on purpose: the next holder has nothing to take over
+                self._write(self.fd, {**self._info, "released": time.strftime("%Y-%m-%d %H:%M:%S")})
+            except OSError:
+                pass
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+    @staticmethod
+    def _write(fd: int, info: dict) -> None:
+        data = (json.dumps(info) + "\n").encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -155,9 +179,55 @@ class RunLock:
         self.release()
 
 
-def _read_holder(fd: int) -> str:
+#: Descriptors of the locks this process holds (see :func:`held_lock_fds`).
+_HELD: set[int] = set()
+
+
+def held_lock_fds() -> tuple[int, ...]:
+    """The descriptors of every :class:`RunLock` this process holds: a child started with
+    them (``subprocess.Popen(pass_fds=...)``) holds the locks too, until it ends, so a
+    holder killed with SIGKILL does not free its folder while its children still work."""
+    return tuple(sorted(_HELD))
+
+
+def _read_record(fd: int) -> dict | None:
     try:
         info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
-    except (ValueError, KeyError, OSError):
+    except (ValueError, OSError, UnicodeDecodeError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _describe(info: dict) -> str:
+    words = str(info.get("command") or "").split()
+    if len(words) > 1 and "bagpipe" in words[0]:  # .../bagpipe/cli.py train --data: bagpipe train
+        command = f"bagpipe {words[1]}"
+    else:
+        command = words[0] if words else "?"
+    return f"pid {info.get('pid')} on {info.get('host')} ({command}, started {info.get('started')})"
+
+
+def _read_holder(fd: int) -> str:
+    info = _read_record(fd)
+    if not info or "pid" not in info:
         return "holder unknown"
+    try:
+        where = f"pid {info['pid']} on {info['host']}, started {info['started']}"
+        if info["host"] == socket.gethostname() and not _pid_alive(int(info["pid"])):
+            where += "; it is gone, and processes it started still hold the lock"
+    except (KeyError, TypeError, ValueError):
+        return "holder unknown"
+    return where
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    if os.path.isdir("/proc/self"):
+        return start_time(pid) is not None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
