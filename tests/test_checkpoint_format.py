@@ -13,8 +13,10 @@
   checkpoints and every checkpoint their chains rest on.
 * A restore loads the checkpoint's rows and returns every other row the target wrote to
   its initial value (memory and disk stores, the full tables).
-* Version 2 checkpoints (every row in a full part) still read, also under a version-3
+* Version 2 checkpoints (every row in a full part) still read, also under a version-4
   delta; another version is refused in one line.
+* Version 4 records every file's size and CRC-32 (summed as it was written); version 3
+  (no checksums) still reads, checked by size.
 * A broken chain or a missing part is a one-line CheckpointError.
 * A part that does not fit its disk fails with ENOSPC before writing anything (a real
   full filesystem: a small tmpfs; skipped where none can be mounted); the writer then
@@ -238,7 +240,7 @@ def _v2_checkpoint(root, step: int, w: np.ndarray, s: np.ndarray) -> None:
     (root / "checkpoints" / "LATEST").write_text(folder.name + "\n")
 
 
-def test_a_version_2_checkpoint_still_reads_also_under_a_version_3_delta(tmp_path):
+def test_a_version_2_checkpoint_still_reads_also_under_a_version_4_delta(tmp_path):
     st = stores(1)
     write_rows(st, np.array([4, 60]), 1.0)
     _v2_checkpoint(tmp_path, 10, *truth(st))
@@ -247,13 +249,42 @@ def test_a_version_2_checkpoint_still_reads_also_under_a_version_3_delta(tmp_pat
     assert np.array_equal(r.arrays()[0], truth(st)[0]) and r.manifest.version == 2
     st[0].take_dirty()  # what the restored run would have: nothing written since the restore
     write_rows(st, np.array([60, 61]), 2.0)
-    m = checkpoint(folder, st, 20, compact_every=5)  # a resumed old run: a version-3 delta on it
+    m = checkpoint(folder, st, 20, compact_every=5)  # a resumed old run: a version-4 delta on it
     assert m.kind == "delta" and m.base == "step-00000010" and m.rows == 2
     w, s = newest(folder).reader().arrays()
     assert np.array_equal(w, truth(st)[0]) and np.array_equal(s, truth(st)[1])
 
 
-@pytest.mark.parametrize("version", [1, 4])
+def test_the_manifest_records_every_files_size_and_crc32_and_a_changed_byte_is_refused(tmp_path):
+    import json
+    import zlib
+
+    from bagpipe.checkpoint import verify
+
+    st = stores(2)
+    write_rows(st, np.array([1, 2, 50]), 1.0)
+    folder = CheckpointFolder(tmp_path)
+    checkpoint(folder, st, 10)
+    where = tmp_path / "checkpoints" / "step-00000010"
+    m = json.loads((where / "MANIFEST.json").read_text())
+    assert m["version"] == 4
+    files = {name: s for p in m["parts"] for name, s in p["sums"].items()} | {"dense.pt": m["dense_sum"]}
+    assert sorted(files) == sorted(p.name for p in where.iterdir() if p.name != "MANIFEST.json")
+    for name, s in files.items():
+        data = (where / name).read_bytes()
+        assert s == {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}, name
+    path = where / "full-1-of-2.npy"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    verify.forget()
+    with pytest.raises(
+        CheckpointError, match=rf"^{path}: damaged checkpoint file: expected CRC-32 {files[path.name]['crc32']}, found "
+    ):
+        newest(folder).reader()
+
+
+@pytest.mark.parametrize("version", [1, 5])
 def test_another_format_version_is_refused_in_one_line(tmp_path, version):
     import json
 
@@ -264,7 +295,7 @@ def test_another_format_version_is_refused_in_one_line(tmp_path, version):
     path.write_text(json.dumps(json.loads(path.read_text()) | {"version": version}))
     with pytest.raises(
         CheckpointError,
-        match=rf"^{path}: not a bagpipe checkpoint of format version 2 or 3 \(it says 'bagpipe.checkpoint' version {version}\)$",
+        match=rf"^{path}: not a bagpipe checkpoint of format version 2, 3 or 4 \(it says 'bagpipe.checkpoint' version {version}\)$",
     ):
         folder.latest()
 

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from bagpipe.checkpoint.format import DENSE, LATEST, Kind, Manifest, step_name
+from bagpipe.checkpoint.format import DENSE, LATEST, MANIFEST, Kind, Manifest, step_name
 from bagpipe.checkpoint.reader import CheckpointReader
+from bagpipe.checkpoint.verify import FileSum, SummingFile, check_file, remember
 from bagpipe.errors import CheckpointError
 from bagpipe.files import atomic_write_text, fsync_dir
 
@@ -81,16 +82,47 @@ class CheckpointFolder:
         return latest.read_text().strip() if latest.exists() else None
 
     def latest(self) -> Checkpoint | None:
-        """The newest complete checkpoint, or None when the run has none."""
+        """The newest complete checkpoint, or None when the run has none (its dense.pt
+        checked against the manifest; its rows are checked when read: :meth:`Checkpoint.reader`)."""
         name = self.latest_name()
         if name is None:
             return None
         path = self.root / name
         if not path.is_dir():
             raise CheckpointError(f"{self.root / LATEST} names {name}, which is missing or incomplete")
+        return self.load(name)
+
+    def load(self, name: str) -> Checkpoint:
+        """The complete checkpoint ``name`` (a ``step-NNNNNNNN`` folder), its dense.pt checked."""
+        path = self.root / name
         manifest = Manifest.load(path)
+        if manifest.dense_sum is not None:
+            check_file(path / DENSE, manifest.dense_sum)
         dense = load_dense(path / DENSE)
         return Checkpoint(path=path, manifest=manifest, dense=dense)
+
+    def complete(self) -> list[str]:
+        """The complete checkpoints' folder names (those with a manifest), oldest first."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.glob("step-*") if (p / MANIFEST).exists())
+
+    def verified(self, name: str) -> Checkpoint:
+        """The checkpoint ``name``, every file it and its chain hold checked (a one-line
+        CheckpointError naming the first damaged file otherwise)."""
+        ckpt = self.load(name)
+        ckpt.reader()
+        return ckpt
+
+    def intact_before(self, name: str) -> Checkpoint | None:
+        """The newest complete checkpoint older than ``name`` whose every file (and its
+        chain's) is whole, or None. Reads only; changes nothing."""
+        for older in reversed([n for n in self.complete() if n < name]):
+            try:
+                return self.verified(older)
+            except CheckpointError:
+                continue
+        return None
 
     def begin(self, step: int) -> Path:
         """An empty staging folder for the checkpoint of ``step``."""
@@ -118,12 +150,17 @@ class CheckpointFolder:
         return "delta", name, chain
 
     @staticmethod
-    def write_dense(staging: Path, dense: dict) -> None:
-        """dense.pt, fsynced; through a Python file, so that a full disk is an OSError (ENOSPC)."""
-        with open(staging / DENSE, "wb") as f:
-            torch.save(dense, f)
-            f.flush()
-            os.fsync(f.fileno())
+    def write_dense(staging: Path, dense: dict) -> FileSum:
+        """dense.pt, fsynced; through a Python file, so that a full disk is an OSError (ENOSPC).
+        Returns its size and CRC-32, summed as it was written."""
+        with open(staging / DENSE, "wb") as raw:
+            f = SummingFile(raw)
+            torch.save(dense, f)  # a writable file-like object is all torch.save needs
+            raw.flush()
+            os.fsync(raw.fileno())
+        s = f.sum()
+        remember(staging / DENSE, s)
+        return s
 
     def commit(self, staging: Path, manifest: Manifest) -> Path:
         """Make the staged checkpoint count (see the module docstring); returns its folder."""

@@ -1,11 +1,12 @@
-"""The checkpoint format: one for every mode and topology (format version 3; version 2 is read).
+"""The checkpoint format: one for every mode and topology (format version 4; versions 2 and 3 are read).
 
 A checkpoint is a folder ``RUN/checkpoints/step-NNNNNNNN/``::
 
     MANIFEST.json          what the checkpoint is (written last, atomically): the step,
                            the row space (rows, D, S) and the initialiser's identity
                            (seed, table sizes), whether its rows are *full* or a *delta*
-                           on the previous checkpoint (``base``), and its parts
+                           on the previous checkpoint (``base``), its parts, and the size
+                           and CRC-32 of every file (``sums`` of each part, ``dense_sum``)
     dense.pt               model, dense optimizer, torch RNG state and step (trainer 0)
     full-K-of-S.ids.npy    a full part: the global rows g of shard K (g % S == K) whose
     full-K-of-S.npy        value may differ from their initial one, ascending (m,) int64,
@@ -33,6 +34,11 @@ order (``rows-K-of-S.npy``, (n_K, D + S)); its deltas are as above.
 A checkpoint counts only once ``MANIFEST.json`` exists (written after every part is
 fsynced) and ``LATEST`` names it; a crash at any moment leaves the previous
 checkpoint whole.
+
+Version 4 added the files' sizes and CRC-32s, taken as the files are written and checked
+before a checkpoint (and the chain under it) is read (:mod:`bagpipe.checkpoint.verify`);
+versions 2 and 3 are checked by size only. An older bagpipe refuses a version-4
+checkpoint in one line (it reads 2 and 3).
 """
 
 from __future__ import annotations
@@ -42,13 +48,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from bagpipe.checkpoint.verify import FileSum, check_file, check_npy_size
 from bagpipe.data.schema import read_json
 from bagpipe.errors import CheckpointError
 from bagpipe.files import atomic_write_text
 
 FORMAT = "bagpipe.checkpoint"
-VERSION = 3
-READS = (2, 3)  # format versions this bagpipe reads
+VERSION = 4
+READS = (2, 3, 4)  # format versions this bagpipe reads
 MANIFEST = "MANIFEST.json"
 DENSE = "dense.pt"
 LATEST = "LATEST"
@@ -80,6 +87,10 @@ class Part:
     rows: int  # rows in the part
     bytes: int = 0
     dense: bool = False  # a version-2 full part: every row of the shard, no ids file
+    sums: dict[str, FileSum] = field(default_factory=dict)  # file -> size, CRC-32 (empty before version 4)
+
+    def __post_init__(self) -> None:  # from a manifest's (or a server's) JSON
+        self.sums = {str(name): FileSum.of(s) for name, s in self.sums.items()}
 
     @property
     def files(self) -> list[str]:
@@ -112,6 +123,7 @@ class Manifest:
     chain: int = 0  # deltas since the last full checkpoint (0 for a full one)
     init: InitialRows | None = None  # None only in version 2 (its full parts hold every row)
     version: int = VERSION
+    dense_sum: FileSum | None = None  # dense.pt's size and CRC-32 (None before version 4)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -125,7 +137,7 @@ class Manifest:
         version = d.get("version")
         if d.get("format") != FORMAT or version not in READS:
             raise CheckpointError(
-                f"{where}: not a bagpipe checkpoint of format version {' or '.join(map(str, READS))} "
+                f"{where}: not a bagpipe checkpoint of format version {', '.join(map(str, READS[:-1]))} or {READS[-1]} "
                 f"(it says {d.get('format')!r} version {version!r})"
             )
         try:
@@ -133,7 +145,7 @@ class Manifest:
             init = d.get("init")
             if version >= 3 and not init:
                 raise KeyError("init")
-            return cls(
+            m = cls(
                 step=int(d["step"]),
                 num_rows=int(d["num_rows"]),
                 dim=int(d["dim"]),
@@ -144,7 +156,14 @@ class Manifest:
                 chain=int(d.get("chain", 0)),
                 init=InitialRows(int(init["seed"]), [int(n) for n in init["table_sizes"]]) if init else None,
                 version=int(version),
+                dense_sum=FileSum.of(d["dense_sum"]) if version >= 4 else None,
             )
+            if version >= 4:
+                for p in m.parts:
+                    for f in p.files:
+                        if f not in p.sums:
+                            raise KeyError(f"sums of {f}")
+            return m
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: malformed manifest ({e})") from None
 
@@ -177,3 +196,24 @@ class Manifest:
             for f in p.files:
                 if not (Path(folder) / f).exists():
                     raise CheckpointError(f"{folder / f}: missing (the checkpoint is damaged)")
+
+    def verify(self, folder: Path, dense: bool = True) -> None:
+        """Every file of this checkpoint (not of its base) is whole: its parts cover the row
+        space and each file has the size and CRC-32 this manifest recorded (versions 2 and
+        3: each .npy file is as long as its header says, and a version-3 part's files add
+        up to its bytes); ``dense``: dense.pt too. Else a one-line CheckpointError naming the file."""
+        folder = Path(folder)
+        self.check_parts(folder)
+        for p in self.parts:
+            if p.sums:
+                for f in p.files:
+                    check_file(folder / f, p.sums[f])
+                continue
+            total = sum(check_npy_size(folder / f) for f in p.files)
+            if self.version == 3 and total != p.bytes:
+                raise CheckpointError(
+                    f"{folder / p.files[-1]}: damaged checkpoint file: the part's files hold {total:,} bytes, "
+                    f"the manifest says {p.bytes:,}"
+                )
+        if dense and self.dense_sum is not None:
+            check_file(folder / DENSE, self.dense_sum)

@@ -11,7 +11,8 @@ that has a previous checkpoint to rest on merges that checkpoint's rows with the
 
 Files are written with ordinary writes after reserving their size (``posix_fallocate``),
 never through a memory map: a full disk is an ``OSError`` (ENOSPC) at the start of the
-part, not a SIGBUS in the middle of it.
+part, not a SIGBUS in the middle of it. Each file's bytes are summed (size, CRC-32) as
+they are written, for the manifest (:mod:`bagpipe.checkpoint.verify`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from bagpipe.checkpoint.format import Kind, Part, part_names
+from bagpipe.checkpoint.verify import FileSum, SummingFile, remember
 
 if TYPE_CHECKING:
     from bagpipe.checkpoint.reader import CheckpointReader
@@ -102,27 +104,30 @@ def _fsync(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def write_npy(path: Path, shape: tuple[int, ...], dtype, chunks: Iterator[np.ndarray]) -> int:
+def write_npy(path: Path, shape: tuple[int, ...], dtype, chunks: Iterator[np.ndarray]) -> FileSum:
     """Write an .npy file of ``shape`` from ``chunks`` (C order, in sequence) and fsync it;
     the file's size is reserved first, so a full disk fails here before any data is
-    written. Returns the file's size."""
+    written. Returns the file's size and the CRC-32 of its bytes, summed as they were written."""
     dt = np.dtype(dtype)
     header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": tuple(shape)}
-    with open(path, "wb") as f:
+    with open(path, "wb") as raw:
+        f = SummingFile(raw)
         np.lib.format.write_array_header_1_0(f, header)
         total = f.tell() + int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         try:
-            os.posix_fallocate(f.fileno(), 0, total)
+            os.posix_fallocate(raw.fileno(), 0, total)
         except OSError as e:
             if e.errno not in (95,):  # EOPNOTSUPP: the filesystem allocates as it writes
                 raise
         for c in chunks:
-            np.ascontiguousarray(c, dtype=dt).tofile(f)
-        f.flush()
-        if f.tell() != total:
-            raise OSError(f"{path}: wrote {f.tell()} bytes, expected {total}")
-        os.fsync(f.fileno())
-    return total
+            f.write(np.ascontiguousarray(c, dtype=dt).reshape(-1).view(np.uint8))
+        raw.flush()
+        if raw.tell() != total or f.size != total:
+            raise OSError(f"{path}: wrote {raw.tell()} bytes, expected {total}")
+        os.fsync(raw.fileno())
+    s = f.sum()
+    remember(path, s)
+    return s
 
 
 def write_part(
@@ -160,6 +165,7 @@ def write_part(
             for _, out in merged.chunks(CHUNK):
                 yield out
 
-    size = write_npy(folder / ids_name, (len(ids),), np.int64, iter([ids]))
-    size += write_npy(folder / values_name, (len(ids), cols), np.float32, values())
-    return Part(shard, shards, kind, len(ids), size)
+    ids_sum = write_npy(folder / ids_name, (len(ids),), np.int64, iter([ids]))
+    values_sum = write_npy(folder / values_name, (len(ids), cols), np.float32, values())
+    sums = {ids_name: ids_sum, values_name: values_sum}
+    return Part(shard, shards, kind, len(ids), ids_sum.bytes + values_sum.bytes, sums=sums)

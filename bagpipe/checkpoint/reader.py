@@ -3,7 +3,10 @@
 A checkpoint's rows are those of its chain: the last full checkpoint at or before it,
 then every delta after that one, in order (later values win), over the initial tables
 (a row no part holds reads as its initial value and zero optimizer state; see
-:mod:`bagpipe.checkpoint.format`). Parts are memory-mapped and read by global row, so
+:mod:`bagpipe.checkpoint.format`). Every file of the chain is checked against its
+manifest (size and CRC-32, :mod:`bagpipe.checkpoint.verify`) before any is read: a
+damaged file -- of the checkpoint or of a base it rests on -- is a one-line error
+naming it. Parts are memory-mapped and read by global row, so
 the rows of S servers' parts can be read back in any other layout: all rows in order
 (one process, small tables), only the rows the checkpoint holds (a restore: its cost
 is the rows trained, not the tables), or only those one of S' new servers holds.
@@ -41,10 +44,18 @@ class CheckpointReader:
         self.chain = chain
         m = self.manifest
         self.num_rows, self.dim, self.state_dim = m.num_rows, m.dim, m.state_dim
-        for f, m2 in chain:
+        for _, m2 in chain:
             if (m2.num_rows, m2.dim, m2.state_dim) != (m.num_rows, m.dim, m.state_dim):
                 raise CheckpointError(f"{self.folder}: its chain mixes row spaces")
-            m2.check_parts(f)
+        for f, m2 in reversed(chain):  # every file of the chain whole before any is read
+            try:
+                m2.verify(f, dense=False)
+            except CheckpointError as e:
+                if f == self.folder:
+                    raise
+                raise CheckpointError(
+                    f"checkpoint {self.folder.name} rests on {f.name}, which is damaged: {e}"
+                ) from None
         full_folder, full = chain[0]
         self._shards = full.parts[0].shards
         self._dense: list[np.ndarray] | None = None  # a version-2 full base: every row of each shard

@@ -111,8 +111,9 @@ def commit_checkpoint(
     :meth:`CheckpointFolder.commit`. ``write_parts`` runs even when dense.pt could not be
     written: parts under way elsewhere still report, and their reports must be taken."""
     failed: BaseException | None = None
+    dense_sum = None
     try:
-        folder.write_dense(target.staging, dense)
+        dense_sum = folder.write_dense(target.staging, dense)
     except BaseException as e:  # noqa: BLE001 - raised once the parts are in
         failed = e
     parts = write_parts()
@@ -129,6 +130,7 @@ def commit_checkpoint(
         parts=parts,
         chain=target.chain,
         init=space.init,
+        dense_sum=dense_sum,
     )
     folder.commit(target.staging, manifest)
     return manifest

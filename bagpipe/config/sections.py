@@ -457,6 +457,10 @@ class RunConfig(Section):
     previous checkpoint (1: every checkpoint is full)."""
     resume: bool = False
     """Continue from the run directory's latest checkpoint."""
+    resume_from: str | None = None
+    """Continue from this checkpoint of the run directory instead of its latest (a
+    step-NNNNNNNN folder name, its path, or its step); implies --resume. Its later
+    checkpoints are left on disk; the run's next checkpoints replace them."""
     summary_json: str | None = None
     """Also write the summary JSON here."""
     threads: int = 0
@@ -475,6 +479,12 @@ class RunConfig(Section):
 
     def validate(self) -> None:
         need(self.steps > 0, f"steps must be > 0, got {self.steps}")
+        if self.resume_from is not None:
+            need(
+                bool(self.resume_from.strip()),
+                "resume_from must name a checkpoint (step-NNNNNNNN, its path or its step)",
+            )
+            object.__setattr__(self, "resume", True)  # --resume-from implies --resume
         need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}")

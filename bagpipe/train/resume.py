@@ -6,22 +6,34 @@ recipe, embedding dimension, optimizer and learning rate. Everything else may ch
 on resume (:data:`MAY_CHANGE`): how long to train, how often to evaluate or
 checkpoint, threads and progress, and where the rows live (any mode, store or cache
 size resumes any other's checkpoint, since checkpoints hold rows in global order).
+
+Every file of the checkpoint resumed (and of the chain it rests on) is checked against
+its manifest (size, CRC-32) before anything in the run folder changes. A damaged latest
+checkpoint is refused in one line naming the damaged file and offering the newest
+intact checkpoint before it (``--resume-from step-NNNNNNNN``), which makes LATEST name
+that checkpoint once every check has passed; the damaged one is left on disk.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 import torch
 
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
+from bagpipe.checkpoint.format import LATEST, step_name
 from bagpipe.config import to_flat
 from bagpipe.config.environ import env_int
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
+from bagpipe.files import atomic_write_text
 from bagpipe.phases import RESTART_ENV
 from bagpipe.train.rundir import RunDir
+
+log = logging.getLogger(__name__)
 
 #: Settings a resumed run may give other values than the run had.
 MAY_CHANGE = (
@@ -32,6 +44,7 @@ MAY_CHANGE = (
     "eval_samples",
     "checkpoint_every",
     "resume",
+    "resume_from",
     "summary_json",
     "threads",
     "progress",
@@ -77,7 +90,10 @@ def resume_point(
     checkpoint and not ``required`` (an automatic restart before the first one): None.
     ``complete_ok`` (an automatic restart): a checkpoint at the last step is continued
     too -- the run then only finishes."""
-    ckpt = CheckpointFolder(run.path).latest()
+    folder = CheckpointFolder(run.path)
+    spec = None if elastic_restart() else cfg.run.resume_from  # a restart continues LATEST
+    rewind = spec is not None
+    ckpt = chosen(folder, spec) if spec is not None else intact_latest(folder)
     if ckpt is None:
         if not required:
             return None
@@ -105,7 +121,55 @@ def resume_point(
             f"cannot resume {run.path}: the data set differs from the one it was trained on "
             f"(fingerprint {was[:12]}, now {now[:12]} for {dataset.dir})"
         )
+    latest = folder.latest_name()
+    if rewind and latest != ckpt.path.name:  # every check passed: the run continues from it
+        atomic_write_text(folder.root / LATEST, ckpt.path.name + "\n")
+        log.warning(
+            f"resuming from {ckpt.path.name} (step {ckpt.step}): {LATEST} now names it"
+            + (f"; {latest} is left on disk until this run's checkpoints replace it" if latest else "")
+        )
     return ckpt
+
+
+def intact_latest(folder: CheckpointFolder) -> Checkpoint | None:
+    """The run's latest checkpoint, every file of it and of its chain checked; a damaged
+    one is refused in one line that names the damaged file and offers the newest intact
+    checkpoint before it. Reads only."""
+    name = folder.latest_name()
+    if name is None:
+        return None
+    try:
+        return folder.verified(name)
+    except CheckpointError as e:
+        prev = folder.intact_before(name)
+        offer = (
+            f"the previous intact checkpoint is step {prev.step}: resume from it with --resume-from {prev.path.name}"
+            if prev is not None
+            else "no earlier checkpoint of the run is intact: start it again with another --out"
+        )
+        raise CheckpointError(
+            f"cannot resume {folder.root.parent} from its latest checkpoint {name}: {e}; {offer} "
+            "(nothing in the run folder was changed)"
+        ) from None
+
+
+def chosen(folder: CheckpointFolder, spec: str) -> Checkpoint:
+    """The checkpoint --resume-from names (a step-NNNNNNNN folder name, its path, or its
+    step), every file of it and of its chain checked."""
+    text = spec.strip()
+    name = step_name(int(text)) if text.isdigit() else Path(text).name
+    where = Path(text)
+    if not text.isdigit() and len(where.parts) > 1 and where.resolve().parent != folder.root.resolve():
+        raise ConfigError(
+            f"--resume-from {spec}: not a checkpoint of {folder.root} (a run resumes its own checkpoints)"
+        )
+    have = folder.complete()
+    if name not in have:
+        raise ConfigError(
+            f"--resume-from {spec}: {folder.root} has no complete checkpoint {name} "
+            f"(it has: {', '.join(have) if have else 'none'})"
+        )
+    return folder.verified(name)
 
 
 def refuse_overwrite(run: RunDir) -> None:
