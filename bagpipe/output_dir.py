@@ -22,8 +22,16 @@ The life of ``OutputDir(target, ...)``:
    folder).
 3. :meth:`OutputDir.close` (or leaving the ``with`` block) removes the staging folder
    if the output was not committed: a failed or interrupted build leaves the target as
-   it was. A staging folder left by a killed process is removed by the next writer of
-   the same target, which holds the lock.
+   it was.
+
+What a killed writer (SIGKILL, a power cut) leaves beside the target -- its staging
+folder ``.NAME.partial-PID``, preprocess's spill folders ``.NAME.spill-PID-*`` (its
+parsed blocks: tens of GB on a large log) and its lock file -- is recognised by its
+name, which carries the writer's pid, and removed by the next writer of the same target
+once it holds the lock: the lock is an ``flock`` the kernel drops when its holder dies,
+so holding it proves that no writer of that name is still at work. Each removal is said
+in one line (``removed the spill folder data/.out.spill-1234 (111 MB) of pid 1234,
+which is gone``).
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import logging
 import os
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,6 +50,16 @@ from bagpipe.errors import ConfigError, DataError
 from bagpipe.files import RunLock, atomic_write_text, fsync_dir
 
 MANIFEST = ".bagpipe-files.json"
+#: The folders a writer keeps beside its target: WORD -> (what the removal message calls
+#: it, the pattern of the name's tail after ``.NAME.WORD-``): the staging folder
+#: ``.NAME.partial-PID``; preprocess's spill ``.NAME.spill-PID-XXXXXXXX``
+#: (:func:`tempfile.mkdtemp`'s 8 characters; without ``PID-`` from an older bagpipe).
+BESIDE = {
+    "partial": ("unfinished {kind}", r"(?P<pid>\d+)"),
+    "spill": ("spill folder", r"(?:(?P<pid>\d+)-)?[a-z0-9_]{8}"),
+}
+
+log = logging.getLogger(__name__)
 
 
 def inside(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
@@ -148,14 +168,42 @@ class OutputDir:
         self._lock.acquire()
         try:
             self.check()  # again, now that no other writer of this target can change it
-            for old in parent.glob(f".{name}.partial-*"):  # left by a killed writer (we hold the lock)
-                shutil.rmtree(old, ignore_errors=True)
+            self.remove_left_behind()
             self.staging = parent / f".{name}.partial-{os.getpid()}"
             self.staging.mkdir()
         except BaseException:
             self.close()
             raise
         return self.staging
+
+    def left_behind(self) -> list[tuple[Path, str, int | None]]:
+        """The folders beside the target that a writer of it keeps while it works
+        (``.NAME.partial-PID``, ``.NAME.spill-PID-*``; see :data:`BESIDE`), as (path, what
+        it is, the writer's pid -- None for a name without one, an older bagpipe's)."""
+        name = self.path.name
+        found = []
+        for word, (what, tail) in BESIDE.items():
+            pattern = re.compile(rf"\.{re.escape(name)}\.{word}-{tail}")
+            for p in sorted(self.path.parent.glob(f".{glob_escape(name)}.{word}-*")):
+                m = pattern.fullmatch(p.name)
+                if m and p.is_dir() and not p.is_symlink():
+                    pid = m.group("pid")
+                    found.append((p, what.format(kind=self.kind), int(pid) if pid else None))
+        return found
+
+    def remove_left_behind(self) -> list[Path]:
+        """Remove what writers of this target that are gone left beside it (the caller
+        holds the lock: no live writer of this target is left), saying each in one line."""
+        removed = []
+        for p, what, pid in self.left_behind():
+            size = _size(p)
+            shutil.rmtree(p, ignore_errors=True)
+            if p.exists():
+                continue
+            who = f"pid {pid}, which is gone" if pid is not None else "an earlier run that is gone"
+            log.info(f"removed the {what} {p} ({size / 2**20:,.1f} MB) of {who}")
+            removed.append(p)
+        return removed
 
     def commit(self) -> None:
         """Write the manifest and swap the finished staging folder in for the target."""
@@ -199,6 +247,22 @@ class OutputDir:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters taken literally."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
 
 
 _RENAME_EXCHANGE = 2

@@ -4,14 +4,16 @@ In vocabulary mode pass 1 parses the ``--input`` lines to count their keys, and 
 needs the same lines again to map keys to ids and write shards. Rather than parse the
 text twice, pass 1 appends every parsed block (:class:`Parsed`: rows, labels,
 transformed dense values, fixed ids, keys, sequences) to one file, ``blocks.bin``, in a
-temporary directory ``.OUT.spill-*`` next to the output directory (the output directory
-itself is cleared when the shard writer starts), and pass 2 replays the blocks in
-order. A block whose keys all lie in ``[-1, 2**32 - 1)`` (most Criteo blocks) stores them
-as uint32 ``key + 1``: about 0.6 bytes per byte of Criteo text in all.
+folder ``.OUT.spill-PID-*`` next to the output directory (removed at the end; if this
+process is killed, by the next ``preprocess`` to the same ``--out``, which knows it by
+its name: :meth:`bagpipe.output_dir.OutputDir.remove_left_behind`), and pass 2 replays
+the blocks in order. A block whose keys all lie in ``[-1, 2**32 - 1)`` (most Criteo
+blocks) stores them as uint32 ``key + 1``: about 0.6 bytes per byte of Criteo text in all.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -33,12 +35,13 @@ class Parsed:
 
 
 class Spill:
-    """Parsed blocks of pass 1, kept on disk next to the output directory (in a folder
-    of its own, removed at the end) and replayed by pass 2."""
+    """Parsed blocks of pass 1, kept on disk next to the output directory ``out`` (in a
+    folder of its own, named with this process's pid, removed at the end) and replayed by
+    pass 2."""
 
     def __init__(self, out: Path):
         out.parent.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-", dir=out.parent))
+        self.dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-{os.getpid()}-", dir=out.parent))
         self._f = open(self.dir / "blocks.bin", "wb")
         self.records: list[tuple[Block, list[tuple[str, int, str, tuple]], int]] = []
 

@@ -9,9 +9,13 @@ this run made are used. A host's link is shaped in both directions with ``tbf`` 
 its rate: on ``eth0`` (what the host sends) and on its port of the bridge (what it
 receives). ``netem`` is not needed (there is no added delay: bandwidth only).
 
-Names: every namespace of a run is ``bp<pid>-<name>``, ``<pid>`` the process that
-made it. At start the namespaces of runs whose process is gone (a crash, a SIGKILL)
-are removed; on leaving the ``with`` block -- normally, on an exception, on Ctrl-C,
+Names: every namespace of a run is ``bp<pid>s<start>-<name>``, ``<pid>`` the process
+that made it and ``<start>`` that process's start time (clock ticks after boot, from
+/proc/<pid>/stat), so that a pid the kernel has given to another process since is not
+taken for the run's. The bridge and every veth live inside these namespaces: nothing
+of a run is outside them. At start the namespaces of runs whose process is gone (a
+crash, a SIGKILL) are removed, with every process left inside them, and said in one
+line per run; on leaving the ``with`` block -- normally, on an exception, on Ctrl-C,
 and on SIGTERM, which :func:`terminate_as_interrupt` turns into KeyboardInterrupt --
 every process left in the run's namespaces is killed and the namespaces removed.
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -41,6 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bagpipe import lifeline
 from bagpipe.errors import BagpipeError
 
 PREFIX = "bp"
@@ -50,6 +56,29 @@ IFACE = "eth0"
 SWITCH = "sw"
 BURST_BYTES = 16 * 1024  # tbf bucket at the lowest rates (a few frames); 1 ms of traffic at high ones
 LATENCY_MS = 50  # tbf queue: how long a packet may wait before it is dropped
+
+
+log = logging.getLogger(__name__)
+#: A run's namespace: ``bp<pid>s<start>-<name>`` (``s<start>`` absent in older names).
+NAME = re.compile(rf"^{PREFIX}(\d+)(?:s(\d+))?-\S+$")
+
+
+def run_tag(pid: int | None = None) -> str:
+    """The prefix of every namespace name of the run of process ``pid`` (this one by default)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{PREFIX}{pid}s{lifeline.start_time(pid) or 0}"
+
+
+def owner_gone(ns: str) -> bool:
+    """Whether the process that made namespace ``ns`` (a name of :data:`NAME`) has ended:
+    no process with its pid, or one that started at another time (the pid reused)."""
+    m = NAME.match(ns)
+    if m is None:
+        return False  # not a run's namespace: never ours to remove
+    pid, start = int(m.group(1)), m.group(2)
+    if start is None or start == "0":
+        return not _alive(pid)
+    return lifeline.start_time(pid) != int(start)
 
 
 class NetnsError(BagpipeError):
@@ -126,20 +155,27 @@ def run_namespaces() -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     r = _run("ip", "netns", "list", check=False)
     for line in r.stdout.splitlines():
-        m = re.match(rf"^({PREFIX}(\d+)-\S+)", line)
+        name = line.split()[0] if line.split() else ""
+        m = NAME.match(name)
         if m:
-            out.setdefault(int(m.group(2)), []).append(m.group(1))
+            out.setdefault(int(m.group(1)), []).append(name)
     return out
 
 
 def remove_stale() -> list[str]:
-    """Remove the namespaces of runs whose process is gone (crashed, killed); their names."""
+    """Remove the namespaces of runs whose process is gone (crashed, killed), and every
+    process left inside them; says so in one line per run; returns their names."""
     removed = []
     for pid, names in run_namespaces().items():
-        if pid != os.getpid() and not _alive(pid):
-            for ns in names:
-                _remove(ns)
-                removed.append(ns)
+        stale = [ns for ns in names if owner_gone(ns)]
+        killed = sum(_remove(ns) for ns in stale)
+        if stale:
+            more = f", and stopped the {killed} process(es) left in them" if killed else ""
+            log.info(
+                f"removed the {len(stale)} network namespace(s) of bagpipe pid {pid}, which is gone "
+                f"({', '.join(stale)}){more}"
+            )
+        removed += stale
     return removed
 
 
@@ -153,8 +189,10 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _remove(ns: str) -> None:
-    """Kill every process inside ``ns`` (only this run's), then remove it."""
+def _remove(ns: str) -> int:
+    """Kill every process inside ``ns`` (only this run's), then remove it; returns how
+    many processes were killed."""
+    killed: set[int] = set()
     for _ in range(50):
         pids = [int(p) for p in _run("ip", "netns", "pids", ns, check=False).stdout.split()]
         if not pids:
@@ -162,10 +200,12 @@ def _remove(ns: str) -> None:
         for p in pids:
             try:
                 os.kill(p, signal.SIGKILL)
+                killed.add(p)
             except ProcessLookupError:
                 pass
         time.sleep(0.1)
     _run("ip", "netns", "del", ns, check=False)
+    return len(killed)
 
 
 class EmulatedNet:
@@ -178,7 +218,7 @@ class EmulatedNet:
     """
 
     def __init__(self, label: str = ""):
-        self.tag = f"{PREFIX}{os.getpid()}"
+        self.tag = run_tag()
         self.label = re.sub(r"[^a-z0-9]", "", label.lower())[:6]
         self.switch = f"{self.tag}-{self.label}{SWITCH}"
         self.hosts: dict[str, Host] = {}
@@ -421,6 +461,7 @@ def offloads_off(dev: str) -> None:
 def main(argv: list[str]) -> int:
     """``python -m bagpipe.testbed.netns offloads-off DEV | probe-recv ADDR PORT | probe-send ADDR PORT SECONDS``
     (run inside a namespace), or ``clean`` (remove the namespaces of runs that are gone)."""
+    lifeline.watch("bagpipe.testbed.netns")  # a probe started by bench ends with it
     if argv[:1] == ["offloads-off"] and len(argv) == 2:
         offloads_off(argv[1])
         return 0

@@ -332,5 +332,8 @@ def _worker_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from bagpipe import lifeline
+
+    lifeline.watch("torchrec worker")  # started by bench: ends with it
     os.environ.setdefault("TORCHREC_DISABLE_LOGGING", "1")
     sys.exit(_worker_main(sys.argv[1:]))

@@ -75,4 +75,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from bagpipe import lifeline
+
+    lifeline.watch("bench read probe")  # started by bench: ends with it
     raise SystemExit(main(sys.argv[1:]))
