@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -510,6 +511,14 @@ def test_a_checkpoint_cannot_run_code(run_cli, run_copy, tiny_data, tmp_path, mo
     dense = torch.load(ckpt / "dense.pt", weights_only=True)
     dense["extra"] = _Payload()
     torch.save(dense, ckpt / "dense.pt")
+    rc, _, err = run_cli("eval", "--run", run_copy, "--data", tiny_data)
+    one_line_error(rc, err, "dense.pt: damaged checkpoint file")  # the manifest's checksum refuses it first
+    # whoever can write dense.pt can write the manifest too: with its checksum made to match,
+    # loading the file still runs none of its code (weights only)
+    manifest = json.loads((ckpt / "MANIFEST.json").read_text())
+    data = (ckpt / "dense.pt").read_bytes()
+    manifest["dense_sum"] = {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    (ckpt / "MANIFEST.json").write_text(json.dumps(manifest))
     rc, _, err = run_cli("eval", "--run", run_copy, "--data", tiny_data)
     one_line_error(rc, err, "dense.pt: unreadable")
     assert not (tmp_path / "PWNED").exists()
