@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 #: ``PID:START`` of the process that started this one (START: its start time in clock
 #: ticks after boot, 0 where /proc is not available).
 ENV = "BAGPIPE_PARENT"
+#: A file the one line is also appended to (a role's log: its output went to the parent).
+LOG_ENV = "BAGPIPE_PARENT_LOG"
 INTERVAL_S = 0.25
 GRACE_S = 3.0
 
@@ -99,12 +101,19 @@ def watch(what: str | None = None, *, on_gone: Callable[[str], None] | None = No
     if value is None:
         return None
     name = what or " ".join(os.path.basename(a) for a in sys.argv[:2])
+    log_file = os.environ.pop(LOG_ENV, None)
     pid = int(value.partition(":")[0])
 
     def loop() -> None:
         while alive(value):
             time.sleep(INTERVAL_S)
         line = f"{name} (pid {os.getpid()}): the process that started it (pid {pid}) is gone; ending"
+        if log_file:
+            try:
+                with open(log_file, "a") as f:
+                    f.write(time.strftime("%H:%M:%S ") + line + "\n")
+            except OSError:
+                pass
         (on_gone or _end)(line)
 
     t = threading.Thread(target=loop, name="bagpipe-lifeline", daemon=True)

@@ -164,6 +164,10 @@ def test_kill_9_of_the_launcher_ends_every_role_and_a_resume_takes_over(tiny_dat
             if alive(p):
                 os.kill(p, signal.SIGKILL)
     print(f"every role gone {took:.2f} s after kill -9 of the launcher")
+    # a role that noticed said why in its log (one may end first on its own: its output
+    # pipe to the dead launcher broken, or a peer gone)
+    logs = [(out / "logs" / f"{name}.log").read_text() for name in ("trainer-0", "server-0", "oracle")]
+    assert any(f"the process that started it (pid {launcher.pid}) is gone; ending" in t for t in logs)
     lock = json.loads((out / ".lock").read_text())
     assert lock["pid"] == launcher.pid and "released" not in lock  # it died holding it
     step = int((out / "checkpoints" / "LATEST").read_text().strip().split("-")[-1])

@@ -239,6 +239,7 @@ class Launcher:
                 env["GLOO_SOCKET_IFNAME"] = place.iface
             env[PHASES_ENV] = str(phases_dir)
             env[lifeline.ENV] = lifeline.token()  # the role ends when this launcher is gone, even by SIGKILL
+            env[lifeline.LOG_ENV] = str(log_path)  # where it says so (no launcher reads its output then)
             if self.restart:
                 env[RESTART_ENV] = str(self.restart)
             spare = self.spares.take() if self.spares is not None else None
