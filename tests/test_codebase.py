@@ -222,12 +222,12 @@ def named_like(folder: Path, names: set[str]) -> list[str]:
 
 def test_no_bench_module_named_like_a_core_package(tmp_path):
     names = core_names(PACKAGE)
-    assert {"memory", "oracle", "config", "accel", "distributed", "bench", "errors"} <= names
-    (tmp_path / "bench" / "memory").mkdir(parents=True)
-    (tmp_path / "bench" / "memory" / "__init__.py").write_text("")
+    assert {"budget", "oracle", "config", "accel", "distributed", "bench", "errors"} <= names
+    (tmp_path / "bench" / "budget").mkdir(parents=True)
+    (tmp_path / "bench" / "budget" / "__init__.py").write_text("")
     (tmp_path / "bench" / "config.py").write_text("")
     (tmp_path / "bench" / "peak_memory.py").write_text("")
-    assert named_like(tmp_path / "bench", names) == ["bench/config.py", "bench/memory"]
+    assert named_like(tmp_path / "bench", names) == ["bench/budget", "bench/config.py"]
     clashes = named_like(PACKAGE / "bench", names)
     assert clashes == [], f"named like a package or module of bagpipe/ (rename for what it measures): {clashes}"
 

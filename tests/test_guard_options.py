@@ -58,7 +58,7 @@ def reached(*args, **kwargs):
 
 WORK = {
     "train": [("bagpipe.train.loop", "train"), ("bagpipe.distributed.launch", "launch")],
-    "plan": [("bagpipe.memory", "memory_plan")],
+    "plan": [("bagpipe.budget", "memory_plan")],
     "worker": [("bagpipe.distributed.roles", "run_role")],
     "serve": [("bagpipe.distributed.roles", "serve")],
     "eval": [("bagpipe.train.evaluate", "evaluate")],

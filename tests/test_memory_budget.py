@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bagpipe.budget.cgroup import Group, own_group
+from bagpipe.budget.estimate import MIB, RunShape, Sizes, estimate
+from bagpipe.budget.sizing import MARGIN, Budget, BudgetError, Wanted, fit, smallest_io
 from bagpipe.config.modes import mode_spec
-from bagpipe.memory.budget import MARGIN, Budget, BudgetError, Wanted, fit, smallest_io
-from bagpipe.memory.cgroup import Group, own_group
-from bagpipe.memory.estimate import MIB, RunShape, Sizes, estimate
 from bagpipe.store.diskio import PAGE, DiskIO, Residency, WriteBehind, pages_spanned
 
 # --------------------------------------------------------------------------- cgroups
@@ -80,7 +80,7 @@ def test_no_memory_controller_is_no_group(tmp_path):
 
 @pytest.mark.unit
 def test_budget_sources(monkeypatch):
-    import bagpipe.memory.budget as budget
+    import bagpipe.budget.sizing as budget
 
     monkeypatch.setattr(budget, "own_limit", lambda: (600 * MIB, "cgroup v1 /x"))
     b = Budget.of(None)

@@ -28,10 +28,10 @@ import pytest
 import torch
 from fakes import FakeAllReduce
 
-import bagpipe.cache.sync as sync_mod
+import bagpipe.cache.allreduce as allreduce
+from bagpipe.cache.allreduce import SyncedRowUpdate
 from bagpipe.cache.periodic import PeriodicRowUpdate
 from bagpipe.cache.slots import SlotCache
-from bagpipe.cache.sync import SyncedRowUpdate
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.partition import partition
 from bagpipe.optim.sparse import RowWiseAdagrad, RowWiseSGD
@@ -111,7 +111,7 @@ def run(make_update, opt, *, replicated: bool) -> tuple[torch.Tensor, torch.Tens
 
 @pytest.fixture
 def fake_dist(monkeypatch):
-    monkeypatch.setattr(sync_mod.dist, "all_reduce", FakeAllReduce(N))
+    monkeypatch.setattr(allreduce.dist, "all_reduce", FakeAllReduce(N))
 
 
 def exact(opt):

@@ -1,4 +1,4 @@
-"""The data-parallel row strategy (``bagpipe/cache/sync.py``), tested with threads.
+"""The data-parallel row strategy (``bagpipe/cache/allreduce.py``), tested with threads.
 
 Two trainers run as two threads; ``torch.distributed.all_reduce`` is replaced by an
 in-memory one that sums the k-th call of every trainer (asynchronous calls complete
@@ -27,9 +27,9 @@ import pytest
 import torch
 from fakes import FakeAllReduce
 
-import bagpipe.cache.sync as sync_mod
+import bagpipe.cache.allreduce as allreduce
+from bagpipe.cache.allreduce import SyncedRowUpdate
 from bagpipe.cache.slots import SlotCache
-from bagpipe.cache.sync import SyncedRowUpdate
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.partition import partition
 from bagpipe.optim.adam import RowWiseAdam
@@ -50,7 +50,7 @@ ROWS = 40
 def fake_dist(monkeypatch):
     def install(n: int) -> FakeAllReduce:
         fake = FakeAllReduce(n)
-        monkeypatch.setattr(sync_mod.dist, "all_reduce", fake)
+        monkeypatch.setattr(allreduce.dist, "all_reduce", fake)
         return fake
 
     return install

@@ -51,6 +51,8 @@ from fakes import GLOO_CLOSED, SECRET, FakeNet, join_all, role_name
 import bagpipe.distributed.transport as transport_mod
 from bagpipe.accel.hot import HotPlan
 from bagpipe.accel.profile import HotSet
+from bagpipe.budget.estimate import Estimate, Part, Sizes
+from bagpipe.budget.sizing import Budget, Fit
 from bagpipe.cache.setup import CachePlan
 from bagpipe.data.batch import Batch
 from bagpipe.distributed import auth, codec, wire
@@ -65,8 +67,6 @@ from bagpipe.distributed.transport import (
 )
 from bagpipe.distributed.wire import CONTROL, CREDIT, PLAN, REPLY, REQUEST, WireError, decode, encode
 from bagpipe.errors import BagpipeError, ConfigError
-from bagpipe.memory.budget import Budget, Fit
-from bagpipe.memory.estimate import Estimate, Part, Sizes
 from bagpipe.oracle import LookaheadOracle
 from bagpipe.store.diskio import DiskIO
 from bagpipe.store.init import RowInitializer

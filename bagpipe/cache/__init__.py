@@ -7,7 +7,7 @@
   planner, fetch and write-back threads (the lookahead mode).
 * :mod:`bagpipe.cache.setup` -- :func:`set_up_cache`: a run's cache size, hot tier and plans,
   for one process and for the oracle role alike.
-* :mod:`bagpipe.cache.sync`, :mod:`bagpipe.cache.periodic` -- the data-parallel row strategies.
+* :mod:`bagpipe.cache.allreduce`, :mod:`bagpipe.cache.periodic` -- the data-parallel row strategies.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from bagpipe.cache.allreduce import _update
 from bagpipe.cache.slots import SlotCache
-from bagpipe.cache.sync import _update
 from bagpipe.optim.sparse import SparseOptimizer
 
 

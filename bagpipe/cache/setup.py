@@ -9,7 +9,7 @@ distributed job (:mod:`bagpipe.distributed.oracle_role`, which sends the plan to
 trainer as a record of :mod:`bagpipe.distributed.codec`) both call it, so a run's cache
 is the same wherever its planner runs. Given the run's memory plan it also fits the
 cache, the plans read ahead, a default hot tier and the disk store's I/O bounds to the
-run's memory budget (:mod:`bagpipe.memory`).
+run's memory budget (:mod:`bagpipe.budget`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 from bagpipe.accel.hot import HotSplit, hot_set_for
 from bagpipe.accel.profile import HotSet
+from bagpipe.budget import MemoryPlan
+from bagpipe.budget.estimate import MIB, Sizes, estimate
+from bagpipe.budget.shape import with_traffic
+from bagpipe.budget.sizing import Fit, Wanted, fit
 from bagpipe.config.modes import ModeSpec
 from bagpipe.config.sections import CacheConfig, HotConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
-from bagpipe.memory import MemoryPlan
-from bagpipe.memory.budget import Fit, Wanted, fit
-from bagpipe.memory.estimate import MIB, Sizes, estimate
-from bagpipe.memory.shape import with_traffic
 from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.planners import Planner, build_planner
 from bagpipe.oracle.sizing import CacheSize, lookups_per_batch, size_cache
@@ -55,7 +55,7 @@ class CachePlan:
             (:meth:`bagpipe.oracle.autotune.AutotuneChoice.as_dict`, the summary's
             ``cache.autotune``), or None when it did not choose.
         fit: the sizes chosen for the trainer's memory budget and their estimate
-            (:mod:`bagpipe.memory.budget`, the summary's ``memory``), or None when the
+            (:mod:`bagpipe.budget.sizing`, the summary's ``memory``), or None when the
             run was not sized.
     """
 
@@ -135,9 +135,9 @@ def set_up_cache(
     for ``steps`` steps, rows of D = ``dim`` with S = ``state_dim`` optimizer values.
 
     With a ``memory`` plan (the budget and the run's shape), the sizes the user left to
-    their defaults are fitted to the budget (:func:`bagpipe.memory.budget.fit`: the plans
+    their defaults are fitted to the budget (:func:`bagpipe.budget.sizing.fit`: the plans
     read ahead, a mode's default hot tier, the default cache; the disk store's I/O
-    bounds), and a run that cannot fit raises :class:`~bagpipe.memory.budget.BudgetError`."""
+    bounds), and a run that cannot fit raises :class:`~bagpipe.budget.sizing.BudgetError`."""
     num_rows = dataset.meta.total_rows
     lookups = lookups_per_batch(dataset.meta, stream, steps)
     size = size_cache(

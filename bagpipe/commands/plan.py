@@ -39,12 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bagpipe.budget import BudgetError, memory_plan
     from bagpipe.cache.advice import plan_advice
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.data.shards import Dataset
     from bagpipe.data.stream import train_stream
-    from bagpipe.memory import BudgetError, memory_plan
 
     settings = given(args, TrainConfig) | {"out": "(not written)"}
     cfg = load_config(args.config, settings)
@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _fit(cfg, dataset, stream, memory):
     """The fit ``bagpipe train`` would make (the same set-up code)."""
+    from bagpipe.budget.sizing import full_tables_fit
     from bagpipe.cache.setup import set_up_cache
-    from bagpipe.memory.budget import full_tables_fit
 
     spec = cfg.cache.spec
     if not spec.store:
@@ -138,10 +138,10 @@ def _fit(cfg, dataset, stream, memory):
 
 def _roles(cfg, dataset, stream, shape, fit):
     """(name, how many, estimate) of each role of a distributed job."""
-    from bagpipe.memory import Budget
-    from bagpipe.memory.budget import io_for
-    from bagpipe.memory.estimate import estimate, estimate_server
-    from bagpipe.memory.shape import run_shape
+    from bagpipe.budget import Budget
+    from bagpipe.budget.estimate import estimate, estimate_server
+    from bagpipe.budget.shape import run_shape
+    from bagpipe.budget.sizing import io_for
 
     n, S = cfg.dist.trainers, cfg.dist.servers
     trainer = fit.estimate  # the oracle role sizes the trainers' cache for them

@@ -48,14 +48,14 @@ import torch
 
 from bagpipe.accel.hot import HotPlan
 from bagpipe.accel.profile import HotSet
+from bagpipe.budget.estimate import Estimate, Part, Sizes
+from bagpipe.budget.sizing import Budget, Fit
 from bagpipe.cache.setup import CachePlan
 from bagpipe.data.batch import Batch
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import TrainerPlan
 from bagpipe.distributed.schema import Spec, WireError, spec_of
 from bagpipe.errors import BagpipeError
-from bagpipe.memory.budget import Budget, Fit
-from bagpipe.memory.estimate import Estimate, Part, Sizes
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.diskio import DiskIO
 

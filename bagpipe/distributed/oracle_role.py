@@ -14,6 +14,7 @@ import threading
 import time
 
 import bagpipe.phases as phases
+from bagpipe.budget import memory_plan
 from bagpipe.cache.setup import CachePlan, CacheSetup, LocalPlans, set_up_cache
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -23,7 +24,6 @@ from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.schema import WireError
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
-from bagpipe.memory import memory_plan
 from bagpipe.optim.names import row_state_dim
 
 

@@ -393,13 +393,13 @@ def serve(
 ) -> None:
     """Run embedding server ``rank`` until every trainer has said goodbye (``report_errors``,
     ``settings``: as :func:`joined`; a server started by hand holds no training settings)."""
+    from bagpipe.budget import Budget, server_fit
     from bagpipe.distributed.server import (
         EmbeddingServer,
         ShardInit,
         receive_setup,
         restore_shard,
     )
-    from bagpipe.memory import Budget, server_fit
     from bagpipe.store import open_store
 
     role, shard = layout.role(rank)

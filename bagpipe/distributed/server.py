@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bagpipe.budget.watch import RssSampler
 from bagpipe.checkpoint import CheckpointReader, NoSpace, Part, restore_rows, take_snapshot, write_part
 from bagpipe.checkpoint.writer import no_space
 from bagpipe.distributed.transport import CONTROL, PART, REPLY, REQUEST, Transport
 from bagpipe.errors import BagpipeError
 from bagpipe.faults import pause_at
-from bagpipe.memory.watch import RssSampler
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.init import RowInitializer
 

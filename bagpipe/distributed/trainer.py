@@ -3,7 +3,7 @@
 Each step: take the next plan (its rows already fetched from the embedding servers by
 the prefetch pipeline), run forward/backward on this trainer's 1/N slice of the global
 batch (DDP averages the dense gradients), then the row strategy
-(:class:`bagpipe.cache.sync.SyncedRowUpdate`) averages the synchronised embedding
+(:class:`bagpipe.cache.allreduce.SyncedRowUpdate`) averages the synchronised embedding
 rows' gradients and updates every row; expired rows go back to the servers in the
 background. Trainer 0 also evaluates, computes params_sha256 over the servers' rows,
 writes the final checkpoint, metrics.jsonl and summary.json -- through the same loop
@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import torch
 
+from bagpipe.budget.estimate import RunShape
+from bagpipe.cache.allreduce import SyncedRowUpdate
 from bagpipe.cache.periodic import PeriodicRowUpdate
-from bagpipe.cache.sync import SyncedRowUpdate
 from bagpipe.checkpoint import Checkpoint, CutTarget
 from bagpipe.config.sections import DistConfig
 from bagpipe.config.train import TrainConfig
@@ -28,7 +29,6 @@ from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_role import PlanReceiver
 from bagpipe.distributed.server import RemoteStore, setup_message
 from bagpipe.distributed.transport import CONTROL, Transport
-from bagpipe.memory.estimate import RunShape
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer

@@ -35,7 +35,7 @@ def committed_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     advises large arrays to use 2 MiB huge pages, so a first write zeroes 2 MiB (and may
     compact memory to find them) -- 0.4-5 s spread over the first steps of a run whose
     write-backs scatter over a 2 GiB table, on the pipeline's write-back thread. The
-    memory budget counts every row of a memory store anyway (``bagpipe.memory.estimate``),
+    memory budget counts every row of a memory store anyway (``bagpipe.budget.estimate``),
     so the store takes its pages at once (``MAP_POPULATE``, the kernel's zeroing with the
     interpreter lock released) and its writes never fault afterwards. A table larger than
     80% of the memory available now stays lazy (np.zeros), as it was before."""

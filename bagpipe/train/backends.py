@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from bagpipe.accel.hot import HotSet, hot_section
+from bagpipe.budget import Fit
 from bagpipe.cache import EXECUTORS
 from bagpipe.cache.executor import PlanExecutor
 from bagpipe.cache.setup import CachePlan
@@ -45,7 +46,6 @@ from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
 from bagpipe.errors import ConfigError
-from bagpipe.memory import Fit
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.base import EXPORT_CHUNK_ROWS, EmbeddingStore
 from bagpipe.store.init import RowInitializer

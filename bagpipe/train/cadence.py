@@ -27,10 +27,10 @@ from dataclasses import dataclass, fields
 from typing import Protocol, TypeVar
 
 import bagpipe.phases as phases
+from bagpipe.budget.watch import MemoryWatch
 from bagpipe.checkpoint import CheckpointFolder, CheckpointWriter, CutTarget, RowSpace
 from bagpipe.config.train import TrainConfig
 from bagpipe.faults import pause_at
-from bagpipe.memory.watch import MemoryWatch
 from bagpipe.train.evaluate import eval_line
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import PartsWriter

@@ -25,13 +25,13 @@ from typing import Generic
 import torch
 
 import bagpipe.phases as phases
+from bagpipe.budget.device import check_device_budget, device_estimate
+from bagpipe.budget.watch import MemoryWatch
 from bagpipe.cache.advice import slow_store
 from bagpipe.checkpoint import InitialRows, RowSpace
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.stream import train_stream
 from bagpipe.device import on_host, open_device
-from bagpipe.memory.device import check_device_budget, device_estimate
-from bagpipe.memory.watch import MemoryWatch
 from bagpipe.models import build_model
 from bagpipe.optim.schedule import set_lr
 from bagpipe.optim.sparse import SparseOptimizer

@@ -4,7 +4,7 @@
 trained: the data set opens (its files checked); a resumed run continues what its folder
 holds (nothing to resume, a finished run, a changed setting: one line), a new run does
 not overwrite another's; the run's checkpoints fit on their disk. It also measures the
-run's shape once (:func:`bagpipe.memory.shape.run_shape`, a throwaway model and a few
+run's shape once (:func:`bagpipe.budget.shape.run_shape`, a throwaway model and a few
 batches): the checkpoint estimate, the device estimate and the memory plan all read it.
 
 The loop calls it on every trainer (trainer 0 checks; the others take the checkpoint
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bagpipe.budget.estimate import RunShape
+from bagpipe.budget.shape import run_shape
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
-from bagpipe.memory.estimate import RunShape
-from bagpipe.memory.shape import run_shape
 from bagpipe.train.resume import elastic_restart, refuse_overwrite, resume_point
 from bagpipe.train.rundir import RunDir
 from bagpipe.train.space import check_checkpoint_space

@@ -32,14 +32,14 @@ import numpy as np
 import torch
 
 from bagpipe.accel.profile import HotSet
+from bagpipe.budget.estimate import RunShape
+from bagpipe.budget.sizing import Fit
 from bagpipe.checkpoint import Checkpoint, CheckpointReader, CutTarget, Part, Snapshot
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.batch import Batch
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device
-from bagpipe.memory.budget import Fit
-from bagpipe.memory.estimate import RunShape
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer

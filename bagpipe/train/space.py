@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bagpipe.budget.estimate import RunShape
 from bagpipe.checkpoint import CheckpointFolder
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import train_stream
 from bagpipe.errors import ConfigError
-from bagpipe.memory.estimate import RunShape
 
 PROBE_BATCHES = 3  # batches whose unique rows are counted
 MARGIN = 1.25

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
+from bagpipe.budget.sizing import Fit
 from bagpipe.cache.advice import run_advice
 from bagpipe.config.modes import ModeSpec
-from bagpipe.memory.budget import Fit
 from bagpipe.train.metrics import current_rss_mb, peak_rss_mb
 from bagpipe.train.threadcpu import ThreadClock, ThreadTime, pipeline_share
 
@@ -280,7 +280,7 @@ class MemoryReport:
     @classmethod
     def of(cls, fit: Fit | None, watch, peak_anon_mb: float) -> MemoryReport:
         """From the run's memory fit (a remote trainer's from the oracle role, which sized it;
-        None: no memory plan) and a :class:`bagpipe.memory.watch.MemoryWatch`."""
+        None: no memory plan) and a :class:`bagpipe.budget.watch.MemoryWatch`."""
         d = fit.as_dict() if fit is not None else {}
         est = d.get("estimate", {})
         return cls(

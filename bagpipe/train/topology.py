@@ -14,6 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bagpipe.budget import memory_plan
+from bagpipe.budget.estimate import RunShape
+from bagpipe.budget.sizing import full_tables_fit
 from bagpipe.cache.setup import LocalPlans, set_up_cache
 from bagpipe.checkpoint import Checkpoint, CutTarget, write_part
 from bagpipe.config.train import TrainConfig
@@ -21,9 +24,6 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
 from bagpipe.faults import pause_at
-from bagpipe.memory import memory_plan
-from bagpipe.memory.budget import full_tables_fit
-from bagpipe.memory.estimate import RunShape
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer

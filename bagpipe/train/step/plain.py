@@ -7,7 +7,7 @@ the dense optimizer, then hands the rows and their gradients to a
 :class:`~bagpipe.train.protocols.RowUpdate`,
 the step's *strategy* for embedding rows: :class:`LocalRowUpdate` applies the row-wise
 sparse optimizer on one process; a data-parallel trainer's strategy
-(:class:`bagpipe.cache.sync.SyncedRowUpdate`) first averages the gradients of the rows
+(:class:`bagpipe.cache.allreduce.SyncedRowUpdate`) first averages the gradients of the rows
 the trainers share. Given the same (U, D) values in the same order, every mode
 performs exactly the same float operations.
 """

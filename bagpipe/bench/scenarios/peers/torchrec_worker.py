@@ -130,10 +130,10 @@ def train_torchrec(
     from torchrec.optim import RowWiseAdagrad
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+    from bagpipe.budget.watch import RssSampler
     from bagpipe.data.prefetch import Prefetched
     from bagpipe.data.shards import Dataset
     from bagpipe.data.stream import BatchStream
-    from bagpipe.memory.watch import RssSampler
     from bagpipe.models import build_model, recipe
     from bagpipe.train.evaluate import no_eval, scores
     from bagpipe.train.summary import LOSS_WINDOW, StepMeter, Summary

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from bagpipe.memory.cgroup import own_group
+from bagpipe.budget.cgroup import own_group
 
 #: Points kept at most; past it every other point is dropped and the stride doubles.
 MAX_POINTS = 128

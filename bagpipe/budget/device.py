@@ -6,19 +6,19 @@ What lives on the device (docs/gpu.md, "What goes where"): ``--mode full``: ever
 with its optimizer state; the cached modes: the (C, D) cache with its (C, S) state and
 slot rows, the hot tier, the rows of the plans staged ahead; every mode: the dense model
 with its gradients and optimizer state, and one step's pooled embeddings and (U, D) rows.
-A step's other activations are left to the margin (:data:`bagpipe.memory.budget.MARGIN`):
+A step's other activations are left to the margin (:data:`bagpipe.budget.sizing.MARGIN`):
 on CUDA the caching allocator is capped at the budget (:class:`bagpipe.device.cuda.CudaDevice`),
 so a run that still outgrows it fails at the allocation instead of using more.
 """
 
 from __future__ import annotations
 
+from bagpipe.budget.estimate import MIB, Estimate, Part
+from bagpipe.budget.shape import DENSE_STATES
+from bagpipe.budget.sizing import MARGIN, need_mib
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.errors import ConfigError
-from bagpipe.memory.budget import MARGIN, need_mib
-from bagpipe.memory.estimate import MIB, Estimate, Part
-from bagpipe.memory.shape import DENSE_STATES
 from bagpipe.optim.names import row_state_dim
 from bagpipe.oracle.sizing import default_cache_rows
 

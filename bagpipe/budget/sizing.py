@@ -1,7 +1,7 @@
 """A run's memory budget, and the sizes that fit it.
 
 The budget (:class:`Budget`) is ``--memory-budget-mb`` when given, else the limit of the
-memory cgroup the process runs in (:mod:`bagpipe.memory.cgroup`), else none. A run is
+memory cgroup the process runs in (:mod:`bagpipe.budget.cgroup`), else none. A run is
 sized to fit the budget less :data:`MARGIN` (:func:`fit`):
 
 1. the disk store's I/O bounds scale with it (pages in flight and dirty pages: 1/32 of
@@ -25,9 +25,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from bagpipe.budget.cgroup import own_limit
+from bagpipe.budget.estimate import MIB, Estimate, RunShape, Sizes, estimate
 from bagpipe.errors import ConfigError
-from bagpipe.memory.cgroup import own_limit
-from bagpipe.memory.estimate import MIB, Estimate, RunShape, Sizes, estimate
 from bagpipe.store.diskio import DiskIO
 
 #: Share of the budget kept free: the estimate's error, the allocator's slack, the

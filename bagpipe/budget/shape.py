@@ -1,4 +1,4 @@
-"""A run's :class:`~bagpipe.memory.estimate.RunShape`: what its memory depends on, read
+"""A run's :class:`~bagpipe.budget.estimate.RunShape`: what its memory depends on, read
 from its config, its data and its model.
 
 Two figures are measured rather than computed, both cheaply at start-up:
@@ -20,11 +20,11 @@ import dataclasses
 
 import numpy as np
 
+from bagpipe.budget.estimate import RunShape
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.errors import CapacityError
-from bagpipe.memory.estimate import RunShape
 from bagpipe.oracle.planners import build_planner
 from bagpipe.oracle.sizing import lookups_per_batch
 

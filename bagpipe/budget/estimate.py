@@ -7,7 +7,7 @@ The parts (:func:`estimate`; MiB in ``bagpipe plan``):
   first optimizer imports (``torch._dynamo``, sympy): a constant measured on this build;
 * **dense model and optimizer**: the parameters, their gradients and optimizer state, and
   what one training step holds at its peak: the tensors autograd saves for backward (
-  measured on the model itself, :func:`bagpipe.memory.shape.run_shape`), the pooled
+  measured on the model itself, :func:`bagpipe.budget.shape.run_shape`), the pooled
   (B, F, D) embeddings and the (U, D) rows with their gradients;
 * **cache**: C slots of D weights and S state values, and each slot's row (+ the
   planner's per-slot bookkeeping);
@@ -106,7 +106,7 @@ class Estimate:
 @dataclass(frozen=True)
 class RunShape:
     """What of a run its memory depends on, besides the sizes a budget chooses
-    (:func:`bagpipe.memory.shape.run_shape` reads it from the config, the data and the model).
+    (:func:`bagpipe.budget.shape.run_shape` reads it from the config, the data and the model).
 
     Attributes:
         spec: the mode.
@@ -125,7 +125,7 @@ class RunShape:
         eval_batch: samples per evaluation batch.
         largest_table: rows of the largest table (the hot-row profiler counts per table).
         fetch_rows, evict_rows: the most rows one plan fetches / writes back
-            (:func:`bagpipe.memory.shape.with_traffic`; None: U, the bound).
+            (:func:`bagpipe.budget.shape.with_traffic`; None: U, the bound).
     """
 
     spec: ModeSpec
@@ -154,7 +154,7 @@ class RunShape:
 
 @dataclass(frozen=True)
 class Sizes:
-    """What a budget chooses for a run (the budget's fit, :mod:`bagpipe.memory.budget`).
+    """What a budget chooses for a run (the budget's fit, :mod:`bagpipe.budget.sizing`).
 
     Attributes:
         cache_rows: C (a mode without a sized cache stages one batch: C = lookups).

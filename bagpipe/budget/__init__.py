@@ -1,10 +1,10 @@
 """Memory the run is given, and no more.
 
-* :mod:`bagpipe.memory.cgroup` -- the memory cgroup this process runs in, its limit, its figures;
-* :mod:`bagpipe.memory.estimate` -- what a run needs, part by part (``bagpipe plan`` prints it);
-* :mod:`bagpipe.memory.shape` -- what of a run its memory depends on, read from its config,
+* :mod:`bagpipe.budget.cgroup` -- the memory cgroup this process runs in, its limit, its figures;
+* :mod:`bagpipe.budget.estimate` -- what a run needs, part by part (``bagpipe plan`` prints it);
+* :mod:`bagpipe.budget.shape` -- what of a run its memory depends on, read from its config,
   data and model;
-* :mod:`bagpipe.memory.budget` -- the budget (``--memory-budget-mb`` or the cgroup's limit)
+* :mod:`bagpipe.budget.sizing` -- the budget (``--memory-budget-mb`` or the cgroup's limit)
   and the sizes that fit it, or a one-line refusal naming the smallest budget that works.
 
 :func:`bagpipe.cache.setup.set_up_cache` applies a :class:`MemoryPlan`; an embedding
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bagpipe.memory.budget import Budget, BudgetError, Fit, Wanted, fit
-from bagpipe.memory.estimate import Estimate, RunShape, Sizes, estimate, estimate_server
+from bagpipe.budget.estimate import Estimate, RunShape, Sizes, estimate, estimate_server
+from bagpipe.budget.sizing import Budget, BudgetError, Fit, Wanted, fit
 from bagpipe.store.diskio import DiskIO
 
 __all__ = [
@@ -53,7 +53,7 @@ def memory_plan(cfg, dataset, stream, role: str = "trainer", shape: RunShape | N
     measured it already; None: measured here). ``role`` ``remote-trainer``: the trainers
     of a distributed job (the oracle role sizes their cache for them), each on 1/N of the batch."""
     if shape is None:
-        from bagpipe.memory.shape import run_shape
+        from bagpipe.budget.shape import run_shape
 
         share = stream.batch_size // cfg.dist.trainers if role == "remote-trainer" else None
         shape = run_shape(cfg, dataset, stream, share)
@@ -65,8 +65,8 @@ def server_fit(
 ) -> tuple[DiskIO, Estimate]:
     """An embedding server's disk I/O bounds for its ``budget`` and its estimate; raises
     :class:`BudgetError` when even the smallest bounds do not fit."""
-    from bagpipe.memory.budget import io_for, need_mib
-    from bagpipe.memory.estimate import MIB
+    from bagpipe.budget.estimate import MIB
+    from bagpipe.budget.sizing import io_for, need_mib
 
     io = io_for(budget)
     est = estimate_server(num_rows, dim, state_dim, store, io, request_rows)
