@@ -6,6 +6,8 @@ launcher both set it: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -154,15 +156,18 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     prefix = attempt_prefix(env_int("TORCHELASTIC_RESTART_COUNT", 0))
     deadline = time.monotonic() + timeout_s
 
+    master = rank == 0 and not agent
+
     def meet():
         store = dist.TCPStore(
             addr,
             port,
             world,
-            is_master=rank == 0 and not agent,
+            is_master=master,
             timeout=timedelta(seconds=timeout_s),
             wait_for_workers=False,
             multi_tenant=not agent,
+            master_listen_fd=loopback_listener(addr, port, name) if master else None,
         )
         store = dist.PrefixStore(prefix, store)
         store.add("arrived", 1)
@@ -214,6 +219,34 @@ def _end_attempt(message: str) -> None:
     report_error(BagpipeError(message))
     logging.shutdown()
     os._exit(1)
+
+
+def loopback_listener(addr: str, port: int, name: str) -> int | None:
+    """A listening socket's file descriptor for the rendezvous store at a loopback
+    ``addr`` (a local job's: torch's store would otherwise listen on every interface), or
+    None for another address (a host of a multi-host job must be reachable from the others).
+    The store takes the descriptor over."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    family, _, _, _, sockaddr = infos[0]
+    if not ipaddress.ip_address(sockaddr[0]).is_loopback:
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
+                "choose another MASTER_PORT / --master-port"
+            ) from None
+        raise
+    return sock.detach()
 
 
 def _listening(addr: str, port: int) -> bool:
