@@ -72,6 +72,20 @@ class Group:
         text = (self.read("memory.usage_in_bytes" if self.version == 1 else "memory.current") or "").strip()
         return int(text) if text.isdigit() else None
 
+    def oom_kills(self) -> int | None:
+        """Processes of the group the kernel's OOM killer has killed (v1 ``memory.oom_control``,
+        v2 ``memory.events``: ``oom_kill``); None where the kernel does not say."""
+        for line in (self.read("memory.oom_control" if self.version == 1 else "memory.events") or "").splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill" and v.strip().isdigit():
+                return int(v)
+        return None
+
+    def peak_bytes(self) -> int | None:
+        """The group's peak memory so far (v1 ``memory.max_usage_in_bytes``, v2 ``memory.peak``)."""
+        text = (self.read("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak") or "").strip()
+        return int(text) if text.isdigit() else None
+
     def figures(self) -> dict[str, float]:
         """MiB now: ``usage``, ``anon`` (the processes' own memory), ``file`` (page cache),
         ``dirty``, ``writeback`` and ``mapped`` (file pages mapped into a process), both

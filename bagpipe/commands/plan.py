@@ -12,11 +12,13 @@ The budget is --memory-budget-mb, or else the limit of the memory cgroup this co
 runs in (a container's, a Kubernetes pod's, a Slurm job's), page cache included. The
 run is sized as `bagpipe train` sizes it: the plans it reads ahead, the disk store's
 I/O bounds, a mode's default hot tier and the default cache give way to the budget
-(what you set stays), with 10% of the budget kept free. The parts: the interpreter and
+(what you set stays), with 15% of the budget kept free. The parts: the interpreter and
 torch, the dense model and optimizer (with a step's activations, measured on the
 model), the cache, the hot tier, staging (plans in flight, fetched and written-back
 rows, I/O buffers), the oracle, the store, the page cache the run pins (dirty pages,
-reads in flight) and evaluation. A distributed run (--servers) prints each role.
+reads in flight) and evaluation. A distributed run (--servers) prints each role, and
+the sum of every role with the launcher held against the one memory cgroup a local job
+shares.
 
 Exit status 0 when the run fits, 2 (with the one line `bagpipe train` would stop with)
 when it does not.
@@ -39,20 +41,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bagpipe.budget import BudgetError, memory_plan
+    from bagpipe.budget import BudgetError
+    from bagpipe.budget.job import job_total, launcher_estimate, shared_budget
+    from bagpipe.budget.shape import run_shape
+    from bagpipe.budget.sizing import MARGIN
     from bagpipe.cache.advice import plan_advice
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.data.shards import Dataset
     from bagpipe.data.stream import train_stream
+    from bagpipe.train.preflight import memory_checks
 
     settings = given(args, TrainConfig) | {"out": "(not written)"}
     cfg = load_config(args.config, settings)
     dataset = Dataset(cfg.data.data)
     stream = train_stream(dataset, cfg.data, cfg.run.seed)
     spec = cfg.cache.spec
-    memory = memory_plan(cfg, dataset, stream, role="remote-trainer" if cfg.distributed else "trainer")
-    shape = memory.shape
+    # the shape `train` measures in its pre-flight (a data-parallel trainer: its share of the batch)
+    share = stream.batch_size // cfg.dist.trainers if cfg.distributed else None
+    shape = run_shape(cfg, dataset, stream, share)
+    budget = _budget(cfg)
     gib = shape.num_rows * shape.row_bytes / 2**30
     where = f"a {cfg.cache.store} store" if spec.store else "the trainer's memory (--mode full)"
     print(
@@ -60,23 +68,24 @@ def run(args: argparse.Namespace) -> int:
         f"({shape.dim} + {shape.state_dim}) floats = {gib:.2f} GiB of rows; batch {shape.batch_size:,} "
         f"({shape.unique:,} unique rows in the largest of the first batches)"
     )
-    budget = memory.budget
     print(
         "memory budget: "
         + (
-            f"{budget.mib:,.0f} MiB from {budget.source}; {budget.usable / 2**20:,.0f} MiB to plan for (10% kept free)"
+            f"{budget.mib:,.0f} MiB from {budget.source}; {budget.usable / 2**20:,.0f} MiB to plan for ({MARGIN:.0%} kept free)"
             if budget.bytes is not None and budget.usable is not None
             else f"none ({budget.source}): the estimate is printed, nothing is sized"
         )
     )
     try:
-        fit = _fit(cfg, dataset, stream, memory)
+        # the checks `train` makes before it trains, in its words (bagpipe.train.preflight)
+        checked = memory_checks(cfg, dataset, stream, shape)
     except BudgetError as e:
         if e.estimate is not None:
             print("estimate of the smallest configuration:")
             print("\n".join(e.estimate.lines()))
         print(f"does not fit: {e}")
         return 2
+    fit = checked.fit
     s = fit.sizes
     if spec.store:
         chosen = [f"cache {s.cache_rows:,} rows ({s.cache_rows / shape.num_rows:.2%} of rows)"]
@@ -97,56 +106,30 @@ def run(args: argparse.Namespace) -> int:
         advice = plan_advice(spec, cfg.cache.store, remote=cfg.distributed)
         if advice:
             print(advice)
-    roles = [(f"{'each trainer' if cfg.dist.trainers > 1 else 'the trainer'}", cfg.dist.trainers, fit.estimate)]
-    if cfg.distributed:
-        roles = _roles(cfg, dataset, stream, shape, fit)
-    total = 0
-    for name, count, est in roles:
-        print(f"estimate of {name}'s peak ({est.role}):")
-        print("\n".join(est.lines()))
-        total += count * est.total
-    if len(roles) > 1:
-        print(f"the job (every role on one machine): {total / 2**20:,.0f} MiB")
-    if budget.usable is not None:
-        print(f"fits: yes ({fit.estimate.mib:,.0f} of {budget.usable / 2**20:,.0f} MiB)")
+    if not checked.roles:
+        print(f"estimate of {'each trainer' if cfg.dist.trainers > 1 else 'the trainer'}'s peak ({fit.estimate.role}):")
+        print("\n".join(fit.estimate.lines()))
+        if budget.usable is not None:
+            print(f"fits: yes ({fit.estimate.mib:,.0f} of {budget.usable / 2**20:,.0f} MiB)")
+        return 0
+    for role in checked.roles:
+        print(f"estimate of {role.name}'s peak ({role.estimate.role}):")
+        print("\n".join(role.estimate.lines()))
+    total = job_total(checked.roles)
+    print(
+        f"the job on one machine (a local job: every role and the launcher, {launcher_estimate().mib:,.0f} MiB, "
+        f"in one memory cgroup): {total / 2**20:,.0f} MiB"
+    )
+    shared = shared_budget()
+    if shared.usable is not None:
+        print(f"fits: yes (the job's {total / 2**20:,.0f} of {shared.usable / 2**20:,.0f} MiB of {shared.source})")
+    elif budget.usable is not None:
+        print(f"fits: yes (each trainer's {fit.estimate.mib:,.0f} of {budget.usable / 2**20:,.0f} MiB)")
     return 0
 
 
-def _fit(cfg, dataset, stream, memory):
-    """The fit ``bagpipe train`` would make (the same set-up code)."""
-    from bagpipe.budget.sizing import full_tables_fit
-    from bagpipe.cache.setup import set_up_cache
-
-    spec = cfg.cache.spec
-    if not spec.store:
-        return full_tables_fit(memory.budget, memory.shape)
-    setup = set_up_cache(
-        spec,
-        cfg.cache,
-        cfg.hot,
-        dataset=dataset,
-        stream=stream,
-        steps=cfg.run.steps,
-        dim=memory.shape.dim,
-        state_dim=memory.shape.state_dim,
-        seed=cfg.run.seed,
-        memory=memory,
-    )
-    assert setup.plan.fit is not None
-    return setup.plan.fit
-
-
-def _roles(cfg, dataset, stream, shape, fit):
-    """(name, how many, estimate) of each role of a distributed job."""
+def _budget(cfg):
+    """The trainer's budget, as `train` finds it."""
     from bagpipe.budget import Budget
-    from bagpipe.budget.estimate import estimate, estimate_server
-    from bagpipe.budget.shape import run_shape
-    from bagpipe.budget.sizing import io_for
 
-    n, S = cfg.dist.trainers, cfg.dist.servers
-    trainer = fit.estimate  # the oracle role sizes the trainers' cache for them
-    io = io_for(Budget.of(cfg.memory.server_memory_budget_mb, option="--server-memory-budget-mb"))
-    rows = max(1, cfg.data.batch_size * 32 // S)
-    server = estimate_server(-(-shape.num_rows // S), shape.dim, shape.state_dim, cfg.cache.store, io, rows)
-    oracle = estimate(run_shape(cfg, dataset, stream), fit.sizes, role="oracle")  # plans the global batch
-    return [("each trainer", n, trainer), ("each embedding server", S, server), ("the oracle", 1, oracle)]
+    return Budget.of(cfg.memory.memory_budget_mb)

@@ -4,7 +4,8 @@
 starts N + S + 1 ``bagpipe worker`` processes (the same entry ``torchrun`` starts
 across machines), prefixes each line they print with the role (``[server 1]``) and
 keeps a log per role under RUN/logs/. The first role to fail stops the job: the
-launcher names it, stops every other role (SIGTERM, then SIGKILL after a grace
+launcher names it (a role the kernel's OOM killer ended: with the roles' cgroup's peak
+and limit; roles are made the OOM killer's first choice, so the launcher lives to say it), stops every other role (SIGTERM, then SIGKILL after a grace
 period) and returns an error. Ctrl-C stops every role the same way. RUN/roles.json
 lists the roles' ranks and pids while the job runs. A launcher killed outright (SIGKILL)
 stops nothing itself: each role it started ends when it sees the launcher gone
@@ -42,7 +43,7 @@ from bagpipe.files import atomic_write_text, held_lock_fds
 from bagpipe.phases import ENV as PHASES_ENV
 from bagpipe.phases import RESTART_ENV
 from bagpipe.store import holds_store
-from bagpipe.train.preflight import preflight
+from bagpipe.train.preflight import memory_checks, preflight
 from bagpipe.train.resume import finished
 from bagpipe.train.rundir import LOCK_HELD_ENV, RunDir
 
@@ -209,6 +210,12 @@ class Launcher:
         self._events: queue.Queue = queue.Queue()
         self._echo_lock = threading.Lock()
         self._errors: list[tuple[Role, str]] = []  # (role, its error line), in the order they were printed
+        # the memory cgroup the roles share, and its OOM kills so far: a role killed by the
+        # kernel's OOM killer prints nothing, the launcher says so (:meth:`_oom_reason`)
+        from bagpipe.budget.cgroup import own_group
+
+        self._group = own_group() if placement is None else None
+        self._ooms = self._group.oom_kills() if self._group is not None else None
 
     def _say(self, line: str) -> None:
         with self._echo_lock:  # the roles' reader threads: one line at a time
@@ -267,6 +274,7 @@ class Launcher:
                     start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the roles itself
                     pass_fds=held_lock_fds(),  # the run folder's lock stays held while any role lives
                 )
+            _first_for_oom(proc.pid)
             role = Role(rank, name, proc, log_path)
             role.pump = threading.Thread(target=self._pump, args=(role,), daemon=True, name=f"log-{name}")
             role.pump.start()
@@ -369,13 +377,32 @@ class Launcher:
         killed = next(((r, c) for r, c in early or [] if c < 0), None)
         if killed is not None and not any(SECONDARY not in line for _, line in errors):
             role, signalled = killed
-            return RoleFailed(role.name, role.rank, signalled, stopped, role.log_path, reason=None)
+            return RoleFailed(role.name, role.rank, signalled, stopped, role.log_path, self._oom_reason(signalled))
         if not mine:
-            return RoleFailed(first.name, first.rank, code, stopped, first.log_path, reason=None)
+            return RoleFailed(first.name, first.rank, code, stopped, first.log_path, self._oom_reason(code))
         cause = next(((r, line) for r, line in errors if SECONDARY not in line), (first, mine[0]))
         role, line = cause
         role_code = role.proc.returncode if role.proc.returncode is not None else code
         return RoleFailed(role.name, role.rank, role_code, stopped, role.log_path, reason=line)
+
+    def _oom_reason(self, code: int) -> str | None:
+        """Why a role killed by SIGKILL died, when the kernel's OOM killer killed a process of
+        the roles' memory cgroup meanwhile (its counter moved): the one line the role could
+        not print; None otherwise."""
+        if code != -signal.SIGKILL or self._group is None or self._ooms is None:
+            return None
+        now = self._group.oom_kills()
+        if now is None or now <= self._ooms:
+            return None
+        peak, limit = self._group.peak_bytes(), self._group.limit_bytes()
+        at = f" at {peak / 2**20:,.0f} MiB" if peak else ""
+        of = f" (limit {limit / 2**20:,.0f} MiB)" if limit else ""
+        d = self.cfg.dist
+        return (
+            f"killed by the kernel's OOM killer{at}{of}: every role of this job shares the launcher's memory "
+            f"cgroup ({self._group.path}); `bagpipe plan` with the same options and --trainers {d.trainers} "
+            f"--servers {d.servers} prints each role's estimate and the smallest limit that works"
+        )
 
     def stop(self) -> int:
         """SIGTERM every live role, SIGKILL what is left after the grace period; returns how many were live."""
@@ -392,6 +419,19 @@ class Launcher:
         return len(live)
 
 
+#: A role's ``oom_score_adj``: under its memory limit the kernel kills a role before the
+#: launcher, which then says which role was killed and why (a process may raise its own
+#: children's score; lowering the launcher's would take a privilege).
+ROLE_OOM_SCORE_ADJ = 500
+
+
+def _first_for_oom(pid: int) -> None:
+    try:
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(ROLE_OOM_SCORE_ADJ))
+    except OSError:  # no procfs, or the role has ended already
+        pass
+
+
 def _signal(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)  # the role's whole session: it and anything it started
@@ -404,8 +444,10 @@ def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
     ``placement`` puts it); returns trainer 0's summary.
 
     The launcher checks what trainer 0 would check (:func:`bagpipe.train.preflight.preflight`:
-    the data set, a resume, the checkpoints' disk space), said once before any role
-    starts, and holds the run folder's lock for the whole job (its roles know from
+    the data set, a resume, the checkpoints' disk space) and the job's memory
+    (:func:`bagpipe.train.preflight.memory_checks`: each trainer's and each server's budget,
+    and on one machine every role with the launcher against the memory cgroup they share),
+    said once before any role starts, and holds the run folder's lock for the whole job (its roles know from
     ``BAGPIPE_RUN_LOCK_HELD`` not to take it again)."""
     if cfg.dist.secret_file:
         load_secret(
@@ -423,7 +465,10 @@ def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
         # what trainer 0 would refuse (a missing data set, a finished run, a changed setting,
         # another run's checkpoints, no room for the checkpoints), said here in one line
         # before anything in the folder changes (a folder claimed here is removed again)
-        preflight(cfg, run)
+        pre = preflight(cfg, run)
+        # every memory refusal of the job, in the words `bagpipe plan` says (the trainers',
+        # the servers', and every role's together against the cgroup a local job shares)
+        memory_checks(cfg, pre.dataset, pre.stream, pre.shape, together=placement is None)
         return _run_job(cfg, run, placement)
 
 

@@ -34,6 +34,7 @@ from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import CachedBackend, cached_backend
 from bagpipe.train.loop import train
+from bagpipe.train.preflight import MemoryCheck
 from bagpipe.train.progress import ProgressKind
 from bagpipe.train.protocols import PartsWriter, RowUpdate
 from bagpipe.train.summary import DistributedStats
@@ -99,6 +100,7 @@ class DataParallel:
         stream: BatchStream,
         shape: RunShape,
         ckpt: Checkpoint | None,
+        memory: MemoryCheck | None = None,
     ) -> RemoteBackend:
         if self.rank == 0:  # the servers learn the row space (and where to restore from) from trainer 0
             restore = str(ckpt.path) if ckpt is not None else None

@@ -147,7 +147,7 @@ def _start(cfg: TrainConfig, topo: Topology[B], run: RunDir, reporter: Reporter)
     dense = Dense(model, topo.wrap(model), cfg.optim.dense_optimizer(model.parameters()))
     sparse_opt = cfg.optim.sparse_optimizer(mcfg.embedding_dim)
     init = RowInitializer(meta.table_sizes, mcfg.embedding_dim, rc.seed)
-    backend = topo.backend(cfg, init, sparse_opt.state_dim, pre.dataset, pre.stream, pre.shape, pre.ckpt)
+    backend = topo.backend(cfg, init, sparse_opt.state_dim, pre.dataset, pre.stream, pre.shape, pre.ckpt, pre.memory)
     phases.mark("ready")
     failed = True
     try:

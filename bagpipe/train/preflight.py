@@ -10,6 +10,13 @@ batches): the checkpoint estimate, the device estimate and the memory plan all r
 The loop calls it on every trainer (trainer 0 checks; the others take the checkpoint
 trainer 0 checked); the local launcher calls it once before any role starts, so that a
 refusal is said in one line by the launcher rather than by a role.
+
+:func:`memory_checks` is every memory refusal a run makes before it trains, in one place:
+``bagpipe plan``, a one-process run's pre-flight and the local launcher all call it, so
+`plan` refuses what `train` refuses, in the same words: the trainer's budget (its cache
+set up and fitted as the run sets it up), a cache below a batch's unique rows, each
+embedding server's budget, and a local job's roles together against the one memory
+cgroup they share (:mod:`bagpipe.budget.job`).
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bagpipe.budget.estimate import RunShape
+from bagpipe.budget.job import RoleShare
 from bagpipe.budget.shape import run_shape
+from bagpipe.budget.sizing import Fit
+from bagpipe.cache.setup import CacheSetup
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -40,6 +50,21 @@ class Preflight:
     """A data-parallel trainer's share of the batch; None: the whole batch."""
     ckpt: Checkpoint | None
     """The checkpoint the run continues; None: it starts at step 0."""
+    memory: MemoryCheck | None = None
+    """A one-process run's memory checks (its cache set up and fitted to its budget);
+    None: a role of a distributed job (the launcher or ``bagpipe plan`` checks the job)."""
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """What :func:`memory_checks` found (every check passed)."""
+
+    fit: Fit
+    """The trainer's sizes for its budget and their estimate (a distributed job's: each trainer's)."""
+    setup: CacheSetup | None
+    """The cache as the run sets it up (None: ``--mode full``)."""
+    roles: tuple[RoleShare, ...] = ()
+    """A distributed job's roles (each trainer, each server, the oracle); () for one process."""
 
 
 def preflight(cfg: TrainConfig, run: RunDir, *, checks: bool = True) -> Preflight:
@@ -60,6 +85,88 @@ def preflight(cfg: TrainConfig, run: RunDir, *, checks: bool = True) -> Prefligh
     stream = train_stream(dataset, cfg.data, rc.seed)
     share = stream.batch_size // cfg.dist.trainers if cfg.dist.distributed else None
     shape = run_shape(cfg, dataset, stream, share)
+    memory = None
     if checks:
         check_checkpoint_space(cfg, dataset, shape)  # before anything is trained: refuse what could not be saved
-    return Preflight(dataset=dataset, stream=stream, shape=shape, share=share, ckpt=ckpt)
+        if not cfg.dist.distributed:  # a job's roles are checked together by its launcher
+            memory = memory_checks(cfg, dataset, stream, shape)
+    return Preflight(dataset=dataset, stream=stream, shape=shape, share=share, ckpt=ckpt, memory=memory)
+
+
+def memory_checks(
+    cfg: TrainConfig, dataset: Dataset, stream: BatchStream, shape: RunShape, *, together: bool = True
+) -> MemoryCheck:
+    """Every memory refusal of the run ``cfg`` before it trains (``shape``: as
+    :func:`preflight` measures it); raises one line, the words the run itself would stop
+    with. ``together``: a distributed job's roles share this process's memory cgroup (a
+    local job), and their sum is held against its limit too."""
+    from bagpipe.budget import memory_plan
+    from bagpipe.budget.sizing import full_tables_fit
+    from bagpipe.cache.setup import set_up_cache
+    from bagpipe.optim.names import row_state_dim
+
+    spec = cfg.cache.spec
+    distributed = cfg.dist.distributed
+    # a distributed job's trainers are sized by the oracle role as remote trainers
+    memory = memory_plan(cfg, dataset, stream, role="remote-trainer" if distributed else "trainer", shape=shape)
+    if not spec.store:
+        return MemoryCheck(full_tables_fit(memory.budget, memory.shape), None)
+    dim = cfg.arch.model_config().embedding_dim
+    setup = set_up_cache(
+        spec,
+        cfg.cache,
+        cfg.hot,
+        dataset=dataset,
+        stream=stream,
+        steps=cfg.run.steps,
+        dim=dim,
+        state_dim=row_state_dim(cfg.optim.optimizer, dim),
+        seed=cfg.run.seed,
+        memory=memory,
+    )
+    assert setup.plan.fit is not None  # sized: a memory plan was given
+    _batches_fit(setup, stream, cfg.run.steps)
+    roles: tuple[RoleShare, ...] = ()
+    if distributed:
+        roles = _job_roles(cfg, dataset, stream, setup.plan.fit, dim, row_state_dim(cfg.optim.optimizer, dim))
+        if together:
+            from bagpipe.budget.job import check_job, shared_budget
+
+            check_job(roles, shared_budget())
+    return MemoryCheck(setup.plan.fit, setup, roles)
+
+
+def _batches_fit(setup: CacheSetup, stream: BatchStream, steps: int) -> None:
+    """The run's first plans, made as the run makes them (no row moves): a cache below a
+    batch's unique rows raises the planner's own CapacityError, the line the run would
+    stop with at that step. As many batches as :func:`~bagpipe.budget.shape.with_traffic`
+    plans; a cache of ``enough`` rows holds every batch and is not planned."""
+    from bagpipe.cache.setup import LocalPlans
+
+    if setup.spec.planner is None or setup.plan.cache_rows >= setup.enough:
+        return
+    L = max(1, setup.plan.lookahead)
+    n = min(steps, max(1, stream.batches_per_epoch) * 4, 2 * L + 9 if setup.spec.looks_ahead else 24)
+    for _ in LocalPlans(setup).plans(stream, 0, n):
+        pass
+
+
+def _job_roles(
+    cfg: TrainConfig, dataset: Dataset, stream: BatchStream, trainer: Fit, dim: int, state_dim: int
+) -> tuple[RoleShare, ...]:
+    """Each role of a distributed job with its estimate; an embedding server's budget is
+    checked here (:func:`bagpipe.budget.server_fit`, as each server checks it) before any
+    role starts. Server 0 holds the most rows."""
+    from bagpipe.budget import Budget, estimate, server_fit
+    from bagpipe.budget.job import server_request_rows
+
+    n, s = cfg.dist.trainers, cfg.dist.servers
+    budget = Budget.of(cfg.memory.server_memory_budget_mb, option="--server-memory-budget-mb")
+    rows = -(-dataset.meta.total_rows // s)  # server 0's shard: rows r with r % S == 0
+    _, server = server_fit(budget, rows, dim, state_dim, cfg.cache.store, server_request_rows(cfg.data.batch_size, s))
+    oracle = estimate(run_shape(cfg, dataset, stream), trainer.sizes, role="oracle")  # it plans the global batch
+    return (
+        RoleShare("each trainer" if n > 1 else "the trainer", n, trainer.estimate),
+        RoleShare("each embedding server" if s > 1 else "the embedding server", s, server),
+        RoleShare("the oracle", 1, oracle),
+    )

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ from bagpipe.oracle.plan import Plan
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.progress import ProgressKind
 from bagpipe.train.summary import CacheStats, DistributedStats
+
+if TYPE_CHECKING:
+    from bagpipe.train.preflight import MemoryCheck
 
 Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
 """Rows in chunks: (first global row, (n, D) weights, (n, S) optimizer state)."""
@@ -252,11 +255,13 @@ class Topology(Protocol[B]):
         stream: BatchStream,
         shape: RunShape,
         ckpt: Checkpoint | None,
+        memory: MemoryCheck | None = None,
     ) -> B:
         """Where the rows live: R = ``init.num_rows`` rows of D = ``init.dim`` weights and
         S = ``state_dim`` optimizer values; ``shape``: the run's, as its pre-flight measured
         it (:func:`bagpipe.train.preflight.preflight`: what a topology that sizes its own
-        memory plans by); ``ckpt``: the checkpoint a resumed run restores."""
+        memory plans by); ``ckpt``: the checkpoint a resumed run restores; ``memory``: the
+        pre-flight's memory checks (the cache it set up and fitted), None where it made none."""
         ...
 
     def restore_rows(self, ckpt: Checkpoint, backend: B) -> None:

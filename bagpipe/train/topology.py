@@ -14,10 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bagpipe.budget import memory_plan
 from bagpipe.budget.estimate import RunShape
-from bagpipe.budget.sizing import full_tables_fit
-from bagpipe.cache.setup import LocalPlans, set_up_cache
+from bagpipe.cache.setup import LocalPlans
 from bagpipe.checkpoint import Checkpoint, CutTarget, write_part
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -28,6 +26,7 @@ from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import FullBackend, cached_backend
+from bagpipe.train.preflight import MemoryCheck, memory_checks
 from bagpipe.train.progress import ProgressKind
 from bagpipe.train.protocols import Backend, PartsWriter, RowUpdate
 from bagpipe.train.step import LocalRowUpdate
@@ -55,23 +54,15 @@ class SingleProcess:
         stream: BatchStream,
         shape: RunShape,
         ckpt: Checkpoint | None,
+        memory: MemoryCheck | None = None,
     ) -> Backend:
         c, spec = cfg.cache, cfg.cache.spec
-        memory = memory_plan(cfg, dataset, stream, shape=shape)  # the shape the loop measured
+        if memory is None:  # the pre-flight's checks set up and fitted the cache already, else here
+            memory = memory_checks(cfg, dataset, stream, shape)  # the shape the loop measured
         if not spec.store:
-            return FullBackend(init, state_dim, self.device, fit=full_tables_fit(memory.budget, memory.shape))
-        setup = set_up_cache(
-            spec,
-            c,
-            cfg.hot,
-            dataset=dataset,
-            stream=stream,
-            steps=cfg.run.steps,
-            dim=init.dim,
-            state_dim=state_dim,
-            seed=cfg.run.seed,
-            memory=memory,
-        )
+            return FullBackend(init, state_dim, self.device, fit=memory.fit)
+        setup = memory.setup
+        assert setup is not None  # a mode with a store
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
         # a resumed run overwrites every row with its checkpoint's: its own old store may stay
         store = open_store(
