@@ -40,7 +40,7 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-# The checks the test suite also runs (tests/test_codebase.py): ruff's lint and format and
+# The checks the test suite also runs (tests/unit/test_codebase.py): ruff's lint and format and
 # mypy (check_untyped_defs; its files in pyproject.toml), all on the package, the tests, the
 # benchmarks and the tools.
 lint: setup

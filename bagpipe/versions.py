@@ -5,7 +5,7 @@ CI tests); a machine lent with a GPU brings its own CUDA build, 2.11 on the mach
 so far, and cannot install another (no network). So the package uses no torch API newer
 than the minimum: every torch name it spells out (``torch.x.y`` attribute paths and
 ``from torch... import`` / ``import torch...`` statements) is in :data:`TORCH_API`, each
-of which torch 2.11 has. ``tests/test_versions.py`` holds the code to this list, the list
+of which torch 2.11 has. ``tests/unit/test_versions.py`` holds the code to this list, the list
 to the installed torch, and pyproject.toml's pin, its ``[tool.bagpipe]`` minimum and the
 README to this minimum; a name added to the list must be checked against torch's
 documentation for 2.11 first (or used behind a fallback).

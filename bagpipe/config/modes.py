@@ -6,7 +6,7 @@ executor moves them, which step function trains, whether rows live in a store, w
 tier it has by default, and which options and topologies apply to it. Adding a mode is
 adding a row below (its planner, step and executor must exist in their registries:
 :data:`bagpipe.oracle.planners.PLANNERS`, :data:`bagpipe.train.steps.STEPS`,
-:data:`bagpipe.cache.EXECUTORS`); ``tests/test_codebase.py`` checks that no
+:data:`bagpipe.cache.EXECUTORS`); ``tests/unit/test_codebase.py`` checks that no
 module outside this one compares a mode's name.
 
 This module imports nothing of bagpipe, so the config (and ``--help``) stays light.

@@ -30,7 +30,7 @@ for the next message -- nothing of it is decoded, let alone acted on.
 
 The point-to-point calls themselves go through a *wire* (:class:`GlooWire` unless
 another is given): the framing above can then be tested without a process group,
-over an in-memory wire (``tests/test_concurrency.py``, ``tests/test_wire.py``).
+over an in-memory wire (``tests/unit/distributed/test_servers.py``, ``tests/unit/distributed/test_wire.py``).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class Size:
 
     name: str
     limits_s: dict[str, float] = field(default_factory=dict)
-    tests: tuple[str, ...] = ("tests/test_gpu.py",)
+    tests: tuple[str, ...] = ("tests/gpu/test_gpu.py",)
     tests_last: str = "test_every_cached_mode_on_cuda_equals_full_on_cuda"
     samples: int = 24_000
     steps: int = 60  # test_gpu.py's settings, under which docs/gpu.md states the CPU tolerance

@@ -23,7 +23,7 @@ from bagpipe.oracle.policies import LRUPlanner, NoCachePlanner
 class Planner(Protocol):
     """Plans the batches it is given, in step order, for a cache of C slots.
 
-    Invariants every planner keeps (``tests/test_oracle.py`` checks them):
+    Invariants every planner keeps (``tests/unit/oracle/test_planners.py`` checks them):
       * the plan of step x lists the batch's unique rows ascending, with their slots and
         the inverse map of every lookup;
       * a slot is refilled only after the row in it was written back or dropped;

@@ -23,7 +23,7 @@ Where namespaces cannot be made (not root, no ``ip``/``tc``, a kernel without ne
 namespaces or ``tbf``), :func:`unavailable` says why in one line; tests and the
 ``bench cluster`` scenario skip with it.
 
-Used by ``bagpipe bench cluster`` and by the multi-host tests (``tests/test_multihost.py``).
+Used by ``bagpipe bench cluster`` and by the multi-host tests (``tests/distributed/test_multihost.py``).
 """
 
 from __future__ import annotations

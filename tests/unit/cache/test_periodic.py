@@ -5,7 +5,7 @@ sequence (rows reused, rows leaving the cache, a cache small enough to force row
 early), split by :func:`partition`; each thread runs what the plan executor does around
 the row strategy (forced write-backs, fetches from a shared store, write-backs of
 expiring rows; a barrier per step stands in for the servers' ordering), and
-``torch.distributed.all_reduce`` is an in-memory sum (as in tests/test_sync.py).
+``torch.distributed.all_reduce`` is an in-memory sum (as in tests/unit/cache/test_allreduce.py).
 
 * **K = 1 equals the exact replicated cache** with row-wise SGD (within float rounding):
   the average of the trainers' copies, each updated with its own gradient, is the

@@ -1,43 +1,26 @@
-"""The concurrency core, tested directly: threads and an in-memory network, no processes.
+"""The plan executors (``bagpipe/cache/executor.py``, ``bagpipe/cache/pipelined.py``), tested
+directly: threads and an in-memory network, no processes.
 
-Two pieces that are otherwise reached only through multi-process jobs:
-
-* :class:`PlanExecutor` and :class:`PipelinedExecutor` (``bagpipe/cache/executor.py``,
-  ``bagpipe/cache/pipelined.py``), over a store that logs every
-  read, write and ``mark_written`` in the order they reach it (and can hold writes at
-  a gate, or fail on the n-th call). Pipelined, it never issues a plan's fetch before
-  every write-back labelled <= ``fetch_after`` has reached the store (a fetch waits
-  while such a write-back is held, then sees its value), and runs ahead
-  ``depth`` + 1 fetches when nothing gates it; a failure in the planner, in a store
-  read (fetch thread), a store write or a mark (write-back thread) reaches the
-  trainer's thread as that very exception within seconds; ``close(abandon=True)``
-  returns within seconds while a write-back hangs on a store that never answers, and
-  drops the write-backs queued behind it; ``close()`` first drains every queued
-  write-back; ``close()`` while the planner is still working ends every thread at
-  once. Synchronous mode does the same reads and writes in the caller's thread, in
-  plan order, only when asked for the next plan, marking each step's label after its
-  write-backs and reading with the plan's ``fetch_after`` (what lets several trainers
-  run lru / nocache plans against shared embedding servers). The time the trainer's
-  thread waits for a plan (a slow planner) is counted apart from the time it waits for
-  rows (held write-backs gating a fetch), pipelined and synchronously. Over lookahead-oracle plans with
-  forced evictions (and no-cache plans synchronously), the store ends bit-identical
-  to applying every step's update to a plain array, with the store in process or
-  behind two embedding servers.
-* :class:`EmbeddingServer` and :class:`RemoteStore` (``bagpipe/distributed/server.py``)
-  over :class:`Transport` on a fake wire: a read with ``after=k`` is held until
-  *every* client has marked k, then sees the newest values (client 1's write-back is
-  visible to client 0's read); a client's requests are served in order; ``bye`` from
-  every client ends ``serve()``; a client that disappears or sends a bad request makes
-  ``serve()`` raise a :class:`BagpipeError` naming it, and a read waiting on its marks
-  fails instead of hanging; rows route to server g % S at local row g // S (S = 1, 2,
-  3), reads and ``read_range`` reassemble in the caller's order, and after
-  ``finish_writes`` untracked reads wait for every client's last write-back.
-The transport's own framing, encoding and authentication are tested in
-``tests/test_wire.py``; here every server and client joins with the job's secret first.
-* :class:`SupersededWatch` (``bagpipe/distributed/superseded.py``) against a real
-  TCPStore in this process: a role's watch of attempt N stays quiet while only attempt N
-  (and the stranger's writes to it) are in the store, calls back naming attempt N + 1
-  within seconds of a role arriving there, and a stopped watch never calls back.
+:class:`PlanExecutor` and :class:`PipelinedExecutor` run over a store that logs every
+read, write and ``mark_written`` in the order they reach it (and can hold writes at
+a gate, or fail on the n-th call). Pipelined, the executor never issues a plan's fetch before
+every write-back labelled <= ``fetch_after`` has reached the store (a fetch waits
+while such a write-back is held, then sees its value), and runs ahead
+``depth`` + 1 fetches when nothing gates it; a failure in the planner, in a store
+read (fetch thread), a store write or a mark (write-back thread) reaches the
+trainer's thread as that very exception within seconds; ``close(abandon=True)``
+returns within seconds while a write-back hangs on a store that never answers, and
+drops the write-backs queued behind it; ``close()`` first drains every queued
+write-back; ``close()`` while the planner is still working ends every thread at
+once. Synchronous mode does the same reads and writes in the caller's thread, in
+plan order, only when asked for the next plan, marking each step's label after its
+write-backs and reading with the plan's ``fetch_after`` (what lets several trainers
+run lru / nocache plans against shared embedding servers). The time the trainer's
+thread waits for a plan (a slow planner) is counted apart from the time it waits for
+rows (held write-backs gating a fetch), pipelined and synchronously. Over lookahead-oracle plans with
+forced evictions (and no-cache plans synchronously), the store ends bit-identical
+to applying every step's update to a plain array, with the store in process or
+behind two embedding servers (``tests/concurrency.py``'s :class:`Cluster`).
 
 Every thread a test starts must have ended when it finishes (``every_thread_ends``).
 """
@@ -50,21 +33,28 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import chain, islice
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
-from fakes import FakeNet, join_all, role_name
+from concurrency import (
+    HELD,
+    S_DIM,
+    SOON,
+    Background,
+    Cluster,
+    D,
+    cluster_maker,
+    small_table,
+    threads_all_end,
+    wait_until,
+)
 
 from bagpipe.cache.executor import PlanExecutor
 from bagpipe.cache.pipelined import PipelinedExecutor
 from bagpipe.cache.slots import SlotCache
 from bagpipe.data.batch import Batch
-from bagpipe.distributed.server import FINAL, EmbeddingServer, RemoteStore, ShardInit
-from bagpipe.distributed.superseded import SupersededWatch, attempt_key
-from bagpipe.distributed.transport import REQUEST, PeerLost, Transport
-from bagpipe.errors import BagpipeError
 from bagpipe.oracle.lookahead import LookaheadOracle
 from bagpipe.oracle.plan import Plan
 from bagpipe.oracle.policies import NoCachePlanner
@@ -73,62 +63,19 @@ from bagpipe.store.memory import MemoryStore
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
-D = 4  # embedding dimension
-S_DIM = 1  # optimizer state per row
-SOON = 5.0  # "promptly": generous for two busy cores
-HELD = 0.3  # how long a test watches something that must *not* happen
-
-
-# threads ---------------------------------------------------------------------------
-def wait_until(cond: Callable[[], bool], within: float = SOON) -> bool:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
-
-
-class Background:
-    """``fn()`` in a thread of its own (another trainer, a server process, a blocking call)."""
-
-    def __init__(self, fn: Callable, name: str = "test-background"):
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self._done = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            self.value = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to result()
-            self.error = e
-        finally:
-            self._done.set()
-
-    def finished(self, within: float = 0.0) -> bool:
-        return self._done.wait(within)
-
-    def result(self, within: float = SOON):
-        """fn's value, or its exception raised here; fails if fn is still running after ``within`` s."""
-        assert self._done.wait(within), f"{self.thread.name} still running after {within} s"
-        self.thread.join(within)
-        if self.error is not None:
-            raise self.error
-        return self.value
-
 
 @pytest.fixture(autouse=True)
-def every_thread_ends():
+def every_thread_ends() -> Iterator[None]:
     """Fails a test that leaves a thread running (after its fixtures have cleaned up)."""
-    before = set(threading.enumerate())
-    yield
+    with threads_all_end():
+        yield
 
-    def left():
-        return [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
 
-    assert wait_until(lambda: not left()), f"threads still running: {left()}"
+@pytest.fixture
+def clusters() -> Iterator[Callable[..., Cluster]]:
+    """``clusters(init, trainers=2, servers=2)``; every one shut down afterwards."""
+    with cluster_maker() as make:
+        yield make
 
 
 # a store that logs what reaches it -------------------------------------------------
@@ -282,7 +229,7 @@ def assert_store_holds(store, ref: Reference, stop: int) -> None:
 
 @pytest.fixture
 def init() -> RowInitializer:
-    return RowInitializer([5, 3], D, seed=7)
+    return small_table()
 
 
 @pytest.fixture
@@ -569,217 +516,3 @@ def test_the_store_ends_as_if_every_update_went_straight_to_it(planner, pipeline
     else:
         store.finish_writes()
     assert_store_holds(store, ref, init.num_rows)
-
-
-# EmbeddingServer and RemoteStore ---------------------------------------------------
-class Cluster:
-    """S embedding servers serving N RemoteStore clients over a :class:`FakeNet`.
-
-    Trainers are ranks 0..N-1, servers N..N+S-1. Each server's ``serve()`` runs in a
-    thread; when it ends, its "process" exits (its rank's connections close).
-    """
-
-    def __init__(self, init: RowInitializer, trainers: int, servers: int):
-        self.net = FakeNet()
-        name = role_name(trainers)
-        self.trainer_ranks = list(range(trainers))
-        self.server_ranks = list(range(trainers, trainers + servers))
-        t = {r: Transport(name, self.net.wire(r)) for r in self.trainer_ranks + self.server_ranks}
-        assert not join_all(t, {r: self.server_ranks if r < trainers else self.trainer_ranks for r in t})
-        self.servers = [
-            EmbeddingServer(MemoryStore(ShardInit(init, k, servers), S_DIM), t[r], self.trainer_ranks)
-            for k, r in enumerate(self.server_ranks)
-        ]
-        self.serving = [
-            Background(partial(self._serve, srv, r), f"server {k}")
-            for k, (srv, r) in enumerate(zip(self.servers, self.server_ranks))
-        ]
-        self.clients = [RemoteStore(init, S_DIM, t[r], self.server_ranks) for r in self.trainer_ranks]
-
-    def _serve(self, server: EmbeddingServer, rank: int):
-        try:
-            return server.serve()
-        finally:
-            self.net.kill(rank)
-
-    def requests(self, op: str) -> list[int]:
-        return [srv.report.requests.get(op, 0) for srv in self.servers]
-
-    def shutdown(self) -> None:
-        self.net.kill(*self.trainer_ranks, *self.server_ranks)
-        for b in self.serving:
-            b.finished(SOON)
-
-
-@pytest.fixture
-def clusters() -> Iterator[Callable[..., Cluster]]:
-    """``clusters(init, trainers=2, servers=2)``; every one shut down afterwards."""
-    made: list[Cluster] = []
-
-    def make(init: RowInitializer, trainers: int = 2, servers: int = 2) -> Cluster:
-        made.append(Cluster(init, trainers, servers))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.shutdown()
-
-
-def row_values(n: int, tag: float) -> tuple[np.ndarray, np.ndarray]:
-    """Recognisable values for n rows: weights tag + 0.01 * i, state -tag."""
-    w = (tag + 0.01 * np.arange(n * D, dtype=np.float32)).reshape(n, D).astype(np.float32)
-    return w, np.full((n, S_DIM), -tag, np.float32)
-
-
-def test_a_read_waits_until_every_client_marked_its_label(clusters, init):
-    cl = clusters(init)
-    c0, c1 = cl.clients
-    rows = np.array([3, 0, 2, 1], np.int64)  # both servers
-    c0.mark_written(3)
-    reading = Background(lambda: c0.read(rows, after=3), "trainer 0 read")
-    assert wait_until(lambda: cl.requests("read") == [1, 1])
-    assert not reading.finished(HELD), "served before trainer 1 marked anything"
-    c1.mark_written(2)
-    c1.flush()  # a round trip behind the mark: both servers have taken it
-    assert not reading.finished(HELD), "served after trainer 1 marked 2 < 3"
-    new_w, new_s = row_values(2, 5.0)
-    c1.write(rows[:2], new_w, new_s)  # rows 3 and 0: one on each server
-    c1.mark_written(3)
-    w, s = reading.result()
-    np.testing.assert_array_equal(w[:2], new_w)
-    np.testing.assert_array_equal(s[:2], new_s)
-    np.testing.assert_array_equal(w[2:], init.rows(rows[2:]))
-    np.testing.assert_array_equal(s[2:], 0)
-    assert all(srv.report.waited_s > 0 for srv in cl.servers)
-
-
-def test_a_clients_requests_are_served_in_order(clusters, init):
-    cl = clusters(init, trainers=1)
-    c = cl.clients[0]
-    rows = np.array([4, 1, 6, 3], np.int64)
-    for k in range(10):
-        w, s = row_values(len(rows), float(k))
-        c.write(rows, w, s)
-        got_w, got_s = c.read(rows)  # no mark needed: the same client's write comes first
-        np.testing.assert_array_equal(got_w, w)
-        np.testing.assert_array_equal(got_s, s)
-    assert cl.requests("write") == [10, 10] and cl.requests("read") == [10, 10]
-
-
-def test_bye_from_every_client_ends_serve(clusters, init):
-    cl = clusters(init)
-    c0, c1 = cl.clients
-    c0.read(np.arange(init.num_rows))
-    c0.close()
-    c0.close()  # idempotent: says goodbye once
-    assert not any(b.finished(HELD) for b in cl.serving), "a server stopped while trainer 1 still talks to it"
-    c1.close()
-    reports = [b.result() for b in cl.serving]
-    assert [r.requests["bye"] for r in reports] == [2, 2]
-    assert [r.requests["read"] for r in reports] == [1, 1]
-
-
-def test_a_client_that_disappears_stops_serve_and_the_reads_waiting_for_it(clusters, init):
-    cl = clusters(init)
-    c0, _ = cl.clients
-    c0.mark_written(0)
-    reading = Background(lambda: c0.read(np.array([0, 1]), after=0), "trainer 0 read")
-    assert wait_until(lambda: cl.requests("read") == [1, 1])
-    cl.net.kill(1)  # trainer 1's process dies before marking 0
-    for b in cl.serving:
-        with pytest.raises(
-            PeerLost,
-            match=r"^server [01] lost contact with trainer 1 while receiving from it \(Connection closed by peer \[127\.0\.0\.1\]:29501\)$",
-        ):
-            b.result()
-    # the held read was refused and its server exited: trainer 0 learns it instead of waiting forever
-    with pytest.raises(PeerLost, match=r"^trainer 0 lost contact with server 0 while receiving from it"):
-        reading.result()
-
-
-def test_a_bad_request_fails_serve_naming_the_client(clusters, init):
-    cl = clusters(init, servers=1)
-    c0, c1 = cl.clients
-    bad = {
-        "op": "write",
-        "rows": np.array([99]),
-        "w": np.zeros((1, D), np.float32),
-        "s": np.zeros((1, S_DIM), np.float32),
-    }
-    c1.t.send(cl.server_ranks[0], REQUEST, bad)
-    c0.close()  # the other client ends cleanly: the failure is still what serve() reports
-    with pytest.raises(BagpipeError, match=r"^serving trainer rank 1 failed: index 99 is out of bounds"):
-        cl.serving[0].result()
-
-
-@pytest.mark.parametrize("servers", [1, 2, 3])
-def test_rows_route_to_server_g_mod_s_and_reassemble_in_order(servers, clusters):
-    init = RowInitializer([6, 5], D, seed=11)  # 11 rows: shards of unequal size
-    cl = clusters(init, trainers=1, servers=servers)
-    c = cl.clients[0]
-    ref = MemoryStore(init, S_DIM)
-    rows = np.array([7, 0, 10, 3, 4, 5], np.int64)
-    w, s = row_values(len(rows), 1.0)
-    c.write(rows, w, s)
-    ref.write(rows, w, s)
-    c.flush()  # a round trip to every server, behind the writes
-    for k, srv in enumerate(cl.servers):
-        mine = rows[rows % servers == k]
-        assert set(np.flatnonzero(srv.store.present)) == set(mine // servers)
-        np.testing.assert_array_equal(srv.store.weights[mine // servers], w[rows % servers == k])
-    query = np.array([10, 1, 7, 2, 0, 9], np.int64)  # written and untouched rows, unsorted
-    for got, want in zip(c.read(query), ref.read(query)):
-        np.testing.assert_array_equal(got, want)
-    for got, want in zip(c.peek(query), ref.peek(query)):
-        np.testing.assert_array_equal(got, want)
-    for a, b in [(0, 11), (3, 8), (4, 5), (5, 5), (10, 11), (1, 3)]:
-        for got, want in zip(c.read_range(a, b), ref.read_range(a, b)):
-            np.testing.assert_array_equal(got, want)
-
-
-def test_after_finish_writes_untracked_reads_wait_for_every_clients_end(clusters, init):
-    cl = clusters(init)
-    c0, c1 = cl.clients
-    c0.finish_writes()
-    assert c0.read_floor == FINAL
-    ranging = Background(lambda: c0.read_range(0, init.num_rows), "trainer 0 read_range")
-    assert wait_until(lambda: cl.requests("range") == [1, 1])
-    assert not ranging.finished(HELD), "served before trainer 1 finished writing"
-    rows = np.array([6, 1], np.int64)
-    w, s = row_values(2, 3.0)
-    c1.write(rows, w, s)
-    c1.finish_writes()
-    got_w, got_s = ranging.result()
-    np.testing.assert_array_equal(got_w[rows], w)
-    np.testing.assert_array_equal(got_s[rows], s)
-
-
-def test_a_role_ends_its_attempt_once_another_host_restarted_into_the_next():
-    import torch.distributed as dist
-
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    master.add(attempt_key(0), 4)
-    master.add(attempt_key(0), 100)  # what the stranger in test_multihost.py writes
-    told: list[str] = []
-    ended = threading.Event()
-
-    def tell(m: str) -> None:
-        told.append(m)
-        ended.set()
-
-    watches = [
-        SupersededWatch("127.0.0.1", master.port, 0, "server 0", tell, period_s=0.1),
-        SupersededWatch("127.0.0.1", master.port, 0, "trainer 0", lambda m: told.append("stopped " + m), period_s=0.1),
-    ]
-    for w in watches:
-        w.start()
-    time.sleep(1.0)
-    assert told == []  # attempt 0 alone, however many arrivals it counts: nothing to end
-    watches[1].stop()
-    master.add(attempt_key(1), 1)  # host 1's first restarted role arrives in attempt 1
-    assert ended.wait(10)
-    watches[0].stop()
-    assert told == [
-        "server 0: another host's roles restarted (attempt 1 began at 127.0.0.1:"
-        f"{master.port}); ending this attempt so that torchrun restarts this role too"
-    ]

@@ -16,6 +16,10 @@
   ``check_untyped_defs``: what ``make lint`` runs).
 * No module under ``bagpipe/`` is longer than 500 lines unless its docstring says why
   (the phrase "long because").
+* The test of a module is found from its path (tests/README.md): no test module sits
+  directly in ``tests/``, each lies in ``unit/``, ``integration/``, ``distributed/`` or
+  ``gpu/``, every folder ``tests/unit/<package>/`` names a folder ``bagpipe/<package>/``,
+  and no two test modules share a file name (pytest and mypy import them by it).
 * No function under ``bagpipe/train/`` is longer than 80 lines (from its ``def`` to its
   last line): the loop and its parts stay readable one piece at a time.
 * ``bagpipe train --help`` and the TOML loader agree setting for setting: every
@@ -30,10 +34,12 @@ import ast
 import dataclasses
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from repo import PACKAGE
 
 from bagpipe.config import settings
 from bagpipe.config.options import flag
@@ -43,7 +49,6 @@ from bagpipe.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
-PACKAGE = Path(__file__).resolve().parents[1] / "bagpipe"
 MAX_LINES = 500
 
 
@@ -358,6 +363,29 @@ def test_no_long_function_in_train():
 
 def test_old_dist_package_is_gone():
     assert not (PACKAGE / "dist").exists() and (PACKAGE / "distributed" / "trainer.py").exists()
+
+
+TESTS = PACKAGE.parent / "tests"
+TEST_FOLDERS = ("unit", "integration", "distributed", "gpu")
+"""tests/README.md's folders: unit/ (its modules in unit/<package>/ beside codebase-wide ones), the rest by tier."""
+
+
+def test_the_test_of_a_module_is_found_from_its_path():
+    modules = sorted(TESTS.rglob("test_*.py"))
+    at_top = [p.name for p in modules if p.parent == TESTS]
+    assert not at_top, f"test modules directly in tests/ (move each into one of {'/, '.join(TEST_FOLDERS)}/): {at_top}"
+    outside = sorted({str(p.relative_to(TESTS).parts[0]) for p in modules} - set(TEST_FOLDERS))
+    assert not outside, f"test folders other than tests/README.md's {TEST_FOLDERS}: {outside}"
+    unit = TESTS / "unit"
+    unknown = [
+        str(p.relative_to(TESTS))
+        for p in modules
+        if p.parent != unit and p.is_relative_to(unit) and not (PACKAGE / p.relative_to(unit).parts[0]).is_dir()
+    ]
+    assert not unknown, f"tests/unit/<package>/ that names no bagpipe/<package>/: {unknown}"
+    # pytest imports each test module by its file name (no __init__.py), and so does mypy
+    same = sorted(name for name, n in Counter(p.name for p in modules).items() if n > 1)
+    assert not same, f"test modules sharing a file name: {same}"
 
 
 # --------------------------------------------------------------------------- --help vs TOML

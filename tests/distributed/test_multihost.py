@@ -27,7 +27,7 @@ secret in a file of mode 0600. Proves:
   the cost model and at most 25% below it (the quick run is ten steps: its start and end
   weigh more than at full size, where they agree within a few %, and write-backs still
   queued on a link slowed by a loaded machine are not yet counted), and no namespace is left. (Where namespaces
-  cannot be made it prints its one skip line: ``tests/test_bench_cli.py``.)
+  cannot be made it prints its one skip line: ``tests/unit/bench/test_bench_cli.py``.)
 
 Skipped, with the reason in one line, where namespaces cannot be made (not root, no
 ``ip``/``tc``); CI runs as root. Every namespace is removed at the end of each test.

@@ -22,9 +22,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from repo import ROOT
 
 from bagpipe.device.cuda import cuda_unavailable_reason
 from bagpipe.gpucheck.docs import fill
@@ -32,8 +32,6 @@ from bagpipe.gpucheck.report import BEGIN, END
 from bagpipe.gpucheck.runner import TERM_GRACE_S, pytest_outcomes, run_step
 from bagpipe.gpucheck.sizes import SIZES
 from bagpipe.gpucheck.steps import TITLES, Step
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def env() -> dict:
@@ -98,12 +96,12 @@ def test_bad_limits_and_steps_are_one_line_before_anything_runs(tmp_path, capsys
 PYTEST_V = """\
 collected 83 items / 76 deselected / 7 selected
 
-tests/test_gpu.py::test_two_trainers_with_a_gpu_each_use_nccl SKIPPED (needs two CUDA GPUs) [ 14%]
-$ python -m pytest -v -m gpu -k test_every_cached_mode_on_cuda_equals_full_on_cuda tests/test_gpu.py
+tests/gpu/test_gpu.py::test_two_trainers_with_a_gpu_each_use_nccl SKIPPED (needs two CUDA GPUs) [ 14%]
+$ python -m pytest -v -m gpu -k test_every_cached_mode_on_cuda_equals_full_on_cuda tests/gpu/test_gpu.py
 collected 83 items / 19 deselected / 64 selected
 
-tests/test_gpu.py::test_every_cached_mode_on_cuda_equals_full_on_cuda[dlrm-sgd-lookahead] PASSED [  1%]
-tests/test_gpu.py::test_every_cached_mode_on_cuda_equals_full_on_cuda[dlrm-sgd-lru] FAILED [  2%]
+tests/gpu/test_gpu.py::test_every_cached_mode_on_cuda_equals_full_on_cuda[dlrm-sgd-lookahead] PASSED [  1%]
+tests/gpu/test_gpu.py::test_every_cached_mode_on_cuda_equals_full_on_cuda[dlrm-sgd-lru] FAILED [  2%]
 """
 
 
@@ -112,7 +110,7 @@ def test_each_tests_outcome_is_read_and_the_unreached_are_counted():
     r = pytest_outcomes(PYTEST_V)
     assert r["selected"] == 71 and r["not_reached"] == 68
     assert r["counts"] == {"passed": 1, "failed": 1, "skipped": 1}
-    assert r["tests"][0] == {"test": "tests/test_gpu.py::test_two_trainers_with_a_gpu_each_use_nccl",
+    assert r["tests"][0] == {"test": "tests/gpu/test_gpu.py::test_two_trainers_with_a_gpu_each_use_nccl",
                              "outcome": "skipped", "reason": "needs two CUDA GPUs"}  # fmt: skip
 
 

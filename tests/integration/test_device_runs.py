@@ -4,9 +4,9 @@
   installs staged rows without waiting for their copy, or whose write-back thread writes a
   host buffer without waiting for its copy, ends with a ``params_sha256`` that differs from
   ``--mode full``'s (NaN reaches the rows), while the same run with the wait ends equal
-  (``tests/test_exactness.py``) -- and on the plain CPU device, where copies are done on return, the same dropped wait
+  (``tests/integration/test_exactness.py``) -- and on the plain CPU device, where copies are done on return, the same dropped wait
   changes nothing (which is why the twin exists).
-* The paths the exactness matrix (``tests/test_exactness.py``, which runs every cached mode
+* The paths the exactness matrix (``tests/integration/test_exactness.py``, which runs every cached mode
   through the twin) does not reach: ``fae`` (its hot rows are loaded through staged copies
   and written back at the end through downloads) equals ``full``; ``hotline`` (the deferred
   read executor stages on its reader thread) on the twin equals ``hotline`` on the plain
@@ -71,7 +71,7 @@ def test_the_twin_catches_a_missing_wait(tiny_data, tmp_path, monkeypatch, wait,
     """Rows the twin has not copied yet read NaN: without the install's wait they reach the
     step at once, without the write-back's wait they reach the store and come back later;
     either way the loss stops being finite and the run stops naming the step (with the wait,
-    these runs equal --mode full: tests/test_exactness.py)."""
+    these runs equal --mode full: tests/integration/test_exactness.py)."""
     monkeypatch.setattr(*DROPPED[wait])
     first = "at step 1: " if wait == "install" else ""
     with pytest.raises(Diverged, match=f"training diverged {first}.*the loss is nan"):

@@ -21,7 +21,7 @@ Every cached run here computes on the asynchronous CPU twin (``--device cpu-asyn
 :mod:`bagpipe.device.twin`): its rows travel between store and cache through staged
 copies that run late and out of order on a worker thread, ordered only by the events
 the CUDA path uses, so these digests also prove that path waits where it must
-(``tests/test_device_runs.py`` shows a dropped wait changing the digest). The
+(``tests/integration/test_device_runs.py`` shows a dropped wait changing the digest). The
 references run ``--mode full`` on the plain CPU.
 """
 

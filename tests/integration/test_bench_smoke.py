@@ -32,7 +32,7 @@ SCENARIOS = {
     "distributed": ["--modes", "in-process,2x2-partitioned"],
     "accel": ["--configs", "fae,hotline,lookahead,lookahead+hot", "--steps", "4", "--warmup", "1"],
     # one configuration on the generated data, to save time (every run is a process; the
-    # distributed pair costs ~20 s a run; test_approx.py and test_distributed.py run the rest)
+    # distributed pair costs ~20 s a run; test_approx.py and test_jobs.py run the rest)
     "approx": ["--configs", "skip-stale", "--no-criteo", "--steps", "20", "--warmup", "2", "--eval-every", "8"],
 }
 PNG = {

@@ -8,7 +8,7 @@ about the copies' ordering rather than the GPU's arithmetic, it is parametrized 
 * **exact on the device** (gpu): with torch's deterministic algorithms (on by default),
   ``lookahead`` (memory store), ``lru`` (disk store), ``nocache`` and ``fae`` on cuda end
   with ``--mode full`` on cuda's params_sha256, for every model and every row-wise
-  optimizer (the twin's version of this matrix is ``tests/test_exactness.py``);
+  optimizer (the twin's version of this matrix is ``tests/integration/test_exactness.py``);
 * **CPU and GPU agree** (gpu, and the twin against the CPU): ``full`` and ``lookahead`` on
   the device end within 1e-4 of ``full`` on the CPU in eval log loss after a short run;
 * **staged rows through pinned memory** (both): on cuda the host buffers of a transfer are

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from repo import ROOT
 
 from bagpipe.versions import TORCH_API, TORCH_MINIMUM, version_tuple
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def pyproject() -> dict:

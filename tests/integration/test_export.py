@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from repo import SHARED_DATA
 from runs import last_checkpoint
 
 import bagpipe
@@ -32,7 +33,7 @@ from bagpipe.train.evaluate import evaluate
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
-CRITEO = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo" / "kaggle_train_head10k.tsv"
+CRITEO = SHARED_DATA / "criteo" / "kaggle_train_head10k.tsv"
 TRAIN = ("--steps", 60, "--batch-size", 128, "--lr", 0.01, "--no-progress", "--eval-samples", 0)
 
 

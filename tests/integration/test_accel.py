@@ -9,7 +9,7 @@
 * **Hotline** computes the mini-batch's maths in two micro-batches: within 1e-6 (relative
   to each tensor's scale) of ``full`` with SGD; with Adagrad within 1e-6 after one step
   and 1e-5 after the run (Adagrad divides by the root of the accumulated squared gradient,
-  so last-bit differences of ~0 gradients grow, as in tests/test_distributed.py). The
+  so last-bit differences of ~0 gradients grow, as in tests/distributed/test_jobs.py). The
   summary reports its micro-batch sizes.
 * **FAE's split schedule** trains all-hot batches apart (an approximation: it runs, its
   all-hot batches are counted, its parameters differ from the exact run's).
@@ -133,7 +133,7 @@ def params(run) -> dict[str, np.ndarray]:
 
 
 def max_rel_diff(a: dict, b: dict) -> float:
-    """max over tensors of max |a - b| / max |b| (scale-relative, see tests/test_distributed.py)."""
+    """max over tensors of max |a - b| / max |b| (scale-relative, see tests/distributed/test_jobs.py)."""
     return max(
         float(np.abs(a[k].astype(np.float64) - b[k]).max()) / max(float(np.abs(b[k]).max()), 1e-12)
         for k in b

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from repo import SHARED_DATA
 
 from bagpipe.cli import main
 from bagpipe.data.shards import Dataset
@@ -36,16 +37,16 @@ from bagpipe.preprocess.run import run_preprocess
 
 pytestmark = pytest.mark.integration
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(
-    not DATA.is_dir(), reason=f"real data samples not found: {DATA} (../shared/data next to the repository) is absent"
+    not SHARED_DATA.is_dir(),
+    reason=f"real data samples not found: {SHARED_DATA} (../shared/data next to the repository) is absent",
 )
-CRITEO_TRAIN = DATA / "criteo" / "kaggle_train_head10k.tsv"
-CRITEO_TEST = DATA / "criteo" / "kaggle_test_head10k.tsv"
-CRITEO_PART = DATA / "criteo" / "kaggle_part0_100.tsv"
-AVAZU_TRAIN = DATA / "avazu" / "train_head9k.csv"
-AVAZU_TEST = DATA / "avazu" / "test_1k.csv"
-TAOBAO = {s: DATA / "taobao" / f"fuxictr_taobao_tiny_{s}_sample.csv" for s in ("train", "valid", "test")}
+CRITEO_TRAIN = SHARED_DATA / "criteo" / "kaggle_train_head10k.tsv"
+CRITEO_TEST = SHARED_DATA / "criteo" / "kaggle_test_head10k.tsv"
+CRITEO_PART = SHARED_DATA / "criteo" / "kaggle_part0_100.tsv"
+AVAZU_TRAIN = SHARED_DATA / "avazu" / "train_head9k.csv"
+AVAZU_TEST = SHARED_DATA / "avazu" / "test_1k.csv"
+TAOBAO = {s: SHARED_DATA / "taobao" / f"fuxictr_taobao_tiny_{s}_sample.csv" for s in ("train", "valid", "test")}
 
 
 # ---------------------------------------------------------------------------------

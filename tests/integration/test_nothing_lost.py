@@ -26,7 +26,7 @@ What this proves:
   not a bagpipe job gives up after ``--rendezvous-timeout`` (plus a grace of seconds)
   naming it; an unresolvable master host is named as such; a distributed ``--resume``
   the run cannot continue is refused by the launcher with the reason before any role
-  starts (a role's own refusal reaching the launcher: ``tests/test_distributed.py``).
+  starts (a role's own refusal reaching the launcher: ``tests/distributed/test_jobs.py``).
 * **Folder state after a refusal.** A start-up refusal (a cache too small for the first
   batch, TensorBoard missing) leaves no run folder; a refused resume leaves config.json,
   metrics.jsonl and every other file as they were.
