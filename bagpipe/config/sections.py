@@ -407,6 +407,12 @@ class ApproxConfig(Section):
     """Stale lookups an input needs to be skipped (0: all its lookups)."""
     stale_sample_rate: float = 0.01
     """Share of an epoch's inputs (the batches after the sampling phase) the threshold search counts."""
+    emulate_compute: str | None = None
+    """Benchmarks only (bagpipe bench cluster): replace each trainer's forward and backward
+    by a delay -- 25ms a step, 12us/sample, or the profile v100-dlrm-kaggle, each optionally
+    *K (K times slower) -- while the batches, plans, fetches, write-backs, the dense
+    all-reduce (DDP, real gradient sizes) and the row sync stay real. The run does not
+    train: its summary says so (exact false); distributed runs with --no-digest only."""
 
     def validate(self) -> None:
         need(self.stale_start >= 0, f"stale start must be a step >= 0, got {self.stale_start}")
@@ -427,8 +433,14 @@ class ApproxConfig(Section):
             finite(self.stale_sample_rate) and 0 < self.stale_sample_rate <= 1,
             f"stale sample rate must be in (0, 1], got {self.stale_sample_rate}",
         )
+        if self.emulate_compute is not None:
+            from bagpipe.config.compute import parse_compute
+
+            parse_compute(self.emulate_compute)
         changed = [
-            f.name for f in dataclasses.fields(self) if f.name != "skip_stale" and getattr(self, f.name) != f.default
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name not in ("skip_stale", "emulate_compute") and getattr(self, f.name) != f.default
         ]
         need(
             self.skip_stale or not changed,

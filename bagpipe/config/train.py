@@ -102,6 +102,16 @@ class TrainConfig:
             not d.sync_period or d.trainers >= 2,
             f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)",
         )
+        if self.approx.emulate_compute is not None:
+            need(
+                d.distributed,
+                "--emulate-compute benchmarks a distributed job's data path (bagpipe bench cluster): "
+                "one process has none; add --trainers N --servers S",
+            )
+            need(
+                not self.run.digest,
+                "--emulate-compute does not train, so there is no parameter digest to claim: add --no-digest",
+            )
         _refuse_inapplicable(self)
 
     @property
@@ -114,6 +124,8 @@ class TrainConfig:
             out.append(f"cache-sync {self.dist.cache_sync}")
         if self.hot.fae_schedule == "split":
             out.append("fae-schedule split")
+        if self.approx.emulate_compute is not None:  # not an approximation of training: none at all
+            out.append(f"emulate-compute {self.approx.emulate_compute} (did not train)")
         return out
 
     @property

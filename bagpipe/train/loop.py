@@ -55,7 +55,7 @@ from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import B, StepFn, Topology
 from bagpipe.train.resume import restore_dense
 from bagpipe.train.rundir import RunDir, dense_copy, digest_of
-from bagpipe.train.step import STEPS
+from bagpipe.train.step import EmulatedStep, step_for
 from bagpipe.train.step.slipstream import StaleSkip, stale_skip_for
 from bagpipe.train.summary import (
     LOSS_WINDOW,
@@ -185,7 +185,9 @@ def _start(cfg: TrainConfig, topo: Topology[B], run: RunDir, reporter: Reporter)
         backend.close(abandon=failed)
 
 
-def _approximation(names: list[str], skipper: StaleSkip | None, row_stats: dict) -> Approximation | None:
+def _approximation(
+    names: list[str], skipper: StaleSkip | None, row_stats: dict, step: StepFn | None
+) -> Approximation | None:
     """The summary's ``approximation`` section: None for an exact run."""
     if not names:
         return None
@@ -193,6 +195,7 @@ def _approximation(names: list[str], skipper: StaleSkip | None, row_stats: dict)
         names=names,
         skip_stale=skipper.report() if skipper is not None else None,
         periodic=row_stats.get("periodic"),
+        emulated_compute=step.report() if isinstance(step, EmulatedStep) else None,
     )
 
 
@@ -227,6 +230,7 @@ class _Run(Generic[B]):
             p.sparse_opt.state_dim,
             rc.seed,
         )
+        self.step: StepFn | None = None  # the step function, once training starts
         self.meter = StepMeter(
             start=p.start,
             warmup=rc.warmup_steps,
@@ -278,7 +282,8 @@ class _Run(Generic[B]):
             Evaluator(rc.eval_every, rc.steps, self.settle, self.evaluation, reporter, progress.note),
             self.checkpointer,
         )
-        run_step: StepFn = STEPS[cfg.cache.spec.step]
+        self.step = step_for(cfg)  # the mode's, or --emulate-compute's
+        run_step: StepFn = self.step
         if self.skipper is not None:  # Slipstream: the stale inputs are left out of the step
             run_step = self.skipper.wrap(run_step)
         step, guard = p.start, StepGuard()
@@ -365,7 +370,7 @@ class _Run(Generic[B]):
             distributed=p.topo.section(p.backend, self.rows),
             epochs=step / p.pre.stream.batches_per_epoch,
             checkpoints=CheckpointStats.of(writer.history, p.start),
-            approximation=_approximation(cfg.approximations, self.skipper, self.rows.stats()),
+            approximation=_approximation(cfg.approximations, self.skipper, self.rows.stats(), self.step),
             end_of_run_s=end,
             memory=MemoryReport.of(p.backend.fit, watch, watch.stop()),
             spec=cfg.cache.spec,

@@ -301,11 +301,15 @@ class Approximation:
     """What an approximate run left out (the summary's ``approximation``; None for an exact run)."""
 
     names: list[str]
-    """The approximations (skip-stale, cache-sync periodic:K, fae-schedule split)."""
+    """The approximations (skip-stale, cache-sync periodic:K, fae-schedule split), or
+    ``emulate-compute SPEC (did not train)``: a benchmark whose forward and backward were a delay."""
     skip_stale: dict | None = None
     """Slipstream's threshold, decision and skipped inputs per epoch (--skip-stale)."""
     periodic: dict | None = None
     """Periodic averaging's counters (--cache-sync periodic:K)."""
+    emulated_compute: dict | None = None
+    """--emulate-compute (a benchmark; no training): the spec, the delay per step, and the bytes
+    a step handed to DDP's dense all-reduce and to the row sync (trainer 0's)."""
 
 
 class StepMeter:

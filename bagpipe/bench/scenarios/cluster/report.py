@@ -8,6 +8,12 @@ bytes per step on trainer 0's, server 0's and the oracle's links (interface coun
 against the cost model's; each role's CPU (share of one core) over the measured steps;
 the model's step time. Then the issue's targets, each with the figure that meets or
 misses it.
+
+A configuration whose role waited on a run queue for more than ``--starved-share`` of
+the measured wall time (starved of CPU: its figures are this machine's, not the
+cluster's) is marked invalid. With ``--dilation k`` the payload and the tables state k,
+the emulated compute, the link rates it implies and what the sweep ran differently
+from the paper's cluster.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from pathlib import Path
 
 from bagpipe.bench.harness.report import header, markdown_table, median_spread, pyplot, save_png
 from bagpipe.bench.scenarios.cluster.cost_model import model_for, traffic_for
-from bagpipe.bench.scenarios.cluster.settings import ClusterBench
+from bagpipe.bench.scenarios.cluster.settings import PAPER_CLUSTER, ClusterBench
 from bagpipe.data.schema import DatasetMeta
 
 ROLES = ("trainer 0", "server 0", "oracle")
@@ -62,6 +68,11 @@ def summarise(
             role: _med([w["cpu_share"].get(role, float("nan")) for w in windows])
             for role in (windows[0]["cpu_share"] if windows else {})
         }
+        waits = {
+            role: max(w.get("run_queue_share", {}).get(role, 0.0) for w in windows)
+            for role in (windows[0].get("run_queue_share", {}) if windows else {})
+        }
+        starved = starved_roles(waits, b.starved_share)
         cfg = runs[0]["config"]
         if (n, key) not in traffic:
             traffic[(n, key)] = traffic_for(cfg, meta, 0)  # every step, as the interface counters count them
@@ -88,6 +99,9 @@ def summarise(
             "model_bytes_racing_the_reading": tr.per_link(tr.racing),
             "model": model,
             "cpu_share": cpu,
+            "run_queue_share": waits,
+            "starved": starved,
+            "valid": not starved if waits else None,
             "hit_rate": sums[0].get("cache", {}).get("hit_rate"),
             "rows_fetched_per_step": tr.rows_fetched,
             "plan_bytes": tr.plan_bytes,
@@ -106,9 +120,33 @@ def summarise(
         "probes_mbit": {f"{r:g}": p for r, p in probes.items()},
         "results": out,
     }
+    if b.dilation:
+        payload["dilation"] = dilation_section(b)
     payload["targets"] = targets(b, out)
     payload["table"] = tables(b, payload)
     return payload
+
+
+def starved_roles(waits: dict[str, float], threshold: float) -> list[str]:
+    """The roles that waited on a run queue for more than ``threshold`` of the wall time, worst first."""
+    return sorted((r for r, x in waits.items() if x > threshold), key=lambda r: -waits[r])
+
+
+def dilation_section(b: ClusterBench) -> dict:
+    """k and what it implies: the emulated compute and every link k times slower than the paper's."""
+    rate = b.link_rates()[0]
+    return {
+        "k": b.dilation,
+        "gpu_step_ms": b.gpu_step_ms,
+        "gpu_step_ms_source": "assumption (bagpipe.config.compute.V100_STEP_MS), not a figure of the paper",
+        "emulate_compute": b.emulated_compute(),
+        "compute_ms_per_step": b.compute_ms(),
+        "paper_trainer_mbit": PAPER_CLUSTER["trainer_mbit"],
+        "paper_server_mbit": PAPER_CLUSTER["server_mbit"],
+        "trainer_mbit": rate,
+        "server_mbit": rate * b.server_ratio,
+        "off_profile": b.off_profile(),
+    }
 
 
 def _lookahead_keys(out: dict) -> list[str]:
@@ -208,6 +246,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
                 f"{st['compute']:.0f} / {st['rows']:.0f} / {st['sync']:.0f} / {st['other']:.0f}",
                 f"{v['embedding_share']:.0%}",
                 f"{v['model']['step_ms']:.0f} ({v['model']['bottleneck'] or '-'})",
+                _validity(v),
             ]
         )
         m, mm = v["bytes_per_step"], v["model_bytes_per_step"]
@@ -221,7 +260,12 @@ def tables(b: ClusterBench, payload: dict) -> str:
             else:
                 cells.append("-")
         cpu = " / ".join(f"{v['cpu_share'].get(r, float('nan')):.2f}" for r in ROLES)
-        rows2.append([f"{v['rate_mbit']:g}", v["trainers"], v["config"], *cells, cpu])
+        others = [x for r, x in v["cpu_share"].items() if r.startswith("trainer") and r != "trainer 0"]
+        cpu += f" / {max(others):.2f}" if others else " / -"
+        waits = v.get("run_queue_share") or {}
+        worst = max(waits, key=lambda r: waits[r]) if waits else None
+        wait = f"{waits[worst]:.0%} ({worst})" if worst else "not measured"
+        rows2.append([f"{v['rate_mbit']:g}", v["trainers"], v["config"], *cells, cpu, wait])
     t1 = markdown_table(
         [
             "Mbit/s trainer / server",
@@ -235,6 +279,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
             "ms/step compute / rows / sync / other",
             "share on embedding access",
             "model ms/step (bottleneck)",
+            "valid",
         ],
         rows,
     )
@@ -246,7 +291,8 @@ def tables(b: ClusterBench, payload: dict) -> str:
             "trainer 0 MB/step sent / received (model)",
             "server 0 (model)",
             "oracle (model)",
-            "CPU cores: trainer 0 / server 0 / oracle",
+            "CPU cores: trainer 0 / server 0 / oracle / busiest other trainer",
+            f"run-queue wait, worst role (starved above {b.starved_share:.0%})",
         ],
         rows2,
     )
@@ -271,7 +317,36 @@ def tables(b: ClusterBench, payload: dict) -> str:
         ],
     )
     ideal = f"ideal (--mode full, one process, batch {b.batch_size}, no network): {payload['ideal_samples_per_s']:,.0f} samples/s per trainer"
-    return "\n\n".join([t1, t2, "probe: achieved Mbit/s on each link under the shaping\n\n" + probes, ideal, tg])
+    parts = [t1, t2, "probe: achieved Mbit/s on each link under the shaping\n\n" + probes, ideal, tg]
+    if "dilation" in payload:
+        parts[3] = (
+            f"ideal (the emulated compute alone, batch {b.batch_size}): "
+            f"{payload['ideal_samples_per_s']:,.0f} samples/s per trainer"
+        )
+        parts.insert(0, dilation_line(payload["dilation"]))
+    return "\n\n".join(parts)
+
+
+def dilation_line(d: dict) -> str:
+    """One paragraph: k, the emulated compute and the links it implies, what differs from the paper."""
+    off = "; ".join(d["off_profile"]) or "none"
+    return (
+        f"dilation k = {d['k']:g}: the paper's cluster {d['k']:g} times slower. Compute emulated "
+        f"(--emulate-compute {d['emulate_compute']}): {d['compute_ms_per_step']:.0f} ms a step "
+        f"= k x {d['gpu_step_ms']:g} ms per 2048 samples ({d['gpu_step_ms_source']}); links: trainer "
+        f"{d['paper_trainer_mbit']:,.0f} / k = {d['trainer_mbit']:g} Mbit/s, server and oracle "
+        f"{d['paper_server_mbit']:,.0f} / k = {d['server_mbit']:g} Mbit/s. Off the paper's profile: {off}. "
+        "Runs with emulated compute do not train (summary exact false)."
+    )
+
+
+def _validity(v: dict) -> str:
+    if v.get("valid") is None:
+        return "not measured"
+    if v["valid"]:
+        return "yes"
+    worst = v["starved"][0]
+    return f"INVALID: {worst} starved ({v['run_queue_share'][worst]:.0%} on a run queue)"
 
 
 def plot(out: Path, payload: dict) -> None:

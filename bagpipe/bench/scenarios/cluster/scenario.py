@@ -124,15 +124,27 @@ class _Window:
             pass
         return cpu
 
+    def _waits(self) -> dict[str, float]:
+        """Seconds every role's threads have waited on a run queue (``/proc/PID/task/*/schedstat``)."""
+        out = {}
+        try:
+            for r in json.loads((self.run / "roles.json").read_text()):
+                out[r["role"]] = run_queue_wait_s(r["pid"])
+        except (OSError, ValueError):
+            pass
+        return {role: w for role, w in out.items() if w is not None}
+
     def _watch(self) -> None:
         # a role that has finished keeps its last reading (the oracle, which may have sent
         # its last plan before the warm-up ends: then it used no CPU in the window)
         last_cpu: dict[str, float] = {}
+        last_wait: dict[str, float] = {}
         for mark in (self.warmup, self.steps):
             polled = 0.0
             while self._step() < mark:
                 if time.monotonic() - polled > 0.2:
                     last_cpu.update(self._cpu())
+                    last_wait.update(self._waits())
                     polled = time.monotonic()
                 if self._stop.wait(0.005):
                     return
@@ -141,6 +153,7 @@ class _Window:
                     "t": time.perf_counter(),
                     "step": self._step(),
                     "cpu": last_cpu | self._cpu(),
+                    "wait": last_wait | self._waits(),
                     "bytes": self._bytes() if mark == self.steps else None,
                 }
             )
@@ -164,7 +177,28 @@ class _Window:
                 for n in self.names
             },
             "cpu_share": {role: (z["cpu"][role] - a["cpu"][role]) / wall for role in z["cpu"] if role in a["cpu"]},
+            "run_queue_share": {
+                role: (z["wait"][role] - a["wait"][role]) / wall for role in z["wait"] if role in a["wait"]
+            },
         }
+
+
+def run_queue_wait_s(pid: int) -> float | None:
+    """Seconds the threads of process ``pid`` now alive have waited on a run queue, ready
+    to run but not running (the second field of ``/proc/PID/task/TID/schedstat``); None
+    when the process is gone or the kernel keeps no such figures."""
+    total, seen = 0, False
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+            seen = True
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9 if seen else None
 
 
 def _unshape(net: EmulatedNet, hosts: list[Host]) -> None:
@@ -200,6 +234,7 @@ def _job(
     cache_rows: int,
     log: Path,
 ) -> dict:
+    emulated = b.emulated_compute()
     cfg = TrainConfig.of(
         **only_applicable(  # a baseline's cache is not sized, nor does it look ahead
             dict(
@@ -210,6 +245,7 @@ def _job(
                 servers=b.servers,
             )
         ),
+        **({"emulate_compute": emulated} if emulated else {}),
         data=str(data),
         out=str(run_dir),
         model=b.model,
@@ -265,7 +301,7 @@ def run(b: ClusterBench) -> dict:
     ensure_synth(data, b.profile, data_samples(b.batch_size * max(b.trainers), b.steps), b.scale, seed=1)
     meta = DatasetMeta.load(data)
     cache_rows = b.cache_rows(meta.total_rows, b.batch_size * max(b.trainers) * meta.num_features)
-    ideal = _ideal_runs(b, data, out)
+    ideal = _ideal_runs(b, data, out) if not b.dilation else [_emulated_ideal(b)]
     results: dict[tuple[int, float, str], list[dict]] = {}
     probes: dict[float, dict] = {}
     log = out / "roles.log"  # every role's output, run after run
@@ -275,7 +311,9 @@ def run(b: ClusterBench) -> dict:
     with terminate_as_interrupt(), EmulatedNet("cl") as net:
         hosts = _hosts(net, b)
         for rep in range(b.reps):
-            rates = b.rates if rep % 2 == 0 else b.rates[::-1]  # alternate the order: drift hits all alike
+            rates = (
+                b.link_rates() if rep % 2 == 0 else b.link_rates()[::-1]
+            )  # alternate the order: drift hits all alike
             for rate in rates:
                 _shape(net, hosts, b, rate)
                 if rate not in probes:
@@ -310,6 +348,11 @@ def run(b: ClusterBench) -> dict:
     plot(out, payload)
     write_results(out, "cluster", payload, payload["table"])
     return payload
+
+
+def _emulated_ideal(b: ClusterBench) -> dict:
+    """With --dilation: the ideal is a trainer's emulated compute alone (no embedding traffic, no sync)."""
+    return {"samples_per_s": b.batch_size / b.compute_ms() * 1000, "params_sha256": None, "emulated": True}
 
 
 def _ideal_runs(b: ClusterBench, data: Path, out: Path) -> list[dict]:

@@ -5,11 +5,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from bagpipe.bench.harness.settings import CachePoint, Throughput
+from bagpipe.config.compute import V100_BATCH, V100_STEP_MS
 from bagpipe.config.modes import mode_spec
 
 MODES = ("nocache", "lru", "lookahead")
+
+#: The paper's cluster (the BagPipe artifact's launch settings, issue 31): each trainer a
+#: V100 behind a 10 Gbit/s NIC, the embedding server and the oracle behind 25 Gbit/s,
+#: 8 trainers of B = 2048 each, D = 48, L = 200, Criteo Kaggle.
+PAPER_CLUSTER: dict[str, Any] = dict(
+    trainer_mbit=10_000.0,
+    server_mbit=25_000.0,
+    trainers=8,
+    batch_size=V100_BATCH,
+    embedding_dim=48,
+    lookahead=200,
+    profile="criteo-kaggle",
+)
 
 
 @dataclass(kw_only=True)
@@ -64,6 +79,18 @@ class ClusterBench(CachePoint, Throughput):
     """Seconds each link probe sends for."""
     digest: bool = False
     """Compute params_sha256 of every run (the exactness check of --quick: every one-trainer run equals full's)."""
+    dilation: float = 0.0
+    """k: 0 runs the real compute at --rates. k > 0 emulates the paper's cluster k times
+    slower: every trainer's forward + backward is a delay of k x the profile GPU's
+    (--gpu-step-ms per 2048 samples, scaled per sample; bagpipe train --emulate-compute),
+    every trainer link 10,000 / k Mbit/s, the server's and the oracle's 25,000 / k (so
+    --rates and --server-ratio are set by k); the ideal is the emulated compute alone."""
+    gpu_step_ms: float = V100_STEP_MS
+    """With --dilation: the profile GPU's forward + backward of one trainer's 2048 samples,
+    ms (an assumption, not a figure of the paper: bagpipe.config.compute.V100_STEP_MS)."""
+    starved_share: float = 0.10
+    """A role is starved of CPU -- the run's figures invalid -- when its threads waited on
+    the run queue for more than this share of the measured wall time (/proc/PID/task/*/schedstat)."""
 
     def validate(self) -> None:
         super().validate()
@@ -82,6 +109,45 @@ class ClusterBench(CachePoint, Throughput):
         self.check("threads", self.threads in (0, 1), "must be 1 (or 0): every role runs one thread")
         self.check("embedding_dim", self.embedding_dim >= 1, "must be >= 1")
         self.check("probe_s", self.probe_s > 0, "must be > 0")
+        self.check("dilation", self.dilation >= 0, "must be >= 0 (0: real compute at --rates)")
+        self.check("gpu_step_ms", self.gpu_step_ms > 0, "must be > 0 ms")
+        self.check("starved_share", 0 < self.starved_share <= 1, "must be in (0, 1]")
+        if self.dilation:
+            self.check("rates", self.rates == ClusterBench.rates, "is set by --dilation k (10,000 / k Mbit/s): drop it")
+            self.check("server_ratio", self.server_ratio == 2.5, "is the paper's 2.5 with --dilation: drop it")
+            self.check("digest", not self.digest, "does not apply to --dilation (emulated compute does not train)")
+        else:
+            self.check("gpu_step_ms", self.gpu_step_ms == V100_STEP_MS, "applies to --dilation k > 0")
+
+    def link_rates(self) -> tuple[float, ...]:
+        """A trainer's link rates (Mbit/s) the sweep runs: --rates, or the paper's / k."""
+        return (PAPER_CLUSTER["trainer_mbit"] / self.dilation,) if self.dilation else self.rates
+
+    def emulated_compute(self) -> str | None:
+        """The trainers' --emulate-compute SPEC (None: real compute)."""
+        if not self.dilation:
+            return None
+        if self.gpu_step_ms == V100_STEP_MS:
+            return f"v100-dlrm-kaggle*{self.dilation:g}"
+        return f"{self.gpu_step_ms * 1000 / V100_BATCH * self.dilation:.6g}us/sample"
+
+    def compute_ms(self) -> float:
+        """The emulated compute of one trainer's step (--batch-size samples), ms."""
+        return self.gpu_step_ms / V100_BATCH * self.batch_size * self.dilation
+
+    def off_profile(self) -> list[str]:
+        """How the sweep differs from the paper's cluster (one phrase each)."""
+        out = []
+        if max(self.trainers) != PAPER_CLUSTER["trainers"]:
+            out.append(f"trainers {','.join(map(str, self.trainers))} (paper {PAPER_CLUSTER['trainers']})")
+        for name in ("batch_size", "embedding_dim", "profile"):
+            if getattr(self, name) != PAPER_CLUSTER[name]:
+                out.append(f"{name} {getattr(self, name)} (paper {PAPER_CLUSTER[name]})")
+        if PAPER_CLUSTER["lookahead"] not in (self.lookahead, self.large_lookahead):
+            out.append(f"L {self.lookahead}/{self.large_lookahead} (paper {PAPER_CLUSTER['lookahead']})")
+        if self.scale != 1.0:
+            out.append(f"tables at {self.scale:g} of their cardinality")
+        return out
 
     def configs(self) -> list[tuple[str, str, int]]:
         """(key, mode, L) of every mode across the network."""
