@@ -52,12 +52,13 @@ JOB_TIMEOUT = 180
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
-def bagpipe(*args, timeout=JOB_TIMEOUT) -> subprocess.CompletedProcess:
+def bagpipe(*args, timeout=JOB_TIMEOUT, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "bagpipe.cli", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 
@@ -538,7 +539,7 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     assert "step 1/" in results[0][0]  # trainer 0 trained against the `bagpipe serve` servers
 
 
-def test_a_roles_own_refusal_is_the_launchers_line_and_in_its_log(tiny_data, tmp_path):
+def test_a_cache_too_small_is_refused_by_the_launcher_before_any_role_starts(tiny_data, tmp_path):
     out = tmp_path / "job"
     r = bagpipe(
         "train",
@@ -564,10 +565,31 @@ def test_a_roles_own_refusal_is_the_launchers_line_and_in_its_log(tiny_data, tmp
     )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "failed: " in lines[0] and "cannot hold" in lines[0] and "lost contact" not in lines[0], lines[0]
-    role = lines[0].split("error: ")[1].split(" (rank")[0]  # the role that refused, e.g. "oracle"
-    assert "cannot hold" in (out / "logs" / f"{role.replace(' ', '-')}.log").read_text()
-    assert f"[{role}, rank" in r.stdout
+    # the launcher's own memory checks (bagpipe.train.preflight.memory_checks) plan the first
+    # batches as the oracle role would: the oracle's refusal, said before any role starts
+    assert "cannot hold" in lines[0] and "failed: " not in lines[0] and "lost contact" not in lines[0], lines[0]
+    assert not out.exists() and "[oracle, rank" not in r.stdout
+
+
+def test_a_roles_own_refusal_is_the_launchers_line_and_in_its_log(tiny_data, tmp_path):
+    """A refusal only a role can make, mid-run (trainer 0 reads a malformed fault-injection
+    variable at its first checkpoint's cut): one line from the launcher naming the role,
+    the same line in that role's log."""
+    out = tmp_path / "job"
+    env = dict(os.environ, BAGPIPE_TEST_PAUSE="not-a-point")
+    r = bagpipe(
+        "train", "--data", tiny_data, "--out", out, "--steps", 6, "--batch-size", 64, "--no-progress",
+        "--mode", "lookahead", "--trainers", 1, "--servers", 1, "--cache-rows", 4000, "--threads", 1,
+        "--checkpoint-every", 2,
+        env=env,
+    )  # fmt: skip
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "failed: " in lines[0] and "BAGPIPE_TEST_PAUSE" in lines[0] and "lost contact" not in lines[0], lines[0]
+    role = lines[0].split("error: ")[1].split(" (rank")[0]  # the role that refused: trainer 0
+    assert role == "trainer 0", lines[0]
+    assert "BAGPIPE_TEST_PAUSE" in (out / "logs" / "trainer-0.log").read_text()
+    assert "[trainer 0, rank" in r.stdout
 
 
 def test_ctrl_c_stops_every_role(tiny_data, tmp_path):
