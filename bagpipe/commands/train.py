@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 DESCRIPTION = """\
-Train a CTR model on a bagpipe dataset.
+Train a CTR model on a bagpipe dataset: one epoch of its train split, unless --steps N
+or --epochs E says how long (E x train samples // batch size steps).
 
 Modes (--mode) compute the same thing and differ only in where embedding rows live:
   full       every table in this process's memory: the reference every mode matches

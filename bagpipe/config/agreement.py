@@ -35,6 +35,8 @@ PER_ROLE = frozenset(
         "threads",
         "progress",
         "plans_in_flight",
+        # how the run's length was given: the --steps it comes to is compared
+        "epochs",
         # how a role joins and is restarted (the launcher's and the rendezvous' business)
         "rendezvous_timeout",
         "max_restarts",

@@ -6,7 +6,8 @@ function below ``bagpipe.train`` takes the sections it reads, not the whole
 :class:`~bagpipe.config.train.TrainConfig`. Every setting is declared once, with its type
 and a docstring; ``bagpipe train --help`` and the TOML keys are generated from these
 declarations (:mod:`bagpipe.config.options`). Every bad value raises ConfigError with one
-line at start-up.
+line at start-up. The module is long because every setting of `bagpipe train` is declared
+here, each with its docstring (the option's help) and its checks.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ class ArchConfig(Section):
     model: ModelName = "dlrm"
     """The CTR model."""
     recipe: RecipeName = "debug"
-    """Model size: debug (trains in seconds on a laptop), kaggle (DLRM's Criteo Kaggle sizes) or
-    dcn-mlperf (--model dcn only: MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile;
-    it also brings MLPerf's optimizer, adagrad at --lr 0.005, unless --optimizer or --lr is given)."""
+    """Model size: debug (trains in seconds on a laptop), kaggle (DLRM's Criteo Kaggle sizes;
+    adagrad at --lr 0.002, measured in docs/optimizers.md) or dcn-mlperf (--model dcn only:
+    MLPerf's DLRM-DCNv2, D = 128, for the criteo-1tb profile; MLPerf's adagrad at --lr 0.005).
+    A recipe's rate applies unless --lr or another --optimizer is given."""
     embedding_dim: int | None = None
     """D, overrides the recipe's embedding dimension."""
 
@@ -81,7 +83,8 @@ class OptimConfig(Section):
     torch's for dense parameters (Adam for both Adam variants)."""
     lr: float = 0.05
     """Learning rate of the dense parameters, and of the embedding rows unless --embedding-lr
-    is given; the base rate a schedule scales."""
+    is given; the base rate a schedule scales. The kaggle and dcn-mlperf recipes bring their
+    own (see --recipe)."""
     embedding_lr: float | None = None
     """Learning rate of the embedding rows (default: --lr)."""
     beta1: float = 0.9
@@ -454,8 +457,12 @@ class RunConfig(Section):
 
     out: str
     """Run directory: config.json, metrics.jsonl, checkpoints, summary.json."""
-    steps: int = 1000
-    """Training steps (batches); past the end of the train split a new epoch begins."""
+    steps: int = 0
+    """Training steps (batches); past the end of the train split a new epoch begins.
+    Not given (0): one epoch of the train split, or --epochs E."""
+    epochs: int | None = None
+    """E: train for E epochs, E x (train samples // batch size) steps; excludes --steps.
+    Without either, a run trains one epoch."""
     seed: int = 0
     """Seeds the model init, the embedding init and the data order."""
     eval_every: int = 0
@@ -490,7 +497,8 @@ class RunConfig(Section):
     tensorboard package: pip install 'bagpipe[tensorboard]')."""
 
     def validate(self) -> None:
-        need(self.steps > 0, f"steps must be > 0, got {self.steps}")
+        need(self.steps >= 0, f"steps must be > 0, got {self.steps}")  # 0: not given (one epoch)
+        need(self.epochs is None or self.epochs > 0, f"epochs must be >= 1, got {self.epochs}")
         if self.resume_from is not None:
             need(
                 bool(self.resume_from.strip()),
@@ -506,4 +514,5 @@ class RunConfig(Section):
             f"checkpoint_compact_every must be >= 1, got {self.checkpoint_compact_every}",
         )
         need(0 <= self.threads <= MAX_THREADS, f"threads must be in [0, {MAX_THREADS}], got {self.threads}")
-        need(0 <= self.warmup_steps < self.steps, f"warmup steps must be in [0, steps), got {self.warmup_steps}")
+        w = self.warmup_steps  # steps 0: one epoch, resolved once the data is read (it checks again)
+        need(0 <= w and (not self.steps or w < self.steps), f"warmup steps must be in [0, steps), got {w}")

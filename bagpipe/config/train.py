@@ -14,7 +14,9 @@ which reads the table of modes).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from bagpipe.config.modes import mode_spec, modes_with
 from bagpipe.config.options import build, flatten, read_toml, sections, to_flat
@@ -31,6 +33,7 @@ from bagpipe.config.sections import (
     RunConfig,
 )
 from bagpipe.config.typed import need
+from bagpipe.errors import ConfigError
 from bagpipe.models.config import RECIPE_OPTIMIZER
 
 
@@ -135,7 +138,7 @@ class TrainConfig:
     @classmethod
     def of(cls, **settings) -> TrainConfig:
         """A config from settings by name (``TrainConfig.of(data=..., out=..., steps=10)``)."""
-        return build(cls, with_recipe_settings(settings))
+        return with_run_length(build(cls, with_recipe_settings(settings)), settings)
 
     def replace(self, **settings) -> TrainConfig:
         """A copy with some settings changed (by name, whatever their section)."""
@@ -154,7 +157,7 @@ class TrainConfig:
 STORE_SETTINGS = ("store",)
 DISK_SETTINGS = ("store_dir", "init_from_store")
 #: The settings only a distributed run (--trainers/--servers) reads.
-DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts", "secret_file")
+DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts", "spares", "secret_file")
 #: The settings of the hot tier's start-up profile (not read when --hot-rows gives the rows).
 PROFILE_SETTINGS = ("hot_sample_rate",)
 #: The schedule terms each --lr-schedule reads.
@@ -275,7 +278,51 @@ def load_config(file: str | None, overrides: dict) -> TrainConfig:
         values = flatten(TrainConfig, raw, str(file))
         source = str(file)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return build(TrainConfig, with_recipe_settings(values), source)
+    return with_run_length(build(TrainConfig, with_recipe_settings(values), source), values)
+
+
+def with_run_length(cfg: TrainConfig, given: dict) -> TrainConfig:
+    """``cfg`` with its number of steps: ``--steps`` as given, else ``--epochs`` E (default
+    1) whole epochs of the data set's train split, E x (train samples // batch size) steps
+    (the train stream drops the last partial batch). ``given``: the settings given (file
+    and command line), where ``--steps`` and ``--epochs`` exclude each other."""
+    run = cfg.run
+    need(
+        given.get("steps") != 0,
+        "steps must be > 0, got 0 (leave --steps out for one epoch, or give --epochs E)",
+    )
+    need(
+        not (given.get("steps") and given.get("epochs") is not None),
+        f"--epochs {given.get('epochs')} and --steps {given.get('steps')} both give the run's length: "
+        "give one of them (--epochs E runs E x the train split's batches)",
+    )
+    if run.steps:
+        return cfg
+    return cfg.replace(steps=(run.epochs or 1) * epoch_steps(cfg.data))
+
+
+def epoch_steps(data: DataConfig) -> int:
+    """Steps of one epoch of ``data``'s train split at its batch size, from its meta.json
+    (read here as JSON: bagpipe.data imports the config, not the other way round; the
+    data set's own checks run when the run opens it)."""
+    meta = Path(data.data) / "meta.json"
+    try:
+        n = json.loads(meta.read_text(encoding="utf-8"))["splits"]["train"]["num_samples"]
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{data.data}: not a finished bagpipe dataset (no meta.json), so one epoch's steps are unknown"
+        ) from None
+    except KeyError:
+        raise ConfigError(f"{meta}: the data set has no train split to train on") from None
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"{meta}: unreadable ({e}); `bagpipe check {data.data}` checks the data set") from None
+    need(isinstance(n, int) and n >= 0, f"{meta}: splits.train.num_samples must be a count, got {n!r}")
+    need(
+        n >= data.batch_size,
+        f"--batch-size {data.batch_size} exceeds the {n:,} samples of the train split of {data.data}: "
+        "give a smaller --batch-size",
+    )
+    return n // data.batch_size
 
 
 def with_recipe_settings(values: dict) -> dict:

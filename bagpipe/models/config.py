@@ -17,8 +17,15 @@ RECIPE_SIZES: tuple[str, ...] = get_args(RecipeName)
 #: them (:func:`bagpipe.config.train.with_recipe_settings`). ``dcn-mlperf``: MLPerf Training's
 #: DLRM-DCNv2 reference trains with Adagrad at a learning rate of 0.005; the default 0.05
 #: made its loss explode (7.7e11 within 8 steps of batch 1024 on the criteo-1tb profile).
+#: ``kaggle``: Adagrad at 0.002. The default 0.05 spiked every model's loss at step 2 on
+#: the shipped Criteo and Avazu samples (DLRM on Criteo: 3,461, so 347 as the mean of steps
+#: 1-10): torch's Adagrad starts from a zero accumulator, so its first step moves every dense
+#: weight by the full rate, lr * g / |g|, which at 0.05 outweighs the initial weights of
+#: 512-wide layers (about 1/sqrt(512) = 0.044). 0.002 was the largest rate measured with no
+#: step above the first on both samples and all four models (docs/optimizers.md).
 RECIPE_OPTIMIZER: dict[str, dict[str, object]] = {
     "dcn-mlperf": {"optimizer": "adagrad", "lr": 0.005},
+    "kaggle": {"optimizer": "adagrad", "lr": 0.002},
 }
 
 

@@ -218,9 +218,25 @@ class MetricsLogger:
         self.reporter.record(step=step, loss=recent, samples_per_s=sps, **self.rates(step - 1))
 
 
+#: About how many epoch lines a run prints at most: every epoch's when there are few,
+#: else the first's and then every k-th's (k a round number): 250 short epochs say 6.
+EPOCH_LINES = 5
+
+
+def epoch_stride(epochs: int) -> int:
+    """k: after the first, every k-th epoch's beginning is noted (1, 2, 5, 10, 20, 50, ...),
+    so that a run of ``epochs`` epochs prints about :data:`EPOCH_LINES` lines at most."""
+    k, i = 1, 0
+    while epochs > k * EPOCH_LINES:
+        k = round(k * (2, 2.5, 2)[i % 3])  # 1, 2, 5, 10, 20, 50, 100, ...
+        i += 1
+    return k
+
+
 @dataclass
 class Epochs:
-    """The note that a new epoch begins (after the last batch of the train split)."""
+    """The note that a new epoch begins (after the last batch of the train split): every
+    epoch's when the run has few, else the second's and every k-th (:func:`epoch_stride`)."""
 
     batches_per_epoch: int
     total: int
@@ -228,11 +244,19 @@ class Epochs:
 
     def maybe(self, step: int) -> None:
         n = self.batches_per_epoch
-        if step % n == 0 and step < self.total:
-            self.progress.note(
-                f"epoch {step // n + 1} begins at step {step + 1} "
-                f"(the train split holds {n} batches; each epoch reshuffles its blocks)"
-            )
+        if step % n or step >= self.total:
+            return
+        epoch, epochs = step // n + 1, -(-self.total // n)
+        k = epoch_stride(epochs)
+        if epoch > 2 and epoch % k:
+            return
+        if epoch > 2:
+            self.progress.note(f"epoch {epoch} of {epochs} begins at step {step + 1}")
+            return
+        why = f"the train split holds {n} batches; each epoch reshuffles its blocks"
+        if k > 1:
+            why += f"; {epochs} epochs in all, every {k}th is noted"
+        self.progress.note(f"epoch {epoch} begins at step {step + 1} ({why})")
 
 
 @dataclass

@@ -40,6 +40,7 @@ MAY_CHANGE = (
     "data",
     "out",
     "steps",
+    "epochs",
     "eval_every",
     "eval_samples",
     "checkpoint_every",
@@ -101,7 +102,7 @@ def resume_point(
     if ckpt.step >= cfg.run.steps and not (complete_ok and ckpt.step == cfg.run.steps):
         raise ConfigError(
             f"{run.path} is complete: its checkpoint is at step {ckpt.step} and --steps is {cfg.run.steps}; "
-            f"give a larger --steps to train further"
+            f"give a larger --steps (or --epochs) to train further"
         )
     if not run.config_file.exists():
         raise CheckpointError(f"{run.path}: has a checkpoint but no config.json to check the resumed run against")

@@ -108,7 +108,7 @@ def test_resume_of_a_finished_run_changes_nothing_and_a_longer_one_extends_it(ru
         ("--seed", 7, "seed was 0, now 7"),
         ("--batch-size", 64, "batch_size was 128, now 64"),
         ("--model", "dcn", "model was 'dlrm', now 'dcn'"),
-        ("--recipe", "kaggle", "recipe was 'debug', now 'kaggle'"),
+        ("--recipe", "kaggle", "lr was 0.05, now 0.002"),  # the kaggle recipe brings its rate; lr is compared first
         ("--optimizer", "sgd", "optimizer was 'adagrad', now 'sgd'"),
     ],
 )

@@ -439,7 +439,7 @@ def test_toml_key_and_option_agree(key, tmp_path):
     from bagpipe.cli import build_parser
     from bagpipe.config import given
 
-    base = {"data": "/tmp/d", "out": "/tmp/o"}
+    base = {"data": "/tmp/d", "out": "/tmp/o", "steps": 3}  # a length: one epoch of /tmp/d would read it
     value = other_value(key)
     settings_ = base | {key: value}
     section = settings(TrainConfig)[key][0]

@@ -116,13 +116,13 @@ def test_dcn_mlperf_recipe():
 def test_dcn_mlperf_recipe_brings_mlperfs_optimizer_unless_given():
     from bagpipe.config.train import TrainConfig, load_config
 
-    base = dict(data="d", out="o", model="dcn", recipe="dcn-mlperf")
+    base = dict(data="d", out="o", steps=1, model="dcn", recipe="dcn-mlperf")
     cfg = TrainConfig.of(**base)
     assert (cfg.optim.optimizer, cfg.optim.lr) == ("adagrad", 0.005)
     assert load_config(None, base).optim.lr == 0.005  # the command line's path
     assert TrainConfig.of(**base, lr=0.01).optim.lr == 0.01
     assert TrainConfig.of(**base, optimizer="sgd").optim.lr == 0.05  # another optimizer: the default rate
-    assert TrainConfig.of(data="d", out="o").optim.lr == 0.05  # other recipes: unchanged
+    assert TrainConfig.of(data="d", out="o", steps=1).optim.lr == 0.05  # the debug recipe: the default rate
 
 
 def test_dcn_mlperf_recipe_is_dcn_only():
