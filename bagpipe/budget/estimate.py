@@ -24,7 +24,12 @@ The parts (:func:`estimate`; MiB in ``bagpipe plan``):
   pages (its bound) and pages in flight, and the data shards' pages of a batch. The
   page cache beyond this is reclaimable: a memory cgroup's limit takes it back;
 * **evaluation and digest**: what an evaluation or the final digest holds beyond a
-  training step (they do not overlap with one).
+  training step (they do not overlap with one);
+* **checkpoint cut**: what a checkpoint's cut holds when it streams (mid-run and at the
+  end of the run): the bitmaps of the rows it takes (R/8 bytes each), one chunk of rows
+  read, copied and written, the part files' pages not yet written back (two chunks), the
+  cache's rows sorted. A cut whose whole copy fits in what the budget leaves
+  (:func:`cut_bytes`) copies instead, and its part is written while training goes on.
 
 Every constant below was measured (docs/beyond-memory.md#the-estimate); tests and
 ``bagpipe bench memory`` hold the total against the measured peak of real runs.
@@ -206,6 +211,25 @@ def _oracle(shape: RunShape, sizes: Sizes) -> tuple[int, str]:
 
 ROLES = ("trainer", "remote-trainer", "oracle")
 
+#: The estimate's part that a checkpoint's cut streams within (:func:`cut_bytes`).
+CUT = "checkpoint cut"
+
+
+def cut_part(num_rows: int, row_bytes: int, chunk_rows: int, cache_rows: int) -> Part:
+    """What a streamed checkpoint cut holds (:class:`bagpipe.checkpoint.parts.RowCut`): two
+    bitmaps of the rows, a chunk read (rows, weights and state), its copy into the part's
+    layout, the part files' dirty pages (two chunks' bytes), and the cache's (rows, slots)
+    sorted for the overlay."""
+    chunk = chunk_rows * (4 * row_bytes + 24)
+    return Part(CUT, 2 * ((num_rows + 7) // 8) + chunk + 16 * cache_rows, f"streamed in chunks of {chunk_rows:,} rows")
+
+
+def cut_bytes(est: Estimate, usable: int) -> int:
+    """What a checkpoint's cut may hold at once under a budget of ``usable`` bytes: its
+    own part of the estimate ``est`` and whatever the budget leaves beyond the estimate
+    (the cut's copy is held while the end of the run evaluates and hashes)."""
+    return usable - est.total + est.part(CUT)
+
 
 def estimate(shape: RunShape, sizes: Sizes, role: str = "trainer") -> Estimate:
     """The memory of one process of the run ``shape`` with ``sizes``, by ``role``:
@@ -271,6 +295,9 @@ def estimate(shape: RunShape, sizes: Sizes, role: str = "trainer") -> Estimate:
     digest = 2 * (sizes.io.chunk_rows if s.store else 1 << 16) * rb
     extra = max(0, max(ev, digest) - act - emb)
     parts.append(Part("evaluation and digest", extra, "beyond a training step"))
+    if not remote:  # a trainer of a distributed job copies no rows at a cut: its servers do
+        chunk = sizes.io.chunk_rows if s.store else 1 << 16
+        parts.append(cut_part(R, rb, chunk, sizes.cache_rows if s.store else 0))
     return Estimate(role, tuple(parts))
 
 

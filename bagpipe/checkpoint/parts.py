@@ -9,6 +9,11 @@ trained since; the files are written afterwards, while training goes on. A full 
 that has a previous checkpoint to rest on merges that checkpoint's rows with the cut's
 (compaction), reading checkpoint files, not the store.
 
+Under a memory budget the cut may instead take its rows as a bitmap (:class:`RowCut`) and
+stream the part from the store at the cut, a chunk of rows at a time, each chunk written
+before the next is read: its memory is the chunk's, not the rows written
+(:mod:`bagpipe.train.cut` decides).
+
 Files are written with ordinary writes after reserving their size (``posix_fallocate``),
 never through a memory map: a full disk is an ``OSError`` (ENOSPC) at the start of the
 part, not a SIGBUS in the middle of it. Each file's bytes are summed (size, CRC-32) as
@@ -27,6 +32,8 @@ import numpy as np
 
 from bagpipe.checkpoint.format import Kind, Part, part_names
 from bagpipe.checkpoint.verify import FileSum, SummingFile, remember
+from bagpipe.store.base import bitmap_rows
+from bagpipe.store.diskio import WriteBehind
 
 if TYPE_CHECKING:
     from bagpipe.checkpoint.reader import CheckpointReader
@@ -51,6 +58,14 @@ class RowSource(Protocol):
 
     def peek(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Weights (n, D) and state (n, S) of ``rows``, not counted as training traffic."""
+        ...
+
+    def take_dirty_bits(self) -> np.ndarray:
+        """:meth:`take_dirty` as a little-endian bitmap of num_rows bits (the caller's)."""
+        ...
+
+    def written_bits(self) -> np.ndarray:
+        """:meth:`written_rows` as a fresh little-endian bitmap of num_rows bits."""
         ...
 
 
@@ -99,15 +114,162 @@ def take_snapshot(source: RowSource, everything: bool) -> Snapshot:
     return Snapshot(np.asarray(rows, np.int64), w, s)
 
 
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+def bits_count(bits: np.ndarray, chunk: int = 1 << 20) -> int:
+    """Rows set in a little-endian bitmap (counted ``chunk`` bytes at a time)."""
+    return sum(int(_POPCOUNT[bits[a : a + chunk]].sum(dtype=np.int64)) for a in range(0, len(bits), chunk))
+
+
+def set_bits(bits: np.ndarray, rows: np.ndarray) -> None:
+    """Set ``rows`` in the little-endian bitmap ``bits``."""
+    rows = np.asarray(rows, np.int64)
+    np.bitwise_or.at(bits, rows >> 3, np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8)))
+
+
+def bits_chunks(bits: np.ndarray, num_rows: int, chunk_rows: int) -> Iterator[np.ndarray]:
+    """The rows set in ``bits``, ascending, as int64 arrays of ``chunk_rows`` rows (the last
+    fewer): the bitmap is read ``chunk_rows / 8`` bytes at a time, so no array of every
+    row is ever made."""
+    window = max(1, chunk_rows // 8)
+    held: list[np.ndarray] = []
+    n = 0
+    for a in range(0, len(bits), window):
+        part = bits[a : a + window]
+        at = np.flatnonzero(part)
+        if not len(at):
+            continue
+        rows = bitmap_rows(part[at], num_rows - 8 * a, at=at) + 8 * a
+        held.append(rows)
+        n += len(rows)
+        while n >= chunk_rows:
+            allrows = np.concatenate(held) if len(held) > 1 else held[0]
+            yield allrows[:chunk_rows]
+            rest = allrows[chunk_rows:]
+            held, n = ([rest] if len(rest) else []), len(rest)
+    if n:
+        yield np.concatenate(held) if len(held) > 1 else held[0]
+
+
+class Overlay(Protocol):
+    """Rows newer than the source's (the cache's, at a cut mid-run): ``rows`` ascending."""
+
+    rows: np.ndarray
+
+    def values(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Weights and state of ``rows[at]``."""
+        ...
+
+
+@dataclass(frozen=True)
+class CutBudget:
+    """What a memory budget gives a checkpoint's cut (:func:`bagpipe.budget.estimate.cut_bytes`):
+    ``bytes`` it may hold at once -- a whole copy if it fits, so that the part is written
+    while training goes on -- else the cut streams in chunks of ``chunk_rows`` rows, with at
+    most ``dirty_bytes`` of the part files' pages not yet written back."""
+
+    bytes: int
+    chunk_rows: int
+    dirty_bytes: int | None = None
+
+
+@dataclass
+class RowCut:
+    """The rows a cut takes, as a bitmap (R/8 bytes) over ``source`` (the store, quiescent
+    until training goes on), with ``overlay`` (the cache's rows) winning; ``rows``: how many.
+
+    :meth:`snapshot` copies them (the write then runs in the background);
+    :meth:`write` streams them into a part at once, ``chunk_rows`` at a time, reading the
+    store as of the cut -- memory bounded by the chunk, whatever the rows written."""
+
+    source: RowSource
+    bits: np.ndarray
+    rows: int
+    overlay: Overlay | None = None
+
+    @classmethod
+    def take(cls, source: RowSource, everything: bool, overlay: Overlay | None = None) -> RowCut:
+        """The rows written since the previous cut (``everything``: since initialisation)
+        and the overlay's; either way the rows written so far count as taken."""
+        bits = source.take_dirty_bits()
+        if everything:
+            bits = source.written_bits()
+        if overlay is not None and len(overlay.rows):
+            set_bits(bits, overlay.rows)
+        return cls(source, bits, bits_count(bits), overlay)
+
+    def nbytes(self) -> int:
+        """What :meth:`snapshot` holds."""
+        return self.rows * (8 + 4 * (self.source.dim + self.source.state_dim))
+
+    def chunks(self, chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(rows, weights, state) of at most ``chunk_rows`` rows, ascending, as of now."""
+        ov = self.overlay
+        for rows in bits_chunks(self.bits, self.source.num_rows, chunk_rows):
+            w, s = self.source.peek(rows)
+            if ov is not None and len(ov.rows):
+                lo, hi = np.searchsorted(ov.rows, [rows[0], rows[-1] + 1])
+                if hi > lo:
+                    at = np.arange(lo, hi)
+                    ow, os_ = ov.values(at)
+                    where = np.searchsorted(rows, ov.rows[lo:hi])
+                    w[where], s[where] = ow, np.asarray(os_).reshape(len(at), -1)
+            yield rows, w, s
+
+    def snapshot(self, chunk_rows: int = CHUNK) -> Snapshot:
+        """A copy of every row (what the background write needs)."""
+        d, sd = self.source.dim, self.source.state_dim
+        rows = np.empty(self.rows, np.int64)
+        w = np.empty((self.rows, d), np.float32)
+        s = np.empty((self.rows, sd), np.float32)
+        a = 0
+        for r, cw, cs in self.chunks(chunk_rows):
+            rows[a : a + len(r)], w[a : a + len(r)], s[a : a + len(r)] = r, cw, cs
+            a += len(r)
+        assert a == self.rows, (a, self.rows)
+        return Snapshot(rows, w, s)
+
+    def write(
+        self, folder: Path, shard: int, shards: int, kind: Kind, chunk_rows: int, dirty_bytes: int | None = None
+    ) -> Part:
+        """Shard ``shard`` of ``shards``' part (a delta, or a full part holding every written
+        row) streamed into ``folder`` now, ``chunk_rows`` rows at a time: the ids from the
+        bitmap, then the values read from the source chunk by chunk."""
+        folder = Path(folder)
+        d = self.source.dim
+        cols = d + self.source.state_dim
+        ids_name, values_name = part_names(kind, shard, shards)
+
+        def ids() -> Iterator[np.ndarray]:
+            for rows in bits_chunks(self.bits, self.source.num_rows, chunk_rows):
+                yield rows * shards + shard
+
+        def values() -> Iterator[np.ndarray]:
+            for rows, w, s in self.chunks(chunk_rows):
+                out = np.empty((len(rows), cols), np.float32)
+                out[:, :d], out[:, d:] = w, s
+                yield out
+
+        ids_sum = write_npy(folder / ids_name, (self.rows,), np.int64, ids(), dirty_bytes)
+        values_sum = write_npy(folder / values_name, (self.rows, cols), np.float32, values(), dirty_bytes)
+        sums = {ids_name: ids_sum, values_name: values_sum}
+        return Part(shard, shards, kind, self.rows, ids_sum.bytes + values_sum.bytes, sums=sums)
+
+
 def _fsync(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 
 
-def write_npy(path: Path, shape: tuple[int, ...], dtype, chunks: Iterator[np.ndarray]) -> FileSum:
+def write_npy(
+    path: Path, shape: tuple[int, ...], dtype, chunks: Iterator[np.ndarray], dirty_bytes: int | None = None
+) -> FileSum:
     """Write an .npy file of ``shape`` from ``chunks`` (C order, in sequence) and fsync it;
     the file's size is reserved first, so a full disk fails here before any data is
-    written. Returns the file's size and the CRC-32 of its bytes, summed as they were written."""
+    written. ``dirty_bytes``: the file's pages not yet written back stay under it (a
+    memory cgroup counts them and cannot reclaim them). Returns the file's size and the
+    CRC-32 of its bytes, summed as they were written."""
     dt = np.dtype(dtype)
     header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": tuple(shape)}
     with open(path, "wb") as raw:
@@ -119,8 +281,13 @@ def write_npy(path: Path, shape: tuple[int, ...], dtype, chunks: Iterator[np.nda
         except OSError as e:
             if e.errno not in (95,):  # EOPNOTSUPP: the filesystem allocates as it writes
                 raise
+        behind = WriteBehind(raw.fileno(), dirty_bytes) if dirty_bytes else None
         for c in chunks:
-            f.write(np.ascontiguousarray(c, dtype=dt).reshape(-1).view(np.uint8))
+            data = np.ascontiguousarray(c, dtype=dt).reshape(-1).view(np.uint8)
+            f.write(data)
+            if behind is not None:
+                raw.flush()
+                behind.wrote(len(data))
         raw.flush()
         if raw.tell() != total or f.size != total:
             raise OSError(f"{path}: wrote {raw.tell()} bytes, expected {total}")
@@ -137,6 +304,8 @@ def write_part(
     shards: int,
     kind: Kind,
     base: CheckpointReader | None = None,
+    chunk_rows: int = CHUNK,
+    dirty_bytes: int | None = None,
 ) -> Part:
     """Write shard ``shard`` of ``shards`` (local row l is global row l * shards + shard)
     into ``folder`` from the cut's ``snap``: a delta part holds the snapshot's rows; a
@@ -152,9 +321,9 @@ def write_part(
         ids = mine
 
         def values() -> Iterator[np.ndarray]:
-            for a in range(0, len(ids), CHUNK):
-                out = np.empty((len(ids[a : a + CHUNK]), cols), np.float32)
-                out[:, :d], out[:, d:] = snap.weights[a : a + CHUNK], snap.state[a : a + CHUNK]
+            for a in range(0, len(ids), chunk_rows):
+                out = np.empty((len(ids[a : a + chunk_rows]), cols), np.float32)
+                out[:, :d], out[:, d:] = snap.weights[a : a + chunk_rows], snap.state[a : a + chunk_rows]
                 yield out
 
     else:  # compaction: the base chain's rows of this shard, the snapshot's winning
@@ -162,10 +331,10 @@ def write_part(
         ids = merged.ids
 
         def values() -> Iterator[np.ndarray]:
-            for _, out in merged.chunks(CHUNK):
+            for _, out in merged.chunks(chunk_rows):
                 yield out
 
-    ids_sum = write_npy(folder / ids_name, (len(ids),), np.int64, iter([ids]))
-    values_sum = write_npy(folder / values_name, (len(ids), cols), np.float32, values())
+    ids_sum = write_npy(folder / ids_name, (len(ids),), np.int64, iter([ids]), dirty_bytes)
+    values_sum = write_npy(folder / values_name, (len(ids), cols), np.float32, values(), dirty_bytes)
     sums = {ids_name: ids_sum, values_name: values_sum}
     return Part(shard, shards, kind, len(ids), ids_sum.bytes + values_sum.bytes, sums=sums)

@@ -7,7 +7,9 @@ A checkpoint of step K is taken in two halves:
    full, merged from the chain) and makes the staging folder; the topology then copies
    what the checkpoint needs -- the rows written since the previous cut (for a first
    checkpoint: every row written since initialisation), the cached rows, and the dense
-   state -- and training goes on.
+   state -- and training goes on. Under a memory budget that does not hold that copy, a
+   one-process run's cut streams its part instead, chunk by chunk, before training goes
+   on (:mod:`bagpipe.train.cut`, :class:`~bagpipe.checkpoint.parts.RowCut`).
 2. **The write** (a background thread of trainer 0, or of the one process): the parts
    are written from the copy (an embedding server writes its own part in a thread of its
    own), then :func:`commit_checkpoint` writes dense.pt and commits (``MANIFEST.json``,

@@ -124,6 +124,20 @@ class EmbeddingStore(ABC):
             return np.zeros(0, dtype=np.int64)
         return bitmap_rows(bits, self.num_rows)
 
+    def take_dirty_bits(self) -> np.ndarray:
+        """:meth:`take_dirty` as the little-endian bitmap of num_rows bits (R/8 bytes, the
+        caller's to keep): what a checkpoint's cut streams its rows from, chunk by chunk."""
+        with self._stats_lock:
+            bits, self._dirty = self._dirty, None
+        return np.zeros((self.num_rows + 7) // 8, dtype=np.uint8) if bits is None else bits
+
+    def written_bits(self) -> np.ndarray:
+        """:meth:`written_rows` as a fresh little-endian bitmap (R/8 bytes)."""
+        bits = np.zeros((self.num_rows + 7) // 8, dtype=np.uint8)
+        rows = self.written_rows()
+        np.bitwise_or.at(bits, rows >> 3, np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8)))
+        return bits
+
     def written_rows(self) -> np.ndarray:
         """(m,) int64 ascending: every row written (or loaded) since the store was created,
         i.e. every row that may differ from its initial value. Costs the rows written

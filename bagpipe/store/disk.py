@@ -519,6 +519,10 @@ class DiskStore(EmbeddingStore):
         with self._present_lock:  # the presence bitmap: no I/O
             return bitmap_rows(self._bits.copy(), self.num_rows)
 
+    def written_bits(self) -> np.ndarray:
+        with self._present_lock:
+            return self._bits.copy()
+
     def reset(self, rows: np.ndarray) -> None:
         """Clear ``rows``' presence flags, durably (their old values stay in rows.f32, unread)."""
         rows = np.unique(np.asarray(rows, dtype=np.int64))

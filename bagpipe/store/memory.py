@@ -91,6 +91,9 @@ class MemoryStore(EmbeddingStore):
     def written_rows(self) -> np.ndarray:
         return np.flatnonzero(self.present).astype(np.int64)
 
+    def written_bits(self) -> np.ndarray:
+        return np.packbits(self.present, bitorder="little")
+
     def reset(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         self.present[rows] = False

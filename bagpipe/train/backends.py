@@ -41,6 +41,7 @@ from bagpipe.cache.setup import CachePlan
 from bagpipe.cache.slots import SlotCache
 from bagpipe.cache.transfer import Transfers
 from bagpipe.checkpoint import CheckpointReader, Snapshot, restore_rows, take_snapshot
+from bagpipe.checkpoint.parts import RowCut, bits_chunks
 from bagpipe.config.modes import ExecutorName
 from bagpipe.data.prefetch import Prefetched
 from bagpipe.data.stream import BatchStream
@@ -125,11 +126,22 @@ class FullBackend:
         self._dirty[:] = False
         return rows
 
+    def take_dirty_bits(self) -> np.ndarray:
+        bits = np.packbits(self._dirty, bitorder="little")
+        self._dirty[:] = False
+        return bits
+
+    def written_bits(self) -> np.ndarray:
+        return np.packbits(self._written, bitorder="little")
+
     def restore(self, reader: CheckpointReader) -> None:
         restore_rows(self, reader)
 
     def snapshot(self, everything: bool) -> Snapshot:
         return take_snapshot(self, everything)
+
+    def cut(self, everything: bool) -> RowCut:
+        return RowCut.take(self, everything)
 
     def touched(self) -> IdRows:
         return touched_rows(self.written_rows(), self.peek)
@@ -185,6 +197,21 @@ class FullBackend:
 
     def close(self, abandon: bool = False) -> None:
         pass
+
+
+class _CachedRows:
+    """The cache's rows at a cut (ascending), their values read from the cache on demand
+    (:class:`~bagpipe.checkpoint.parts.Overlay`)."""
+
+    def __init__(self, backend: CachedBackend, slots: np.ndarray, rows: np.ndarray):
+        order = np.argsort(rows)
+        self.rows, self._slots, self._backend = rows[order], slots[order], backend
+
+    def values(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        b = self._backend
+        # through the copy path every write-back takes (the cache may be on a device)
+        w, s = b.transfers.download(*b.cache.read(self._slots[at])).result()
+        return np.asarray(w), np.asarray(s)
 
 
 S = TypeVar("S", bound=EmbeddingStore)
@@ -245,10 +272,27 @@ class CachedBackend(Generic[S, P]):
             snap = snap.overlay(rows, w, st)
         return snap
 
+    def cut(self, everything: bool) -> RowCut:
+        """The cut's rows without their copy (:class:`RowCut`): the store's written since the
+        previous cut as a bitmap (write-backs drained first: the store is quiescent until
+        training goes on), the cached rows over them (read from the cache chunk by chunk)."""
+        if self.executor is not None:
+            self.executor.drain()
+        overlay = None
+        if not self._finished:  # (after finish the store holds the cached rows too)
+            slots, rows = self.cache.occupied()
+            if len(slots):
+                overlay = _CachedRows(self, slots, rows)
+        return RowCut.take(self.store, everything, overlay)
+
     def touched(self) -> IdRows:
         """Every row the store holds a written value of (after :meth:`finish`: every row
-        trained), for the digest; the rows never written are not read."""
-        return touched_rows(self.store.written_rows(), self.store.peek, self.store.chunk_rows)
+        trained), for the digest; the rows never written are not read. The rows come from
+        the store's bitmap a chunk at a time (no array of every written row)."""
+        store, chunk = self.store, self.store.chunk_rows
+        for ids in bits_chunks(store.written_bits(), store.num_rows, chunk):
+            w, s = store.peek(ids)
+            yield ids, w, s
 
     def steps(
         self, stream: BatchStream, start: int, stop: int, before_evict: Callable[[Plan], None] | None = None

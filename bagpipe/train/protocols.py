@@ -35,6 +35,7 @@ from bagpipe.accel.profile import HotSet
 from bagpipe.budget.estimate import RunShape
 from bagpipe.budget.sizing import Fit
 from bagpipe.checkpoint import Checkpoint, CheckpointReader, CutTarget, Part, Snapshot
+from bagpipe.checkpoint.parts import RowCut
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.batch import Batch
 from bagpipe.data.shards import Dataset
@@ -168,6 +169,12 @@ class Backend(Protocol):
     def snapshot(self, everything: bool) -> Snapshot:
         """A checkpoint's cut on one process: a copy of the rows written since the previous
         cut (``everything``: since initialisation), their values as of now."""
+        ...
+
+    def cut(self, everything: bool) -> RowCut:
+        """A checkpoint's cut on one process under a memory budget: the rows :meth:`snapshot`
+        would copy, as a bitmap over a quiescent source (copied or streamed chunk by chunk
+        before training goes on: :mod:`bagpipe.train.cut`)."""
         ...
 
     def steps(

@@ -16,16 +16,16 @@ import torch
 
 from bagpipe.budget.estimate import RunShape
 from bagpipe.cache.setup import LocalPlans
-from bagpipe.checkpoint import Checkpoint, CutTarget, write_part
+from bagpipe.checkpoint import Checkpoint, CutTarget
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
-from bagpipe.faults import pause_at
 from bagpipe.optim.sparse import SparseOptimizer
 from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import FullBackend, cached_backend
+from bagpipe.train.cut import local_cut
 from bagpipe.train.preflight import MemoryCheck, memory_checks
 from bagpipe.train.progress import ProgressKind
 from bagpipe.train.protocols import Backend, PartsWriter, RowUpdate
@@ -82,15 +82,10 @@ class SingleProcess:
     def checkpoint_cut(self, step: int, backend: Backend, target: CutTarget | None) -> PartsWriter:
         """This process is shard 0 of 1: the cut copies the rows its one part needs (the
         store's written since the previous cut, and the cache's), the part is written from
-        the copy afterwards."""
+        the copy afterwards -- or, where a memory budget does not hold the copy, streams
+        the part at the cut (:mod:`bagpipe.train.cut`)."""
         assert target is not None
-        snap = backend.snapshot(target.everything)
-
-        def write():
-            pause_at("checkpoint", step)  # a test kills us here: training goes on, the part is being written
-            return [write_part(target.staging, snap, 0, 1, target.kind, target.base_reader())]
-
-        return write
+        return local_cut(step, backend, target)
 
     def row_update(self, opt: SparseOptimizer, backend: Backend) -> RowUpdate:
         return LocalRowUpdate(opt)
