@@ -57,6 +57,9 @@ class ModeSpec:
     """Whether --fae-schedule split (FAE's regrouped data order) applies."""
     cuda: bool = True
     """Whether it runs on --device cuda (the model and the cache on a GPU)."""
+    bitwise: bool = True
+    """Whether its parameters equal ``--mode full``'s bit for bit (its params_sha256 is
+    full's); False: within float rounding (another summation order, docs/accel.md)."""
 
     @property
     def store(self) -> bool:
@@ -115,6 +118,7 @@ MODE_TABLE: tuple[ModeSpec, ...] = (
         step="hotline",
         hot_budget_mb=FAE_BUDGET_MB,
         cuda=False,  # its micro-batch split indexes the step's tensors on the host
+        bitwise=False,  # two micro-batches' gradients summed: another summation order
     ),
 )
 

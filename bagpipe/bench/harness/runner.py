@@ -77,8 +77,10 @@ def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings
     steps, warm-up, eval samples, threads, device), then ``settings``: ``bagpipe train``'s options
     in Python spelling (``cache_rows=..., store_dir=...``); one given here replaces the
     shared value, None leaves the option out. Last the benchmark switches: no progress
-    bar, no final checkpoint, no params digest unless ``digest``.
+    bar, no final checkpoint unless ``final_checkpoint=True`` is among the settings, no
+    params digest unless ``digest``.
     """
+    final = bool(settings.pop("final_checkpoint", False))
     opts = {
         "data": data,
         "out": run_dir,
@@ -100,7 +102,8 @@ def train_args(b, data: Path, run_dir: Path, *, digest: bool = False, **settings
             args.append(flag(key) if value else "--no-" + flag(key)[2:])
         elif value is not None:
             args += [flag(key), str(value)]
-    return args + ["--no-progress", "--no-final-checkpoint"] + ([] if digest else ["--no-digest"])
+    ends = ["--final-checkpoint" if final else "--no-final-checkpoint"] + ([] if digest else ["--no-digest"])
+    return args + ["--no-progress", *ends]
 
 
 def launch(b, data: Path, run_dir: Path, label: str, preexec_fn=None, **settings) -> dict:

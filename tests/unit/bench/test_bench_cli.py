@@ -192,6 +192,28 @@ def test_train_args_are_bagpipe_train_options(tmp_path):
     assert parser.parse_args(["train", *args]).digest is None
 
 
+def test_scale_runs_end_as_a_users_run_when_asked(tmp_path):
+    """bench scale --checkpoint-every N --final-checkpoint: every configuration's run takes
+    its checkpoints and its final one (the acceptance of runs that end within the limit);
+    the table reads each run's last checkpoint step from its LATEST."""
+    from bagpipe.bench.scenarios.scale.scenario import CONFIGS, ScaleBench, last_checkpoint_step, settings
+    from bagpipe.cli import build_parser
+
+    parser = build_parser()
+    b = ScaleBench.quick()
+    assert all(v["final_checkpoint"] is False and v["checkpoint_every"] is None for v in settings(b, 1000, 64).values())
+    b = ScaleBench(checkpoint_every=250, final_checkpoint=True)
+    each = settings(b, 1000, 64)
+    assert set(each) == set(CONFIGS) and {"fae", "hotline"} <= set(each)
+    for key, opts in each.items():
+        ns = parser.parse_args(["train", *train_args(b, tmp_path / "d", tmp_path / key, **opts)])
+        assert (ns.checkpoint_every, ns.final_checkpoint) == (250, True), key
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert last_checkpoint_step(tmp_path / "run") is None
+    (tmp_path / "run" / "checkpoints" / "LATEST").write_text("step-00001000\n")
+    assert last_checkpoint_step(tmp_path / "run") == 1000
+
+
 def test_cluster_skips_in_one_line_without_namespaces(tmp_path, capsys, monkeypatch):
     import json
 

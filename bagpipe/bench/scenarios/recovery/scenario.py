@@ -80,11 +80,11 @@ class RecoveryBench(CachePoint, Throughput):
     topologies: tuple[str, ...] = tuple(TOPOLOGIES)
     """Topologies to run: a comma-separated subset of 1x2,2x2."""
     intervals: tuple[int, ...] = (100, 500)
-    """--checkpoint-every values compared with no checkpoints."""
+    """Checkpoint intervals (steps; bagpipe train's checkpoint_every) compared with no checkpoints."""
     compact_every: int = 10
     """--checkpoint-compact-every of every run (every Nth checkpoint is full)."""
     kill_interval: int = 100
-    """--checkpoint-every of the recovery runs."""
+    """Checkpoint interval (steps) of the recovery runs."""
     kill_at: int = 350
     """Step at which a recovery run's role is killed."""
     kill_roles: tuple[str, ...] = ("server 1", "trainer 0")

@@ -50,11 +50,12 @@ from bagpipe.bench.harness.runner import TrainFailed, launch, prepare
 from bagpipe.bench.harness.settings import CachePoint, Loaded, Throughput
 from bagpipe.bench.scenarios.modes.scenario import drop_cached, materialise_disk_store
 from bagpipe.bench.scenarios.scale.report import plot, summarise, thin
+from bagpipe.config.modes import MODES
 from bagpipe.optim.names import row_state_dim
 from bagpipe.testbed.load import BackgroundLoad
 from bagpipe.testbed.memlimit import MemoryGroup, find_memory_controller
 
-CONFIGS = ("full", "nocache", "lru", "lookahead", "lookahead+hot")
+CONFIGS = ("full", "nocache", "lru", "lookahead", "lookahead+hot", "fae", "hotline")
 PROBE = "reads-only"
 SEED = 0  # bagpipe train's default --seed: the initial rows of the table file
 TOUCHED = "store-touched-rows.npy"  # every row a run of this table file may have written
@@ -107,6 +108,11 @@ class ScaleBench(Loaded, CachePoint, Throughput):
     """Compute every run's params_sha256 (reads the whole table at the end of each run, not timed)."""
     sample_s: float = 1.0
     """Seconds between two samples of a run's group memory (memory.stat)."""
+    checkpoint_every: int = 0
+    """Steps between each run's checkpoints (bagpipe train --checkpoint-every; 0: none)."""
+    final_checkpoint: bool = False
+    """Write each run's final checkpoint at its end, as a user's run does (its cut and write
+    inside the memory limit); the table shows the step of each run's last checkpoint."""
 
     def validate(self) -> None:
         super().validate()
@@ -116,6 +122,7 @@ class ScaleBench(Loaded, CachePoint, Throughput):
         self.check("hot_share", 0 < self.hot_share < 1, "must be in (0, 1)")
         self.check("zipf_exponent", 0.5 <= self.zipf_exponent <= 3, "must be in [0.5, 3]")
         self.check("sample_s", self.sample_s > 0, "must be > 0")
+        self.check("checkpoint_every", self.checkpoint_every >= 0, "must be >= 0")
 
 
 def touched_rows(data: Path, batch_size: int, steps: int, seed: int) -> np.ndarray:
@@ -148,13 +155,28 @@ def settings(b: ScaleBench, cache_rows: int, row_bytes: int) -> dict[str, dict]:
     """Each configuration's ``bagpipe train`` options."""
     hot_rows = int(b.hot_share * cache_rows)
     la = dict(mode="lookahead", lookahead=b.lookahead)
-    return {
+    hot_mb = hot_rows * row_bytes / 2**20
+    ends = dict(checkpoint_every=b.checkpoint_every or None, final_checkpoint=b.final_checkpoint)
+    each: dict[str, dict] = {
         "full": dict(mode="full", store="memory"),
         "nocache": dict(mode="nocache"),
         "lru": dict(mode="lru", cache_rows=cache_rows),
         "lookahead": dict(la, cache_rows=cache_rows),
-        "lookahead+hot": dict(la, cache_rows=cache_rows - hot_rows, hot_budget_mb=hot_rows * row_bytes / 2**20),
+        "lookahead+hot": dict(la, cache_rows=cache_rows - hot_rows, hot_budget_mb=hot_mb),
+        # FAE and Hotline: the hot tier of lookahead+hot, the cold rows read every batch
+        "fae": dict(mode="fae", hot_budget_mb=hot_mb),
+        "hotline": dict(mode="hotline", hot_budget_mb=hot_mb),
     }
+    return {k: {**v, **ends} for k, v in each.items()}
+
+
+def last_checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the run's newest committed checkpoint (its LATEST), or None."""
+    latest = run_dir / "checkpoints" / "LATEST"
+    try:
+        return int(latest.read_text().strip().rpartition("-")[2])
+    except (OSError, ValueError):
+        return None
 
 
 def _why(e: TrainFailed, report: dict) -> str:
@@ -229,6 +251,7 @@ def run(b: ScaleBench) -> dict:
                     drop_cached(store_dir)
                     dirty = True
                     s = limited_run(b, controller, limit, data, run_dir, key, store_dir, dim, opts[key])
+                s["last_checkpoint_step"] = last_checkpoint_step(run_dir)
                 results[key].append(s)
                 print("    " + _line(s), flush=True)
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -236,7 +259,8 @@ def run(b: ScaleBench) -> dict:
                 print(f"[rep {rep + 1}/{b.reps}] {PROBE} ...", flush=True)
                 drop_cached(store_dir)  # the probe only reads: the file stays as the last run left it
                 probes.append(run_probe(b, controller, limit, out, data, store_dir, cache_rows, dim, state_dim))
-    payload = summarise(b, results, probes, total, cache_rows, table_bytes, where)
+    bitwise = {k: MODES[opts[k]["mode"]].bitwise for k in configs}
+    payload = summarise(b, results, probes, total, cache_rows, table_bytes, where, bitwise)
     if b.background_load:
         payload["table"] = f"With {b.background_load} CPU-bound background process(es) running.\n\n" + payload["table"]
     plot(out, payload)
