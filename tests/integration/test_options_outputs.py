@@ -141,8 +141,8 @@ def test_options_that_would_do_nothing_are_refused_saying_why(run_cli, tiny_data
 def test_warmup_poly_with_a_warm_up_or_a_decay_is_accepted():
     from bagpipe.config.train import TrainConfig
 
-    TrainConfig.of(data="d", out="o", lr_schedule="warmup-poly", lr_warmup_steps=5)
-    TrainConfig.of(data="d", out="o", lr_schedule="warmup-poly", lr_decay_steps=5)
+    TrainConfig.of(data="d", out="o", steps=10, lr_schedule="warmup-poly", lr_warmup_steps=5)
+    TrainConfig.of(data="d", out="o", steps=10, lr_schedule="warmup-poly", lr_decay_steps=5)
 
 
 # -- LOCAL_RANK -----------------------------------------------------------------------------
