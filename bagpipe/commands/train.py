@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.train.loop import train
 
     cfg = load_config(args.config, given(args, TrainConfig))
+    check_out_folders(cfg)
     check_summary_json(cfg)
     if cfg.distributed:
         from bagpipe.distributed.launch import launch
@@ -90,6 +91,34 @@ def run(args: argparse.Namespace) -> int:
         print(summary_line(one))  # the launcher already echoed trainer 0's line
     print(f"run directory: {cfg.run.out}")
     return 0
+
+
+def check_out_folders(cfg) -> None:
+    """Refuse, in one line and before anything is written, a run folder (``--out``) or a
+    store folder (``--store-dir``) that is the data set, lies inside it, or holds another
+    data set: the run's files (config.json, checkpoints, a disk store) would be mixed with
+    the shards, and ``preprocess --overwrite`` of the data set would delete the run."""
+    import os
+    from pathlib import Path
+
+    from bagpipe.errors import ConfigError
+
+    data = os.path.realpath(cfg.data.data)
+    for flag, given in (("--out", cfg.run.out), ("--store-dir", cfg.cache.store_dir)):
+        if not given:
+            continue
+        real = os.path.realpath(given)
+        if real == data or real.startswith(data.rstrip(os.sep) + os.sep):
+            what = "is" if real == data else "lies inside"
+            raise ConfigError(
+                f"{flag} {given} {what} --data {cfg.data.data}: the run would write its files among the "
+                f"data set's; choose another {flag}"
+            )
+        if (Path(given) / "meta.json").is_file() and (Path(given) / "train").is_dir():
+            raise ConfigError(
+                f"{flag} {given} holds a data set (meta.json and train/): the run would write its files among "
+                f"its shards; choose another {flag}"
+            )
 
 
 def check_summary_json(cfg) -> None:

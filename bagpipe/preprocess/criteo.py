@@ -68,11 +68,21 @@ class CriteoFormat(RawFormat):
     def layout(self, path: str, first_line: bytes) -> FieldLayout:
         return FieldLayout(self._names, 0)
 
+    def _label_hint(self, got: int) -> str:
+        """Why a line may have one field too few or too many: the label column."""
+        if self.labelled and got == self.nfields - 1:
+            return " (no label column, as in Criteo's test.txt? preprocess and predict --labelled need labelled lines)"
+        if not self.labelled and got == self.nfields + 1:
+            return " (a label column first, as in training lines? pass --labelled)"
+        return ""
+
     # -- exact line parser ----------------------------------------------------
     def parse_line(self, line: bytes, layout: FieldLayout) -> Row:
         fields = strip_cr(line).split(b"\t")
         if len(fields) != self.nfields:
-            raise BadLine(f"expected {self.nfields} tab-separated fields, got {len(fields)}")
+            raise BadLine(
+                f"expected {self.nfields} tab-separated fields, got {len(fields)}{self._label_hint(len(fields))}"
+            )
         label = 0
         i = 0
         if self.labelled:

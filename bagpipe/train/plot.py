@@ -60,6 +60,15 @@ def read_metrics(run: str | Path) -> tuple[list[dict], list[dict]]:
     return train, evals
 
 
+def is_png(path: Path) -> bool:
+    """Whether ``path`` starts with the PNG signature (a picture an earlier plot wrote)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False
+
+
 def plot_runs(
     runs: list[str | Path], out: str | Path, labels: list[str] | None = None, title: str | None = None
 ) -> Path:
@@ -70,6 +79,15 @@ def plot_runs(
     out = Path(out)
     if out.is_dir():
         raise DataError(f"--out {out}: is a directory; give the PNG file to write (e.g. {out / 'curves.png'})")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise DataError(f"--out {out}: {above} is a file, not a folder; choose another --out")
+    if out.is_file() and not is_png(out):
+        # a run's summary.json, a data file...: replacing it with a picture loses it
+        raise DataError(
+            f"--out {out}: the file exists and is not a PNG image (an earlier plot); it is not replaced: "
+            "choose another --out"
+        )
     data = [read_metrics(r) for r in runs]
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -84,6 +102,9 @@ def plot_runs(
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_png(fig, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_png(fig, out)
+    except OSError as e:
+        raise DataError(f"--out {out}: cannot write it ({e.strerror or e}); choose another --out") from None
     return out
