@@ -91,13 +91,20 @@ def _common(p: argparse.ArgumentParser, fmt: str) -> None:
     g.add_argument(
         "--input",
         nargs="+",
+        action="extend",  # --input A --input B reads both (a repeated option used to drop A)
         type=path,
         default=[],
         metavar="FILE",
         help="raw files (plain or gzip), read in order; - (standard input) or a pipe is read once",
     )
     g.add_argument(
-        "--eval-files", nargs="+", type=path, default=[], metavar="FILE", help="files that go whole to split 'eval'"
+        "--eval-files",
+        nargs="+",
+        action="extend",
+        type=path,
+        default=[],
+        metavar="FILE",
+        help="files that go whole to split 'eval'",
     )
     g.add_argument("--out", required=True, type=path, metavar="DIR", help="output dataset directory")
     g.add_argument(

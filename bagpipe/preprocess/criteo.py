@@ -71,9 +71,9 @@ class CriteoFormat(RawFormat):
     def _label_hint(self, got: int) -> str:
         """Why a line may have one field too few or too many: the label column."""
         if self.labelled and got == self.nfields - 1:
-            return " (no label column, as in Criteo's test.txt? preprocess and predict --labelled need labelled lines)"
+            return " (no label column, as in Criteo's test.txt? preprocess --no-label, or predict without --labelled)"
         if not self.labelled and got == self.nfields + 1:
-            return " (a label column first, as in training lines? pass --labelled)"
+            return " (a label column first, as in training lines? predict --labelled, or preprocess without --no-label)"
         return ""
 
     # -- exact line parser ----------------------------------------------------

@@ -13,6 +13,8 @@ wrong, each now one line (exit 2, no traceback) with nothing of the user's chang
   file, or where nothing can be written, is one line instead of a traceback;
 * a Criteo line one field short or long says why: the label column (Criteo's test.txt
   given to ``preprocess``, training lines given to ``predict`` without ``--labelled``);
+* ``preprocess --input A --input B`` reads A and B (as ``--input A B`` does): the second
+  option used to replace the first, and A's lines were silently left out;
 * roles started by hand for different job shapes (``bagpipe serve --servers 2`` beside
   workers of ``--servers 1``) are refused at the rendezvous, naming the rank and both
   shapes, within --rendezvous-timeout: the arrival count was met by the stranger and the
@@ -188,7 +190,8 @@ def test_preprocess_of_unlabelled_criteo_lines_names_the_label_column(run_cli, t
     rc, _, err = run_cli("preprocess", "criteo", "--input", raw, "--out", out)
     one_line_error(
         rc, err, "preprocess",
-        f"{raw}:1: expected 40 tab-separated fields, got 39 (no label column, as in Criteo's test.txt?",
+        f"{raw}:1: expected 40 tab-separated fields, got 39 (no label column, as in Criteo's test.txt? "
+        "preprocess --no-label, or predict without --labelled)",
     )  # fmt: skip
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["test.txt"]
 
@@ -200,7 +203,9 @@ def test_an_unlabelled_parser_given_a_labelled_line_suggests_labelled():
 
     fmt = CriteoFormat(labelled=False)
     layout = fmt.layout("-", b"")
-    with pytest.raises(BadLine, match=r"expected 39 tab-separated fields, got 40 \(a label column first.*--labelled\)"):
+    with pytest.raises(
+        BadLine, match=r"got 40 \(a label column first.*predict --labelled, or preprocess without --no-label\)"
+    ):
         fmt.parse_line(criteo_line(labelled=True).encode(), layout)
     with pytest.raises(BadLine, match=r"expected 39 tab-separated fields, got 3$"):
         fmt.parse_line(b"1\t2\t3", layout)  # another count: no guess
@@ -251,3 +256,15 @@ def test_roles_started_for_other_job_shapes_are_refused_at_the_rendezvous(tiny_d
     assert "bagpipe serve: error: server 0: " in errors[1], errors[1]
     assert not any("Traceback" in err for err in errors), errors
     assert not (out / "summary.json").exists()
+
+
+@pytest.mark.integration
+def test_preprocess_input_given_twice_reads_both_files(run_cli, tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(criteo_line(labelled=True) * 30)
+    b.write_text(criteo_line(labelled=True) * 70)
+    rc, out, err = run_cli("preprocess", "criteo", "--input", a, "--input", b, "--out", tmp_path / "data", "--split", 1)
+    assert rc == 0, err
+    assert "rows train 100;" in out + err  # 30 + 70: A is not dropped
+    rc, out_, err = run_cli("preprocess", "criteo", "--input", a, "--input", a, "--out", tmp_path / "again")
+    one_line_error(rc, err, "preprocess", f"{a}: given twice")
