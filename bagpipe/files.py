@@ -50,9 +50,11 @@ def atomic_file(path: str | os.PathLike, mode: str = "w"):
         with open(path, mode) as f:
             yield f
         return
+    remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, mode) as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # held while writing: a later run sees it is not stale
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -61,6 +63,33 @@ def atomic_file(path: str | os.PathLike, mode: str = "w"):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the ``.NAME.tmp-PID`` files a killed :func:`atomic_file` writer of ``path``
+    left (a ``kill -9`` of ``bagpipe predict`` left its partial output, gigabytes on a
+    large log, that nothing removed), saying each in one line. Stale: no process holds
+    its lock and its pid runs no more; another writer's live file is kept."""
+    prefix = f".{path.name}.tmp-"
+    try:
+        siblings = [p for p in path.parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return
+    for p in siblings:
+        try:
+            pid = int(p.name[len(prefix) :])
+        except ValueError:
+            continue  # not one of ours
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        try:
+            with open(p, "rb") as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # its writer is gone: the kernel let go
+                size = os.fstat(f.fileno()).st_size
+                p.unlink()
+        except OSError:
+            continue  # held (a writer on another host), or already gone
+        log.info(f"removed the unfinished {p} ({size / 2**20:,.1f} MB) of pid {pid}, which is gone")
 
 
 def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = None) -> Path:

@@ -15,6 +15,10 @@ wrong, each now one line (exit 2, no traceback) with nothing of the user's chang
   given to ``preprocess``, training lines given to ``predict`` without ``--labelled``);
 * ``preprocess --input A --input B`` reads A and B (as ``--input A B`` does): the second
   option used to replace the first, and A's lines were silently left out;
+* a ``kill -9`` of ``bagpipe predict`` (or ``plot``) left its partial output beside the
+  target (``.NAME.tmp-PID``, gigabytes on a large log) that no later run removed: the next
+  write of that name removes it, in one line, when its writer is gone; a live writer's
+  file is kept;
 * roles started by hand for different job shapes (``bagpipe serve --servers 2`` beside
   workers of ``--servers 1``) are refused at the rendezvous, naming the rank and both
   shapes, within --rendezvous-timeout: the arrival count was met by the stranger and the
@@ -268,3 +272,31 @@ def test_preprocess_input_given_twice_reads_both_files(run_cli, tmp_path):
     assert "rows train 100;" in out + err  # 30 + 70: A is not dropped
     rc, out_, err = run_cli("preprocess", "criteo", "--input", a, "--input", a, "--out", tmp_path / "again")
     one_line_error(rc, err, "preprocess", f"{a}: given twice")
+
+
+# -- what a killed writer of an output file left ------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_killed_writers_temporary_is_removed_by_the_next_write_and_a_live_ones_kept(run_cli, a_run, tmp_path, caplog):
+    import logging
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = tmp_path / f".curves.png.tmp-{gone.pid}"
+        stale.write_bytes(b"x" * 1000)
+        kept = tmp_path / f".curves.png.tmp-{live.pid}"
+        kept.write_bytes(b"y")
+        mine = tmp_path / ".curves.png.tmp-notapid"
+        mine.write_bytes(b"z")
+        with caplog.at_level(logging.INFO, logger="bagpipe.files"):
+            rc, _, err = run_cli("plot", a_run, "--out", tmp_path / "curves.png")
+        assert rc == 0, err
+        assert not stale.exists() and kept.read_bytes() == b"y" and mine.read_bytes() == b"z"
+        assert f"removed the unfinished {stale} (0.0 MB) of pid {gone.pid}, which is gone" in caplog.text
+        assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+    finally:
+        live.kill()
+        live.wait()
