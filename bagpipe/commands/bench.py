@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{opt} does not apply to the {args.scenario} scenario (it is an option of {', '.join(has)})")
     values = given(args, s.config)
     b = s.config.quick(**values) if args.quick else s.config(**values)
+    check_out(b.out)
     payload = s.run(b)
     print(payload["table"])
     if payload.get("identical") is False:  # convergence: full and lookahead must learn identically
@@ -92,3 +93,29 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"results in {b.out}/results.json, results.md and PNG plots")
     return 0
+
+
+def check_out(out) -> None:
+    """Refuse, in one line and before anything runs, an ``--out`` that is (or lies under) a
+    file, or whose results.json / results.md are not an earlier bench's: they used to be
+    replaced without a word (a file there was a traceback naming OUT/data)."""
+    import json
+    from pathlib import Path
+
+    from bagpipe.errors import ConfigError
+
+    out = Path(out)
+    above = next((p for p in (out, *out.parents) if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--out {out}: {above} is a file, not a folder; choose another --out")
+    try:
+        earlier = json.loads((out / "results.json").read_text())
+        ours = isinstance(earlier, dict) and "scenario" in earlier
+    except (OSError, ValueError, UnicodeDecodeError):
+        ours = False
+    for name in ("results.json", "results.md"):
+        if (out / name).is_file() and not ours:
+            raise ConfigError(
+                f"--out {out}: {out / name} exists and is not an earlier bench's results; it is not replaced: "
+                "choose another --out"
+            )

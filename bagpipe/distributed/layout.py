@@ -8,6 +8,7 @@ same layout holds under the local launcher and under ``torchrun``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,11 @@ from bagpipe.errors import ConfigError
 class Layout:
     trainers: int
     servers: int
+
+    @property
+    def shape(self) -> str:
+        """The job's shape as roles compare it at the rendezvous (:func:`check_shapes`)."""
+        return f"{self.trainers} trainer(s) + {self.servers} server(s) (WORLD_SIZE {self.world_size})"
 
     def __post_init__(self) -> None:
         if self.trainers < 1:
@@ -83,3 +89,30 @@ def role_threads(threads: int, layout: Layout, rank: int, environ: Mapping[str, 
     if layout.role(rank)[0] == "trainer":
         return max(1, (os.cpu_count() or 1) // layout.trainers)
     return 1
+
+
+def check_shapes(store, layout: Layout, name: str, deadline: float, hosts_store: bool = False) -> None:
+    """Every rank's shape (``layout/RANK`` in the rendezvous ``store``) is this role's.
+
+    A role started for another job shape counts among the arrivals too (a server of
+    ``serve --servers 2`` beside workers of ``--servers 1``): the count was met, and the
+    others then waited in the process group for the stranger for its 30-minute time-out.
+    A ConfigError names the rank and both shapes; a RuntimeError at ``deadline``
+    (``time.monotonic()``) when a rank never said its shape. The role that ``hosts_store``
+    waits (5 s at most) for the others to have read the shapes before it refuses: its
+    exit takes the store away, and they would report a rendezvous time-out instead."""
+    for r in range(layout.world_size):
+        while not store.check([f"layout/{r}"]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Timed out: rank {r} did not say its job's shape")
+            time.sleep(0.05)
+        theirs = store.get(f"layout/{r}").decode()
+        if theirs != layout.shape:
+            store.add("shapes-refused", 1)
+            until = time.monotonic() + 5  # a stranger never counts: at most this long
+            while hosts_store and store.add("shapes-refused", 0) < layout.world_size - 1 and time.monotonic() < until:
+                time.sleep(0.05)
+            raise ConfigError(
+                f"{name}: rank {r} was started for a job of {theirs}, this role for one of {layout.shape}: "
+                "start every role with the same --trainers, --servers and WORLD_SIZE"
+            )

@@ -25,7 +25,7 @@ from bagpipe.config.environ import MAX_PORT, env_int
 from bagpipe.config.sections import Store
 from bagpipe.config.train import TrainConfig
 from bagpipe.device.placement import TrainerPlacement, local_rank, place_trainer, trainer_backend
-from bagpipe.distributed.layout import Layout, role_threads
+from bagpipe.distributed.layout import Layout, check_shapes, role_threads
 from bagpipe.distributed.superseded import SupersededWatch, attempt_prefix
 from bagpipe.errors import BagpipeError, ConfigError
 
@@ -157,7 +157,6 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
     deadline = time.monotonic() + timeout_s
 
     master = rank == 0 and not agent
-    shape = f"{layout.trainers} trainer(s) + {layout.servers} server(s) (WORLD_SIZE {world})"
 
     def meet():
         store = dist.TCPStore(
@@ -172,25 +171,12 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
         )
         store = dist.PrefixStore(prefix, store)
         store.add("arrived", 1)
-        store.set(f"layout/{rank}", shape)
+        store.set(f"layout/{rank}", layout.shape)
         while store.add("arrived", 0) < world:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Timed out: {store.add('arrived', 0)} of {world} arrived")
             time.sleep(0.05)
-        # A role started for another job shape counts among the arrivals too (a server
-        # of `serve --servers 2` beside workers of --servers 1): the count is met, then
-        # the process group waited for it for the 30-minute op time-out. Compare shapes.
-        for r in range(world):
-            while not store.check([f"layout/{r}"]):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Timed out: rank {r} did not say its job's shape")
-                time.sleep(0.05)
-            theirs = store.get(f"layout/{r}").decode()
-            if theirs != shape:
-                raise ConfigError(
-                    f"{name}: rank {r} was started for a job of {theirs}, this role for one of {shape}: "
-                    "start every role with the same --trainers, --servers and WORLD_SIZE"
-                )
+        check_shapes(store, layout, name, deadline, master)  # a role of another job shape counts as arrived too
         return store
 
     timed_out = BagpipeError(

@@ -15,6 +15,9 @@ wrong, each now one line (exit 2, no traceback) with nothing of the user's chang
   given to ``preprocess``, training lines given to ``predict`` without ``--labelled``);
 * ``preprocess --input A --input B`` reads A and B (as ``--input A B`` does): the second
   option used to replace the first, and A's lines were silently left out;
+* ``bagpipe bench --out`` at a file is one line naming it (it named OUT/data), and a
+  results.json / results.md there that an earlier bench did not write is kept (it was
+  replaced without a word);
 * a ``kill -9`` of ``bagpipe predict`` (or ``plot``) left its partial output beside the
   target (``.NAME.tmp-PID``, gigabytes on a large log) that no later run removed: the next
   write of that name removes it, in one line, when its writer is gone; a live writer's
@@ -300,3 +303,21 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_write_and_a_live_ones
     finally:
         live.kill()
         live.wait()
+
+
+# -- bench --out --------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_bench_out_at_a_file_or_over_foreign_results_is_refused(run_cli, tmp_path):
+    a_file = tmp_path / "c.png"
+    a_file.write_bytes(b"mine")
+    rc, _, err = run_cli("bench", "oracle", "--quick", "--out", a_file)
+    one_line_error(rc, err, "bench", f"--out {a_file}: {a_file} is a file, not a folder; choose another --out")
+    assert a_file.read_bytes() == b"mine"
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "results.md").write_text("my results")
+    rc, _, err = run_cli("bench", "oracle", "--quick", "--out", folder)
+    one_line_error(rc, err, "bench", f"{folder / 'results.md'} exists and is not an earlier bench's results")
+    assert snapshot(folder) == {"results.md": hashlib.sha256(b"my results").hexdigest()}
