@@ -45,6 +45,7 @@ TORCH_API = frozenset(
         "torch.cuda.synchronize",
         "torch.device",
         "torch.distributed",
+        "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook",  # DDP's own hook (since 1.8)
         "torch.distributed.all_reduce",
         "torch.distributed.get_backend",
         "torch.dtype",

@@ -2,7 +2,7 @@
 
 Under torchrun each host's agent restarts *its own* roles when one of them dies
 (``--max-restarts``); the restarted roles meet under the next attempt's prefix of the
-agent's store (``bagpipe/attempt-N``, :func:`bagpipe.distributed.roles.rendezvous`).
+agent's store (``bagpipe/attempt-N``, :func:`bagpipe.distributed.rendezvous.rendezvous`).
 With the static rendezvous backend no other host's agent is told: its roles go on in the
 old attempt, and one that is blocked where no connection to a dead role breaks (a store
 wait, a collective with a living peer, a gloo listener) would wait for the op time-out

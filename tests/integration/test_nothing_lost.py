@@ -508,7 +508,7 @@ def test_a_missing_vocabulary_the_export_lists_is_blamed_on_the_export(tmp_path)
 
 
 def test_a_port_held_by_a_stranger_is_given_up_on_within_the_time_out(run_cli, monkeypatch):
-    from bagpipe.distributed.roles import RENDEZVOUS_GRACE_S
+    from bagpipe.distributed.rendezvous import RENDEZVOUS_GRACE_S
 
     monkeypatch.setenv("BAGPIPE_JOB_SECRET", "a secret for this test job only")  # a role needs the job's secret
 

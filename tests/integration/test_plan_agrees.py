@@ -144,7 +144,7 @@ def test_the_launcher_names_a_role_the_oom_killer_ended(tiny_data, tmp_path):
     assert run.returncode == 2 and ooms >= 1, run.stderr[-3000:]
     said = refusal(run.stderr, "train")
     assert re.search(
-        r"^(trainer 0|embedding server 0|oracle) \(rank \d\) failed: killed by the kernel's OOM killer at [\d,]+ MiB "
+        r"^(trainer 0|server 0|oracle) \(rank \d\) failed: killed by the kernel's OOM killer at [\d,]+ MiB "
         r"\(limit 420 MiB\): every role of this job shares the launcher's memory cgroup .*`bagpipe plan`",
         said,
     ), said

@@ -2,7 +2,7 @@
 
 torch's TCPStore listens on every interface whatever address it is given; for a
 MASTER_ADDR on loopback (every local job's) rank 0 hands it a socket bound there
-(:func:`bagpipe.distributed.roles.loopback_listener`), so nothing outside the machine
+(:func:`bagpipe.distributed.rendezvous.loopback_listener`), so nothing outside the machine
 can reach a local job's rendezvous. A multi-host job's address is left to torch.
 """
 
@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from bagpipe.distributed.layout import Layout
-from bagpipe.distributed.roles import loopback_listener, rendezvous
+from bagpipe.distributed.rendezvous import loopback_listener, rendezvous
 from bagpipe.errors import BagpipeError, ConfigError
 
 pytestmark = pytest.mark.unit
