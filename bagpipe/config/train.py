@@ -312,6 +312,10 @@ def epoch_steps(data: DataConfig) -> int:
         raise ConfigError(
             f"{data.data}: not a finished bagpipe dataset (no meta.json), so one epoch's steps are unknown"
         ) from None
+    except NotADirectoryError:
+        raise ConfigError(
+            f"{data.data}: a file, not a dataset directory (raw logs become one with `bagpipe preprocess`)"
+        ) from None
     except KeyError:
         raise ConfigError(f"{meta}: the data set has no train split to train on") from None
     except (OSError, ValueError, TypeError) as e:

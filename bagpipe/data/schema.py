@@ -118,6 +118,10 @@ class DatasetMeta:
     @classmethod
     def load(cls, directory: str | os.PathLike) -> DatasetMeta:
         path = Path(directory) / META_FILE
+        if Path(directory).exists() and not Path(directory).is_dir():
+            raise DataError(
+                f"{directory}: a file, not a dataset directory (raw logs become one with `bagpipe preprocess`)"
+            )
         if not Path(directory).is_dir():
             raise DataError(f"{directory}: no such dataset directory")
         if not path.exists():

@@ -11,6 +11,9 @@ wrong, each now one line (exit 2, no traceback) with nothing of the user's chang
 * ``bagpipe plot --out`` at an existing file that is not a PNG (a run's summary.json) is
   refused and the file kept -- it used to be replaced by the picture; ``--out`` under a
   file, or where nothing can be written, is one line instead of a traceback;
+* ``--data`` given a raw log file (not a data set folder) says so and how to make one, in
+  ``train`` (also without --steps: it read "unreadable ([Errno 20] Not a directory ...)"),
+  ``plan``, ``eval`` and ``check`` (they said "no such dataset directory" of a file that exists);
 * a Criteo line one field short or long says why: the label column (Criteo's test.txt
   given to ``preprocess``, training lines given to ``predict`` without ``--labelled``);
 * ``preprocess --input A --input B`` reads A and B (as ``--input A B`` does): the second
@@ -321,3 +324,25 @@ def test_bench_out_at_a_file_or_over_foreign_results_is_refused(run_cli, tmp_pat
     rc, _, err = run_cli("bench", "oracle", "--quick", "--out", folder)
     one_line_error(rc, err, "bench", f"{folder / 'results.md'} exists and is not an earlier bench's results")
     assert snapshot(folder) == {"results.md": hashlib.sha256(b"my results").hexdigest()}
+
+
+# -- --data at a raw log file -------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["train", "train --steps 3", "plan", "check", "eval"])
+def test_data_at_a_raw_file_says_it_is_a_file(run_cli, a_run, tmp_path, command):
+    raw = tmp_path / "train.txt"
+    raw.write_text(criteo_line(labelled=True) * 5)
+    words = command.split()
+    args = {
+        "train": ["--data", raw, "--out", tmp_path / "run", *words[1:]],
+        "plan": ["--data", raw],
+        "check": [raw],
+        "eval": ["--run", a_run, "--data", raw],
+    }[words[0]]
+    rc, _, err = run_cli(words[0], *args)
+    one_line_error(
+        rc, err, words[0], f"{raw}: a file, not a dataset directory (raw logs become one with `bagpipe preprocess`)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.txt"]
