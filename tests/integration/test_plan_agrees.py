@@ -148,3 +148,23 @@ def test_the_launcher_names_a_role_the_oom_killer_ended(tiny_data, tmp_path):
         r"\(limit 420 MiB\): every role of this job shares the launcher's memory cgroup .*`bagpipe plan`",
         said,
     ), said
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_limit_too_small_to_import_torch_is_one_line_not_a_silent_kill(tiny_data, tmp_path, command):
+    """At 120 MiB the kernel ended `train` during torch's import (exit -9, no word); now the
+    command line refuses before the import, naming the limit and what starting needs."""
+    out = tmp_path / "run"
+    args = {
+        "train": ["--data", tiny_data, "--out", out, "--steps", 5, "--no-progress"],
+        "eval": ["--run", out, "--data", tiny_data],
+    }[command]
+    with memory_group(120, "bagpipe-start-test") as group:
+        r = bagpipe_in(group, command, *args)
+        assert group.oom_kills() == 0
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    line = refusal(r.stderr, command)
+    assert line.startswith("this process's memory limit is 120 MiB") and f"starting `bagpipe {command}`" in line, line
+    assert "needs about 160 MiB" in line and not out.exists()
