@@ -15,7 +15,7 @@ import time
 
 import bagpipe.phases as phases
 from bagpipe.budget import memory_plan
-from bagpipe.cache.setup import CachePlan, CacheSetup, LocalPlans, set_up_cache
+from bagpipe.cache.setup import CachePlan, CacheSetup, LocalPlans
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
@@ -24,7 +24,7 @@ from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.partition import partition
 from bagpipe.distributed.schema import WireError
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
-from bagpipe.optim.names import row_state_dim
+from bagpipe.train.preflight import cache_setup
 
 
 def oracle_cache(cfg: TrainConfig) -> tuple[BatchStream, CacheSetup]:
@@ -32,21 +32,9 @@ def oracle_cache(cfg: TrainConfig) -> tuple[BatchStream, CacheSetup]:
     by the oracle, exactly as one process sets it up (``bench cluster``'s cost model replays it)."""
     dataset = Dataset(cfg.data.data)
     stream = train_stream(dataset, cfg.data, cfg.run.seed)
-    dim = cfg.arch.model_config().embedding_dim
-    setup = set_up_cache(
-        cfg.cache.spec,
-        cfg.cache,
-        cfg.hot,
-        dataset=dataset,
-        stream=stream,
-        steps=cfg.run.steps,
-        dim=dim,
-        state_dim=row_state_dim(cfg.optim.optimizer, dim),
-        seed=cfg.run.seed,
-        # the trainers' memory: the cache, the plans they read ahead (their budget is
-        # --memory-budget-mb, else this machine's cgroup limit)
-        memory=memory_plan(cfg, dataset, stream, role="remote-trainer"),
-    )
+    # the trainers' memory: the cache, the plans they read ahead (their budget is
+    # --memory-budget-mb, else this machine's cgroup limit)
+    setup = cache_setup(cfg, dataset, stream, memory_plan(cfg, dataset, stream, role="remote-trainer"))
     return stream, setup
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bagpipe.budget import MemoryPlan
 from bagpipe.budget.estimate import RunShape
 from bagpipe.budget.job import RoleShare
 from bagpipe.budget.shape import run_shape
@@ -102,8 +103,6 @@ def memory_checks(
     local job), and their sum is held against its limit too."""
     from bagpipe.budget import memory_plan
     from bagpipe.budget.sizing import full_tables_fit
-    from bagpipe.cache.setup import set_up_cache
-    from bagpipe.optim.names import row_state_dim
 
     spec = cfg.cache.spec
     distributed = cfg.dist.distributed
@@ -111,23 +110,14 @@ def memory_checks(
     memory = memory_plan(cfg, dataset, stream, role="remote-trainer" if distributed else "trainer", shape=shape)
     if not spec.store:
         return MemoryCheck(full_tables_fit(memory.budget, memory.shape), None)
-    dim = cfg.arch.model_config().embedding_dim
-    setup = set_up_cache(
-        spec,
-        cfg.cache,
-        cfg.hot,
-        dataset=dataset,
-        stream=stream,
-        steps=cfg.run.steps,
-        dim=dim,
-        state_dim=row_state_dim(cfg.optim.optimizer, dim),
-        seed=cfg.run.seed,
-        memory=memory,
-    )
+    setup = cache_setup(cfg, dataset, stream, memory)
     assert setup.plan.fit is not None  # sized: a memory plan was given
     _batches_fit(setup, stream, cfg.run.steps)
     roles: tuple[RoleShare, ...] = ()
     if distributed:
+        from bagpipe.optim.names import row_state_dim
+
+        dim = cfg.arch.model_config().embedding_dim
         roles = _job_roles(cfg, dataset, stream, setup.plan.fit, dim, row_state_dim(cfg.optim.optimizer, dim))
         if together:
             from bagpipe.budget.job import check_job, shared_budget
@@ -169,4 +159,26 @@ def _job_roles(
         RoleShare("each trainer" if n > 1 else "the trainer", n, trainer.estimate),
         RoleShare("each embedding server" if s > 1 else "the embedding server", s, server),
         RoleShare("the oracle", 1, oracle),
+    )
+
+
+def cache_setup(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, memory: MemoryPlan) -> CacheSetup:
+    """The cache of run ``cfg`` set up from its sections (mode, cache, hot tier, steps, D,
+    the row optimizer's S, seed) for ``memory``: what one process builds and what the oracle
+    role sends every trainer (:func:`bagpipe.cache.setup.set_up_cache`)."""
+    from bagpipe.cache.setup import set_up_cache
+    from bagpipe.optim.names import row_state_dim
+
+    dim = cfg.arch.model_config().embedding_dim
+    return set_up_cache(
+        cfg.cache.spec,
+        cfg.cache,
+        cfg.hot,
+        dataset=dataset,
+        stream=stream,
+        steps=cfg.run.steps,
+        dim=dim,
+        state_dim=row_state_dim(cfg.optim.optimizer, dim),
+        seed=cfg.run.seed,
+        memory=memory,
     )
