@@ -6,12 +6,16 @@ and ``tests/unit/distributed/test_superseded.py``:
 * :func:`wait_until` and :class:`Background` (a call in a thread of its own -- another
   trainer, a server process, a blocking call -- whose value or exception is taken back
   within a bound);
-* :func:`threads_all_end`, what each module's autouse ``every_thread_ends`` fixture wraps:
-  a test that leaves a thread running fails;
-* :class:`Cluster` and :func:`cluster_maker` (S embedding servers serving N
-  :class:`RemoteStore` clients over a :class:`FakeNet`, every one shut down afterwards);
+* :func:`threads_all_end` and the fixture ``every_thread_ends`` around it (a module asks for
+  it with ``pytest.mark.usefixtures``): a test that leaves a thread running fails;
+* :class:`Cluster`, :func:`cluster_maker` and the fixture ``clusters`` (S embedding servers
+  serving N :class:`RemoteStore` clients over a :class:`FakeNet`, every one shut down
+  afterwards);
 * the small table the tests share (:func:`small_table`) and recognisable row values
   (:func:`row_values`).
+
+The root ``conftest.py`` loads this module as a pytest plugin, so its fixtures are found
+from every folder.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import pytest
 from fakes import FakeNet, join_all, role_name
 
 from bagpipe.distributed.server import EmbeddingServer, RemoteStore, ShardInit
@@ -154,3 +159,17 @@ def row_values(n: int, tag: float) -> tuple[np.ndarray, np.ndarray]:
     """Recognisable values for n rows: weights tag + 0.01 * i, state -tag."""
     w = (tag + 0.01 * np.arange(n * D, dtype=np.float32)).reshape(n, D).astype(np.float32)
     return w, np.full((n, S_DIM), -tag, np.float32)
+
+
+@pytest.fixture
+def every_thread_ends() -> Iterator[None]:
+    """Fails a test that leaves a thread running (after its fixtures have cleaned up)."""
+    with threads_all_end():
+        yield
+
+
+@pytest.fixture
+def clusters() -> Iterator[Callable[..., Cluster]]:
+    """``clusters(init, trainers=2, servers=2)``; every one shut down afterwards."""
+    with cluster_maker() as make:
+        yield make

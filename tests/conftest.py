@@ -10,7 +10,8 @@
   skipped where none can be mounted (it needs root). ``small_disk.fill(path)`` fills it.
 
 torch's thread count is left at its default here; modules whose models are tiny may
-lower it for themselves (and restore it afterwards).
+lower it for themselves (and restore it afterwards). The concurrency tests' fixtures
+(``every_thread_ends``, ``clusters``) come from ``concurrency.py``, loaded as a plugin.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import pytest
 import torch
 
 from bagpipe.data.synthetic import SynthConfig, generate
+
+pytest_plugins = ["concurrency"]
 
 TINY_SAMPLES = 24_000
 TINY_SEED = 1

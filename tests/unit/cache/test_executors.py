@@ -43,11 +43,8 @@ from concurrency import (
     S_DIM,
     SOON,
     Background,
-    Cluster,
     D,
-    cluster_maker,
     small_table,
-    threads_all_end,
     wait_until,
 )
 
@@ -61,21 +58,7 @@ from bagpipe.oracle.policies import NoCachePlanner
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
 
-pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
-
-
-@pytest.fixture(autouse=True)
-def every_thread_ends() -> Iterator[None]:
-    """Fails a test that leaves a thread running (after its fixtures have cleaned up)."""
-    with threads_all_end():
-        yield
-
-
-@pytest.fixture
-def clusters() -> Iterator[Callable[..., Cluster]]:
-    """``clusters(init, trainers=2, servers=2)``; every one shut down afterwards."""
-    with cluster_maker() as make:
-        yield make
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60), pytest.mark.usefixtures("every_thread_ends")]
 
 
 # a store that logs what reaches it -------------------------------------------------

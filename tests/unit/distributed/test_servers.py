@@ -19,20 +19,15 @@ secret first. Every thread a test starts must have ended when it finishes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import numpy as np
 import pytest
 from concurrency import (
     HELD,
     S_DIM,
     Background,
-    Cluster,
     D,
-    cluster_maker,
     row_values,
     small_table,
-    threads_all_end,
     wait_until,
 )
 
@@ -42,21 +37,7 @@ from bagpipe.errors import BagpipeError
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.memory import MemoryStore
 
-pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
-
-
-@pytest.fixture(autouse=True)
-def every_thread_ends() -> Iterator[None]:
-    """Fails a test that leaves a thread running (after its fixtures have cleaned up)."""
-    with threads_all_end():
-        yield
-
-
-@pytest.fixture
-def clusters() -> Iterator[Callable[..., Cluster]]:
-    """``clusters(init, trainers=2, servers=2)``; every one shut down afterwards."""
-    with cluster_maker() as make:
-        yield make
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60), pytest.mark.usefixtures("every_thread_ends")]
 
 
 @pytest.fixture

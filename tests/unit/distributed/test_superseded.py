@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch.distributed as dist
-from concurrency import threads_all_end
 
 from bagpipe.distributed.superseded import SupersededWatch, attempt_key
 
-pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
-
-
-@pytest.fixture(autouse=True)
-def every_thread_ends() -> Iterator[None]:
-    """Fails a test that leaves a thread running (after its fixtures have cleaned up)."""
-    with threads_all_end():
-        yield
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60), pytest.mark.usefixtures("every_thread_ends")]
 
 
 def test_a_role_ends_its_attempt_once_another_host_restarted_into_the_next():
