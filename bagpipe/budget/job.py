@@ -11,10 +11,13 @@ check (:func:`bagpipe.train.preflight.memory_checks`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from bagpipe.budget.estimate import MIB, Estimate, Part
 from bagpipe.budget.sizing import MARGIN, Budget, BudgetError, need_mib
+
+log = logging.getLogger(__name__)
 
 #: The local launcher's own memory: Python, torch and bagpipe loaded, the pre-flight's
 #: throwaway model and sampled batches, the threads pumping the roles' output. Measured
@@ -57,12 +60,28 @@ def shared_budget() -> Budget:
     return Budget.of(None)
 
 
-def check_job(roles: tuple[RoleShare, ...], budget: Budget) -> None:
+def job_overflow(roles: tuple[RoleShare, ...], budget: Budget) -> str:
+    """The warning of a job with no budget (``--memory-budget-mb 0``) whose roles together
+    may not fit the limit of the cgroup they share (``budget``)."""
+    return (
+        f"no budget (--memory-budget-mb 0), but the roles of this local job may not fit "
+        f"{budget.source}, {budget.mib:,.0f} MiB: they are estimated at {job_total(roles) / MIB:,.0f} MiB "
+        f"together (the smallest limit that holds them is {need_mib(job_total(roles)):,} MiB); the kernel may "
+        "kill a role"
+    )
+
+
+def check_job(roles: tuple[RoleShare, ...], budget: Budget, *, off: bool = False) -> None:
     """Refuse, in one line naming each role's share, a local job whose roles together
-    (the launcher's own memory included) do not fit the ``budget`` they share."""
+    (the launcher's own memory included) do not fit the ``budget`` they share.
+    ``off`` (``--memory-budget-mb 0``: the user turned budgets off): never refuse, but
+    warn in one line that the roles may not fit the cgroup's limit."""
     usable = budget.usable
     total = job_total(roles)
     if usable is None or total <= usable:
+        return
+    if off:
+        log.warning(job_overflow(roles, budget))
         return
     shares = [f"launcher {launcher_estimate().mib:,.0f}"] + [
         f"{r.name} {r.estimate.mib:,.0f}" + (f" x {r.count}" if r.count > 1 else "") for r in roles

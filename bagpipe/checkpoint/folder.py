@@ -71,6 +71,9 @@ def load_dense(path: Path) -> dict:
         raise CheckpointError(f"{path}: unreadable ({first})") from None
 
 
+_STEP = re.compile(r"step-\d{8}")
+
+
 class CheckpointFolder:
     """``RUN/checkpoints``."""
 
@@ -87,6 +90,7 @@ class CheckpointFolder:
         name = self.latest_name()
         if name is None:
             return None
+        self.check_latest(name)
         path = self.root / name
         if not path.is_dir():
             raise CheckpointError(f"{self.root / LATEST} names {name}, which is missing or incomplete")
@@ -114,10 +118,30 @@ class CheckpointFolder:
         ckpt.reader()
         return ckpt
 
-    def intact_before(self, name: str) -> Checkpoint | None:
-        """The newest complete checkpoint older than ``name`` whose every file (and its
-        chain's) is whole, or None. Reads only; changes nothing."""
-        for older in reversed([n for n in self.complete() if n < name]):
+    def check_latest(self, name: str) -> None:
+        """LATEST's text ``name`` names a checkpoint folder (step-NNNNNNNN), or a one-line
+        CheckpointError saying what is wrong with LATEST and offering the newest intact
+        checkpoint. Reads only."""
+        if _STEP.fullmatch(name):
+            return
+        what = (
+            "is empty: it names no checkpoint" if not name else f"names {name[:40]!r}, not a checkpoint (step-NNNNNNNN)"
+        )
+        newest = self.intact_before(None)
+        offer = (
+            f"the newest intact checkpoint is {newest.path.name} (step {newest.step}): `bagpipe train ... --resume "
+            f"--resume-from {newest.path.name}` continues from it and makes {LATEST} name it"
+            if newest is not None
+            else "no checkpoint of the run is intact: start it again with another --out"
+        )
+        raise CheckpointError(
+            f"{self.root / LATEST} {what} (a damaged run folder); {offer} (nothing in the run folder was changed)"
+        )
+
+    def intact_before(self, name: str | None) -> Checkpoint | None:
+        """The newest complete checkpoint older than ``name`` (None: of all) whose every
+        file (and its chain's) is whole, or None. Reads only; changes nothing."""
+        for older in reversed([n for n in self.complete() if name is None or n < name]):
             try:
                 return self.verified(older)
             except CheckpointError:

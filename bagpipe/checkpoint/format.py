@@ -50,7 +50,7 @@ from typing import Literal
 
 from bagpipe.checkpoint.verify import FileSum, check_file, check_npy_size
 from bagpipe.data.schema import read_json
-from bagpipe.errors import CheckpointError
+from bagpipe.errors import CheckpointError, DataError
 from bagpipe.files import atomic_write_text
 
 FORMAT = "bagpipe.checkpoint"
@@ -175,7 +175,13 @@ class Manifest:
         path = Path(folder) / MANIFEST
         if not path.exists():
             raise CheckpointError(f"{folder}: incomplete checkpoint (no {MANIFEST})")
-        return cls.from_json(read_json(path), path)
+        try:
+            d = read_json(path)
+        except DataError as e:  # a MANIFEST that does not parse is a damaged checkpoint file like any other
+            raise CheckpointError(f"{e} (a damaged checkpoint file)") from None
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{path}: malformed manifest (not a JSON object; a damaged checkpoint file)")
+        return cls.from_json(d, path)
 
     @property
     def rows(self) -> int:

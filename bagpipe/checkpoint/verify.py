@@ -4,7 +4,7 @@ the file is written, checked before a checkpoint is read.
 The manifest (format version 4) records, for every file of a checkpoint -- each part's
 ``.ids.npy`` and ``.npy``, and ``dense.pt`` -- its size in bytes and the CRC-32 of its
 bytes (:class:`FileSum`). The writers hash the bytes as they write them
-(:class:`SummingFile`), so a checksum costs no second read. A reader checks every file of
+(:class:`~bagpipe.filesums.SummingFile`, shared with data sets), so a checksum costs no second read. A reader checks every file of
 the checkpoint and of the chain it rests on before reading any of them
 (:func:`check_file`): a file of another size is *truncated* (or grew), a file of the size
 but another CRC-32 was *changed*; either is a one-line :class:`~bagpipe.errors.CheckpointError`
@@ -33,60 +33,25 @@ from __future__ import annotations
 
 import os
 import threading
-import zlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
 from bagpipe.errors import CheckpointError
+from bagpipe.filesums import READ_CHUNK, FileSum, SummingFile, crc_hex, file_crc
 
-READ_CHUNK = 8 << 20  # bytes hashed at a time when checking a file
-
-
-@dataclass(frozen=True)
-class FileSum:
-    """A checkpoint file's size and the CRC-32 of its bytes (8 hex digits)."""
-
-    bytes: int
-    crc32: str
-
-    @classmethod
-    def of(cls, d: FileSum | dict) -> FileSum:
-        """From a manifest's JSON (or a FileSum already)."""
-        if isinstance(d, FileSum):
-            return d
-        return cls(int(d["bytes"]), str(d["crc32"]).lower())
-
-
-def crc_hex(crc: int) -> str:
-    return f"{crc & 0xFFFFFFFF:08x}"
-
-
-class SummingFile:
-    """A binary file opened for writing that sums what goes through it (size, CRC-32)."""
-
-    def __init__(self, f: BinaryIO):
-        self.f = f
-        self.crc = 0
-        self.size = 0
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        self.crc = zlib.crc32(view, self.crc)
-        self.size += len(view)
-        return self.f.write(view)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-    def tell(self) -> int:
-        return self.size
-
-    def sum(self) -> FileSum:
-        return FileSum(self.size, crc_hex(self.crc))
-
+__all__ = [
+    "READ_CHUNK",
+    "FileSum",
+    "SummingFile",
+    "check_file",
+    "check_npy_size",
+    "crc_hex",
+    "file_crc",
+    "forget",
+    "npy_size",
+    "remember",
+]
 
 # (device, inode, size, mtime_ns, ctime_ns) of files this process wrote or checked -> their CRC-32
 _known: dict[tuple[int, int, int, int, int], str] = {}
@@ -107,17 +72,6 @@ def forget() -> None:
     """Hash every file again when next checked (tests that damage files in place)."""
     with _lock:
         _known.clear()
-
-
-def file_crc(path: Path) -> int:
-    """CRC-32 of the file at ``path``, read in chunks."""
-    crc = 0
-    buf = bytearray(READ_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
-    return crc & 0xFFFFFFFF
 
 
 def _damaged(path: Path, what: str) -> CheckpointError:

@@ -7,11 +7,14 @@ import argparse
 DESCRIPTION = """\
 Check a data set made by `bagpipe synth` or `bagpipe preprocess`: every shard file
 exists and has the dtype, shape and length meta.json implies (a truncated copy is
-found here), every id lies inside its table, labels are 0 or 1 and dense values are
+found here), has the size and CRC-32 meta.json recorded when the data set was written
+(a changed byte is found here; a data set written before there were sums is checked
+by size only), every id lies inside its table, labels are 0 or 1 and dense values are
 finite. Prints one line per shard and exits with 2 if anything is wrong.
 
-Training checks the file headers when it opens a data set and each block's ids the
-first time it reads the block; this command checks everything up front.
+Training checks the file headers when it opens a data set, a shard's sums the first
+time it reads the shard, and each block's ids the first time it reads the block; this
+command checks everything up front.
 
 Example:
   bagpipe check data/criteo

@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bagpipe.budget import BudgetError
-    from bagpipe.budget.job import job_total, launcher_estimate, shared_budget
+    from bagpipe.budget.job import job_overflow, job_total, launcher_estimate, shared_budget
     from bagpipe.budget.shape import run_shape
     from bagpipe.budget.sizing import MARGIN
     from bagpipe.cache.advice import plan_advice
@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
         f"in one memory cgroup): {total / 2**20:,.0f} MiB"
     )
     shared = shared_budget()
-    if shared.usable is not None:
+    if cfg.memory.memory_budget_mb == 0 and shared.usable is not None and total > shared.usable:
+        print(f"fits: not checked -- {job_overflow(checked.roles, shared)}")
+    elif shared.usable is not None:
         print(f"fits: yes (the job's {total / 2**20:,.0f} of {shared.usable / 2**20:,.0f} MiB of {shared.source})")
     elif budget.usable is not None:
         print(f"fits: yes (each trainer's {fit.estimate.mib:,.0f} of {budget.usable / 2**20:,.0f} MiB)")

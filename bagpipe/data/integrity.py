@@ -15,7 +15,14 @@ Three levels, from cheap to complete:
   finite (vectorised, a block at a time). :class:`bagpipe.data.shards.Dataset` runs it
   once per shard, the first time the shard is read, so one NaN or a label of 5 stops a
   run naming the file and the samples instead of training to NaN parameters.
-* :func:`check_dataset` (``bagpipe check DATA``) runs all three over every file and
+* :func:`sum_problems` checks a shard's files against the size and CRC-32 meta.json
+  recorded for each when the data set was written (its ``files``; a data set written
+  before there were sums has none and is checked by size only, as above). A changed
+  byte anywhere -- a flipped bit in a dense value, which no other check sees -- is named
+  in one line: the file, what meta.json expects, what was found.
+  :class:`bagpipe.data.shards.Dataset` runs it once per shard, the first time the shard
+  is read (see docs/data.md for the cost and why not at every start).
+* :func:`check_dataset` (``bagpipe check DATA``) runs all of them over every file and
   reports per file.
 
 A table larger than its ids is fine: only ids >= rows are errors.
@@ -32,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from bagpipe.data.schema import DatasetMeta
+from bagpipe.filesums import FileSum, crc_hex, file_crc
 
 _ID_DTYPES = ("int32", "int64")
 
@@ -93,6 +101,48 @@ def shard_file_problems(root: Path, meta: DatasetMeta, split: str, index: int) -
     return [p for p in problems if p is not None]
 
 
+def shard_files(meta: DatasetMeta, split: str, index: int) -> list[str]:
+    """The files of one shard, relative to the data set (the keys of meta.json's ``files``)."""
+    names = ["labels.npy", "dense.npy", "sparse.npy"]
+    for f in meta.multihot_features:
+        names += [f"{f.name}.offsets.npy", f"{f.name}.values.npy"]
+    return [f"{split}/{index:05d}/{n}" for n in names]
+
+
+def sum_problem(path: Path, expected: FileSum) -> str | None:
+    """One file against the size and CRC-32 meta.json recorded (None when they agree)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path}: missing"
+    what = "damaged data set file: meta.json expects"
+    if size != expected.bytes:
+        how = "truncated" if size < expected.bytes else "longer than written"
+        return f"{path}: {what} {expected.bytes:,} bytes, found {size:,} ({how})"
+    found = crc_hex(file_crc(path))
+    if found != expected.crc32:
+        return (
+            f"{path}: {what} CRC-32 {expected.crc32}, found {found} (its bytes changed since the data set was written)"
+        )
+    return None
+
+
+def sum_problems(root: Path, meta: DatasetMeta, split: str, index: int) -> list[str]:
+    """Every file of one shard against its recorded size and CRC-32; an empty list when
+    they agree or the data set has no sums (written before there were any)."""
+    if not meta.files:
+        return []
+    out = []
+    for rel in shard_files(meta, split, index):
+        if rel not in meta.files:
+            out.append(f"{Path(root) / rel}: not in meta.json's files (the shard and meta.json do not belong together)")
+            continue
+        p = sum_problem(Path(root) / rel, meta.files[rel])
+        if p:
+            out.append(p)
+    return out
+
+
 def id_problem(meta: DatasetMeta, where: str, sparse: np.ndarray, multihot: dict[str, np.ndarray]) -> str | None:
     """The first id of a block outside its table, as a message naming ``where`` and the
     feature (None when all are in range). ``sparse`` (n, F1) holds the one-hot features
@@ -113,9 +163,11 @@ def id_problem(meta: DatasetMeta, where: str, sparse: np.ndarray, multihot: dict
 
 
 def fingerprint(root: Path, meta: DatasetMeta) -> str:
-    """sha256 of meta.json (its schema, splits, provenance without input paths) and the
-    byte size of every shard file: a data set moved elsewhere keeps it, one rebuilt
-    differently does not."""
+    """sha256 of meta.json (its schema, splits, provenance without input paths, and the
+    files' sums where it has them) and the byte size of every shard file: a data set
+    moved elsewhere keeps it, one rebuilt differently does not. A data set written
+    before there were sums has no ``files`` in meta.json and keeps the fingerprint it
+    always had (a run trained on it still resumes)."""
     d = meta.to_json()
     src = dict(d.get("source", {}))
     if isinstance(src.get("inputs"), list):
@@ -150,6 +202,8 @@ def check_dataset(root: str | os.PathLike, block: int = 1 << 16, progress: bool 
     for split, i, n in tqdm(shards, desc="checking shards", unit="shard", disable=not progress):
         d = shard_dir(root, split, i)
         rep = FileReport(str(d.relative_to(root)), n, shard_file_problems(root, meta, split, i))
+        if not rep.problems:
+            rep.problems += sum_problems(root, meta, split, i)
         if not rep.problems:
             rep.problems += _content_problems(d, meta, n, block)
         reports.append(rep)

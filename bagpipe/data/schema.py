@@ -9,6 +9,11 @@ A dataset is a directory::
     DIR/<split>/<shard:05d>/<name>.values.npy / <name>.offsets.npy
                                        a multi-hot feature: ids (nnz,) and offsets (n + 1,) int64
 
+``meta.json``'s ``files`` maps every shard file (``<split>/<shard:05d>/<name>.npy``) to its
+size and CRC-32 (``{"bytes": .., "crc32": ".."}``), summed as the writer wrote it; a data
+set written before there were sums has no ``files`` and is checked by size only
+(:mod:`bagpipe.data.integrity`).
+
 Every categorical feature has its own table; ``FeatureSpec.num_rows`` is that table's
 size and ids are in ``[0, num_rows)``. Splits (``train``, ``eval``) share the tables.
 """
@@ -22,6 +27,7 @@ from pathlib import Path
 
 from bagpipe.errors import DataError
 from bagpipe.files import atomic_write_text
+from bagpipe.filesums import FileSum
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -61,6 +67,7 @@ class DatasetMeta:
     id_dtype: str = "int64"
     format_version: int = FORMAT_VERSION
     source: dict = field(default_factory=dict)
+    files: dict[str, FileSum] = field(default_factory=dict)  # shard file (relative path) -> its sum
 
     @property
     def num_dense(self) -> int:
@@ -92,6 +99,10 @@ class DatasetMeta:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        if self.files:
+            d["files"] = {k: FileSum.of(v).to_json() for k, v in sorted(self.files.items())}
+        else:  # a data set without sums keeps the meta.json (and fingerprint) it always had
+            del d["files"]
         for name, sm in self.splits.items():
             d["splits"][name]["num_samples"] = sm.num_samples
         return d
@@ -109,6 +120,7 @@ class DatasetMeta:
             id_dtype=d.get("id_dtype", "int64"),
             format_version=version,
             source=dict(d.get("source", {})),
+            files=_file_sums(d.get("files")),
         )
 
     def save(self, directory: str | os.PathLike) -> None:
@@ -127,6 +139,17 @@ class DatasetMeta:
         if not path.exists():
             raise DataError(f"{path}: missing; {directory} is not a finished bagpipe dataset")
         return cls.from_json(read_json(path))
+
+
+def _file_sums(d) -> dict[str, FileSum]:
+    if d is None:
+        return {}
+    try:
+        return {str(k): FileSum.of(v) for k, v in d.items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise DataError(
+            f"{META_FILE}: 'files' is not a map of file -> {{bytes, crc32}} (a damaged meta.json)"
+        ) from None
 
 
 def read_json(path: str | os.PathLike):

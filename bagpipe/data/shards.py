@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from bagpipe.data.integrity import fingerprint, id_problem, shard_file_problems, values_problem
+from bagpipe.data.integrity import fingerprint, id_problem, shard_file_problems, sum_problems, values_problem
 from bagpipe.data.schema import META_FILE, DatasetMeta, FeatureSpec, SplitMeta
 from bagpipe.errors import DataError
+from bagpipe.filesums import FileSum, SummingFile
 from bagpipe.output_dir import OutputDir
 
 DEFAULT_ROWS_PER_SHARD = 1 << 18
@@ -68,6 +69,7 @@ class ShardWriter:
         self._pending: dict[str, list[dict]] = {}
         self._pending_rows: dict[str, int] = {}
         self._splits: dict[str, SplitMeta] = {}
+        self._sums: dict[str, FileSum] = {}
         self._closed = False
         self._onehot = [f for f in features if not f.multi_hot]
         self._multihot = [f for f in features if f.multi_hot]
@@ -144,16 +146,28 @@ class ShardWriter:
         sm = self._splits[split]
         shard_dir = self.out / split / f"{len(sm.shard_sizes):05d}"
         shard_dir.mkdir(parents=True, exist_ok=True)
-        np.save(shard_dir / "labels.npy", data["labels"])
-        np.save(shard_dir / "dense.npy", data["dense"])
-        np.save(shard_dir / "sparse.npy", np.ascontiguousarray(data["sparse"]))  # rows of samples: C order
+        self._save(shard_dir, "labels.npy", data["labels"])
+        self._save(shard_dir, "dense.npy", data["dense"])
+        self._save(shard_dir, "sparse.npy", np.ascontiguousarray(data["sparse"]))  # rows of samples: C order
         for f in self._multihot:
             values, lengths = data[f.name]
             offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            np.save(shard_dir / f"{f.name}.values.npy", values)
-            np.save(shard_dir / f"{f.name}.offsets.npy", offsets)
+            self._save(shard_dir, f"{f.name}.values.npy", values)
+            self._save(shard_dir, f"{f.name}.offsets.npy", offsets)
         sm.shard_sizes.append(n)
+
+    def _save(self, shard_dir: Path, name: str, array: np.ndarray) -> None:
+        """What ``np.save`` writes (a version 1.0 .npy file), through a :class:`SummingFile`:
+        the file's size and CRC-32 for meta.json, summed as the bytes are written (no
+        second read)."""
+        a = np.ascontiguousarray(array)
+        header = {"descr": np.lib.format.dtype_to_descr(a.dtype), "fortran_order": False, "shape": a.shape}
+        with open(shard_dir / name, "wb") as raw:
+            f = SummingFile(raw)
+            np.lib.format.write_array_header_1_0(f, header)
+            f.write(a.reshape(-1).view(np.uint8))  # the array's own bytes: no copy
+        self._sums[(shard_dir / name).relative_to(self.out).as_posix()] = f.sum()
 
     def close(self, source: dict | None = None) -> DatasetMeta:
         """Write remaining samples and then meta.json, and swap the dataset in."""
@@ -169,6 +183,7 @@ class ShardWriter:
                 splits=self._splits,
                 id_dtype=str(self.id_dtype),
                 source=dict(source or {}),
+                files=dict(self._sums),
             )
             if not self._splits or all(s.num_samples == 0 for s in self._splits.values()):
                 raise DataError("no samples were written")
@@ -215,7 +230,8 @@ class Dataset:
     """Read access to a finished dataset; shards are memory-mapped, never loaded whole.
 
     Opening checks every shard file's header against meta.json (a damaged or truncated
-    file is a DataError naming it, here rather than mid-run); a shard's labels (0 or 1)
+    file is a DataError naming it, here rather than mid-run); a shard's files against
+    the sizes and CRC-32s meta.json recorded (where it has them), its labels (0 or 1)
     and dense values (finite) the first time it is read; the ids of a block against
     their tables the first time :meth:`check_block` sees it.
     """
@@ -273,6 +289,9 @@ class Dataset:
                 )
             except FileNotFoundError as e:
                 raise DataError(f"{d}: shard file missing ({Path(e.filename).name})") from None
+            sums = sum_problems(self.dir, self.meta, split, index)
+            if sums:
+                raise DataError(f"{sums[0]} (`bagpipe check {self.dir}` checks every file)")
             expected = self.meta.splits[split].shard_sizes[index]
             if len(shard.labels) != expected:
                 raise DataError(f"{d}: holds {len(shard.labels)} samples, meta.json says {expected}")

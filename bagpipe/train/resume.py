@@ -139,6 +139,7 @@ def intact_latest(folder: CheckpointFolder) -> Checkpoint | None:
     name = folder.latest_name()
     if name is None:
         return None
+    folder.check_latest(name)
     try:
         return folder.verified(name)
     except CheckpointError as e:
