@@ -173,7 +173,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 #: The commands that import torch before they can check a memory budget.
-TORCH_COMMANDS = frozenset({"train", "eval", "export", "predict", "profile", "bench", "serve", "worker"})
+TORCH_COMMANDS = frozenset({"train", "plan", "eval", "export", "predict", "profile", "bench", "serve", "worker"})
 #: The smallest memory cgroup limit such a command starts in, MiB: importing torch and
 #: bagpipe (the libraries' pages counted in the group) was OOM-killed at 150 MiB and
 #: reached the budget's own one-line refusal at 160 MiB (measured, 2-core CPU machine,
@@ -192,8 +192,8 @@ def refuse_a_limit_too_small_to_start(command: str) -> None:
     if limit is not None and limit < START_MIB * 2**20:
         raise ConfigError(
             f"this process's memory limit is {limit / 2**20:,.0f} MiB ({where}); starting `bagpipe {command}` "
-            f"(torch's import) needs about {START_MIB} MiB before any run: raise the limit "
-            "(`bagpipe plan` prints what a run needs)"
+            f"(torch's import) needs about {START_MIB} MiB before any run: raise the limit"
+            + (" (`bagpipe plan` prints what a run needs)" if command != "plan" else "")
         )
 
 

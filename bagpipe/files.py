@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,6 +104,13 @@ def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = Non
     parent = path.parent
     if not parent.is_dir():
         raise ConfigError(f"{flag} {path}: the folder {parent} does not exist")
+    if path.is_file():
+        owner = bagpipe_folder(path)
+        if owner is not None:
+            raise ConfigError(
+                f"{flag} {path}: the file is part of {owner}; it is not replaced: choose a path outside it"
+            )
+    check_can_write_in(parent, f"{flag} {path}")
     real = os.path.realpath(path)
     for opt, paths in (inputs or {}).items():
         for p in paths:
@@ -115,6 +123,39 @@ def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = Non
                     f"{flag} {path} {what} {opt} {p}: writing it would destroy an input; choose another {flag}"
                 )
     return path
+
+
+def check_can_write_in(folder: Path, what: str) -> None:
+    """Refuse, in one line, a folder this process cannot create a file in (read-only, no
+    permission, a kernel file system such as /proc): probed with a temporary file, removed."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bagpipe-probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot write in {folder} ({e.strerror or e}); choose another path") from None
+
+
+def bagpipe_folder(path: Path) -> str | None:
+    """The bagpipe folder whose own file ``path`` is -- "the data set D" (any file of a folder
+    with meta.json), "the run R" (its config.json, summary.json, metrics.jsonl, checkpoints,
+    logs or store) or "the export E" (its model.json, safetensors and vocabulary) -- or None
+    (a file of the user's own, even one kept in such a folder)."""
+    real = Path(os.path.realpath(path))
+    for folder in real.parents:
+        first = real.relative_to(folder).parts[0]
+        if (folder / "meta.json").is_file():
+            return f"the data set {folder}"
+        if (folder / "config.json").is_file() and first in RUN_FILES:
+            return f"the run {folder}"
+        if (folder / "model.json").is_file() and (first in EXPORT_FILES or first.startswith("embeddings-")):
+            return f"the export {folder}"
+    return None
+
+
+#: A run folder's own files and folders (a user's file beside them is theirs).
+RUN_FILES = frozenset({"config.json", "summary.json", "metrics.jsonl", "checkpoints", "logs", "store", "events"})
+#: An export's own files (bagpipe/export/write.py), besides its embeddings-*.safetensors.
+EXPORT_FILES = frozenset({"model.json", "model.safetensors.index.json", "dense.safetensors", "vocab"})
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:

@@ -116,6 +116,10 @@ def watch(what: str | None = None, *, on_gone: Callable[[str], None] | None = No
                 pass
         (on_gone or _end)(line)
 
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started in the background by a shell (`cmd &` ignores SIGINT in its children), the
+        # interrupt that lets the main thread clean up would be a no-op: restore Python's own
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     t = threading.Thread(target=loop, name="bagpipe-lifeline", daemon=True)
     t.start()
     return t

@@ -132,6 +132,7 @@ def check_summary_json(cfg) -> None:
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
+    from bagpipe.files import check_can_write_in
     from bagpipe.train.resume import elastic_restart
 
     given = cfg.run.summary_json
@@ -145,6 +146,8 @@ def check_summary_json(cfg) -> None:
     if above is not None and not above.is_dir():
         raise ConfigError(f"{flag}: {above} is a file, not a folder; choose another path")
     if not path.exists() and not path.is_symlink():
+        if above is not None:  # the folders below it are made when the summary is written
+            check_can_write_in(above, flag)
         return
     if not path.is_file():
         return  # a device or a pipe: written directly, nothing replaced

@@ -307,7 +307,8 @@ def epoch_steps(data: DataConfig) -> int:
     data set's own checks run when the run opens it)."""
     meta = Path(data.data) / "meta.json"
     try:
-        n = json.loads(meta.read_text(encoding="utf-8"))["splits"]["train"]["num_samples"]
+        train = json.loads(meta.read_text(encoding="utf-8"))["splits"]["train"]
+        n = sum(int(x) for x in train["shard_sizes"])  # num_samples is derived from them; the data set checks both
     except FileNotFoundError:
         raise ConfigError(
             f"{data.data}: not a finished bagpipe dataset (no meta.json), so one epoch's steps are unknown"

@@ -113,6 +113,13 @@ class DatasetMeta:
         if version != FORMAT_VERSION:
             raise DataError(f"unsupported dataset format_version {version!r} (this bagpipe reads {FORMAT_VERSION})")
         splits = {k: SplitMeta(shard_sizes=[int(x) for x in v["shard_sizes"]]) for k, v in d["splits"].items()}
+        for name, sm in splits.items():
+            said = d["splits"][name].get("num_samples")
+            if said is not None and said != sm.num_samples:  # written from shard_sizes: one was edited
+                raise DataError(
+                    f"splits.{name}.num_samples is {said!r} but its shard_sizes add up to {sm.num_samples:,} "
+                    "(the file was edited or damaged; rebuild the data set or restore its meta.json)"
+                )
         return cls(
             dense_names=list(d["dense_names"]),
             features=[FeatureSpec(**f) for f in d["features"]],
@@ -138,7 +145,12 @@ class DatasetMeta:
             raise DataError(f"{directory}: no such dataset directory")
         if not path.exists():
             raise DataError(f"{path}: missing; {directory} is not a finished bagpipe dataset")
-        return cls.from_json(read_json(path))
+        try:
+            return cls.from_json(read_json(path))
+        except DataError as e:
+            if str(e).startswith(str(path)):
+                raise
+            raise DataError(f"{path}: {e}") from None
 
 
 def _file_sums(d) -> dict[str, FileSum]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -42,6 +43,8 @@ from bagpipe.files import atomic_write_text
 from bagpipe.models import ModelConfig, build_model
 from bagpipe.output_dir import OutputDir
 from bagpipe.train.rundir import RunDir
+
+log = logging.getLogger(__name__)
 
 FORMAT = "bagpipe-export"
 VERSION = 1
@@ -212,8 +215,11 @@ def _write(
     summary = RunDir(run).summary_file
     digest = None
     if summary.exists():
-        s = json.loads(summary.read_text())
-        digest = s.get("params_sha256") if s.get("steps") == ckpt.step else None
+        try:
+            s = json.loads(summary.read_text())
+            digest = s.get("params_sha256") if isinstance(s, dict) and s.get("steps") == ckpt.step else None
+        except (OSError, ValueError) as e:  # the checkpoint is what is exported; the summary only names its digest
+            log.warning(f"{summary}: unreadable ({e}); the export records no params_sha256")
     source = meta.source
     preprocessing = None
     if source.get("tool") == "bagpipe preprocess":

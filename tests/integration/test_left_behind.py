@@ -145,7 +145,14 @@ LONG_JOB = [
 def test_kill_9_of_the_launcher_ends_every_role_and_a_resume_takes_over(tiny_data, tmp_path):
     out = tmp_path / "job"
     cmd = [PY, "-m", "bagpipe.cli", "train", "--data", tiny_data, "--out", str(out)]
-    launcher = subprocess.Popen(cmd + LONG_JOB, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # started as a shell's `bagpipe train ... &` starts it: SIGINT ignored, which its roles
+    # inherit (the interrupt that lets a role clean up must still reach it)
+    launcher = subprocess.Popen(
+        cmd + LONG_JOB,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 180
@@ -168,6 +175,11 @@ def test_kill_9_of_the_launcher_ends_every_role_and_a_resume_takes_over(tiny_dat
     # pipe to the dead launcher broken, or a peer gone)
     logs = [(out / "logs" / f"{name}.log").read_text() for name in ("trainer-0", "server-0", "oracle")]
     assert any(f"the process that started it (pid {launcher.pid}) is gone; ending" in t for t in logs)
+    # and stopped there: trainer 0 logged no step after the line (it did not train on until
+    # the kernel's alarm ended it)
+    trainer = logs[0]
+    if "is gone; ending" in trainer:
+        assert " step " not in trainer.split("is gone; ending", 1)[1], trainer[-2000:]
     lock = json.loads((out / ".lock").read_text())
     assert lock["pid"] == launcher.pid and "released" not in lock  # it died holding it
     step = int((out / "checkpoints" / "LATEST").read_text().strip().split("-")[-1])

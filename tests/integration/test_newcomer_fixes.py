@@ -275,3 +275,61 @@ def test_plan_with_no_budget_in_a_small_cgroup_does_not_refuse_the_job(tiny_data
     ), off.stdout
     assert "does not fit" not in off.stdout + off.stderr
     assert tree_hash(Path(tiny_data)) == before
+
+
+# --- round 3: where outputs go, a run's damaged summary, meta.json that disagrees -----------
+
+
+@pytest.mark.integration
+def test_an_output_file_of_a_run_or_data_set_is_not_replaced(run, data, tmp_path, run_cli):
+    """`predict --out` (and every command checked with check_out_file) refuses an existing
+    file that belongs to a run (its summary.json) or a data set (its meta.json): a third
+    newcomer round overwrote both with probabilities."""
+    from bagpipe.errors import ConfigError
+    from bagpipe.files import check_out_file
+
+    for victim, owner in ((run / "summary.json", f"the run {run}"), (data / "meta.json", f"the data set {data}")):
+        before = victim.read_bytes()
+        with pytest.raises(ConfigError, match=f"the file is part of {owner}; it is not replaced"):
+            check_out_file(victim, "--out")
+        assert victim.read_bytes() == before
+    mine = run / "my-predictions.txt"  # a file of the user's own beside the run's files is theirs
+    mine.write_text("old\n")
+    assert check_out_file(mine, "--out") == mine
+
+
+@pytest.mark.integration
+def test_an_output_where_nothing_can_be_written_is_refused_before_the_work(tiny_data, tmp_path, run_cli):
+    from bagpipe.errors import ConfigError
+    from bagpipe.files import check_out_file
+
+    with pytest.raises(ConfigError, match=r"--out /proc/q\.pred: cannot write in /proc"):
+        check_out_file("/proc/q.pred", "--out")
+    out = tmp_path / "r"
+    line = one_line(
+        run_cli("train", "--data", tiny_data, "--out", out, "--steps", 2, "--summary-json", "/proc/x.json"), "train"
+    )
+    assert line.startswith("--summary-json /proc/x.json: cannot write in /proc") and not out.exists()
+
+
+@pytest.mark.integration
+def test_export_of_a_run_whose_summary_is_damaged_exports_the_checkpoint(run, tmp_path, run_cli, caplog):
+    (run / "summary.json").write_text("not json\n")
+    with caplog.at_level(logging.WARNING, logger="bagpipe"):
+        rc, _, err = run_cli("export", "--run", run, "--out", tmp_path / "exp")
+    assert rc == 0, err
+    assert "summary.json: unreadable" in caplog.text and "records no params_sha256" in caplog.text
+    assert json.loads((tmp_path / "exp" / "model.json").read_text())
+
+
+@pytest.mark.integration
+def test_a_meta_json_whose_counts_disagree_is_refused_by_check_and_train(data, tmp_path, run_cli):
+    meta = json.loads((data / "meta.json").read_text())
+    n = meta["splits"]["train"]["num_samples"]
+    meta["splits"]["train"]["num_samples"] = n - 1000
+    (data / "meta.json").write_text(json.dumps(meta))
+    want = f"meta.json: splits.train.num_samples is {n - 1000} but its shard_sizes add up to {n:,}"
+    assert want in one_line(run_cli("check", data), "check")
+    out = tmp_path / "r"
+    assert want in one_line(run_cli("train", "--data", data, "--out", out, "--epochs", 1), "train")
+    assert not out.exists()

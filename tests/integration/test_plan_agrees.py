@@ -152,7 +152,7 @@ def test_the_launcher_names_a_role_the_oom_killer_ended(tiny_data, tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("command", ["train", "eval"])
+@pytest.mark.parametrize("command", ["train", "eval", "plan"])
 def test_a_limit_too_small_to_import_torch_is_one_line_not_a_silent_kill(tiny_data, tmp_path, command):
     """At 120 MiB the kernel ended `train` during torch's import (exit -9, no word); now the
     command line refuses before the import, naming the limit and what starting needs."""
@@ -160,6 +160,7 @@ def test_a_limit_too_small_to_import_torch_is_one_line_not_a_silent_kill(tiny_da
     args = {
         "train": ["--data", tiny_data, "--out", out, "--steps", 5, "--no-progress"],
         "eval": ["--run", out, "--data", tiny_data],
+        "plan": ["--data", tiny_data],
     }[command]
     with memory_group(120, "bagpipe-start-test") as group:
         r = bagpipe_in(group, command, *args)
