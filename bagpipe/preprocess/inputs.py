@@ -305,25 +305,10 @@ def iter_blocks(f: InputFile, block_bytes: int) -> Iterator[Block]:
 def count_data_lines(f: InputFile, block_bytes: int, progress=None) -> int:
     reader, raw = _open(f)
     try:
-        n = 0
-        last = b"\n"
-        pos = 0
-        while True:
-            chunk = _read(reader, block_bytes, f.path)
-            if not chunk:
-                break
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
-            if progress is not None:
-                now = raw.tell()
-                progress.update(now - pos)
-                pos = now
-        if last != b"\n":
-            n += 1
+        return _data_lines(f, _count_lines(reader, raw, f.path, block_bytes, progress))
     finally:
         reader.close()
         raw.close()
-    return n - (f.layout.header_lines if f.layout else 0)
 
 
 def spool(f: InputFile, folder: Path, block_bytes: int, progress=None) -> int:
@@ -333,20 +318,9 @@ def spool(f: InputFile, folder: Path, block_bytes: int, progress=None) -> int:
     assert f.stream is not None
     path = folder / f"input-{len(list(folder.iterdir()))}.txt"
     reader, raw = f.stream.take()
-    n, last, pos = 0, b"\n", 0
     try:
         with open(path, "wb") as out:  # a read error is a DataError, a write error an OSError
-            while True:
-                chunk = _read(reader, block_bytes, f.path)
-                if not chunk:
-                    break
-                out.write(chunk)
-                n += chunk.count(b"\n")
-                last = chunk[-1:]
-                if progress is not None:
-                    now = raw.tell()
-                    progress.update(now - pos)
-                    pos = now
+            lines = _count_lines(reader, raw, f.path, block_bytes, progress, keep=out)
     except OSError as e:
         raise DataError(
             f"{f.path}: cannot keep the pipe's text in {folder} to split it ({e.strerror}); free space there, "
@@ -357,9 +331,32 @@ def spool(f: InputFile, folder: Path, block_bytes: int, progress=None) -> int:
         raw.close()
     f.size = raw.tell()
     f.spooled = path
-    if last != b"\n":
-        n += 1
-    return n - (f.layout.header_lines if f.layout else 0)
+    return _data_lines(f, lines)
+
+
+def _count_lines(reader, raw, path, block_bytes: int, progress=None, keep=None) -> int:
+    """The lines of ``reader`` read to its end (a last line without a newline counts),
+    each block also written to ``keep`` when given; ``progress`` advanced by the bytes
+    ``raw`` (the file on disk, or the stream) gave."""
+    n, last, pos = 0, b"\n", 0
+    while True:
+        chunk = _read(reader, block_bytes, path)
+        if not chunk:
+            break
+        if keep is not None:
+            keep.write(chunk)
+        n += chunk.count(b"\n")
+        last = chunk[-1:]
+        if progress is not None:
+            now = raw.tell()
+            progress.update(now - pos)
+            pos = now
+    return n + (last != b"\n")
+
+
+def _data_lines(f: InputFile, lines: int) -> int:
+    """``lines`` of ``f`` less its header."""
+    return lines - (f.layout.header_lines if f.layout else 0)
 
 
 def parse_file(
