@@ -102,14 +102,13 @@ def check_out_folders(cfg) -> None:
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
+    from bagpipe.output_dir import inside
 
-    data = os.path.realpath(cfg.data.data)
     for flag, given in (("--out", cfg.run.out), ("--store-dir", cfg.cache.store_dir)):
         if not given:
             continue
-        real = os.path.realpath(given)
-        if real == data or real.startswith(data.rstrip(os.sep) + os.sep):
-            what = "is" if real == data else "lies inside"
+        if inside(given, cfg.data.data):
+            what = "is" if os.path.realpath(given) == os.path.realpath(cfg.data.data) else "lies inside"
             raise ConfigError(
                 f"{flag} {given} {what} --data {cfg.data.data}: the run would write its files among the "
                 f"data set's; choose another {flag}"
