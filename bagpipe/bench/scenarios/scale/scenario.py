@@ -171,10 +171,12 @@ def settings(b: ScaleBench, cache_rows: int, row_bytes: int) -> dict[str, dict]:
 
 
 def last_checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the run's newest committed checkpoint (its LATEST), or None."""
-    latest = run_dir / "checkpoints" / "LATEST"
+    """The step of the run's newest committed checkpoint (the one its LATEST names), or None."""
+    from bagpipe.checkpoint import CheckpointFolder
+
     try:
-        return int(latest.read_text().strip().rpartition("-")[2])
+        name = CheckpointFolder(run_dir).latest_name()
+        return int(name.rpartition("-")[2]) if name else None
     except (OSError, ValueError):
         return None
 
