@@ -4,7 +4,10 @@ A :class:`MemoryGroup` is a fresh child cgroup with a memory limit that counts t
 cache as well as the process's own memory (both cgroup versions charge a page of the
 page cache to the group that first brought it in). ``bagpipe bench scale`` starts each
 trainer process inside one (:meth:`MemoryGroup.enter` as the child's ``preexec_fn``),
-reads the group's peak usage, limit hits and OOM kills when it ends, and removes it.
+reads the group's peak usage, limit hits and OOM kills when it ends, and removes it. A
+benchmark killed before it could remove its group leaves it; the next :class:`MemoryGroup`
+removes every such group whose owner (the pid at the end of its name) is gone and which
+holds no process (:func:`remove_stale_groups`).
 
 Detection (:func:`find_memory_controller`): cgroup v1 when the memory controller is
 mounted at ``/sys/fs/cgroup/memory`` (the group is made inside this process's own
@@ -17,6 +20,7 @@ the reason is returned as one line and the caller skips.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -96,6 +100,42 @@ def find_memory_controller() -> tuple[Controller | None, str]:
     return None, "; ".join(reasons)
 
 
+_OWNED = re.compile(r"^bagpipe-[a-z-]+-(\d+)$")  # the groups MemoryGroup names: bagpipe-<what>-<owner pid>
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_stale_groups(parent: Path) -> list[str]:
+    """Remove the groups under ``parent`` that a bagpipe benchmark made and left when it was
+    killed: named ``bagpipe-<what>-<pid>`` after an owner that is gone, with no process left
+    inside. Returns the names removed (a group that still holds a process is left alone)."""
+    removed: list[str] = []
+    try:
+        children = sorted(parent.iterdir())
+    except OSError:
+        return removed
+    for child in children:
+        m = _OWNED.match(child.name)
+        if m is None or not child.is_dir() or _alive(int(m.group(1))):
+            continue
+        try:
+            if (child / "cgroup.procs").read_text().strip():
+                continue
+            child.rmdir()
+        except OSError:
+            continue
+        removed.append(child.name)
+    return removed
+
+
 class MemoryGroup:
     """One child memory group with a limit of ``limit_bytes`` (page cache included; 0:
     no limit of its own, a group only to measure what its processes use).
@@ -107,6 +147,7 @@ class MemoryGroup:
         self.controller = controller
         self.limit_bytes = int(limit_bytes)
         self.path = controller.parent / f"{name}-{os.getpid()}"
+        self.removed_stale = remove_stale_groups(controller.parent)  # of benchmarks killed before they could
         self.path.mkdir()
         try:
             limit = self.limit_bytes if self.limit_bytes > 0 else ("-1" if controller.version == 1 else "max")
