@@ -44,7 +44,7 @@ import numpy as np
 
 from bagpipe.data.schema import META_FILE, FeatureSpec
 from bagpipe.data.shards import ShardWriter
-from bagpipe.errors import ConfigError, DataError, ParseError
+from bagpipe.errors import BagpipeError, ConfigError, DataError, ParseError
 from bagpipe.output_dir import OutputDir
 from bagpipe.preprocess.formats import RawFormat
 from bagpipe.preprocess.inputs import (
@@ -260,10 +260,7 @@ def _passes(fmt, opts, files, output, mapping, split, workers, t0, inputs, n_tra
         if mapping is None:
             min_count = opts.min_count if opts.min_count is not None else 1
             if not inputs or n_train == 0:
-                raise ConfigError(
-                    "vocabulary mode needs train lines: give --input files that go to train, "
-                    "--vocab-from DIR or --max-rows-per-table N"
-                )
+                raise _no_train_lines(opts, inputs, split, parse)
             counters = {n: KeyCounter() for n in keyed}
             spill = Spill(out)
 
@@ -299,6 +296,30 @@ def _passes(fmt, opts, files, output, mapping, split, workers, t0, inputs, n_tra
     finally:
         if spill is not None:
             spill.remove()
+
+
+def _no_train_lines(opts, inputs, split, parse) -> BagpipeError:
+    """Why vocabulary mode has no train line. Too few --input lines for a fractional
+    --split to send one to train: the first bad line of the first block when there is one
+    (a file in another format, whose lines would all be refused), else that the lines are
+    too few; otherwise the options send none (``--split 0``, only --eval-files)."""
+    if inputs and split is not None and 0 < split < 1:
+        if opts.on_error == "fail":
+            for b in iter_blocks(inputs[0], opts.block_bytes):
+                bad = parse(b).bad
+                if bad:
+                    return ParseError(b.file.path, b.first_line + bad[0][0], bad[0][1])
+                break
+        lines = sum(f.lines or 0 for f in inputs)
+        return DataError(
+            f"--input {' '.join(f.path for f in inputs)}: {lines} data line{'' if lines == 1 else 's'}, too few to "
+            f"split: --split {split} sends none of them to train, where the vocabulary comes from; give more lines, "
+            "--split 1, --vocab-from DIR or --max-rows-per-table N"
+        )
+    return ConfigError(
+        "vocabulary mode needs train lines: give --input files that go to train, "
+        "--vocab-from DIR or --max-rows-per-table N"
+    )
 
 
 def _write(
