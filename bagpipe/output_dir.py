@@ -4,7 +4,9 @@ swapped in only when complete, and replaced only where everything in it is bagpi
 The life of ``OutputDir(target, ...)``:
 
 1. :meth:`OutputDir.open` checks everything before any folder changes: the target is a
-   directory or nothing; no input lies inside it; if it already holds a finished output
+   directory or nothing; it lies inside no data set (nor among a run's or an export's
+   files: :func:`~bagpipe.files.bagpipe_folder`) and is no output of another kind (an
+   export over a data set); no input lies inside it; if it already holds a finished output
    it is replaced only with ``overwrite``, and only when every file in it is one this
    output wrote (its manifest, ``.bagpipe-files.json``) -- a note, a sub-folder, a run
    or a raw log someone put there makes ``--overwrite`` refuse, naming it; a non-empty
@@ -47,7 +49,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bagpipe.errors import ConfigError, DataError
-from bagpipe.files import RunLock, atomic_write_text, fsync_dir
+from bagpipe.files import RunLock, atomic_write_text, bagpipe_folder, fsync_dir
 
 MANIFEST = ".bagpipe-files.json"
 #: The folders a writer keeps beside its target: WORD -> (what the removal message calls
@@ -58,6 +60,9 @@ BESIDE = {
     "partial": ("unfinished {kind}", r"(?P<pid>\d+)"),
     "spill": ("spill folder", r"(?:(?P<pid>\d+)-)?[a-z0-9_]{8}"),
 }
+
+#: The file that marks a folder as a data set, a run or an export (as :func:`bagpipe_folder` tells them).
+OUTPUT_MARKERS = ("meta.json", "config.json", "model.json")
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +115,15 @@ class OutputDir:
         t, flag = self.target, self.flag
         if t.exists() and not t.is_dir():
             raise DataError(f"{flag} {t}: exists and is not a directory")
+        a = f"a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind}"
+        owner = bagpipe_folder(t)  # a data set (or run, export) the target would sit among the files of
+        if owner is not None:
+            raise ConfigError(
+                f"{flag} {t} lies inside {owner}: {a} is not written inside it; choose a {flag} outside it"
+            )
+        other = self.other_output()
+        if other is not None:
+            raise ConfigError(f"{flag} {t} is {other}: {a} is not written over it; choose another {flag}")
         for opt, paths in self.inputs.items():
             for p in paths:
                 if t.exists() and inside(p, t):
@@ -141,6 +155,13 @@ class OutputDir:
                 f"{t}: --overwrite replaces only what bagpipe wrote there, and {foreign[0]}{more} is not "
                 f"part of the {self.kind}; move it out (or remove the folder yourself) and run again"
             )
+
+    def other_output(self) -> str | None:
+        """The data set, run or export of another kind the target is ("the data set D"), or None."""
+        for marker in OUTPUT_MARKERS:
+            if marker != self.finished_file and (self.target / marker).is_file():
+                return bagpipe_folder(self.target / marker)
+        return None
 
     def foreign(self) -> list[str]:
         """What the target holds that its manifest does not list (everything, without one)."""

@@ -4,11 +4,17 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
 * ``preprocess`` of a one-line input with a fractional --split blamed the vocabulary: a
   line not in the format is named (FILE:LINE and the fields expected), a valid one is
   said to be too few lines to split;
+* ``synth`` / ``preprocess --out`` inside an existing data set (its split folder, or
+  beside its splits) wrote a second data set among the first one's files: refused,
+  naming the data set;
+* ``export --out`` at a data set (or a run) blamed ``--data``, which the user had not
+  given (it came from the run's config.json): ``--out`` is named, as the data set it is;
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -54,3 +60,53 @@ def test_preprocess_of_one_line_says_what_is_wrong_with_the_input(run_cli, tmp_p
         "vocabulary comes from; give more lines, --split 1, --vocab-from DIR or --max-rows-per-table N"
     )
     assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["g.txt", "one.tsv"]
+
+
+# -- 2. a data set inside another ------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("where", ["train/inner", "sub"])
+def test_a_data_set_inside_another_is_refused_naming_it(run_cli, tiny_data, tmp_path, where):
+    inner = Path(tiny_data) / where
+    raw = tmp_path / "day.tsv"
+    raw.write_text(criteo_line() * 20)
+    before = snapshot(tiny_data)
+    for command in (
+        ("synth", "--profile", "tiny", "--samples", 500, "--out", inner, "--no-progress"),
+        ("preprocess", "criteo", "--input", raw, "--out", inner, "--max-rows-per-table", 50, "--no-progress"),
+    ):
+        rc, _, err = run_cli(*command)
+        assert one_line_error(rc, err, command[0]) == (
+            f"--out {inner} lies inside the data set {os.path.realpath(tiny_data)}: a dataset is not written inside it; "
+            "choose a --out outside it"
+        )
+    assert snapshot(tiny_data) == before and not inner.exists()
+    assert sorted(p.name for p in Path(tiny_data).iterdir()) == [".bagpipe-files.json", "eval", "meta.json", "train"]
+
+
+# -- 4. export --out at a data set ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def a_run(tiny_data, tmp_path_factory) -> Path:
+    from bagpipe.cli import main
+
+    run = tmp_path_factory.mktemp("misleading") / "run"
+    argv = ["train", "--data", tiny_data, "--out", str(run), "--steps", "3", "--batch-size", "64"]
+    assert main([*argv, "--no-progress", "--threads", "1", "--eval-samples", "64"]) == 0
+    return run
+
+
+@pytest.mark.integration
+def test_export_out_at_the_data_set_names_out(run_cli, tiny_data, a_run):
+    before, run_before = snapshot(tiny_data), snapshot(a_run)
+    rc, _, err = run_cli("export", "--run", a_run, "--out", tiny_data)
+    assert one_line_error(rc, err, "export") == (
+        f"--out {tiny_data} is the data set {os.path.realpath(tiny_data)}: an export is not written over it; choose another --out"
+    )
+    rc, _, err = run_cli("export", "--run", a_run, "--out", a_run)
+    assert one_line_error(rc, err, "export") == (
+        f"--out {a_run} is the run {os.path.realpath(a_run)}: an export is not written over it; choose another --out"
+    )
+    assert snapshot(tiny_data) == before and snapshot(a_run) == run_before
