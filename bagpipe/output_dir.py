@@ -23,8 +23,9 @@ The life of ``OutputDir(target, ...)``:
    folder that holds the current one is refused (it would leave the shell in a removed
    folder).
 3. :meth:`OutputDir.close` (or leaving the ``with`` block) removes the staging folder
-   if the output was not committed: a failed or interrupted build leaves the target as
-   it was.
+   if the output was not committed, and the folders above the target that step 1
+   created while they are empty: a failed or interrupted build leaves the target and
+   the folders around it as they were.
 
 What a killed writer (SIGKILL, a power cut) leaves beside the target -- its staging
 folder ``.NAME.partial-PID``, preprocess's spill folders ``.NAME.spill-PID-*`` (its
@@ -107,6 +108,7 @@ class OutputDir:
         self.inputs = {k: [Path(p) for p in v if p] for k, v in (inputs or {}).items()}
         self.staging: Path | None = None
         self._lock: RunLock | None = None
+        self._made: list[Path] = []  # the folders above the target that open() created
         self.committed = False
 
     # -- checks -------------------------------------------------------------------------
@@ -176,6 +178,7 @@ class OutputDir:
         """Check, lock, and make the staging folder; returns it (write everything there)."""
         self.check()
         parent = self.path.parent
+        self._made = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -251,7 +254,9 @@ class OutputDir:
         self.committed = True
 
     def close(self) -> None:
-        """Remove an uncommitted staging folder and release the lock (idempotent)."""
+        """Remove an uncommitted staging folder, release the lock, and remove the folders
+        above the target that :meth:`open` created if the output was not committed and
+        they are still empty (idempotent)."""
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
@@ -262,6 +267,13 @@ class OutputDir:
                 pass
             self._lock.release()
             self._lock = None
+        if not self.committed:
+            for folder in self._made:
+                try:
+                    folder.rmdir()  # only an empty one: whatever another process put there stays
+                except OSError:
+                    break
+        self._made = []
 
     def __enter__(self) -> Path:
         return self.open()

@@ -9,6 +9,8 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
   naming the data set;
 * ``export --out`` at a data set (or a run) blamed ``--data``, which the user had not
   given (it came from the run's config.json): ``--out`` is named, as the data set it is;
+* a failed export (synth, preprocess alike) left the empty folders it had made above
+  ``--out``: they are removed, and only they;
 """
 
 from __future__ import annotations
@@ -110,3 +112,29 @@ def test_export_out_at_the_data_set_names_out(run_cli, tiny_data, a_run):
         f"--out {a_run} is the run {os.path.realpath(a_run)}: an export is not written over it; choose another --out"
     )
     assert snapshot(tiny_data) == before and snapshot(a_run) == run_before
+
+
+# -- 6. a failed export's parent folders ---------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a_failed_export_removes_only_the_folders_it_made(run_cli, a_run, tmp_path, monkeypatch):
+    import bagpipe.export.write
+    from bagpipe.errors import DataError
+
+    def full_disk(*args, **kwargs):
+        raise DataError("no space left on device (simulated)")
+
+    mine = tmp_path / "exports"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    monkeypatch.setattr(bagpipe.export.write, "_write", full_disk)
+    before = snapshot(tmp_path)
+    rc, _, err = run_cli("export", "--run", a_run, "--out", mine / "a" / "b" / "model")
+    assert one_line_error(rc, err, "export") == "no space left on device (simulated)"
+    assert snapshot(tmp_path) == before and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    # a folder that was there already stays, even empty
+    (mine / "empty").mkdir()
+    rc, _, err = run_cli("export", "--run", a_run, "--out", mine / "empty" / "c" / "model")
+    assert rc == 2 and sorted(p.name for p in mine.iterdir()) == ["empty", "notes.txt"]
+    assert list((mine / "empty").iterdir()) == []
