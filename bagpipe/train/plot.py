@@ -76,6 +76,10 @@ def plot_runs(
     labels = labels or [Path(r).name or str(r) for r in runs]
     if len(labels) != len(runs):
         raise DataError(f"{len(labels)} labels for {len(runs)} runs")
+    if str(out) == "-":  # standard output elsewhere (predict); a PNG is written to a file
+        raise DataError(
+            "--out -: plot writes a PNG file, not to standard output; give a file name (e.g. --out curves.png)"
+        )
     out = Path(out)
     if out.is_dir():
         raise DataError(f"--out {out}: is a directory; give the PNG file to write (e.g. {out / 'curves.png'})")

@@ -11,6 +11,7 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
   given (it came from the run's config.json): ``--out`` is named, as the data set it is;
 * a failed export (synth, preprocess alike) left the empty folders it had made above
   ``--out``: they are removed, and only they;
+* ``plot --out -`` wrote a file named ``-``: refused, asking for a file name;
 """
 
 from __future__ import annotations
@@ -138,3 +139,17 @@ def test_a_failed_export_removes_only_the_folders_it_made(run_cli, a_run, tmp_pa
     rc, _, err = run_cli("export", "--run", a_run, "--out", mine / "empty" / "c" / "model")
     assert rc == 2 and sorted(p.name for p in mine.iterdir()) == ["empty", "notes.txt"]
     assert list((mine / "empty").iterdir()) == []
+
+
+# -- 5. plot --out - -------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_plot_out_dash_is_refused_not_written_as_a_file(run_cli, a_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(a_run)
+    rc, stdout, err = run_cli("plot", a_run, "--out", "-")
+    assert one_line_error(rc, err, "plot") == (
+        "--out -: plot writes a PNG file, not to standard output; give a file name (e.g. --out curves.png)"
+    )
+    assert stdout == "" and list(tmp_path.iterdir()) == [] and snapshot(a_run) == before
