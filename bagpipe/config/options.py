@@ -130,6 +130,8 @@ def add_options(
 def read_toml(path: str | Path) -> dict:
     """A TOML file as a dict; a missing file or a syntax error is a one-line ConfigError."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--config {path}: is a folder, not a file; give the TOML file of settings (e.g. run.toml)")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:

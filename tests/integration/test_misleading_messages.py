@@ -12,6 +12,8 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
 * a failed export (synth, preprocess alike) left the empty folders it had made above
   ``--out``: they are removed, and only they;
 * ``plot --out -`` wrote a file named ``-``: refused, asking for a file name;
+* ``--config DIR`` said "config file not found" of a folder that is there: it is said to
+  be a folder where a TOML file is expected;
 """
 
 from __future__ import annotations
@@ -153,3 +155,19 @@ def test_plot_out_dash_is_refused_not_written_as_a_file(run_cli, a_run, tmp_path
         "--out -: plot writes a PNG file, not to standard output; give a file name (e.g. --out curves.png)"
     )
     assert stdout == "" and list(tmp_path.iterdir()) == [] and snapshot(a_run) == before
+
+
+# -- 8. --config at a folder ---------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_config_at_a_folder_says_a_file_is_expected(run_cli, tiny_data, tmp_path, command):
+    out = tmp_path / "run"
+    args = ["--data", tiny_data, "--batch-size", 64] + (["--out", out, "--steps", 3] if command == "train" else [])
+    before = snapshot(tiny_data)
+    rc, _, err = run_cli(command, "--config", tiny_data, *args)
+    assert one_line_error(rc, err, command) == (
+        f"--config {tiny_data}: is a folder, not a file; give the TOML file of settings (e.g. run.toml)"
+    )
+    assert snapshot(tiny_data) == before and not out.exists()
