@@ -45,6 +45,9 @@ COVER_RATE = 0.05  # at most this share of each shard's blocks is read to measur
 BUFFER_LOOKUPS = 1 << 25  # sampled lookups buffered before they are counted (~128 MiB of int32 ids)
 MIB = 1 << 20
 
+#: The first bytes of a .npz archive (a zip file), as :meth:`HotSet.save` writes one.
+ZIP_MAGIC = b"PK\x03\x04"
+
 # (ids of the inputs' lookups into one table, (n,) bag lengths or None when one id per input)
 Column = tuple[np.ndarray, "np.ndarray | None"]
 
@@ -108,13 +111,22 @@ class HotSet:
     @classmethod
     def load(cls, path: str | os.PathLike, table_sizes: list[int]) -> HotSet:
         """A file of :meth:`save`; it must have been made for tables of ``table_sizes``."""
+        expected = (
+            "`bagpipe profile --out FILE` writes one, a NumPy .npz archive of the rows and their report; "
+            "give --hot-rows such a file"
+        )
         try:
+            with open(path, "rb") as raw:
+                if raw.read(4) != ZIP_MAGIC:  # np.load would take it for a pickle, and refuse it as one
+                    raise ConfigError(f"{path}: not a hot-row file (not a .npz archive): {expected}")
             with np.load(path, allow_pickle=False) as f:
                 rows, report = f["rows"], json.loads(str(f["report"]))
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such hot-row file (make one with `bagpipe profile --out`)") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path}: is a folder, not a hot-row file: {expected}") from None
         except (OSError, ValueError, KeyError) as e:
-            raise ConfigError(f"{path}: not a hot-row file of `bagpipe profile` ({e})") from None
+            raise ConfigError(f"{path}: not a hot-row file ({e}): {expected}") from None
         if report.get("table_sizes") != list(table_sizes):
             raise ConfigError(f"{path}: made for another dataset (its tables differ from this one's)")
         return cls(rows, int(sum(table_sizes)), report)

@@ -14,6 +14,8 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
 * ``plot --out -`` wrote a file named ``-``: refused, asking for a file name;
 * ``--config DIR`` said "config file not found" of a folder that is there: it is said to
   be a folder where a TOML file is expected;
+* ``--hot-rows c.png`` spoke of pickled data (NumPy's guess at a file that is no .npz
+  archive): the file is said not to be a hot-row file, and what ``bagpipe profile`` writes;
 """
 
 from __future__ import annotations
@@ -171,3 +173,24 @@ def test_config_at_a_folder_says_a_file_is_expected(run_cli, tiny_data, tmp_path
         f"--config {tiny_data}: is a folder, not a file; give the TOML file of settings (e.g. run.toml)"
     )
     assert snapshot(tiny_data) == before and not out.exists()
+
+
+# -- 9. --hot-rows at a file that is not one -------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_hot_rows_at_another_file_says_what_a_hot_row_file_is(run_cli, tiny_data, tmp_path):
+    picture = tmp_path / "c.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    out = tmp_path / "run"
+    before = snapshot(tmp_path)
+    rc, _, err = run_cli(
+        "train", "--data", tiny_data, "--out", out, "--steps", 3, "--batch-size", 64, "--no-progress",
+        "--mode", "lookahead", "--hot-rows", picture,
+    )  # fmt: skip
+    line = one_line_error(rc, err, "train")
+    assert line == (
+        f"{picture}: not a hot-row file (not a .npz archive): `bagpipe profile --out FILE` writes one, "
+        "a NumPy .npz archive of the rows and their report; give --hot-rows such a file"
+    )
+    assert "pickle" not in line and snapshot(tmp_path) == before and not out.exists()
