@@ -98,7 +98,7 @@ def resume_point(
     if ckpt is None:
         if not required:
             return None
-        raise CheckpointError(f"{run.path}: --resume given but the run has no checkpoint")
+        raise CheckpointError(nothing_to_resume(folder))
     if ckpt.step >= cfg.run.steps and not (complete_ok and ckpt.step == cfg.run.steps):
         raise ConfigError(
             f"{run.path} is complete: its checkpoint is at step {ckpt.step} and --steps is {cfg.run.steps}; "
@@ -130,6 +130,22 @@ def resume_point(
             + (f"; {latest} is left on disk until this run's checkpoints replace it" if latest else "")
         )
     return ckpt
+
+
+def nothing_to_resume(folder: CheckpointFolder) -> str:
+    """Why --resume finds no checkpoint in the run folder, and what to do: a complete
+    checkpoint that LATEST does not name is offered (--resume-from); else drop --resume."""
+    run = folder.root.parent
+    have = folder.complete()
+    if have:
+        return (
+            f"{run}: --resume given but {folder.root / LATEST} is missing; resume from the newest complete "
+            f"checkpoint with --resume-from {have[-1]}"
+        )
+    return (
+        f"{run}: --resume given but there is no checkpoint in this folder; drop --resume to start a new run "
+        "there, or give --out the run folder that holds the checkpoint to resume"
+    )
 
 
 def intact_latest(folder: CheckpointFolder) -> Checkpoint | None:

@@ -16,24 +16,29 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
   be a folder where a TOML file is expected;
 * ``--hot-rows c.png`` spoke of pickled data (NumPy's guess at a file that is no .npz
   archive): the file is said not to be a hot-row file, and what ``bagpipe profile`` writes;
+* ``train --resume`` on a folder without a checkpoint said only that: it now says to drop
+  --resume (or to give --out the run that holds the checkpoint), and a run whose LATEST
+  is gone is offered its newest complete checkpoint (--resume-from).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 
 def snapshot(folder: str | Path) -> dict[str, str]:
-    """Every file under ``folder`` and the sha256 of its bytes."""
+    """Every file under ``folder`` and the sha256 of its bytes (a run's .lock, which records
+    its last holder, left out)."""
     folder = Path(folder)
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != ".lock"
     }
 
 
@@ -194,3 +199,39 @@ def test_hot_rows_at_another_file_says_what_a_hot_row_file_is(run_cli, tiny_data
         "a NumPy .npz archive of the rows and their report; give --hot-rows such a file"
     )
     assert "pickle" not in line and snapshot(tmp_path) == before and not out.exists()
+
+
+# -- 10. train --resume without a checkpoint ---------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_resume_without_a_checkpoint_says_to_drop_resume(run_cli, tiny_data, a_run, tmp_path):
+    common = ("--data", tiny_data, "--steps", 6, "--batch-size", 64, "--no-progress", "--threads", 1)
+    common += ("--eval-samples", 64)
+    nothing = tmp_path / "new"
+    rc, _, err = run_cli("train", *common, "--out", nothing, "--resume")
+    assert one_line_error(rc, err, "train") == (
+        f"{nothing}: --resume given but there is no checkpoint in this folder; drop --resume to start a new run "
+        "there, or give --out the run folder that holds the checkpoint to resume"
+    )
+    assert not nothing.exists()
+    # a run that ended without a checkpoint
+    bare = tmp_path / "bare"
+    assert run_cli("train", *common, "--out", bare, "--no-final-checkpoint")[0] == 0
+    before = snapshot(bare)
+    rc, _, err = run_cli("train", *common, "--out", bare, "--resume")
+    assert one_line_error(rc, err, "train").startswith(f"{bare}: --resume given but there is no checkpoint in")
+    assert snapshot(bare) == before
+    # checkpoints without LATEST: the newest is offered
+    lost = tmp_path / "lost"
+    shutil.copytree(a_run, lost)
+    (lost / "checkpoints" / "LATEST").unlink()
+    before = snapshot(lost)
+    rc, _, err = run_cli("train", *common, "--out", lost, "--resume")
+    assert one_line_error(rc, err, "train") == (
+        f"{lost}: --resume given but {lost / 'checkpoints' / 'LATEST'} is missing; resume from the newest "
+        "complete checkpoint with --resume-from step-00000003"
+    )
+    assert snapshot(lost) == before
+    rc, _, err = run_cli("train", *common, "--out", lost, "--resume-from", "step-00000003")
+    assert rc == 0, err
