@@ -46,6 +46,10 @@ PER_ROLE = frozenset(
 )
 """Settings a role may hold differently from the others."""
 
+SHOWN_AS = {"cache_rows": {0: "auto"}}
+"""Values shown as what they mean rather than as stored: a --cache-rows not given (0)
+picks 5% of all rows, and a user who gave none would not recognise ``--cache-rows 0``."""
+
 
 def option(name: str) -> str:
     """The command-line option of setting ``name`` (``batch_size`` -> ``--batch-size``)."""
@@ -66,7 +70,7 @@ def job_settings(cfg: TrainConfig, data_fingerprint: str) -> dict[str, str]:
             if f.name == "data":
                 out["--data (its contents)"] = f"fingerprint {data_fingerprint[:12]}"
             else:
-                out[option(f.name)] = str(value)
+                out[option(f.name)] = str(SHOWN_AS.get(f.name, {}).get(value, value))
     return out
 
 

@@ -3,7 +3,8 @@
 Roles are started one by one (torchrun, by hand, on several hosts), each from its own
 command line. Each sends what it was started with (:func:`bagpipe.config.agreement.job_settings`)
 in its handshake, and a pair that differs is refused in one line naming the setting, both
-values and the peer, by every role of the pair (:meth:`Transport.join`).
+values and the peer, by every role of the pair (:meth:`Transport.join`). A value is shown
+as the user would recognise it: a --cache-rows not given as ``auto``, not as the 0 it is stored as.
 """
 
 from __future__ import annotations
@@ -120,3 +121,15 @@ def test_hand_started_roles_that_disagree_are_refused_before_training(tiny_data,
         assert "Traceback" not in err
     assert not (out / "summary.json").exists()
     assert not list(out.glob("checkpoints/*")) if out.exists() else True
+
+
+@pytest.mark.unit
+def test_a_cache_rows_not_given_is_shown_as_auto(tmp_path):
+    # --cache-rows not given is stored as 0 (5% of all rows); the user gave no 0
+    cfg = _config(tmp_path)
+    assert cfg.cache.cache_rows == 0
+    given = copy.deepcopy(cfg)
+    given.cache.cache_rows = 500
+    mine, theirs = job_settings(cfg, "ab" * 32), job_settings(given, "ab" * 32)
+    assert mine["--cache-rows"] == "auto" and theirs["--cache-rows"] == "500"
+    assert differences(mine, theirs) == ["--cache-rows auto here, 500 there"]
