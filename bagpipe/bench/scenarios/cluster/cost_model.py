@@ -28,6 +28,15 @@ and waits for them, one after the other, so their step is ``compute + trainer 0'
 sent / its up rate + bytes received / its down rate`` (at least the slowest link).
 ``compute`` is the measured forward + backward + optimizer time of the run's trainer 0.
 
+With emulated compute (``bench cluster --dilation k``) the compute is a known delay and
+nothing is measured but the links' rates: :func:`predict_emulated_ms` adds trainer 0's
+dense all-reduce and urgent row sync after the compute (and, for the baselines, the
+rows fetched in turn before it), overlaps the deferred row sync with the next step, and
+bounds the step below by every host's bytes over its link (trainer 0's bytes are split
+by what they are: :data:`PARTS`). ``bench cluster --project`` runs the same prediction
+at the undilated paper's cluster for more trainers and servers
+(:mod:`bagpipe.bench.scenarios.cluster.projection`).
+
 A pipelined trainer's write-backs of its last step (every row still cached) leave on
 its write-back thread just as the interface counters are read; the model counts them
 and says how many bytes race the reading, and a measurement between the two counts
@@ -108,6 +117,8 @@ class PlanTraffic:
     rows_fetched: float  # per trainer per step
     rows_written: float
     plan_bytes: float  # one trainer's plan, encoded
+    parts: dict[str, Link] = field(default_factory=dict)
+    """Trainer 0's link split by what the bytes are (:data:`PARTS`); they sum to ``links["trainer 0"]``."""
 
     def per_link(self, links: dict[str, Link] | None = None) -> dict[str, dict[str, float]]:
         return {name: dict(zip(("sent", "received"), link.wire())) for name, link in (links or self.links).items()}
@@ -128,6 +139,12 @@ class PlanTraffic:
         return out
 
 
+PARTS = ("embedding", "dense", "sync_urgent", "sync_deferred")
+"""What trainer 0's bytes are: plans, credits, fetches and write-backs (``embedding``); the
+dense all-reduce; the row sync of the rows the next step needs or that leave
+(``sync_urgent``, waited for) and of the rest (``sync_deferred``, overlapped with the next step)."""
+
+
 def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffic:
     """Replay the oracle of run ``cfg`` and count its messages (see the module docstring)."""
     D = cfg.arch.model_config().embedding_dim
@@ -140,8 +157,14 @@ def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffi
     names = [layout.name(r) for r in range(layout.world_size)]
     links: dict[str, Link] = {n: Link() for n in names}
     end: dict[str, Link] = {n: Link() for n in names}
+    parts: dict[str, Link] = {n: Link() for n in PARTS}
     fetched = written = plan_bytes = 0.0
     measured = max(cfg.run.steps - warmup, 1)
+
+    def both(link: Link, part: Link | None, up: bool, body: int) -> None:
+        message(link.up if up else link.down, body)
+        if part is not None:
+            message(part.up if up else part.down, body)
 
     def rows_msg(rows: np.ndarray, values: bool) -> int:
         body = (
@@ -159,10 +182,11 @@ def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffi
         last = gplan.step == cfg.run.steps - 1
         for t, p in enumerate(partition(gplan, N)):
             tl, ol = links[names[t]], links["oracle"]
+            emb = parts["embedding"] if t == 0 else None
             body = len(encode(PLAN, p))
-            message(tl.down, body)
+            both(tl, emb, False, body)
             message(ol.up, body)
-            message(tl.up, 0)  # the credit
+            both(tl, emb, True, 0)  # the credit
             message(ol.down, 0)
             plan_bytes += body / N / measured
             fetched += len(p.fetch_rows) / N / measured
@@ -173,28 +197,35 @@ def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffi
                     if not len(mine):
                         continue
                     size = rows_msg(mine, values)
-                    message(tl.up, size)
+                    both(tl, emb, True, size)
                     message(sl.down, size)
                     if pipelined and last and values:  # the write-back of the last step races the counters' reading
                         message(end[names[t]].up, size)
                         message(end[names[N + k]].down, size)
                     if not values:  # the reply
                         reply = reply_overhead + _pad8(len(mine) * D * 4) + _pad8(len(mine) * state * 4)
-                        message(tl.down, reply)
+                        both(tl, emb, False, reply)
                         message(sl.up, reply)
                     else:
                         written += len(mine) / N / measured
-                message(tl.up, 0)  # the step's mark
+                both(tl, emb, True, 0)  # the step's mark
                 message(sl.down, 0)
             if N > 1:  # ring all-reduces: 2 (N - 1) messages of 1/N of each buffer each way
-                for buffer in (len(p.sync_slots) * D * 4, dense_params * 4):
-                    tl.up.add(buffer / N, 2 * (N - 1))
-                    tl.down.add(buffer / N, 2 * (N - 1))
-    for link in [*links.values(), *end.values()]:  # per step
+                K, K1 = len(p.sync_slots), min(p.sync_urgent, len(p.sync_slots))
+                for part, buffer in (
+                    ("sync_urgent", K1 * D * 4),
+                    ("sync_deferred", (K - K1) * D * 4),
+                    ("dense", dense_params * 4),
+                ):
+                    if not buffer:
+                        continue
+                    for d in (tl.up, tl.down, *((parts[part].up, parts[part].down) if t == 0 else ())):
+                        d.add(buffer / N, 2 * (N - 1))
+    for link in [*links.values(), *end.values(), *parts.values()]:  # per step
         for d in (link.up, link.down):
             d.payload /= measured
             d.segments /= measured
-    return PlanTraffic(links, end, fetched, written, plan_bytes)
+    return PlanTraffic(links, end, fetched, written, plan_bytes, parts)
 
 
 def predict_step_ms(
@@ -219,17 +250,90 @@ def predict_step_ms(
     return {"step_ms": step, "slowest_link_ms": slowest, "bottleneck": link if slowest > compute_ms else "compute"}
 
 
+def _ms(link: Link, rate: tuple[float, float]) -> float:
+    """Time (ms) ``link``'s bytes of a step need, both directions at once at ``rate`` (up, down) bytes/s."""
+    sent, received = link.wire()
+    return max(sent / rate[0], received / rate[1]) * 1000
+
+
+def predict_emulated_ms(
+    traffic: PlanTraffic, rates_bytes_s: dict[str, tuple[float, float]], compute_ms: float, pipelined: bool
+) -> dict[str, float | str]:
+    """The step time (ms) of a run whose compute is a known delay (``--emulate-compute``):
+    every term from the plans' bytes and the links' rates, nothing measured but the rates.
+
+    Trainer 0's step, in the order the trainer waits for each (``t_X``: trainer 0's bytes of
+    part X over its link, :data:`PARTS`): the deferred row sync of the previous step
+    overlaps what comes before the next step's dense all-reduce (gloo runs collectives in
+    order), then the dense all-reduce and the urgent row sync are waited for:
+
+    * pipelined (lookahead): ``max(compute, t_sync_deferred) + t_dense + t_sync_urgent``;
+      the fetches and write-backs run on background threads;
+    * synchronous (nocache, lru): the rows are fetched first, in turn (``t_embedding`` =
+      trainer 0's embedding bytes sent / up + received / down, at least the busiest
+      server's link: every trainer asks at once), then the compute:
+      ``max(t_embedding + compute, t_sync_deferred) + t_dense + t_sync_urgent``;
+
+    and at least every host's whole step of bytes over its link (``trainer_link``,
+    ``server``, ``oracle``): a link cannot carry more. ``bound`` names the largest term.
+    """
+    up, down = rates_bytes_s["trainer 0"]
+    p = traffic.parts
+    t = {name: _ms(p[name], (up, down)) if name in p else 0.0 for name in PARTS}
+    emb_sent, emb_received = p["embedding"].wire() if "embedding" in p else (0.0, 0.0)
+    serial = (emb_sent / up + emb_received / down) * 1000
+    hosts = {name: _ms(link, rates_bytes_s[name]) for name, link in traffic.links.items() if name in rates_bytes_s}
+    server = max((v for k, v in hosts.items() if k.startswith("server")), default=0.0)
+    oracle = hosts.get("oracle", 0.0)
+    trainer_link = max((v for k, v in hosts.items() if k.startswith("trainer")), default=0.0)
+    embedding = 0.0 if pipelined else max(serial, server)
+    chain = max(embedding + compute_ms, t["sync_deferred"]) + t["dense"] + t["sync_urgent"]
+    floors = {"trainer link": trainer_link, "server link": server, "oracle link": oracle}
+    step = max(chain, *floors.values())
+    if step > chain:
+        bound = max(floors, key=lambda k: floors[k])
+    else:
+        terms = {
+            "compute": compute_ms,
+            "embedding access": embedding,
+            "dense all-reduce": t["dense"],
+            "row sync": t["sync_urgent"] + max(t["sync_deferred"] - compute_ms - embedding, 0.0),
+        }
+        bound = max(terms, key=lambda k: terms[k])
+    return {
+        "step_ms": step,
+        "compute_ms": compute_ms,
+        "embedding_ms": embedding,
+        "dense_ms": t["dense"],
+        "sync_urgent_ms": t["sync_urgent"],
+        "sync_deferred_ms": t["sync_deferred"],
+        "trainer_link_ms": trainer_link,
+        "server_link_ms": server,
+        "oracle_link_ms": oracle,
+        "embedding_share": embedding / step if step else 0.0,
+        "bottleneck": bound,
+    }
+
+
 def model_for(cfg: TrainConfig, traffic, time_per_step_ms: dict, rates: dict[str, dict[str, float]]) -> dict:
     """The cost model's prediction for a run of ``cfg`` (its ``traffic``, :func:`plan_traffic`)
-    at the probed ``rates`` (role -> Mbit/s sent and received), with the run's compute time."""
+    at the probed ``rates`` (role -> Mbit/s sent and received): with emulated compute from
+    the delay alone (:func:`predict_emulated_ms`), else with the run's measured compute time."""
     mbit = {role: (v["sent"] * 1e6 / 8, v["received"] * 1e6 / 8) for role, v in rates.items()}
     for role in traffic.links:  # links not probed: shaped as the probed one of their kind
         if role not in mbit:
             mbit[role] = mbit["trainer 0" if role.startswith("trainer") else "server 0"]
     t = time_per_step_ms
-    pred = predict_step_ms(
-        traffic, mbit, t["forward"] + t["backward"] + t["optimizer"], pipelined=cfg.cache.spec.pipelined
-    )
+    if cfg.approx.emulate_compute is not None:  # the compute is known: nothing measured but the rates
+        from bagpipe.config.compute import parse_compute
+
+        per_trainer = cfg.data.batch_size // cfg.dist.trainers
+        delay = parse_compute(cfg.approx.emulate_compute).seconds(per_trainer) * 1000
+        pred = predict_emulated_ms(traffic, mbit, delay, pipelined=cfg.cache.spec.pipelined)
+    else:
+        pred = predict_step_ms(
+            traffic, mbit, t["forward"] + t["backward"] + t["optimizer"], pipelined=cfg.cache.spec.pipelined
+        )
     step_ms = float(pred["step_ms"])
     return {**pred, "samples_per_s": cfg.data.batch_size / step_ms * 1000 if step_ms else float("nan")}
 

@@ -40,8 +40,7 @@ from bagpipe.bench.harness.report import header, write_results
 from bagpipe.bench.harness.runner import data_samples, ensure_synth
 from bagpipe.bench.harness.runner import launch as launch_train
 from bagpipe.bench.scenarios.cluster.report import plot, summarise
-from bagpipe.bench.scenarios.cluster.settings import ClusterBench
-from bagpipe.config.train import TrainConfig, only_applicable
+from bagpipe.bench.scenarios.cluster.settings import ClusterBench, job_config
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.distributed.launch import Placement, launch
 from bagpipe.distributed.layout import Layout
@@ -234,35 +233,7 @@ def _job(
     cache_rows: int,
     log: Path,
 ) -> dict:
-    emulated = b.emulated_compute()
-    cfg = TrainConfig.of(
-        **only_applicable(  # a baseline's cache is not sized, nor does it look ahead
-            dict(
-                mode=mode,
-                cache_rows=cache_rows,
-                lookahead=L,
-                trainers=n,
-                servers=b.servers,
-            )
-        ),
-        **({"emulate_compute": emulated} if emulated else {}),
-        data=str(data),
-        out=str(run_dir),
-        model=b.model,
-        recipe=b.recipe,
-        embedding_dim=b.embedding_dim,
-        batch_size=b.batch_size * n,
-        optimizer=b.optimizer,
-        lr=b.lr,
-        steps=b.steps,
-        warmup_steps=b.warmup,
-        eval_samples=b.eval_samples,
-        threads=1,
-        progress=False,
-        final_checkpoint=False,
-        digest=b.digest,
-        rendezvous_timeout=120.0,
-    )
+    cfg = job_config(b, data, run_dir, n, mode, L, cache_rows)
     layout = Layout(n, b.servers)
     by_rank = _rank_hosts(hosts, layout)
     placement = Placement(
@@ -288,6 +259,10 @@ def _job(
 
 def run(b: ClusterBench) -> dict:
     assert b.out is not None  # set by BenchConfig
+    if b.project:  # the cost model alone: no job, no network
+        from bagpipe.bench.scenarios.cluster.projection import project
+
+        return project(b)
     out = Path(b.out)
     reason = unavailable()
     if reason:
@@ -318,6 +293,7 @@ def run(b: ClusterBench) -> dict:
                 _shape(net, hosts, b, rate)
                 if rate not in probes:
                     probes[rate] = _probe(net, hosts, b)
+                    (out / "probes.json").write_text(json.dumps({f"{r:g}": p for r, p in probes.items()}))
                 for n in b.trainers:
                     for key, mode, L in b.configs():
                         _shape(net, hosts, b, rate)  # the previous job's evaluation ran unshaped
@@ -348,6 +324,39 @@ def run(b: ClusterBench) -> dict:
     plot(out, payload)
     write_results(out, "cluster", payload, payload["table"])
     return payload
+
+
+def report_again(b: ClusterBench) -> dict:
+    """The report of a sweep that ran before (its ``runs.jsonl`` and ``probes.json`` in
+    ``--out``), with this code's model and tables: no job runs."""
+    out = Path(b.out or ".")
+    data = out / "data"
+    meta = DatasetMeta.load(data)
+    cache_rows = b.cache_rows(meta.total_rows, b.batch_size * max(b.trainers) * meta.num_features)
+    saved = out / "probes.json"
+    if not saved.exists():  # a sweep from before probes.json: its results.json
+        probes_by_rate = json.loads((out / "results.json").read_text())["probes_mbit"]
+    else:
+        probes_by_rate = json.loads(saved.read_text())
+    probes = {float(r): p for r, p in probes_by_rate.items()}
+    configs = {key: (mode, L) for key, mode, L in b.configs()}
+    results: dict[tuple[int, float, str], list[dict]] = {}
+    for line in (out / "runs.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        mode, L = configs[r["config"]]
+        run_dir = out / "runs" / f"{r['rate']:g}-{r['trainers']}-{r['config']}"
+        r["config"] = job_config(b, data, run_dir, r["trainers"], mode, L, cache_rows)
+        results.setdefault((r["trainers"], r["rate"], r.pop("config_key", None) or _key(r)), []).append(r)
+    ideal = [_emulated_ideal(b)] if b.dilation else [{"samples_per_s": float("nan"), "params_sha256": None}]
+    payload = summarise(b, results, ideal, probes, cache_rows, meta)
+    plot(out, payload)
+    write_results(out, "cluster", payload, payload["table"])
+    return payload
+
+
+def _key(r: dict) -> str:
+    cfg = r["config"]
+    return f"{cfg.cache.mode}-L{cfg.cache.lookahead}" if cfg.cache.spec.looks_ahead else cfg.cache.mode
 
 
 def _emulated_ideal(b: ClusterBench) -> dict:

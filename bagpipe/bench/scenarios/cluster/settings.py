@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from bagpipe.bench.harness.settings import CachePoint, Throughput
 from bagpipe.config.compute import V100_BATCH, V100_STEP_MS
 from bagpipe.config.modes import mode_spec
+from bagpipe.config.train import TrainConfig, only_applicable
 
 MODES = ("nocache", "lru", "lookahead")
 
@@ -92,9 +94,24 @@ class ClusterBench(CachePoint, Throughput):
     """A role is starved of CPU -- the run's figures invalid -- when its threads waited on
     the run queue for more than this share of the measured wall time (/proc/PID/task/*/schedstat)."""
 
+    project: tuple[int, ...] = ()
+    """Numbers of trainers to project the paper's cluster to by the cost model alone (no
+    job runs; e.g. 8,16,32,64): replays the planner for each, at --project-servers."""
+    project_servers: tuple[int, ...] = (1, 2, 4)
+    """With --project: numbers of embedding servers."""
+    project_efficiency: float = 0.96
+    """With --project: achieved over nominal link rate (bench cluster's probes: 0.95-0.97)."""
+
     def validate(self) -> None:
         super().validate()
         self.check_subset("modes", MODES)
+        self.check("project", all(n >= 1 for n in self.project), "must be numbers of trainers >= 1")
+        self.check(
+            "project_servers",
+            bool(self.project_servers) and all(1 <= s <= 8 for s in self.project_servers),
+            "must be numbers of servers in 1..8",
+        )
+        self.check("project_efficiency", 0 < self.project_efficiency <= 1, "must be in (0, 1]")
         self.check("rates", bool(self.rates) and all(r > 0 for r in self.rates), "must be link rates > 0 in Mbit/s")
         self.check(
             "trainers", bool(self.trainers) and all(n >= 1 for n in self.trainers), "must be numbers of trainers >= 1"
@@ -118,6 +135,10 @@ class ClusterBench(CachePoint, Throughput):
             self.check("digest", not self.digest, "does not apply to --dilation (emulated compute does not train)")
         else:
             self.check("gpu_step_ms", self.gpu_step_ms == V100_STEP_MS, "applies to --dilation k > 0")
+
+    def with_servers(self, servers: int) -> ClusterBench:
+        """These settings with ``servers`` embedding servers."""
+        return replace(self, servers=servers)
 
     def link_rates(self) -> tuple[float, ...]:
         """A trainer's link rates (Mbit/s) the sweep runs: --rates, or the paper's / k."""
@@ -158,3 +179,36 @@ class ClusterBench(CachePoint, Throughput):
             else:
                 out.append((mode, mode, 1))
         return out
+
+
+def job_config(b: ClusterBench, data: Path, run_dir: Path, n: int, mode: str, L: int, cache_rows: int) -> TrainConfig:
+    """The TrainConfig of one job of the sweep (``n`` trainers, ``mode`` at lookahead ``L``)."""
+    emulated = b.emulated_compute()
+    return TrainConfig.of(
+        **only_applicable(  # a baseline's cache is not sized, nor does it look ahead
+            dict(
+                mode=mode,
+                cache_rows=cache_rows,
+                lookahead=L,
+                trainers=n,
+                servers=b.servers,
+            )
+        ),
+        **({"emulate_compute": emulated} if emulated else {}),
+        data=str(data),
+        out=str(run_dir),
+        model=b.model,
+        recipe=b.recipe,
+        embedding_dim=b.embedding_dim,
+        batch_size=b.batch_size * n,
+        optimizer=b.optimizer,
+        lr=b.lr,
+        steps=b.steps,
+        warmup_steps=b.warmup,
+        eval_samples=b.eval_samples,
+        threads=1,
+        progress=False,
+        final_checkpoint=False,
+        digest=b.digest,
+        rendezvous_timeout=120.0,
+    )

@@ -1,0 +1,136 @@
+"""``bench cluster``'s cost model with a known compute (``--dilation``) and its projection
+past this machine (``--project``): the step's terms against hand-computed cases, the
+projection's arithmetic, and trainer 0's bytes split by what they are."""
+
+from __future__ import annotations
+
+import pytest
+
+from bagpipe.bench.scenarios.cluster.cost_model import PARTS, Direction, Link, PlanTraffic, predict_emulated_ms
+from bagpipe.bench.scenarios.cluster.projection import paper_rates, projection_row, speedups
+from bagpipe.bench.scenarios.cluster.settings import ClusterBench
+from bagpipe.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+
+def _link(up: float, down: float) -> Link:
+    """A link of ``up`` / ``down`` bytes a step and no frames (so its wire bytes are exactly these)."""
+    return Link(Direction(payload=up), Direction(payload=down))
+
+
+def _traffic(server_up: float = 16_000) -> PlanTraffic:
+    parts = {
+        "embedding": _link(2_000, 8_000),
+        "dense": _link(5_000, 5_000),
+        "sync_urgent": _link(3_000, 3_000),
+        "sync_deferred": _link(4_000, 4_000),
+    }
+    links = {
+        "trainer 0": _link(14_000, 20_000),
+        "trainer 1": _link(14_000, 20_000),
+        "server 0": _link(server_up, 4_000),
+        "oracle": _link(1_000, 0),
+    }
+    return PlanTraffic(links, {}, rows_fetched=10.0, rows_written=5.0, plan_bytes=100.0, parts=parts)
+
+
+RATES = {"trainer 0": (1e6, 1e6), "trainer 1": (1e6, 1e6), "server 0": (2e6, 2e6), "oracle": (2e6, 2e6)}
+
+
+def test_pipelined_step_is_compute_then_the_all_reduces():
+    # max(compute 12, deferred 4) + dense 5 + urgent 3 = 20 ms; trainer 0's link carries
+    # 20,000 B down at 1 MB/s = 20 ms too, the server 8 ms, the oracle 0.5 ms
+    p = predict_emulated_ms(_traffic(), RATES, compute_ms=12.0, pipelined=True)
+    assert p["step_ms"] == pytest.approx(20.0)
+    assert (p["dense_ms"], p["sync_urgent_ms"], p["sync_deferred_ms"]) == pytest.approx((5.0, 3.0, 4.0))
+    assert (p["trainer_link_ms"], p["server_link_ms"], p["oracle_link_ms"]) == pytest.approx((20.0, 8.0, 0.5))
+    assert p["embedding_ms"] == 0.0 and p["bottleneck"] == "compute"
+
+
+def test_synchronous_step_waits_for_its_rows_in_turn():
+    # rows: 2,000 B up + 8,000 B down at 1 MB/s, in turn = 10 ms (> the server's 8 ms);
+    # max(10 + 12, 4) + 5 + 3 = 30 ms, a third of it on embedding access
+    p = predict_emulated_ms(_traffic(), RATES, compute_ms=12.0, pipelined=False)
+    assert p["embedding_ms"] == pytest.approx(10.0)
+    assert p["step_ms"] == pytest.approx(30.0)
+    assert p["embedding_share"] == pytest.approx(1 / 3)
+    assert p["bottleneck"] == "compute"
+
+
+def test_a_saturated_server_link_bounds_both():
+    # 400,000 B a step out of the server at 2 MB/s: 200 ms, above lookahead's chain
+    t = _traffic(server_up=400_000)
+    p = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=True)
+    assert p["step_ms"] == pytest.approx(200.0)
+    assert p["bottleneck"] == "server link"
+    # the synchronous baseline waits for the server's 200 ms, then computes: 200 + 12 + 5 + 3
+    p = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=False)
+    assert p["embedding_ms"] == pytest.approx(200.0)
+    assert p["step_ms"] == pytest.approx(220.0)
+    assert p["bottleneck"] == "embedding access"
+
+
+def test_a_long_deferred_sync_is_waited_for():
+    # deferred 40,000 B at 1 MB/s = 40 ms > compute 12: max(12, 40) + 5 + 3 = 48
+    t = _traffic()
+    t.parts["sync_deferred"] = _link(40_000, 40_000)
+    t.links["trainer 0"] = _link(52_000, 56_000)
+    p = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=True)
+    assert p["step_ms"] == pytest.approx(56.0)  # the trainer's link (56,000 B down) binds
+    assert p["bottleneck"] == "trainer link"
+
+
+def test_projection_row_and_speedups_by_hand():
+    # efficiency 0.0008: a trainer's 10 Gbit/s becomes 1 MB/s, the 25 Gbit/s 2.5 MB/s
+    t = _traffic()
+    rates = paper_rates(t, 0.0008)
+    assert rates["trainer 0"] == pytest.approx((1e6, 1e6)) and rates["server 0"] == pytest.approx((2.5e6, 2.5e6))
+    la = projection_row(4, 1, "lookahead-L20", t, batch=2048, compute_ms=12.0, efficiency=0.0008)
+    no = projection_row(4, 1, "nocache", t, batch=2048, compute_ms=12.0, efficiency=0.0008)
+    # lookahead: 20 ms (as above: the server's 16,000 B at 2.5 MB/s is 6.4 ms)
+    assert la["model"]["step_ms"] == pytest.approx(20.0)
+    assert la["samples_per_s"] == pytest.approx(4 * 2048 / 0.020)
+    assert la["per_trainer"] == pytest.approx(2048 / 0.020)
+    assert la["share_of_ideal"] == pytest.approx(12.0 / 20.0)
+    # nocache: embedding max(10, 6.4) = 10 -> 30 ms
+    assert no["model"]["step_ms"] == pytest.approx(30.0)
+    rows = [la, no]
+    speedups(rows)
+    assert la["speedup_over_nocache"] == pytest.approx(1.5)
+    assert no["speedup_over_nocache"] == pytest.approx(1.0)
+    assert la["speedup_over_lru"] is None
+
+
+def test_trainer_0s_parts_sum_to_its_link(tmp_path):
+    from bagpipe.bench.harness.runner import ensure_synth
+    from bagpipe.bench.scenarios.cluster.cost_model import traffic_for
+    from bagpipe.bench.scenarios.cluster.settings import job_config
+    from bagpipe.data.schema import DatasetMeta
+
+    b = ClusterBench(out=str(tmp_path), profile="tiny", scale=1.0, batch_size=64, steps=6, warmup=2, recipe="debug")
+    data = tmp_path / "data"
+    ensure_synth(data, "tiny", 1000, 1.0, seed=1, progress=False)
+    meta = DatasetMeta.load(data)
+    for mode, L in (("nocache", 1), ("lookahead", 4)):
+        cfg = job_config(b.with_servers(2), data, tmp_path / "run", 2, mode, L, cache_rows=2000)
+        t = traffic_for(cfg, meta, b.warmup)
+        assert set(t.parts) == set(PARTS)
+        whole = t.links["trainer 0"]
+        for d in ("up", "down"):
+            assert sum(getattr(p, d).payload for p in t.parts.values()) == pytest.approx(getattr(whole, d).payload)
+            assert sum(getattr(p, d).segments for p in t.parts.values()) == pytest.approx(getattr(whole, d).segments)
+        assert t.parts["dense"].up.payload > 0 and t.parts["embedding"].down.payload > 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(project=(0,)), "--project must be numbers of trainers"),
+        (dict(project=(8,), project_servers=(0,)), "--project-servers must be numbers of servers"),
+        (dict(project=(8,), project_efficiency=1.5), "--project-efficiency must be in"),
+    ],
+)
+def test_projection_refusals(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        ClusterBench(out="unused", **settings)
