@@ -11,8 +11,10 @@ all finish. The row space (table sizes, D, seed) comes from trainer 0 at start-u
 a server needs no dataset.
 
 The server is rank --rank of a job of N trainers + S servers + 1 oracle (servers are
-ranks N .. N+S-1) and meets the others at --master-addr:--master-port. It talks over
-the interface that holds --bind, 127.0.0.1 unless you give another address.
+ranks N .. N+S-1) and meets the others at --master-addr:--master-port ($WORLD_SIZE, if
+set, must be N + S + 1). It talks over the interface that holds --bind, 127.0.0.1
+unless you give another address. A rendezvous that fails before --rendezvous-timeout
+(the job's rank 0 stopped) is reported at once, with how long it took.
 
 Example (the other roles started with torchrun / bagpipe worker, see docs/distributed.md):
   bagpipe serve --rank 2 --trainers 2 --servers 2 --master-addr 10.0.0.1 \\
@@ -73,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.config.environ import MAX_PORT, env_int, parse_int
     from bagpipe.distributed.launch import interface_of
     from bagpipe.distributed.layout import Layout
-    from bagpipe.distributed.roles import ServerConfig, serve
+    from bagpipe.distributed.roles import ServerConfig, check_world_size, serve
     from bagpipe.errors import ConfigError
 
     layout = Layout(args.trainers, args.servers)
+    check_world_size(layout)  # the job's size is --trainers + --servers + 1: another WORLD_SIZE is refused
     rank: int = args.rank if args.rank is not None else env_int("RANK", -1, lo=0, hi=layout.world_size - 1)
     if rank < 0:
         raise ConfigError("--rank is required (or $RANK): servers are ranks N .. N+S-1")

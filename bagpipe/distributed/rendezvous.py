@@ -3,7 +3,8 @@
 Rank 0 listens there (a local job's store on loopback only: :func:`loopback_listener`),
 every role counts its arrival; a rendezvous that cannot finish -- a port held by a
 stranger, roles started with another WORLD_SIZE -- fails in one line within a bounded
-time (:func:`bounded`)."""
+time (:func:`bounded`); one that fails before its time-out (the process serving the
+store stopped) says so, and after how long."""
 
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
         f"(rank {rank} of {world}); start every role with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
         "or raise --rendezvous-timeout"
     )
+    started = time.monotonic()
     try:
         return bounded(meet, timeout_s + RENDEZVOUS_GRACE_S)
     except TimeoutError:  # still waiting for an answer: a stranger holds the port, or nobody does
@@ -99,7 +101,21 @@ def rendezvous(layout: Layout, rank: int, timeout_s: float):
                 f"{name}: port {port} on {addr} is taken (another job, or a process left over?); "
                 "choose another MASTER_PORT / --master-port"
             ) from None
-        raise timed_out from None
+        waited = time.monotonic() - started
+        if waited >= timeout_s:
+            raise timed_out from None
+        raise BagpipeError(  # not a time-out: say what happened, and when
+            f"{name}: the rendezvous at {addr}:{port} failed after {waited:.1f} s (rank {rank} of {world}): "
+            f"{_reason(text)}; is the job's rank 0 (or torchrun's agent) running there? start it, then this role again"
+        ) from None
+
+
+def _reason(text: str) -> str:
+    """What torch's store error says happened, in a few words."""
+    if "Connection was likely closed" in text or "Connection reset" in text:
+        return "the process serving it closed the connection (it stopped, or refused this role)"
+    first = text.strip().splitlines()[0] if text.strip() else "no reason given"
+    return first[:200]
 
 
 def loopback_listener(addr: str, port: int, name: str) -> int | None:

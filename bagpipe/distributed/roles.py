@@ -65,16 +65,26 @@ def env_rank(layout: Layout) -> int:
             f"a distributed role needs {', '.join(missing)} in its environment "
             "(set by torchrun or by `bagpipe train --trainers N --servers S`)"
         )
-    world = env_int("WORLD_SIZE", lo=1)
-    if world != layout.world_size:
-        raise ConfigError(
-            f"WORLD_SIZE is {world} but {layout.trainers} trainers + {layout.servers} servers + 1 oracle "
-            f"make {layout.world_size} processes"
-        )
+    check_world_size(layout)
     env_int("MASTER_PORT", lo=1, hi=MAX_PORT)  # checked here, before the role does anything
     env_int("TORCHELASTIC_RESTART_COUNT", 0)
     env_int("OMP_NUM_THREADS", 0, lo=0, hi=4096)
     return env_int("RANK", lo=0, hi=layout.world_size - 1)
+
+
+def check_world_size(layout: Layout) -> None:
+    """A WORLD_SIZE in the environment (torchrun's, or set by hand) is the job's number of
+    processes; one that is not is refused in one line (a role would wait at the rendezvous
+    for processes that never come, or count a stranger's)."""
+    if "WORLD_SIZE" not in os.environ:
+        return
+    world = env_int("WORLD_SIZE", lo=1)
+    if world != layout.world_size:
+        raise ConfigError(
+            f"WORLD_SIZE is {world} but {layout.trainers} trainers + {layout.servers} servers + 1 oracle "
+            f"make {layout.world_size} processes; start every role with the same --trainers, --servers and "
+            "WORLD_SIZE (or leave WORLD_SIZE unset for bagpipe serve)"
+        )
 
 
 @dataclass(kw_only=True)

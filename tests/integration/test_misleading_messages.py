@@ -7,6 +7,10 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
 * ``synth`` / ``preprocess --out`` inside an existing data set (its split folder, or
   beside its splits) wrote a second data set among the first one's files: refused,
   naming the data set;
+* ``bagpipe serve`` whose rendezvous store closed the connection (rank 0 stopped) said
+  "did not all arrive ... within 300 s" after about a second: it says the rendezvous
+  failed, after how long and why; a WORLD_SIZE other than --trainers + --servers + 1,
+  which it ignored, is refused before the rendezvous;
 * ``export --out`` at a data set (or a run) blamed ``--data``, which the user had not
   given (it came from the run's config.json): ``--out`` is named, as the data set it is;
 * a failed export (synth, preprocess alike) left the empty folders it had made above
@@ -19,6 +23,9 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
 * ``train --resume`` on a folder without a checkpoint said only that: it now says to drop
   --resume (or to give --out the run that holds the checkpoint), and a run whose LATEST
   is gone is offered its newest complete checkpoint (--resume-from).
+
+(The roles' settings comparison showing ``--cache-rows auto`` is tested in
+``unit/config/test_agreement.py``.)
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -235,3 +245,67 @@ def test_resume_without_a_checkpoint_says_to_drop_resume(run_cli, tiny_data, a_r
     assert snapshot(lost) == before
     rc, _, err = run_cli("train", *common, "--out", lost, "--resume-from", "step-00000003")
     assert rc == 0, err
+
+
+# -- 3. serve: a failed join, WORLD_SIZE -----------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_serve_refuses_a_world_size_of_another_job(run_cli, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "7")
+    rc, _, err = run_cli("serve", "--rank", 1, "--trainers", 1, "--servers", 1, "--rendezvous-timeout", 5)
+    assert one_line_error(rc, err, "serve") == (
+        "WORLD_SIZE is 7 but 1 trainers + 1 servers + 1 oracle make 3 processes; start every role with the same "
+        "--trainers, --servers and WORLD_SIZE (or leave WORLD_SIZE unset for bagpipe serve)"
+    )
+    assert "waiting for the job" not in err  # refused before the rendezvous
+
+
+# The rendezvous store of a job's rank 0: it serves until a client has arrived, then stops.
+STORE_THAT_STOPS = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 3, is_master=True, timeout=timedelta(seconds=60),
+                      wait_for_workers=False, multi_tenant=True)
+empty = store.num_keys()
+print("listening", flush=True)
+deadline = time.monotonic() + 60
+while store.num_keys() == empty and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_serve_says_the_rendezvous_failed_and_when_not_that_it_timed_out(tmp_path):
+    from bagpipe.distributed.auth import SECRET_ENV, new_secret
+    from bagpipe.distributed.launch import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update({SECRET_ENV: new_secret().decode(), "OMP_NUM_THREADS": "1"})
+    store = subprocess.Popen([sys.executable, "-c", STORE_THAT_STOPS, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert store.stdout is not None and store.stdout.readline() == "listening\n"
+        serve = ["serve", "--rank", "1", "--trainers", "1", "--servers", "1", "--master-port", str(port)]
+        t0 = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "bagpipe.cli", *serve, "--rendezvous-timeout", "60"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=100,
+        )  # fmt: skip
+        took = time.monotonic() - t0
+    finally:
+        store.kill()
+        store.wait()
+    line = one_line_error(done.returncode, done.stderr, "serve")
+    prefix = f"server 0: the rendezvous at 127.0.0.1:{port} failed after "
+    assert line.startswith(prefix), line
+    waited = float(line[len(prefix) :].split(" s ", 1)[0])
+    assert waited < took < 50 and "within 60 s" not in line
+    assert line.endswith(
+        "(rank 1 of 3): the process serving it closed the connection (it stopped, or refused this role); "
+        "is the job's rank 0 (or torchrun's agent) running there? start it, then this role again"
+    )
+    assert list(tmp_path.iterdir()) == []
