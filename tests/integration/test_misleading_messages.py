@@ -216,8 +216,8 @@ def test_hot_rows_at_another_file_says_what_a_hot_row_file_is(run_cli, tiny_data
 
 @pytest.mark.integration
 def test_resume_without_a_checkpoint_says_to_drop_resume(run_cli, tiny_data, a_run, tmp_path):
-    common = ("--data", tiny_data, "--steps", 6, "--batch-size", 64, "--no-progress", "--threads", 1)
-    common += ("--eval-samples", 64)
+    common: list = ["--data", tiny_data, "--steps", 6, "--batch-size", 64, "--no-progress", "--threads", 1]
+    common += ["--eval-samples", 64]
     nothing = tmp_path / "new"
     rc, _, err = run_cli("train", *common, "--out", nothing, "--resume")
     assert one_line_error(rc, err, "train") == (
