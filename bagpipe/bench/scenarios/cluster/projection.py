@@ -9,8 +9,8 @@ as ``bench cluster`` models its measured points), and
 every link into a step at the paper's undilated cluster: compute ``--gpu-step-ms`` per
 2048 samples, a trainer's link 10 Gbit/s, every server's and the oracle's 25 Gbit/s, each
 times ``--project-efficiency`` (what a TCP stream achieves of a shaped rate: the probes of
-``bench cluster`` measured 0.95-0.97). The cache is the sweep's (``--cache-fraction`` of
-all rows, at least one global batch of ids). The table gives samples/s, per trainer, the
+``bench cluster`` measured 0.95-0.97). The cache is sized as the sweep's for N trainers
+(``--cache-fraction`` of all rows, at least one global batch of ids). The table gives samples/s, per trainer, the
 share of the ideal (N x compute alone), the speedups, every term of the step and which
 one bounds it.
 """
@@ -77,10 +77,11 @@ def project(b: ClusterBench) -> dict:
     top = max(b.project)
     ensure_synth(data, b.profile, data_samples(b.batch_size * top, b.steps), b.scale, seed=1)
     meta = DatasetMeta.load(data)
-    cache_rows = b.cache_rows(meta.total_rows, b.batch_size * top * meta.num_features)
     compute_ms = b.gpu_step_ms * b.batch_size / 2048
     rows = []
+    caches = {}
     for n in b.project:
+        caches[n] = cache_rows = b.cache_rows(meta.total_rows, b.batch_size * n * meta.num_features)
         for s in b.project_servers:
             for key, mode, L in b.configs():
                 t0 = time.perf_counter()
@@ -97,7 +98,7 @@ def project(b: ClusterBench) -> dict:
         **header(b),
         "projection": rows,
         "compute_ms": compute_ms,
-        "cache_rows": cache_rows,
+        "cache_rows": caches,
         "total_rows": meta.total_rows,
         "efficiency": b.project_efficiency,
     }
@@ -131,8 +132,8 @@ def projection_table(payload: dict) -> str:
     head = (
         f"Projection by the cost model (no process ran): the paper's cluster, compute "
         f"{payload['compute_ms']:g} ms a step (an assumption), trainer links 10 Gbit/s, servers and oracle "
-        f"25 Gbit/s, each x {payload['efficiency']:g}; cache {payload['cache_rows']:,} of "
-        f"{payload['total_rows']:,} rows."
+        f"25 Gbit/s, each x {payload['efficiency']:g}; cache (rows, by trainers) "
+        f"{', '.join(f'{n}: {c:,}' for n, c in payload['cache_rows'].items())} of {payload['total_rows']:,} rows."
     )
     table = markdown_table(
         [
