@@ -56,6 +56,10 @@ ACTIVATION_FACTOR = 2.0
 #: Bytes of the planner's bookkeeping per cache slot (the oracle's slot_seq and free
 #: stack; LRU's slot row and last use) beside the cache's own slot_rows.
 SLOT_BOOKKEEPING = 24
+#: Bytes a lookahead oracle that retains rows past their window keeps per slot: the row, its
+#: last use, the use read since and its occurrence (8 + 4 + 4 + 8), and the queue of retained
+#: slots (at most 2C int32). Counted for every oracle (a data-parallel one retains nothing).
+RETAINED_SLOT = 32
 #: A lookahead oracle's row map is one int32 per row up to this size, then a window map.
 DENSE_MAP_BYTES = 256 * MIB
 #: Bytes per occurrence of the oracle's ring (row, previous, next use, slot, eviction).
@@ -197,13 +201,16 @@ def _oracle(shape: RunShape, sizes: Sizes) -> tuple[int, str]:
     if s.planner is None:
         return 0, ""
     if s.looks_ahead:
-        L = max(1, sizes.lookahead)
-        row_map = 4 * R if 4 * R <= DENSE_MAP_BYTES else 3 * (2 * L + 1) * shape.unique * 12
+        L, C = max(1, sizes.lookahead), sizes.cache_rows
+        # a window map also keeps the entries of the rows retained past their window (up to C)
+        row_map = 4 * R if 4 * R <= DENSE_MAP_BYTES else 3 * (2 * L + 1) * shape.unique * 12 + 16 * C
         need = (2 * L + 1) * shape.unique * 9 // 8
         cap = 1 << max(14, (max(1, need) - 1).bit_length())
         ring = cap * RING_ENTRY
         ahead = (L + 1) * (shape.batch_bytes + 8 * shape.lookups + 8 * shape.unique)
-        return row_map + ring + ahead, f"row map {row_map / MIB:.0f}, ring {ring / MIB:.0f}, {L + 1} batches ahead"
+        kept = C * RETAINED_SLOT
+        note = f"row map {row_map / MIB:.0f}, ring {ring / MIB:.0f}, retained slots {kept / MIB:.0f}, {L + 1} batches ahead"
+        return row_map + ring + ahead + kept, note
     if s.sized_cache:  # lru: one int32 per row
         return 4 * R, "row-to-slot map"
     return 0, ""

@@ -79,6 +79,9 @@ class CacheSetup:
         enough: a cache size that holds every batch of the run (the hint of a too-small
             cache's error).
         fae_schedule: ``keep`` the data order, or ``split`` it as FAE does.
+        retain: the lookahead oracle keeps a row past its window until its slot is needed
+            (one trainer); a data-parallel job's oracle writes it back after its window,
+            since a row that stays cached on N trainers is synchronised after every update.
     """
 
     spec: ModeSpec
@@ -86,6 +89,7 @@ class CacheSetup:
     plan: CachePlan
     enough: int
     fae_schedule: str = "keep"
+    retain: bool = False
 
     @property
     def lookahead(self) -> int | None:
@@ -95,7 +99,9 @@ class CacheSetup:
     def planner(self) -> Planner:
         """A new planner of the mode's kind for C slots."""
         assert self.spec.planner is not None, f"--mode {self.spec.name} has no planner"
-        return build_planner(self.spec.planner, self.num_rows, self.plan.cache_rows, self.plan.lookahead, self.enough)
+        return build_planner(
+            self.spec.planner, self.num_rows, self.plan.cache_rows, self.plan.lookahead, self.enough, retain=self.retain
+        )
 
 
 def _setup(
@@ -106,6 +112,7 @@ def _setup(
     enough: int,
     fae_schedule: str,
     chosen: Fit | None,
+    retain: bool,
 ) -> CacheSetup:
     plan = CachePlan(
         cache_rows=size.rows,
@@ -115,7 +122,7 @@ def _setup(
         autotune=size.tuned.as_dict() if size.tuned is not None else None,
         fit=chosen,
     )
-    return CacheSetup(spec, num_rows, plan, enough, fae_schedule)
+    return CacheSetup(spec, num_rows, plan, enough, fae_schedule, retain)
 
 
 def set_up_cache(
@@ -130,6 +137,7 @@ def set_up_cache(
     state_dim: int,
     seed: int,
     memory: MemoryPlan | None = None,
+    retain: bool = False,
 ) -> CacheSetup:
     """The cache of a run of ``spec`` (a mode with a store) over ``dataset``'s train ``stream``
     for ``steps`` steps, rows of D = ``dim`` with S = ``state_dim`` optimizer values.
@@ -137,17 +145,26 @@ def set_up_cache(
     With a ``memory`` plan (the budget and the run's shape), the sizes the user left to
     their defaults are fitted to the budget (:func:`bagpipe.budget.sizing.fit`: the plans
     read ahead, a mode's default hot tier, the default cache; the disk store's I/O
-    bounds), and a run that cannot fit raises :class:`~bagpipe.budget.sizing.BudgetError`."""
+    bounds), and a run that cannot fit raises :class:`~bagpipe.budget.sizing.BudgetError`.
+    ``retain``: see :class:`CacheSetup` (True for a job of one trainer)."""
     num_rows = dataset.meta.total_rows
     lookups = lookups_per_batch(dataset.meta, stream, steps)
     size = size_cache(
-        spec, cache, total_rows=num_rows, dim=dim, state_dim=state_dim, stream=stream, steps=steps, lookups=lookups
+        spec,
+        cache,
+        total_rows=num_rows,
+        dim=dim,
+        state_dim=state_dim,
+        stream=stream,
+        steps=steps,
+        lookups=lookups,
+        retain=retain,
     )
     if size.tuned is not None:
         log.info(size.tuned.line())
     if memory is None:
         rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed)
-        return _setup(spec, num_rows, size, rows, min(lookups, num_rows), hot.fae_schedule, None)
+        return _setup(spec, num_rows, size, rows, min(lookups, num_rows), hot.fae_schedule, None, retain)
     # a hot tier the user asked for is chosen first (its size is then known); a mode's
     # default one is sized by the budget below
     rows = hot_set_for(hot, spec, dataset, dim, state_dim, seed) if hot.on else None
@@ -179,7 +196,7 @@ def set_up_cache(
         if chosen.sizes.hot_rows < hot_rows:
             fitted = dataclasses.replace(hot, hot_budget_mb=chosen.sizes.hot_rows * row_bytes / MIB)
         rows = hot_set_for(fitted, spec, dataset, dim, state_dim, seed)
-    return _setup(spec, num_rows, size, rows, min(lookups, num_rows), hot.fae_schedule, chosen)
+    return _setup(spec, num_rows, size, rows, min(lookups, num_rows), hot.fae_schedule, chosen, retain)
 
 
 class LocalPlans:

@@ -123,6 +123,7 @@ def choose(
     candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
     min_batches: int = MIN_BATCHES,
     tolerance: float = TOLERANCE,
+    retain: bool = False,
 ) -> AutotuneChoice:
     """Pick the cache rows and lookahead for a memory budget.
 
@@ -133,6 +134,8 @@ def choose(
         batch_at: ``batch_at(k)`` is the run's batch k (a pure function of k).
         num_batches: batches the run will train on (the tuner reads at most
             ``max(min_batches, 2 * max(candidates) + 1)`` of them).
+        retain: trial the oracle the run will plan with (one trainer's retains rows past
+            their window, :class:`~bagpipe.oracle.lookahead.LookaheadOracle`).
         tune_lookahead: False (lru) sizes the cache only.
 
     Raises:
@@ -183,7 +186,7 @@ def choose(
     stop: Trial | None = None
     for L in cands:
         n = min(num_batches, max(min_batches, 2 * L + 1))
-        oracle = LookaheadOracle(num_rows, cache_rows, L)
+        oracle = LookaheadOracle(num_rows, cache_rows, L, retain=retain)  # as the run will plan
         for _ in oracle.plans(first(n)):
             pass
         st = oracle.stats

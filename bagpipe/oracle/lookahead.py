@@ -8,6 +8,14 @@ handed to a later fetch only after its write-back is ordered before that fetch
 not fit the C slots, rows are forced out before the step by furthest next use
 (Belady) and counted in ``stats.forced_evictions``.
 
+With ``retain`` (one trainer's oracle), a row whose window holds no further use keeps its
+slot instead of leaving: the row map says which slot (an entry of -(s + 2)), so a later use
+is a hit, and the row is written back only when a miss needs its slot -- first the retained
+rows that no batch read so far uses again, least recently used first (their next use lies
+beyond the window, so Belady cannot tell them apart), then Belady among the rest. Expiry
+writes every fetched row back within L steps of its last use: on the default ``bench
+modes`` 3,373 rows a step, where LRU with the same C wrote none (docs/pipeline.md).
+
 State: a map from row to the sequence number of its latest occurrence, plus ring
 arrays over the *occurrences* (unique rows per batch) of the 2L+1 batches around the
 current step. The map is one int32 per table row (modulo 2^31) when that costs at most
@@ -36,6 +44,10 @@ _WRAP_MASK = _WRAP - 1
 _RING_START = 1 << 14  # occurrences the ring holds before the first batch sizes it
 #: Largest per-row map (4 bytes a row) the oracle allocates; larger tables get a WindowMap.
 DENSE_MAP_BYTES = 256 << 20
+#: A row map entry of -(s + 2) (<= -2) says: the row is retained in slot s (``retain``).
+_RETAINED_BASE = -2
+_RETAINED = -2  # slot_seq of a slot whose row is retained past its window
+_NO_LABEL = -(1 << 31)  # ent_evict of an occurrence that has not left a slot (and waits for no write-back)
 
 
 class DenseMap:
@@ -49,6 +61,10 @@ class DenseMap:
 
     def set(self, rows: np.ndarray, seqs: np.ndarray, lo: int) -> None:
         self.latest[rows] = (seqs % _WRAP).astype(np.int32)
+
+    def mark(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Store raw entries (-1: none, <= -2: a retained row's slot) for ``rows``."""
+        self.latest[rows] = values.astype(np.int32)
 
     @property
     def nbytes(self) -> int:
@@ -82,9 +98,20 @@ class WindowMap:
         if new.any():
             self.rows = np.insert(self.rows, pos[new], rows[new])
             self.seqs = np.insert(self.seqs, pos[new], seqs[new])
-        live = self.seqs >= lo
+        live = (self.seqs >= lo) | (self.seqs <= _RETAINED_BASE)  # a retained row's entry outlives the window
         if 2 * int(np.count_nonzero(live)) < len(live):
             self.rows, self.seqs = self.rows[live], self.seqs[live]
+
+    def mark(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Store raw entries (-1: none, <= -2: a retained row's slot) for ``rows`` (ascending, unique)."""
+        pos = np.searchsorted(self.rows, rows)
+        have = pos < len(self.rows)
+        have[have] = self.rows[pos[have]] == rows[have]
+        self.seqs[pos[have]] = values[have]
+        new = ~have
+        if new.any():
+            self.rows = np.insert(self.rows, pos[new], rows[new])
+            self.seqs = np.insert(self.seqs, pos[new], values[new])
 
     @property
     def nbytes(self) -> int:
@@ -113,9 +140,26 @@ class LookaheadOracle:
         fast: find a batch's unique rows with the dense row map as scratch space (no sort of
             the N lookups, :meth:`unique_inverse`); False sorts them, the reference: the
             plans are the same either way.
+        retain: keep a row whose window holds no further use in its slot until a miss needs
+            the slot (then write it back, least recently used first), instead of writing it
+            back right after its last use in the window (BagPipe's expiry, the default). With
+            a free slot for every such row a retained row is a hit where expiry fetches it
+            again, and it is written back once per stay instead of once per window: fewer
+            fetches and write-backs, the same values. One trainer's oracle retains
+            (:class:`~bagpipe.cache.setup.CacheSetup`); a data-parallel job's expires, since a
+            row that stays cached on N trainers must be synchronised after every update.
     """
 
-    def __init__(self, num_rows: int, cache_rows: int, lookahead: int, enough: int | None = None, *, fast: bool = True):
+    def __init__(
+        self,
+        num_rows: int,
+        cache_rows: int,
+        lookahead: int,
+        enough: int | None = None,
+        *,
+        fast: bool = True,
+        retain: bool = False,
+    ):
         if lookahead < 1:
             raise ConfigError(f"lookahead must be >= 1, got {lookahead}")
         if cache_rows < 1:
@@ -131,7 +175,15 @@ class LookaheadOracle:
         self.steps_live: deque[tuple[int, int]] = deque()  # (step, first seq) of retained steps
         self.free = np.arange(self.C - 1, -1, -1, dtype=np.int64)  # stack; top = free[n_free-1]
         self.n_free = self.C
-        self.slot_seq = np.full(self.C, -1, dtype=np.int64)  # occurrence holding each slot
+        self.slot_seq = np.full(self.C, -1, dtype=np.int64)  # occurrence holding each slot (_RETAINED: see below)
+        self.retain = retain
+        if retain:  # a retained slot's row, its last use, the step and occurrence of a use read since (-1: none)
+            self.slot_row = np.full(self.C, -1, dtype=np.int64)
+            self.slot_used = np.zeros(self.C, dtype=np.int32)
+            self.slot_next = np.full(self.C, -1, dtype=np.int32)
+            self.slot_link = np.full(self.C, -1, dtype=np.int64)
+        self.retained: deque[tuple[int, np.ndarray]] = deque()  # (step, slots) retained then, oldest first
+        self._queued = 0  # slots listed in ``retained`` (at most 2C: compacted past that)
         self.stats = PlanStats()
         self.enough = enough  # a cache size that holds every batch of the run (for the error's hint)
 
@@ -213,11 +265,18 @@ class LookaheadOracle:
         ok = (v >= 0) & (full < self.hi) & (self.ent_row.take(full & self.mask) == uniq)
         prev = np.where(ok, full, -1)
         self.ent_next[full[ok] & self.mask] = step
+        if self.retain:  # a row retained in slot s (map entry -(s + 2)): this use pins it there
+            kept = v <= _RETAINED_BASE
+            if kept.any():
+                prev[kept] = v[kept]
+                ks = _RETAINED_BASE - v[kept]
+                self.slot_next[ks] = step
+                self.slot_link[ks] = start + np.flatnonzero(kept)
         self.ent_row[idx] = uniq
         self.ent_prev[idx] = prev
         self.ent_next[idx] = -1
         self.ent_slot[idx] = -1
-        self.ent_evict[idx] = -1
+        self.ent_evict[idx] = _NO_LABEL
         self.hi += n
         self.steps_live.append((step, start))
         return start, n, inverse
@@ -236,15 +295,19 @@ class LookaheadOracle:
         prev = self.ent_prev[idx]
         pv = prev >= self.lo
         slots = np.where(pv, self.ent_slot.take(prev & mask), -1).astype(np.int64)
+        kept = prev <= _RETAINED_BASE  # (retain) in the slot it was retained in
+        if kept.any():
+            slots[kept] = _RETAINED_BASE - prev[kept]
+            self.slot_next[slots[kept]] = -1
         hit = slots >= 0
         # hits move their slot from the previous occurrence to this one
-        self.ent_slot[prev[hit] & mask] = -1
+        self.ent_slot[prev[hit & pv] & mask] = -1
         self.slot_seq[slots[hit]] = seqs[hit]
         miss = ~hit
         m = int(miss.sum())
         ev_b_rows = ev_b_slots = np.zeros(0, np.int64)
         if m > self.n_free:
-            ev_b_rows, ev_b_slots = self._force_out(step, m - self.n_free, slots[hit], n)
+            ev_b_rows, ev_b_slots = self._make_room(step, m - self.n_free, slots[hit], n)
         new = self.free[self.n_free - m : self.n_free][::-1].copy()
         self.n_free -= m
         slots[miss] = new
@@ -254,12 +317,17 @@ class LookaheadOracle:
         dep = miss & pv
         if dep.any():
             fetch_after = max(fetch_after, int(self.ent_evict[prev[dep] & mask].max()))
-        # rows not used again within the window leave after this step
+        if self.retain and miss.any():  # a pinned retained row forced out before this step (_force_out)
+            fetch_after = max(fetch_after, int(self.ent_evict[seqs[miss] & mask].max()))
+        # rows not used again within the window leave after this step (or, retained, stay)
         ev = self.ent_next[idx] < 0
-        ev_a_slots = slots[ev]
         ev_pos = seqs[ev] & mask
         self.ent_slot[ev_pos] = -1
         self.ent_evict[ev_pos] = step
+        if self.retain:
+            self._keep(step, rows[ev], slots[ev])
+            ev = np.zeros(n, dtype=bool)
+        ev_a_slots = slots[ev]
         self.slot_seq[ev_a_slots] = -1
         self._push_free(ev_a_slots)
         plan = Plan(
@@ -284,24 +352,90 @@ class LookaheadOracle:
         self.lo = self.steps_live[0][1] if self.steps_live else self.hi
         return plan
 
+    # retaining rows past their window (retain) -------------------------------------
+    def _keep(self, step: int, rows: np.ndarray, slots: np.ndarray) -> None:
+        """Rows (ascending) whose window holds no further use keep their ``slots`` after ``step``."""
+        if not len(rows):
+            return
+        self.slot_seq[slots] = _RETAINED
+        self.slot_row[slots] = rows
+        self.slot_used[slots] = step
+        self.slot_next[slots] = -1
+        self.latest.mark(rows, _RETAINED_BASE - slots)
+        self.retained.append((step, slots.astype(np.int32)))
+        self._queued += len(slots)
+        if self._queued > 2 * self.C:  # drop the entries of rows that left since (hit again, evicted)
+            live = [(u, sl[(self.slot_seq[sl] == _RETAINED) & (self.slot_used[sl] == u)]) for u, sl in self.retained]
+            self.retained = deque((u, sl) for u, sl in live if len(sl))
+            self._queued = sum(len(sl) for _, sl in self.retained)
+
+    def _make_room(self, step: int, k: int, hit_slots: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Free k slots: retained rows no batch read so far uses again, least recently used
+        first (their next use is beyond the window), then by furthest next use (:meth:`_force_out`)."""
+        parts: list[np.ndarray] = []
+        got = 0
+        while got < k and self.retained:
+            used, sl = self.retained[0]
+            # still retained since then, and no use read since (a pinned one leaves this queue:
+            # its use, already read, takes it out of the retained rows)
+            live = sl[(self.slot_seq[sl] == _RETAINED) & (self.slot_used[sl] == used) & (self.slot_next[sl] < 0)]
+            take = live[: k - got]
+            self._queued -= len(sl)
+            if len(take) == len(live):
+                self.retained.popleft()
+            else:
+                self.retained[0] = (used, live[len(take) :])
+                self._queued += len(live) - len(take)
+            parts.append(take)
+            got += len(take)
+        victims = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        rows = self.slot_row[victims].copy() if self.retain else np.zeros(0, np.int64)
+        if len(victims):
+            order = np.argsort(rows)
+            rows, victims = rows[order], victims[order]
+            self.latest.mark(rows, np.full(len(rows), -1, np.int64))
+            self.slot_seq[victims] = -1
+            self._push_free(victims)
+            self.stats.retained_evictions += len(victims)
+        if got < k:
+            frows, fslots = self._force_out(step, k - got, hit_slots, n)
+            rows, victims = np.concatenate([rows, frows]), np.concatenate([victims, fslots])
+        return rows, victims.astype(np.int64)
+
     def _force_out(self, step: int, k: int, hit_slots: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Free k slots by evicting the cached rows used furthest in the future (Belady)."""
+        """Free k slots by evicting the cached rows used furthest in the future (Belady):
+        rows of the window and retained rows whose next use was read already."""
         mask = self.slot_seq >= 0
+        if self.retain:
+            mask |= (self.slot_seq == _RETAINED) & (self.slot_next >= 0)
         mask[hit_slots] = False
         cand = np.flatnonzero(mask)
         if len(cand) < k:
             raise CapacityError(too_small(self.C, step, n, self.enough))
-        nxt = self.ent_next[self.slot_seq[cand] & self.mask]
+        seq = self.slot_seq[cand]
+        nxt = self.ent_next[seq & self.mask]
+        if self.retain:
+            nxt = np.where(seq == _RETAINED, self.slot_next[cand], nxt)
         if k < len(cand):
             # stable ordering on (next use desc, slot asc) so plans are reproducible
             order = np.lexsort((cand, -nxt))[:k]
             victims = cand[order]
         else:
             victims = cand
-        vidx = self.slot_seq[victims] & self.mask
-        rows = self.ent_row[vidx].copy()
+        seq = self.slot_seq[victims]
+        held = seq >= 0
+        vidx = seq[held] & self.mask
+        rows = np.empty(len(victims), np.int64)
+        rows[held] = self.ent_row[vidx]
         self.ent_slot[vidx] = -1
         self.ent_evict[vidx] = step - 1
+        if not held.all():  # retained rows pinned by a use already read: that use becomes a miss
+            pinned = victims[~held]
+            rows[~held] = self.slot_row[pinned]
+            use = self.slot_link[pinned] & self.mask
+            self.ent_prev[use] = -1
+            self.ent_evict[use] = step - 1  # its fetch waits for this write-back
+            self.slot_next[pinned] = -1
         self.slot_seq[victims] = -1
         self._push_free(victims)
         self.stats.forced_evictions += k
@@ -328,7 +462,10 @@ class LookaheadOracle:
     def state_bytes(self) -> int:
         """Memory of the oracle's state: the row map, the occurrence ring, the free-slot stack."""
         arrays = (*self._ring(), self.free, self.slot_seq)
-        return self.latest.nbytes + sum(a.nbytes for a in arrays)
+        if self.retain:
+            arrays += (self.slot_row, self.slot_used, self.slot_next, self.slot_link)
+        queued = sum(sl.nbytes for _, sl in self.retained)
+        return self.latest.nbytes + sum(a.nbytes for a in arrays) + queued
 
     @property
     def occupied(self) -> int:

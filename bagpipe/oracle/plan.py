@@ -94,6 +94,7 @@ class PlanStats:
     rows_fetched: int = 0
     rows_written_back: int = 0
     forced_evictions: int = 0
+    retained_evictions: int = 0  # rows kept past their window, written back when their slot was needed
     max_occupied: int = 0
     seconds: float = 0.0  # the planner's own time (reading the batches excluded)
     state_mb: float = 0.0  # the lookahead oracle's state at its largest (row map, ring, free slots), MiB

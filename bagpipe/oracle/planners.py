@@ -40,17 +40,22 @@ class Planner(Protocol):
         ...
 
 
-PlannerFactory = Callable[[int, int, int, "int | None"], Planner]
-"""(num_rows R, cache_rows C, lookahead L, enough) -> a new planner. ``enough``: a cache
-size that holds every batch of the run, the hint of a too-small cache's error."""
+PlannerFactory = Callable[[int, int, int, "int | None", bool], Planner]
+"""(num_rows R, cache_rows C, lookahead L, enough, retain) -> a new planner. ``enough``: a
+cache size that holds every batch of the run, the hint of a too-small cache's error;
+``retain``: the lookahead oracle keeps rows past their window until their slots are needed
+(:class:`~bagpipe.oracle.lookahead.LookaheadOracle`; the other planners keep every row until
+then anyway)."""
 
 PLANNERS: dict[PlannerName, PlannerFactory] = {
-    "nocache": lambda R, C, L, enough: NoCachePlanner(C),
-    "lru": lambda R, C, L, enough: LRUPlanner(R, C, enough),
-    "lookahead": lambda R, C, L, enough: LookaheadOracle(R, C, L, enough),
+    "nocache": lambda R, C, L, enough, retain: NoCachePlanner(C),
+    "lru": lambda R, C, L, enough, retain: LRUPlanner(R, C, enough),
+    "lookahead": lambda R, C, L, enough, retain: LookaheadOracle(R, C, L, enough, retain=retain),
 }
 
 
-def build_planner(name: PlannerName, num_rows: int, cache_rows: int, lookahead: int, enough: int | None) -> Planner:
+def build_planner(
+    name: PlannerName, num_rows: int, cache_rows: int, lookahead: int, enough: int | None, *, retain: bool = False
+) -> Planner:
     """A new planner ``name`` (a row of :data:`PLANNERS`) for a cache of ``cache_rows`` slots."""
-    return PLANNERS[name](num_rows, cache_rows, lookahead, enough)
+    return PLANNERS[name](num_rows, cache_rows, lookahead, enough, retain)

@@ -65,6 +65,7 @@ def size_cache(
     stream: BatchStream,
     steps: int,
     lookups: int,
+    retain: bool = False,
 ) -> CacheSize:
     """The cache of a mode with a store (``spec.planner`` is set), from its ``cache`` settings.
 
@@ -83,7 +84,14 @@ def size_cache(
         )
     if cache.cache_budget_mb > 0:
         tuned = choose(
-            cache.cache_budget_mb, total_rows, dim, state_dim, stream.batch, steps, tune_lookahead=spec.looks_ahead
+            cache.cache_budget_mb,
+            total_rows,
+            dim,
+            state_dim,
+            stream.batch,
+            steps,
+            tune_lookahead=spec.looks_ahead,
+            retain=retain,
         )
         return CacheSize(tuned.cache_rows, tuned.lookahead or cache.lookahead, tuned)
     return CacheSize(cache.cache_rows or default_cache_rows(total_rows, lookups), cache.lookahead)

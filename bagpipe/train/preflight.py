@@ -181,4 +181,5 @@ def cache_setup(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, memory:
         state_dim=row_state_dim(cfg.optim.optimizer, dim),
         seed=cfg.run.seed,
         memory=memory,
+        retain=cfg.dist.trainers == 1,
     )

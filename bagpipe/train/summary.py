@@ -173,6 +173,9 @@ class CacheStats:
     """Rows written back to the store after their last use in the window or when forced out."""
     forced_evictions: int = 0
     """Rows forced out before their last use because the cache was full (Belady's choice)."""
+    retained_evictions: int = 0
+    """``lookahead`` on one trainer: rows kept past their last use in the window, written back
+    when a miss needed the slot (least recently used first); 0 for the other planners."""
     max_occupied: int = 0
     """The most slots ever in use."""
     seconds: float = 0.0

@@ -106,7 +106,8 @@ def test_hot_tier_matches_reference(tiny_data, reference, tmp_path, model, optim
     assert 0.5 < hot["lookup_share"] < 1 and hot["lookups"] == STEPS * BATCH * 8
     assert c["hits"] + c["misses"] == c["unique_rows"] == hot["unique_rows"] - hot["hot_unique_rows"]
     if mode == "lookahead":
-        assert c["forced_evictions"] > 0 and c["rows_written_back"] == c["rows_fetched"]
+        assert c["forced_evictions"] + c["retained_evictions"] > 0
+        assert c["rows_written_back"] <= c["rows_fetched"] == c["store"]["rows_written"] - hot["rows"]
 
 
 def test_fae_with_every_row_hot_is_exact(tiny_data, reference, tmp_path):

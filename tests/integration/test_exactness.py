@@ -118,8 +118,9 @@ def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mod
         assert waits["plan_waits"] == STEPS - 1 and waits["first_plan_wait"] > 0
     if mode == "lookahead":
         assert c["hits"] > 0
-        # every fetched row was written back by the end: the store holds the model
-        assert c["rows_written_back"] == c["rows_fetched"]
+        # every fetched row reached the store by the end, once: written back when its slot was
+        # needed, or (retained past its window) by the end's flush of the cached rows
+        assert c["rows_written_back"] <= c["rows_fetched"] == c["store"]["rows_written"]
 
 
 # The Adam family: every cached mode on both stores, one model per optimizer, shorter

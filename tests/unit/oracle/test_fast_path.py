@@ -78,10 +78,10 @@ def test_fused_read_equals_the_unique_then_the_maps_get_and_set(values, hi, seed
     assert np.array_equal(latest, want_map)
 
 
-def plans(batches, C: int, L: int, fast: bool, dense: bool):
+def plans(batches, C: int, L: int, fast: bool, dense: bool, retain: bool = False):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(la, "DENSE_MAP_BYTES", 1 << 40 if dense else 0)
-        o = la.LookaheadOracle(ROWS, C, L, fast=fast)
+        o = la.LookaheadOracle(ROWS, C, L, fast=fast, retain=retain)
     assert isinstance(o.latest, la.DenseMap if dense else la.WindowMap)
     return o, list(o.plans(batches))
 
@@ -93,26 +93,35 @@ batch_lists = st.lists(
 
 
 @settings(max_examples=120, deadline=None)
-@given(seq=batch_lists, L=st.integers(1, 12), extra=st.sampled_from([0, 1, 5, 60]))
-def test_fast_and_reference_oracles_give_equal_plans(seq, L, extra):
+@given(seq=batch_lists, L=st.integers(1, 12), extra=st.sampled_from([0, 1, 5, 60]), retain=st.booleans())
+def test_fast_and_reference_oracles_give_equal_plans(seq, L, extra, retain):
     rows = [sorted(set(b)) if distinct else b for b, distinct in seq]
     batches = [(k, make_batch(r)) for k, r in enumerate(rows)]
     C = max(len(set(r)) for r in rows) + extra  # extra = 0: one batch's rows, rows are forced out
-    ref_o, ref = plans(batches, C, L, False, True)
+    ref_o, ref = plans(batches, C, L, False, True, retain)
     for fast, dense in ((True, True), (True, False), (False, False)):
-        o, got = plans(batches, C, L, fast, dense)
+        o, got = plans(batches, C, L, fast, dense, retain)
         assert len(got) == len(ref) == len(rows)
         assert all(same_plan(a, b) for a, b in zip(got, ref)), (fast, dense)
-        assert (o.stats.hits, o.stats.forced_evictions) == (ref_o.stats.hits, ref_o.stats.forced_evictions)
+        assert (o.stats.hits, o.stats.forced_evictions, o.stats.retained_evictions) == (
+            ref_o.stats.hits,
+            ref_o.stats.forced_evictions,
+            ref_o.stats.retained_evictions,
+        )
 
 
 @settings(max_examples=60, deadline=None)
-@given(seq=batch_lists, hot_rows=st.sets(st.integers(0, ROWS - 1), max_size=20), L=st.integers(1, 8))
-def test_fast_and_reference_oracles_behind_a_hot_tier_give_equal_plans(seq, hot_rows, L):
+@given(
+    seq=batch_lists, hot_rows=st.sets(st.integers(0, ROWS - 1), max_size=20), L=st.integers(1, 8), retain=st.booleans()
+)
+def test_fast_and_reference_oracles_behind_a_hot_tier_give_equal_plans(seq, hot_rows, L, retain):
     hot = HotSet(np.array(sorted(hot_rows), dtype=np.int64), ROWS)
     batches = [(k, make_batch(b)) for k, (b, _) in enumerate(seq)]
     C = max(len(set(b)) for b, _ in seq)
-    got, ref = ([*HotSplit(hot, C).wrap(la.LookaheadOracle(ROWS, C, L, fast=fast), batches)] for fast in (True, False))
+    got, ref = (
+        [*HotSplit(hot, C).wrap(la.LookaheadOracle(ROWS, C, L, fast=fast, retain=retain), batches)]
+        for fast in (True, False)
+    )
     assert len(got) == len(ref) == len(seq)
     assert all(same_plan(a, b) for a, b in zip(got, ref))
 

@@ -204,3 +204,54 @@ def test_oracle_state_is_one_int32_per_row():
 def test_oracle_state_of_a_huge_table_grows_with_the_window():
     o = LookaheadOracle(num_rows=204_184_588, cache_rows=100, lookahead=4)  # criteo-1tb: 779 MiB per row map
     assert o.latest.nbytes == 0 and o.state_bytes < 8 << 20
+
+
+def test_retaining_oracle_keeps_rows_past_the_window_until_their_slot_is_needed():
+    # L = 1, C = 4. Expiry writes row 1 back after step 0 and after step 2 (its next use is two
+    # steps later); retained, it is a hit at steps 2 and 4. At step 3 row 5 needs a slot with the
+    # cache full: the least recently used retained row that no batch read so far uses again is
+    # row 2 (last used at step 1, slot 1; row 3 also, in slot 2: the lower slot goes first; row 1
+    # is pinned by step 4, which plan 3 has read).
+    o = LookaheadOracle(num_rows=10, cache_rows=4, lookahead=1, retain=True)
+    plans = run(o, HAND)
+    assert [p.hits for p in plans] == [0, 1, 1, 0, 1]
+    assert [p.evict_after_rows.tolist() for p in plans] == [[], [], [], [], []]
+    assert plans[3].evict_before_rows.tolist() == [2] and plans[3].fetch_slots.tolist() == [1]
+    assert counts(plans) == (3, 5, 1)
+    assert (o.stats.retained_evictions, o.stats.forced_evictions, o.stats.max_occupied) == (1, 0, 4)
+    simulate(plans, 4, 1, 10)  # rows 1, 3, 4 and 5 stay cached: the end's flush writes them
+    expiry = run(LookaheadOracle(num_rows=10, cache_rows=4, lookahead=1), HAND)
+    assert [p.hits for p in expiry] == [0, 1, 0, 0, 0]
+
+
+def test_retained_row_pinned_by_a_read_use_can_be_forced_out_and_is_fetched_after_its_write_back():
+    # C = 2, L = 2: after step 0 row 1 is retained (its next use, step 3, is beyond the window);
+    # plan 1 reads step 3, which pins it. Step 2 needs two slots for rows 3 and 4: the retained
+    # row 2 (no further use) goes first, then Belady forces out the pinned row 1 -- whose use at
+    # step 3 becomes a miss that waits for that write-back (labelled 1, later than the window's
+    # default 3 - 2 - 1 = 0). Step 3 then makes room for it by writing back row 3, retained after
+    # step 2 with row 4 (the lower slot first).
+    seq = [[1], [2], [3, 4], [1]]
+    o = LookaheadOracle(num_rows=10, cache_rows=2, lookahead=2, retain=True)
+    plans = run(o, seq)
+    assert plans[2].evict_before_rows.tolist() == [2, 1]
+    assert plans[3].evict_before_rows.tolist() == [3]
+    assert (o.stats.retained_evictions, o.stats.forced_evictions) == (2, 1)
+    assert plans[3].fetch_rows.tolist() == [1] and plans[3].fetch_after == 1
+    simulate(plans, 2, 2, 10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seq=batches_strategy, L=st.integers(1, 10), extra=st.integers(0, 30))
+def test_retaining_oracle_random_sequences_are_exact_and_hit_at_least_as_often_as_expiry(seq, L, extra):
+    C = max(len(set(b)) for b in seq) + extra
+    o = LookaheadOracle(num_rows=41, cache_rows=C, lookahead=L, retain=True)
+    plans = run(o, seq)
+    assert len(plans) == len(seq)
+    simulate(plans, C, L, 41)
+    assert o.occupied <= C and o._queued <= 2 * C + max(len(b) for b in seq)
+    expiry = LookaheadOracle(num_rows=41, cache_rows=C, lookahead=L)
+    expiry_plans = run(expiry, seq)
+    if o.stats.forced_evictions == 0 and expiry.stats.forced_evictions == 0:
+        assert sum(p.hits for p in plans) >= sum(p.hits for p in expiry_plans)
+        assert o.stats.rows_written_back <= expiry.stats.rows_written_back
