@@ -61,6 +61,9 @@ class OracleBench(Repeated, BenchConfig):
     """Inputs of the independent sample the hot rows are profiled on."""
     reference: bool = True
     """Also plan every point with the reference read path (the sort of every lookup) and check the plans are equal."""
+    retain: bool = True
+    """Plan as a one-trainer job's oracle does, rows kept past their window until their slots
+    are needed; --no-retain: as a data-parallel job's, each row written back after its window."""
 
     def validate(self) -> None:
         super().validate()
@@ -124,7 +127,7 @@ def run(b: OracleBench) -> dict:
         cache = max(int(b.cache_fraction * total), B * ds.meta.num_features)
         for L in b.lookaheads:
             runs = [
-                _plan(batches, total, cache, L, h, fast)
+                _plan(batches, total, cache, L, h, fast, b.retain)
                 for _ in range(b.reps)
                 for h in ([None, hot] if hot else [None])
                 for fast in paths
@@ -148,7 +151,7 @@ def run(b: OracleBench) -> dict:
             if b.reference:
                 ref_runs = [lookups / r["seconds"] for r in runs if r["hot"] is None and not r["fast"]]
                 ref, ref_spread = median_spread(ref_runs)
-                same = _same_plans(batches, total, cache, L)
+                same = _same_plans(batches, total, cache, L, b.retain)
                 res[key]["reference"] = {
                     "lookups_per_s": ref,
                     "spread": ref_spread,
@@ -208,12 +211,12 @@ def run(b: OracleBench) -> dict:
     return payload
 
 
-def _plan(batches: list, total: int, cache: int, L: int, hot, fast: bool = True) -> dict:
+def _plan(batches: list, total: int, cache: int, L: int, hot, fast: bool = True, retain: bool = True) -> dict:
     """Plan ``batches`` once (behind a hot tier when ``hot`` is given): seconds and figures."""
     from bagpipe.accel.hot import HotSplit
     from bagpipe.oracle import LookaheadOracle
 
-    o = LookaheadOracle(total, cache, L, fast=fast)
+    o = LookaheadOracle(total, cache, L, fast=fast, retain=retain)
     split = HotSplit(hot, cache) if hot is not None else None
     t0 = time.perf_counter()
     for _p in split.wrap(o, batches) if split is not None else o.plans(batches):
@@ -226,18 +229,20 @@ def _plan(batches: list, total: int, cache: int, L: int, hot, fast: bool = True)
         "state_mb": oracle_state_mb(o),
         "hit_rate": st["hit_rate"],
         "forced_evictions": st["forced_evictions"],
+        "retained_evictions": st["retained_evictions"],
+        "retain": retain,
         "fast": fast,
         "hot": split.report()["lookup_share"] if split is not None else None,
     }
 
 
-def _same_plans(batches: list, total: int, cache: int, L: int) -> bool:
+def _same_plans(batches: list, total: int, cache: int, L: int, retain: bool = True) -> bool:
     """Whether the fast and the reference read paths give equal plans (every array, every step); not timed."""
     from bagpipe.oracle import LookaheadOracle
     from bagpipe.oracle.plan import same_plan
 
-    fast = LookaheadOracle(total, cache, L).plans(batches)
-    ref = LookaheadOracle(total, cache, L, fast=False).plans(batches)
+    fast = LookaheadOracle(total, cache, L, retain=retain).plans(batches)
+    ref = LookaheadOracle(total, cache, L, fast=False, retain=retain).plans(batches)
     return all(same_plan(a, b) for a, b in zip(fast, ref, strict=True))
 
 
