@@ -46,9 +46,17 @@ PER_ROLE = frozenset(
 )
 """Settings a role may hold differently from the others."""
 
-SHOWN_AS = {"cache_rows": {0: "auto"}}
+SHOWN_AS = {
+    "cache_rows": {0: "auto"},
+    "cache_budget_mb": {0: "off"},
+    "eval_every": {0: "only-at-the-end"},
+    "eval_samples": {0: "the-whole-eval-split"},
+    "checkpoint_every": {0: "only-at-the-end"},
+}
 """Values shown as what they mean rather than as stored: a --cache-rows not given (0)
-picks 5% of all rows, and a user who gave none would not recognise ``--cache-rows 0``."""
+picks 5% of all rows, and a user who gave none would not recognise ``--cache-rows 0``.
+A setting not given at all (None: --embedding-lr, --hot-rows, --emulate-compute...) is shown
+as ``not-given``."""
 
 
 def option(name: str) -> str:
@@ -70,7 +78,8 @@ def job_settings(cfg: TrainConfig, data_fingerprint: str) -> dict[str, str]:
             if f.name == "data":
                 out["--data (its contents)"] = f"fingerprint {data_fingerprint[:12]}"
             else:
-                out[option(f.name)] = str(SHOWN_AS.get(f.name, {}).get(value, value))
+                shown = "not-given" if value is None else SHOWN_AS.get(f.name, {}).get(value, value)
+                out[option(f.name)] = str(shown)
     return out
 
 

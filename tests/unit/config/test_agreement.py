@@ -133,3 +133,21 @@ def test_a_cache_rows_not_given_is_shown_as_auto(tmp_path):
     mine, theirs = job_settings(cfg, "ab" * 32), job_settings(given, "ab" * 32)
     assert mine["--cache-rows"] == "auto" and theirs["--cache-rows"] == "500"
     assert differences(mine, theirs) == ["--cache-rows auto here, 500 there"]
+
+
+@pytest.mark.unit
+def test_settings_not_given_are_shown_as_what_they_mean(tmp_path):
+    # stored placeholders (None, 0 for "off") read as what they mean, never as a value the user gave
+    cfg = _config(tmp_path)
+    assert cfg.optim.embedding_lr is None and cfg.run.eval_samples == 0 and cfg.cache.cache_budget_mb == 0
+    given = copy.deepcopy(cfg)
+    given.optim.embedding_lr = 0.1
+    given.run.eval_samples = 256
+    mine, theirs = job_settings(cfg, "ab" * 32), job_settings(given, "ab" * 32)
+    assert mine["--embedding-lr"] == "not-given" and mine["--eval-samples"] == "the-whole-eval-split"
+    assert mine["--cache-budget-mb"] == "off"
+    assert not any(v in ("None", "0", "0.0") for k, v in mine.items() if k in ("--embedding-lr", "--eval-samples"))
+    assert differences(mine, theirs) == [
+        "--embedding-lr not-given here, 0.1 there",
+        "--eval-samples the-whole-eval-split here, 256 there",
+    ]
