@@ -36,7 +36,8 @@ def probe(settings: dict) -> dict:
     stream = BatchStream(ds, "train", settings["batch_size"], seed=settings["seed"])
     steps, warmup = settings["steps"], settings["warmup"]
     t0 = time.perf_counter()
-    oracle = LookaheadOracle(meta.total_rows, settings["cache_rows"], settings["lookahead"])
+    # as the lookahead run (one trainer) plans: rows retained past their window
+    oracle = LookaheadOracle(meta.total_rows, settings["cache_rows"], settings["lookahead"], retain=True)
     fetches = [plan.fetch_rows.copy() for plan in oracle.plans(stream.numbered(0, steps))]
     plan_s = time.perf_counter() - t0
     init = RowInitializer(meta.table_sizes, settings["dim"], settings["seed"])
