@@ -157,7 +157,15 @@ class TrainConfig:
 STORE_SETTINGS = ("store",)
 DISK_SETTINGS = ("store_dir", "init_from_store")
 #: The settings only a distributed run (--trainers/--servers) reads.
-DIST_SETTINGS = ("cache_sync", "plans_in_flight", "rendezvous_timeout", "max_restarts", "spares", "secret_file")
+DIST_SETTINGS = (
+    "cache_sync",
+    "plans_in_flight",
+    "rendezvous_timeout",
+    "max_restarts",
+    "spares",
+    "secret_file",
+    "server_memory_budget_mb",
+)
 #: The settings of the hot tier's start-up profile (not read when --hot-rows gives the rows).
 PROFILE_SETTINGS = ("hot_sample_rate",)
 #: The schedule terms each --lr-schedule reads.

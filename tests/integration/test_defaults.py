@@ -99,6 +99,10 @@ def test_many_short_epochs_print_a_handful_of_lines(run_cli, small_data, tmp_pat
         (("--batch-size", 1000), "--batch-size 1000 exceeds the 270 samples of the train split"),
         (("--no-spares",), "--no-spares applies to distributed runs (--trainers N --servers S), not one process"),
         (("--max-restarts", 1), "--max-restarts applies to distributed runs"),
+        (
+            ("--mode", "lookahead", "--server-memory-budget-mb", 1),
+            "--server-memory-budget-mb applies to distributed runs (--trainers N --servers S), not one process",
+        ),
     ],
 )
 def test_what_a_run_cannot_use_is_refused_in_one_line(run_cli, small_data, tmp_path, args, says):
