@@ -123,15 +123,18 @@ def check_out_folders(cfg) -> None:
 def check_summary_json(cfg) -> None:
     """Refuse, in one line and before anything is trained, a ``--summary-json PATH`` that
     the run could not write or that would replace a file that is not this run's: a folder,
-    a path under a file, or an existing file -- another run's summary, or anything else --
-    unless it is this run's own (RUN/summary.json, or the path a resumed run's earlier
-    start wrote its summary to). A device (``/dev/stdout``) is written directly."""
+    a path under a file, a path inside the run folder other than RUN/summary.json (one of
+    the run's own files, config.json or a checkpoint's, which may not exist yet), or an
+    existing file -- another run's summary, or anything else -- unless it is this run's
+    own (RUN/summary.json, or the path a resumed run's earlier start wrote its summary
+    to). A device (``/dev/stdout``) is written directly."""
     import json
     import os
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
     from bagpipe.files import check_can_write_in
+    from bagpipe.output_dir import inside
     from bagpipe.train.resume import elastic_restart
 
     given = cfg.run.summary_json
@@ -141,6 +144,14 @@ def check_summary_json(cfg) -> None:
     flag = f"--summary-json {given}"
     if path.is_dir():
         raise ConfigError(f"{flag}: is a directory; give the file to write (e.g. {path / 'summary.json'})")
+    run = Path(cfg.run.out)
+    own = os.path.realpath(run / "summary.json")
+    if inside(path, run) and os.path.realpath(path) != own:
+        raise ConfigError(
+            f"{flag}: lies inside --out {run}, among the files the run writes (config.json, metrics.jsonl, "
+            f"checkpoints/), and would replace one: leave --summary-json out (the run writes {run / 'summary.json'}) "
+            "or choose a path outside --out"
+        )
     above = next((p for p in path.parents if p.exists()), None)
     if above is not None and not above.is_dir():
         raise ConfigError(f"{flag}: {above} is a file, not a folder; choose another path")
@@ -151,8 +162,7 @@ def check_summary_json(cfg) -> None:
     if not path.is_file():
         return  # a device or a pipe: written directly, nothing replaced
     real = os.path.realpath(path)
-    run = Path(cfg.run.out)
-    if real == os.path.realpath(run / "summary.json"):
+    if real == own:
         return  # the run's own summary
     if cfg.run.resume or elastic_restart():
         try:

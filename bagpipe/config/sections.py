@@ -481,7 +481,8 @@ class RunConfig(Section):
     step-NNNNNNNN folder name, its path, or its step); implies --resume. Its later
     checkpoints are left on disk; the run's next checkpoints replace them."""
     summary_json: str | None = None
-    """Also write the summary JSON here."""
+    """Also write the summary JSON here (outside --out: inside it only RUN/summary.json,
+    which the run writes anyway)."""
     threads: int = 0
     """torch intra-op threads (0: torch's choice; distributed roles split the cores)."""
     progress: bool = True

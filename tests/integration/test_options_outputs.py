@@ -3,8 +3,10 @@
 What this proves, each case through ``bagpipe.cli.main`` with its exact message:
 
 * ``--summary-json PATH`` is refused before training, in one line, when PATH is a folder,
-  lies under a file, or is an existing file that is not this run's (another run's
-  summary.json: its bytes stay as they were); nothing is written (no run folder, no
+  lies under a file, lies inside --out other than RUN/summary.json (one of the run's own
+  files, config.json or a checkpoint's, even before it exists: the run's files stay as
+  they were), or is an existing file that is not this run's (another run's summary.json:
+  its bytes stay as they were); nothing is written (no run folder, no
   temporary file); a resumed run may replace the summary its earlier start wrote there;
 * options that change nothing are refused naming why: ``--secret-file`` on one process,
   ``--no-deterministic`` on the CPU, ``--lr-schedule warmup-poly`` with neither warm-up
@@ -94,6 +96,36 @@ def test_summary_json_a_resumed_run_replaces_its_own(run_cli, tiny_data, tmp_pat
         "train", "--data", tiny_data, "--out", tmp_path / "r2", *COMMON, "--summary-json", run / "summary.json"
     )
     assert_one_line_error(rc, err, "is not this run's summary")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("inside", ["config.json", "metrics.jsonl", "checkpoints/LATEST", "s.json", "."])
+def test_summary_json_inside_the_new_run_folder_is_refused(run_cli, tiny_data, tmp_path, inside):
+    run = tmp_path / "run"
+    target = run / inside
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", run, *COMMON, "--summary-json", target)
+    assert_one_line_error(
+        rc,
+        err,
+        f"--summary-json {target}: lies inside --out {run}, among the files the run writes (config.json, "
+        f"metrics.jsonl, checkpoints/), and would replace one: leave --summary-json out (the run writes "
+        f"{run / 'summary.json'}) or choose a path outside --out",
+    )
+    assert listing(tmp_path) == []  # nothing trained, no run folder
+
+
+@pytest.mark.integration
+def test_summary_json_at_a_resumed_runs_own_file_is_refused_and_the_run_kept(run_cli, tiny_data, tmp_path):
+    run = tmp_path / "run"
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", run, *COMMON, "--summary-json", run / "summary.json")
+    assert rc == 0, err  # RUN/summary.json itself may be named
+    before = {p: (run / p).read_bytes() for p in listing(run) if (run / p).is_file()}
+    for inside in ("config.json", "checkpoints/LATEST"):
+        rc, _, err = run_cli(
+            "train", "--data", tiny_data, "--out", run, *COMMON, "--resume", "--summary-json", run / inside
+        )
+        assert_one_line_error(rc, err, f"--summary-json {run / inside}: lies inside --out {run}")
+    assert {p: (run / p).read_bytes() for p in listing(run) if (run / p).is_file()} == before
 
 
 @pytest.mark.unit
