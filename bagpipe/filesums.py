@@ -2,6 +2,12 @@
 :mod:`bagpipe.checkpoint.verify`) and data sets (meta.json, :mod:`bagpipe.data.integrity`)
 record per file so that a reader can tell a whole file from a damaged one.
 
+The JSON files that record those sums carry one of their own content too
+(:func:`seal`, :func:`seal_problem`): the CRC-32 of the object's canonical text (sorted
+keys, no spaces) without the sum's own key, stored under that key. A change that keeps
+valid JSON -- ``"step": 50`` become 51, a table's ``num_rows`` grown -- is found when the
+file is read; whitespace and key order, which change no value, are not part of it.
+
 CRC-32 (``zlib.crc32``) guards against damage (a bad disk, a truncated copy, a flipped
 bit), not against forgery; zlib computes it at about 1.9 GiB/s on one core here and
 releases the GIL while it hashes.
@@ -9,6 +15,7 @@ releases the GIL while it hashes.
 
 from __future__ import annotations
 
+import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,3 +79,28 @@ def file_crc(path: Path) -> int:
         while n := f.readinto(buf):
             crc = zlib.crc32(view[:n], crc)
     return crc & 0xFFFFFFFF
+
+
+def content_crc(d: dict, key: str) -> str:
+    """CRC-32 (8 hex digits) of the JSON object ``d``'s canonical text, ``key`` left out."""
+    body = {k: v for k, v in d.items() if k != key}
+    return crc_hex(zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()))
+
+
+def seal(d: dict, key: str) -> dict:
+    """``d`` with the CRC-32 of its own content under ``key`` (what a writer stores)."""
+    return {**{k: v for k, v in d.items() if k != key}, key: content_crc(d, key)}
+
+
+def seal_problem(d: dict, key: str) -> str | None:
+    """What is wrong with the sum ``d`` carries under ``key`` (None: it matches its content,
+    or ``d`` carries none -- whether it must is the reader's rule)."""
+    if key not in d:
+        return None
+    found = content_crc(d, key)
+    if str(d[key]).lower() == found:
+        return None
+    return (
+        f"its content does not match the CRC-32 it was written with ({key} {d[key]}, the content's {found}): "
+        "it was edited or damaged since it was written"
+    )

@@ -1,4 +1,4 @@
-"""The checkpoint format: one for every mode and topology (format version 4; versions 2 and 3 are read).
+"""The checkpoint format: one for every mode and topology (format version 5; versions 2 to 4 are read).
 
 A checkpoint is a folder ``RUN/checkpoints/step-NNNNNNNN/``::
 
@@ -6,7 +6,8 @@ A checkpoint is a folder ``RUN/checkpoints/step-NNNNNNNN/``::
                            the row space (rows, D, S) and the initialiser's identity
                            (seed, table sizes), whether its rows are *full* or a *delta*
                            on the previous checkpoint (``base``), its parts, and the size
-                           and CRC-32 of every file (``sums`` of each part, ``dense_sum``)
+                           and CRC-32 of every file (``sums`` of each part, ``dense_sum``),
+                           and the CRC-32 of its own content (``manifest_crc32``)
     dense.pt               model, dense optimizer, torch RNG state and step (trainer 0)
     full-K-of-S.ids.npy    a full part: the global rows g of shard K (g % S == K) whose
     full-K-of-S.npy        value may differ from their initial one, ascending (m,) int64,
@@ -39,6 +40,15 @@ Version 4 added the files' sizes and CRC-32s, taken as the files are written and
 before a checkpoint (and the chain under it) is read (:mod:`bagpipe.checkpoint.verify`);
 versions 2 and 3 are checked by size only. An older bagpipe refuses a version-4
 checkpoint in one line (it reads 2 and 3).
+
+Version 5 added ``manifest_crc32``: the CRC-32 of the manifest's own canonical content
+(:func:`bagpipe.filesums.seal`), so that a change that keeps valid JSON -- a step, the
+seed, D or S one bit off -- is a damaged checkpoint file rather than a checkpoint read
+wrongly. The rule: a manifest that carries ``manifest_crc32`` is checked against it
+first, whatever version it says (a flipped version digit is found too); a version-5
+manifest must carry it; versions 2 to 4, written before, carry none and are read as
+before (their files' sums are still checked). An older bagpipe refuses a version-5
+checkpoint in one line (it reads 2 to 4).
 """
 
 from __future__ import annotations
@@ -52,11 +62,14 @@ from bagpipe.checkpoint.verify import FileSum, check_file, check_npy_size
 from bagpipe.data.schema import read_json
 from bagpipe.errors import CheckpointError, DataError
 from bagpipe.files import atomic_write_text
+from bagpipe.filesums import seal, seal_problem
 
 FORMAT = "bagpipe.checkpoint"
-VERSION = 4
-READS = (2, 3, 4)  # format versions this bagpipe reads
+VERSION = 5
+READS = (2, 3, 4, 5)  # format versions this bagpipe reads
+SEALED = 5  # the first version whose manifest must carry the CRC-32 of its content
 MANIFEST = "MANIFEST.json"
+MANIFEST_SUM = "manifest_crc32"  # the key of that CRC-32
 DENSE = "dense.pt"
 LATEST = "LATEST"
 
@@ -130,11 +143,18 @@ class Manifest:
         d.pop("version")
         for p in d["parts"]:
             p.pop("dense")
-        return {"format": FORMAT, "version": VERSION, **d}
+        return seal({"format": FORMAT, "version": VERSION, **d}, MANIFEST_SUM)
 
     @classmethod
     def from_json(cls, d: dict, where: Path) -> Manifest:
         version = d.get("version")
+        problem = seal_problem(d, MANIFEST_SUM)
+        if problem is None and isinstance(version, int) and version >= SEALED and MANIFEST_SUM not in d:
+            problem = (
+                f"it says version {version}, which carries the CRC-32 of its content ({MANIFEST_SUM}), and has none"
+            )
+        if problem is not None:
+            raise CheckpointError(f"{where}: damaged checkpoint file: {problem}")
         if d.get("format") != FORMAT or version not in READS:
             raise CheckpointError(
                 f"{where}: not a bagpipe checkpoint of format version {', '.join(map(str, READS[:-1]))} or {READS[-1]} "

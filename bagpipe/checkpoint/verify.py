@@ -1,7 +1,7 @@
 """Checkpoint files that prove they are whole: a size and a CRC-32 per file, taken while
 the file is written, checked before a checkpoint is read.
 
-The manifest (format version 4) records, for every file of a checkpoint -- each part's
+The manifest (format version 4 and later) records, for every file of a checkpoint -- each part's
 ``.ids.npy`` and ``.npy``, and ``dense.pt`` -- its size in bytes and the CRC-32 of its
 bytes (:class:`FileSum`). The writers hash the bytes as they write them
 (:class:`~bagpipe.filesums.SummingFile`, shared with data sets), so a checksum costs no second read. A reader checks every file of

@@ -14,6 +14,15 @@ size and CRC-32 (``{"bytes": .., "crc32": ".."}``), summed as the writer wrote i
 set written before there were sums has no ``files`` and is checked by size only
 (:mod:`bagpipe.data.integrity`).
 
+``meta_crc32`` is the CRC-32 of meta.json's own canonical content
+(:func:`bagpipe.filesums.seal`): an edit that keeps valid JSON (a table's ``num_rows``
+grown, a shard size changed) is a damaged meta.json, not a different data set read
+silently. The rule (format version 2 added it): a meta.json that carries ``meta_crc32``
+is checked against it first, whatever its version; a version-2 meta.json must carry it;
+version 1, written before, carries none and is read as before (its shard files' sums, if
+it has them, are still checked). An older bagpipe refuses a version-2 data set in one
+line (it reads version 1).
+
 Every categorical feature has its own table; ``FeatureSpec.num_rows`` is that table's
 size and ids are in ``[0, num_rows)``. Splits (``train``, ``eval``) share the tables.
 """
@@ -27,10 +36,13 @@ from pathlib import Path
 
 from bagpipe.errors import DataError
 from bagpipe.files import atomic_write_text
-from bagpipe.filesums import FileSum
+from bagpipe.filesums import FileSum, seal, seal_problem
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READS = (1, 2)  # format versions this bagpipe reads
+SEALED = 2  # the first version whose meta.json must carry the CRC-32 of its content
 META_FILE = "meta.json"
+META_SUM = "meta_crc32"  # the key of that CRC-32
 
 
 @dataclass
@@ -110,8 +122,17 @@ class DatasetMeta:
     @classmethod
     def from_json(cls, d: dict) -> DatasetMeta:
         version = d.get("format_version")
-        if version != FORMAT_VERSION:
-            raise DataError(f"unsupported dataset format_version {version!r} (this bagpipe reads {FORMAT_VERSION})")
+        problem = seal_problem(d, META_SUM)
+        if problem is None and isinstance(version, int) and version >= SEALED and META_SUM not in d:
+            problem = (
+                f"it says format_version {version}, which carries the CRC-32 of its content ({META_SUM}), and has none"
+            )
+        if problem is not None:
+            raise DataError(f"damaged data set file: {problem}; rebuild the data set or restore its {META_FILE}")
+        if version not in READS:
+            raise DataError(
+                f"unsupported dataset format_version {version!r} (this bagpipe reads {', '.join(map(str, READS))})"
+            )
         splits = {k: SplitMeta(shard_sizes=[int(x) for x in v["shard_sizes"]]) for k, v in d["splits"].items()}
         for name, sm in splits.items():
             said = d["splits"][name].get("num_samples")
@@ -131,8 +152,9 @@ class DatasetMeta:
         )
 
     def save(self, directory: str | os.PathLike) -> None:
-        """Write ``meta.json`` atomically (temp file, fsync, rename)."""
-        atomic_write_text(Path(directory) / META_FILE, json.dumps(self.to_json(), indent=2, sort_keys=True))
+        """Write ``meta.json`` atomically (temp file, fsync, rename), with the CRC-32 of its content."""
+        text = json.dumps(seal(self.to_json(), META_SUM), indent=2, sort_keys=True)
+        atomic_write_text(Path(directory) / META_FILE, text)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> DatasetMeta:

@@ -174,7 +174,7 @@ def as_version_3(run: Path) -> None:
     for path in (run / "checkpoints").glob("step-*/MANIFEST.json"):
         m = json.loads(path.read_text())
         m["version"] = 3
-        m.pop("dense_sum")
+        m.pop("dense_sum"), m.pop("manifest_crc32")
         for p in m["parts"]:
             p.pop("sums")
         path.write_text(json.dumps(m))

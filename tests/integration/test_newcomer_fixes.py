@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from bagpipe.checkpoint import verify
+from bagpipe.filesums import seal
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -115,8 +116,10 @@ def test_a_grown_file_is_named_with_the_size_meta_json_expects(data, run_cli):
 
 
 def old_fingerprint(root: Path) -> str:
-    """The fingerprint as bagpipe computed it before meta.json held sums."""
+    """The fingerprint as bagpipe computed it before meta.json held sums (of its files, and
+    of its own content: meta_crc32 is no part of it)."""
     d = json.loads((root / "meta.json").read_text())
+    d.pop("meta_crc32", None)
     src = dict(d.get("source", {}))
     if isinstance(src.get("inputs"), list):
         src["inputs"] = [{k: v for k, v in i.items() if k != "path"} for i in src["inputs"]]
@@ -134,7 +137,8 @@ def test_a_data_set_without_sums_opens_checks_by_size_and_keeps_its_fingerprint(
     from bagpipe.data.shards import Dataset
 
     meta = json.loads((data / "meta.json").read_text())
-    del meta["files"]  # as written before there were sums
+    del meta["files"], meta["meta_crc32"]  # as written before there were sums
+    meta["format_version"] = 1
     (data / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     before = tree_hash(data)
     assert Dataset(data).fingerprint() == old_fingerprint(data)
@@ -153,7 +157,7 @@ def test_sums_are_in_a_new_data_sets_fingerprint(data):
     assert was == old_fingerprint(data)  # meta.json as written, sums included
     meta = json.loads((data / "meta.json").read_text())
     meta["files"]["train/00000/dense.npy"]["crc32"] = "00000000"  # same sizes, other contents
-    (data / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    (data / "meta.json").write_text(json.dumps(seal(meta, "meta_crc32"), indent=2, sort_keys=True))
     assert Dataset(data).fingerprint() != was
 
 
@@ -327,7 +331,7 @@ def test_a_meta_json_whose_counts_disagree_is_refused_by_check_and_train(data, t
     meta = json.loads((data / "meta.json").read_text())
     n = meta["splits"]["train"]["num_samples"]
     meta["splits"]["train"]["num_samples"] = n - 1000
-    (data / "meta.json").write_text(json.dumps(meta))
+    (data / "meta.json").write_text(json.dumps(seal(meta, "meta_crc32")))  # resealed: the counts' own check
     want = f"meta.json: splits.train.num_samples is {n - 1000} but its shard_sizes add up to {n:,}"
     assert want in one_line(run_cli("check", data), "check")
     out = tmp_path / "r"

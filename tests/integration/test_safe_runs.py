@@ -43,6 +43,7 @@ import pytest
 from bagpipe.data.schema import FeatureSpec
 from bagpipe.data.shards import ShardWriter
 from bagpipe.distributed.launch import free_port
+from bagpipe.filesums import seal
 from bagpipe.train.rundir import RunLock
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
@@ -129,7 +130,7 @@ def test_resume_refuses_another_data_set(run_cli, tiny_data, run_copy, tmp_path)
     np.save(labels, np.concatenate([arr[:-B], arr[-B:][::-1]]))  # same shape, other contents...
     meta = json.loads((other / "meta.json").read_text())
     meta["source"]["seed"] = 99  # ...and provenance
-    (other / "meta.json").write_text(json.dumps(meta))
+    (other / "meta.json").write_text(json.dumps(seal(meta, "meta_crc32")))
     before = files_of(run_copy)
     rc, _, err = run_cli("train", "--data", other, "--out", run_copy, "--steps", 40, "--resume", *COMMON)
     one_line_error(rc, err, "the data set differs", "fingerprint")
@@ -207,7 +208,8 @@ def test_ids_beyond_their_table_are_named_by_file_samples_and_feature(run_cli, d
     meta = json.loads((data_copy / "meta.json").read_text())
     sparse[5000, 3] = meta["features"][3]["num_rows"] + 11
     np.save(f, sparse)
-    del meta["files"]  # as if written so (no sums to tell the changed file): the id checks find it
+    del meta["files"], meta["meta_crc32"]  # as if written so (no sums to tell the changed file): the id checks find it
+    meta["format_version"] = 1
     (data_copy / "meta.json").write_text(json.dumps(meta))
     rc, _, err = run_cli("train", "--data", data_copy, "--out", tmp_path / "r", "--steps", 200, *COMMON)
     line = one_line_error(rc, err, str(f), "feature", repr(meta["features"][3]["name"]), "outside its table")
@@ -222,11 +224,11 @@ def test_meta_json_smaller_than_the_ids_and_larger_tables(run_cli, data_copy, tm
     meta = json.loads(meta_file.read_text())
     big = max(range(len(meta["features"])), key=lambda i: meta["features"][i]["num_rows"])
     meta["features"][big]["num_rows"] //= 2
-    meta_file.write_text(json.dumps(meta))
+    meta_file.write_text(json.dumps(seal(meta, "meta_crc32")))  # resealed: the tables' own checks
     rc, _, err = run_cli("train", "--data", data_copy, "--out", tmp_path / "small", "--steps", 50, *COMMON)
     one_line_error(rc, err, "outside its table", repr(meta["features"][big]["name"]))
     meta["features"][big]["num_rows"] *= 4  # a table larger than its ids is fine
-    meta_file.write_text(json.dumps(meta))
+    meta_file.write_text(json.dumps(seal(meta, "meta_crc32")))
     rc, _, err = run_cli("train", "--data", data_copy, "--out", tmp_path / "large", "--steps", 50, *COMMON)
     assert rc == 0, err
 
@@ -235,7 +237,7 @@ def test_eval_on_a_data_set_with_other_tables_says_so(run_cli, finished, data_co
     meta_file = data_copy / "meta.json"
     meta = json.loads(meta_file.read_text())
     meta["features"][2]["num_rows"] += 5
-    meta_file.write_text(json.dumps(meta))
+    meta_file.write_text(json.dumps(seal(meta, "meta_crc32")))
     rc, _, err = run_cli("eval", "--run", finished, "--data", data_copy)
     one_line_error(rc, err, "does not match the tables", f"table 2 ({meta['features'][2]['name']})")
 
@@ -520,7 +522,7 @@ def test_a_checkpoint_cannot_run_code(run_cli, run_copy, tiny_data, tmp_path, mo
     manifest = json.loads((ckpt / "MANIFEST.json").read_text())
     data = (ckpt / "dense.pt").read_bytes()
     manifest["dense_sum"] = {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}
-    (ckpt / "MANIFEST.json").write_text(json.dumps(manifest))
+    (ckpt / "MANIFEST.json").write_text(json.dumps(seal(manifest, "manifest_crc32")))
     rc, _, err = run_cli("eval", "--run", run_copy, "--data", tiny_data)
     one_line_error(rc, err, "dense.pt: unreadable")
     assert not (tmp_path / "PWNED").exists()

@@ -17,6 +17,10 @@
   delta; another version is refused in one line.
 * Version 4 records every file's size and CRC-32 (summed as it was written); version 3
   (no checksums) still reads, checked by size.
+* Version 5 records the CRC-32 of the manifest's own content: an edit that keeps valid
+  JSON (step, seed, dim, state_dim, the version itself one digit off) is a one-line
+  "damaged checkpoint file" naming MANIFEST.json, and so is a version-5 manifest without
+  its sum; a version-4 manifest (written before, no sum) still reads.
 * A broken chain or a missing part is a one-line CheckpointError.
 * A part that does not fit its disk fails with ENOSPC before writing anything (a real
   full filesystem: a small tmpfs; skipped where none can be mounted); the writer then
@@ -267,7 +271,7 @@ def test_the_manifest_records_every_files_size_and_crc32_and_a_changed_byte_is_r
     checkpoint(folder, st, 10)
     where = tmp_path / "checkpoints" / "step-00000010"
     m = json.loads((where / "MANIFEST.json").read_text())
-    assert m["version"] == 4
+    assert m["version"] == 5
     files = {name: s for p in m["parts"] for name, s in p["sums"].items()} | {"dense.pt": m["dense_sum"]}
     assert sorted(files) == sorted(p.name for p in where.iterdir() if p.name != "MANIFEST.json")
     for name, s in files.items():
@@ -284,20 +288,86 @@ def test_the_manifest_records_every_files_size_and_crc32_and_a_changed_byte_is_r
         newest(folder).reader()
 
 
-@pytest.mark.parametrize("version", [1, 5])
+@pytest.mark.parametrize("version", [1, 6])
 def test_another_format_version_is_refused_in_one_line(tmp_path, version):
     import json
+
+    from bagpipe.filesums import seal
 
     st = stores(1)
     folder = CheckpointFolder(tmp_path)
     checkpoint(folder, st, 10)
     path = tmp_path / "checkpoints" / "step-00000010" / "MANIFEST.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | {"version": version}))
+    path.write_text(json.dumps(seal(json.loads(path.read_text()) | {"version": version}, "manifest_crc32")))
     with pytest.raises(
         CheckpointError,
-        match=rf"^{path}: not a bagpipe checkpoint of format version 2, 3 or 4 \(it says 'bagpipe.checkpoint' version {version}\)$",
+        match=rf"^{path}: not a bagpipe checkpoint of format version 2, 3, 4 or 5 \(it says 'bagpipe.checkpoint' version {version}\)$",
     ):
         folder.latest()
+
+
+@pytest.mark.parametrize(
+    "key,edit",
+    [
+        ("step", lambda m: m | {"step": m["step"] + 1}),
+        ("seed", lambda m: m | {"init": m["init"] | {"seed": m["init"]["seed"] ^ 1}}),
+        ("dim", lambda m: m | {"dim": m["dim"] + 1}),
+        ("state_dim", lambda m: m | {"state_dim": m["state_dim"] ^ 1}),
+        ("version", lambda m: m | {"version": 4}),  # '5' and '4' are one bit apart
+        ("no sum", lambda m: {k: v for k, v in m.items() if k != "manifest_crc32"}),
+    ],
+)
+def test_a_manifest_edited_but_still_valid_json_is_a_damaged_checkpoint_file(tmp_path, key, edit):
+    import json
+    import zlib
+
+    st = stores(1)
+    write_rows(st, np.array([1, 2, 50]), 1.0)
+    folder = CheckpointFolder(tmp_path)
+    checkpoint(folder, st, 10)
+    path = tmp_path / "checkpoints" / "step-00000010" / "MANIFEST.json"
+    written = json.loads(path.read_text())
+    assert written["manifest_crc32"] == f"{zlib.crc32(canonical(written)):08x}"
+    path.write_text(json.dumps(edit(written), indent=1))
+    before = path.read_bytes()
+    what = (
+        "it says version 5, which carries the CRC-32 of its content (manifest_crc32), and has none"
+        if key == "no sum"
+        else f"its content does not match the CRC-32 it was written with (manifest_crc32 {written['manifest_crc32']}, "
+        "the content's "
+    )
+    for opening in (folder.latest, lambda: CheckpointReader(path.parent)):
+        with pytest.raises(CheckpointError) as e:
+            opening()
+        assert str(e.value).startswith(f"{path}: damaged checkpoint file: {what}"), str(e.value)
+    assert folder.intact_before(None) is None  # never offered as an intact checkpoint
+    assert path.read_bytes() == before  # nothing repaired or removed
+
+
+def canonical(d: dict) -> bytes:
+    import json
+
+    return json.dumps(
+        {k: v for k, v in d.items() if k != "manifest_crc32"}, sort_keys=True, separators=(",", ":")
+    ).encode()
+
+
+def test_a_version_4_manifest_without_its_own_sum_still_reads(tmp_path):
+    import json
+
+    st = stores(2)
+    write_rows(st, np.array([1, 2, 50]), 1.0)
+    folder = CheckpointFolder(tmp_path)
+    checkpoint(folder, st, 10)
+    path = tmp_path / "checkpoints" / "step-00000010" / "MANIFEST.json"
+    m = json.loads(path.read_text())
+    del m["manifest_crc32"]
+    path.write_text(json.dumps(m | {"version": 4}, indent=1))  # as bagpipe wrote it before version 5
+    r = newest(folder).reader()
+    assert r.manifest.version == 4 and np.array_equal(r.arrays()[0], truth(st)[0])
+    m["step"] = 11  # unsummed: what it says is what it reads
+    path.write_text(json.dumps(m | {"version": 4}, indent=1))
+    assert newest(folder).step == 11
 
 
 def test_a_checkpoint_that_does_not_fit_is_discarded_in_one_line_and_the_next_is_full(small_disk, tmp_path, caplog):

@@ -5,7 +5,7 @@ What this proves:
 * ShardWriter/Dataset round trip: samples appended in uneven chunks (including an empty
   one) that straddle shard boundaries, interleaved over two splits, come back exactly
   (labels, dense, one-hot ids, multi-hot values and offsets) through ``Dataset.shard``;
-  ``meta.json`` records format_version, per-split shard_sizes/num_samples, the features
+  ``meta.json`` records format_version (and the CRC-32 of its content), per-split shard_sizes/num_samples, the features
   and id_dtype; it is written by ``close()`` only, into a staging folder beside the
   target that is swapped in then (an unfinished directory is rejected by ``Dataset`` as
   "not a finished" dataset); a finished dataset is refused without ``overwrite`` and
@@ -165,7 +165,7 @@ def test_int32_ids_round_trip(tmp_path):
 
 def test_meta_json_fields(multihot_dir):
     d = json.loads((Dataset(multihot_dir).dir / META_FILE).read_text())
-    assert d["format_version"] == FORMAT_VERSION == 1
+    assert d["format_version"] == FORMAT_VERSION == 2 and len(d["meta_crc32"]) == 8
     assert d["splits"]["train"] == {"shard_sizes": [230, 230, 230, 230, 80], "num_samples": 1000}
     assert d["splits"]["eval"] == {"shard_sizes": [170], "num_samples": 170}
     assert d["features"] == [
