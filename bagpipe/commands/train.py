@@ -96,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
 def check_out_folders(cfg) -> None:
     """Refuse, in one line and before anything is written, a run folder (``--out``) or a
     store folder (``--store-dir``) that is the data set, lies inside it, or holds another
-    data set: the run's files (config.json, checkpoints, a disk store) would be mixed with
-    the shards, and ``preprocess --overwrite`` of the data set would delete the run."""
+    data set or an export (``bagpipe export``'s model.json): the run's files (config.json,
+    checkpoints, a disk store) would be mixed with the shards or the export's files, and
+    ``preprocess --overwrite`` (``export --overwrite``) would delete the run."""
     import os
     from pathlib import Path
 
@@ -117,6 +118,11 @@ def check_out_folders(cfg) -> None:
             raise ConfigError(
                 f"{flag} {given} holds a data set (meta.json and train/): the run would write its files among "
                 f"its shards; choose another {flag}"
+            )
+        if (Path(given) / "model.json").is_file():
+            raise ConfigError(
+                f"{flag} {given} holds an export (model.json): the run would write its files among the export's; "
+                f"choose another {flag}"
             )
 
 
