@@ -70,6 +70,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def export_folder(given: str) -> str:
+    """The export folder ``--model`` names: the folder itself, or its model.json (the
+    folder is used); any other file is one line saying to give the folder."""
+    from pathlib import Path
+
+    from bagpipe.errors import ConfigError
+    from bagpipe.export.write import MANIFEST
+
+    p = Path(given)
+    if not p.is_file():
+        return given  # a folder, or nothing there: the export's own checks say what is wrong
+    if p.name == MANIFEST:
+        return str(p.parent)
+    raise ConfigError(
+        f"--model {given}: a file; give the folder `bagpipe export --out` wrote (the one that holds {MANIFEST})"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import contextlib
     import sys
@@ -79,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.export.score import predict_file
     from bagpipe.files import atomic_file, check_out_file
 
+    args.model = export_folder(args.model)
     out = (
         None
         if args.out == "-"
