@@ -82,6 +82,8 @@ class CheckpointFolder:
 
     def latest_name(self) -> str | None:
         latest = self.root / LATEST
+        if latest.is_dir():  # a file replaced by a folder: said so, with the newest intact checkpoint
+            self._refuse_latest("is a folder where a file is expected", first=f"move the folder {LATEST} away, then ")
         return latest.read_text().strip() if latest.exists() else None
 
     def latest(self) -> Checkpoint | None:
@@ -124,13 +126,17 @@ class CheckpointFolder:
         checkpoint. Reads only."""
         if _STEP.fullmatch(name):
             return
-        what = (
+        self._refuse_latest(
             "is empty: it names no checkpoint" if not name else f"names {name[:40]!r}, not a checkpoint (step-NNNNNNNN)"
         )
+
+    def _refuse_latest(self, what: str, first: str = "") -> None:
+        """A one-line CheckpointError: LATEST ``what``, and the newest intact checkpoint offered
+        (``first``: what to do before resuming from it)."""
         newest = self.intact_before(None)
         offer = (
-            f"the newest intact checkpoint is {newest.path.name} (step {newest.step}): `bagpipe train ... --resume "
-            f"--resume-from {newest.path.name}` continues from it and makes {LATEST} name it"
+            f"the newest intact checkpoint is {newest.path.name} (step {newest.step}): {first}`bagpipe train ... "
+            f"--resume --resume-from {newest.path.name}` continues from it and makes {LATEST} name it"
             if newest is not None
             else "no checkpoint of the run is intact: start it again with another --out"
         )

@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bagpipe.checkpoint.verify import FileSum, check_file, check_npy_size
+from bagpipe.checkpoint.verify import FileSum, check_file, check_npy_size, not_a_file
 from bagpipe.data.schema import read_json
 from bagpipe.errors import CheckpointError, DataError
 from bagpipe.files import atomic_write_text
@@ -195,6 +195,8 @@ class Manifest:
         path = Path(folder) / MANIFEST
         if not path.exists():
             raise CheckpointError(f"{folder}: incomplete checkpoint (no {MANIFEST})")
+        if (wrong := not_a_file(path)) is not None:
+            raise wrong
         try:
             d = read_json(path)
         except DataError as e:  # a MANIFEST that does not parse is a damaged checkpoint file like any other

@@ -32,6 +32,7 @@ and a compaction merges the chain this process wrote.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -78,12 +79,25 @@ def _damaged(path: Path, what: str) -> CheckpointError:
     return CheckpointError(f"{path}: damaged checkpoint file: {what}")
 
 
+def not_a_file(path: Path, st: os.stat_result | None = None) -> CheckpointError | None:
+    """The error for a checkpoint file replaced by a folder (or a pipe, a device), else None:
+    its size would otherwise read as a truncated file's."""
+    mode = (st or os.stat(path)).st_mode
+    if stat.S_ISDIR(mode):
+        return _damaged(path, "a folder where a file is expected")
+    if not stat.S_ISREG(mode):
+        return _damaged(path, "not a regular file (a pipe, socket or device) where a file is expected")
+    return None
+
+
 def check_file(path: Path, expected: FileSum) -> None:
     """``path`` has the size and CRC-32 the manifest recorded, or a one-line CheckpointError."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing (the checkpoint is damaged)") from None
+    if (wrong := not_a_file(path, st)) is not None:
+        raise wrong
     if st.st_size != expected.bytes:
         how = "truncated" if st.st_size < expected.bytes else "longer than written"
         raise _damaged(path, f"expected {expected.bytes:,} bytes, found {st.st_size:,} ({how})")
@@ -103,6 +117,8 @@ def check_file(path: Path, expected: FileSum) -> None:
 def npy_size(path: Path) -> tuple[int, int]:
     """(size its header's shape implies, size on disk) of the .npy file at ``path``."""
     try:
+        if (wrong := not_a_file(path)) is not None:
+            raise wrong
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
             read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
