@@ -9,7 +9,10 @@ compares them before the first step (:func:`differences`).
 
 Every setting of :class:`~bagpipe.config.train.TrainConfig` is compared except the
 :data:`PER_ROLE` ones, which may differ between roles without changing the run; a new
-setting is compared unless it is added there, with its reason.
+setting is compared unless it is added there, with its reason. A setting whose "not
+given" stands for a value derived from others (:data:`RESOLVED`: --embedding-dim is the
+recipe's D, --embedding-lr is --lr) is compared, and shown, as that effective value: a
+role given ``--embedding-dim 8`` agrees with one given none when the recipe's D is 8.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from bagpipe.config.train import TrainConfig
+from bagpipe.models.config import recipe
 
 PER_ROLE = frozenset(
     {
@@ -59,6 +63,13 @@ A setting not given at all (None: --embedding-lr, --hot-rows, --emulate-compute.
 as ``not-given``."""
 
 
+RESOLVED = {
+    "embedding_dim": (("model", "recipe"), lambda cfg: recipe(cfg.arch.model, cfg.arch.recipe).embedding_dim),
+    "embedding_lr": (("lr",), lambda cfg: cfg.optim.lr),
+}
+"""Setting -> (the settings it is derived from when not given, its value then)."""
+
+
 def option(name: str) -> str:
     """The command-line option of setting ``name`` (``batch_size`` -> ``--batch-size``)."""
     return "--" + name.replace("_", "-")
@@ -77,6 +88,8 @@ def job_settings(cfg: TrainConfig, data_fingerprint: str) -> dict[str, str]:
             value = getattr(values, f.name)
             if f.name == "data":
                 out["--data (its contents)"] = f"fingerprint {data_fingerprint[:12]}"
+            elif f.name in RESOLVED:
+                out[option(f.name)] = str(RESOLVED[f.name][1](cfg) if value is None else value)
             else:
                 shown = "not-given" if value is None else SHOWN_AS.get(f.name, {}).get(value, value)
                 out[option(f.name)] = str(shown)

@@ -4,7 +4,9 @@ Roles are started one by one (torchrun, by hand, on several hosts), each from it
 command line. Each sends what it was started with (:func:`bagpipe.config.agreement.job_settings`)
 in its handshake, and a pair that differs is refused in one line naming the setting, both
 values and the peer, by every role of the pair (:meth:`Transport.join`). A value is shown
-as the user would recognise it: a --cache-rows not given as ``auto``, not as the 0 it is stored as.
+as the user would recognise it: a --cache-rows not given as ``auto``, not as the 0 it is stored as;
+a --embedding-dim or --embedding-lr not given as the value it resolves to (the recipe's D,
+--lr), so roles that agree in effect are not refused.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import typing
 
 import pytest
 
-from bagpipe.config.agreement import PER_ROLE, differences, job_settings, option
+from bagpipe.config.agreement import PER_ROLE, RESOLVED, differences, job_settings, option
 from bagpipe.config.train import TrainConfig
 
 
@@ -59,7 +61,10 @@ def test_every_setting_but_the_per_role_ones_is_compared(tmp_path):
                 assert diff == [], f.name
                 continue
             compared += 1
-            assert len(diff) == 1 and diff[0].startswith(option(f.name) + " "), (f.name, diff)
+            assert any(d.startswith(option(f.name) + " ") for d in diff), (f.name, diff)
+            # besides it, at most the settings derived from it when not given (their effective value changed)
+            derived = {option(n) for n, (sources, _) in RESOLVED.items() if f.name in sources}
+            assert {d.split(" ")[0] for d in diff} - {option(f.name)} <= derived, (f.name, diff)
     assert compared >= 40
     # the same data set at another path agrees; other contents do not
     assert differences(mine, job_settings(cfg, "ab" * 32)) == []
@@ -144,10 +149,37 @@ def test_settings_not_given_are_shown_as_what_they_mean(tmp_path):
     given.optim.embedding_lr = 0.1
     given.run.eval_samples = 256
     mine, theirs = job_settings(cfg, "ab" * 32), job_settings(given, "ab" * 32)
-    assert mine["--embedding-lr"] == "not-given" and mine["--eval-samples"] == "the-whole-eval-split"
+    assert mine["--embedding-lr"] == str(cfg.optim.lr) and mine["--eval-samples"] == "the-whole-eval-split"
     assert mine["--cache-budget-mb"] == "off"
     assert not any(v in ("None", "0", "0.0") for k, v in mine.items() if k in ("--embedding-lr", "--eval-samples"))
     assert differences(mine, theirs) == [
-        "--embedding-lr not-given here, 0.1 there",
+        f"--embedding-lr {cfg.optim.lr} here, 0.1 there",  # not given: --lr's, the rate it trains with
         "--eval-samples the-whole-eval-split here, 256 there",
+    ]
+
+
+@pytest.mark.unit
+def test_settings_resolved_from_others_are_compared_by_their_effective_value(tmp_path):
+    # --embedding-dim not given is the recipe's D; --embedding-lr not given is --lr: a role
+    # that gives the same value explicitly agrees ("--embedding-dim 8 here, None there" refused it)
+    from bagpipe.models.config import recipe
+
+    cfg = _config(tmp_path)
+    d = recipe(cfg.arch.model, cfg.arch.recipe).embedding_dim
+    assert cfg.arch.embedding_dim is None and cfg.optim.embedding_lr is None
+    same = copy.deepcopy(cfg)
+    same.arch.embedding_dim, same.optim.embedding_lr = d, cfg.optim.lr
+    mine = job_settings(cfg, "ab" * 32)
+    assert mine["--embedding-dim"] == str(d) and differences(mine, job_settings(same, "ab" * 32)) == []
+    other = copy.deepcopy(cfg)
+    other.arch.embedding_dim = d * 2
+    assert differences(mine, job_settings(other, "ab" * 32)) == [f"--embedding-dim {d} here, {d * 2} there"]
+    # another recipe, no --embedding-dim on either side: its D is named, not None
+    kaggle = copy.deepcopy(cfg)
+    kaggle.arch.recipe = "kaggle"
+    k = recipe(cfg.arch.model, "kaggle").embedding_dim
+    assert k != d
+    assert differences(mine, job_settings(kaggle, "ab" * 32)) == [
+        f"--embedding-dim {d} here, {k} there",
+        "--recipe debug here, kaggle there",
     ]
