@@ -229,6 +229,14 @@ def hot_set_for(hot: HotConfig, spec: ModeSpec, dataset: Dataset, dim: int, stat
     if hot.hot_rows:
         rows = HotSet.load(hot.hot_rows, dataset.meta.table_sizes)
         rows.report["source"] = str(hot.hot_rows)
+        sized = (rows.report.get("dim"), rows.report.get("state_dim"))
+        if sized[0] is not None and sized != (dim, state_dim):
+            log.warning(
+                f"--hot-rows {hot.hot_rows}: sized for D={sized[0]} + {sized[1]} optimizer values a row, this "
+                f"run has D={dim} + {state_dim}: its {len(rows):,} rows take {rows.mib(dim, state_dim):,.2f} MiB, not "
+                f"the {rows.report.get('budget_mb', 0):g} MiB it was chosen for; profile again with "
+                f"`bagpipe profile --embedding-dim {dim}` and this run's --optimizer"
+            )
     else:
         budget = hot.hot_budget_mb or spec.hot_budget_mb
         if budget <= 0:

@@ -49,9 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--embedding-dim",
         type=count(1, 1 << 20),
-        default=16,
+        default=8,
         metavar="D",
-        help="D of the run the rows are for (default: 16, the kaggle recipe's; debug has 8)",
+        help="D of the run the rows are for (default: 8, that of train's default --recipe debug; kaggle has 16)",
     )
     from bagpipe.optim.names import OPTIMIZER_NAMES
 
