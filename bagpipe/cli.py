@@ -164,12 +164,35 @@ def _main(argv: list[str] | None) -> int:
     except BagpipeError as e:
         print(one_line(f"bagpipe {args.command}: error: {e}"), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", None)  # lifeline.Terminated: SIGTERM or SIGHUP, unwound as Ctrl-C
+        if signum is not None:
+            import signal
+
+            print(f"bagpipe {args.command}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+            return 128 + signum
         print(f"bagpipe {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `bagpipe ... | head`: the reader left; nothing to report
         sys.stderr.close()
         return 0
+    except OSError as e:
+        from bagpipe.files import FULL_ERRNOS, WRITE_ERRNOS
+
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        # a full disk or a volume made read-only under a write that nothing closer to it
+        # reported: one line naming the file (the atomic writers name their target, not
+        # their temporary file, which they removed)
+        where = e.filename if e.filename is not None else "an output file"
+        print(
+            one_line(
+                f"bagpipe {args.command}: error: cannot write {where} ({e.strerror or e}); "
+                + ("free some space or choose another path" if e.errno in FULL_ERRNOS else "choose another path")
+            ),
+            file=sys.stderr,
+        )
+        return 2
 
 
 #: The commands that import torch before they can check a memory budget.

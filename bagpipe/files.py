@@ -3,6 +3,7 @@ and :class:`RunLock`, one user of a folder at a time."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -34,8 +35,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)  # never a temporary file left beside the target
+        name_the_target(e, path, tmp)
         raise
     fsync_dir(path.parent)
 
@@ -61,9 +63,33 @@ def atomic_file(path: str | os.PathLike, mode: str = "w"):
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except BaseException as e:
+        name_the_target(e, path, tmp)
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+#: What a file system answers a write it refuses: full, over quota, a file too large, read-only.
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+WRITE_ERRNOS = FULL_ERRNOS | {errno.EROFS}
+
+
+def name_the_target(e: BaseException, path: Path, tmp: Path) -> None:
+    """A write error of ``tmp`` (a ``write()`` names no file) reported as one of ``path``,
+    the file the user asked for: the command line's one line names it."""
+    if isinstance(e, OSError) and e.errno in WRITE_ERRNOS and e.filename in (None, str(tmp)):
+        e.filename = str(path)
+
+
+def write_refused(e: BaseException, what: str, flag: str = "--out") -> ConfigError | None:
+    """The one-line error of a write the file system refused (:data:`WRITE_ERRNOS`) while
+    ``what`` (``the dataset data/x``) was written, or None for anything else."""
+    if not isinstance(e, OSError) or e.errno not in WRITE_ERRNOS:
+        return None
+    fix = "free some space or choose another" if e.errno in FULL_ERRNOS else "choose another"
+    return ConfigError(f"cannot write {what} ({e.strerror or e}); its unfinished files were removed: {fix} {flag}")
 
 
 def remove_stale_temporaries(path: Path) -> None:
@@ -194,7 +220,13 @@ class RunLock:
 
     def acquire(self) -> None:
         for _ in range(3):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:  # /proc, a read-only volume, a folder of another user's
+                prefix = "" if self.what == str(self.path.parent) else f"{self.what}: "
+                raise ConfigError(
+                    f"{prefix}cannot write in {self.path.parent} ({e.strerror or e}); choose another path"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -218,7 +250,11 @@ class RunLock:
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(sys.argv[:3]),
         }
-        self._write(fd, info)
+        try:
+            self._write(fd, info)
+        except BaseException:  # a full disk: the lock is let go, the caller says why
+            os.close(fd)
+            raise
         self.fd, self._info = fd, info
         _HELD.add(fd)
         if left and "pid" in left and not left.get("released") and left.get("pid") != os.getpid():

@@ -125,6 +125,59 @@ def watch(what: str | None = None, *, on_gone: Callable[[str], None] | None = No
     return t
 
 
+class Terminated(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) delivered within :func:`stop_cleanly`: it unwinds
+    the main thread as Ctrl-C does, so ``finally`` blocks remove what is unfinished."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: The signals :func:`stop_cleanly` turns into :class:`Terminated` (where their action is the default).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_cleanly() -> dict | None:
+    """From now on (until :func:`restore`, given what this returns) a stop signal ends the
+    main thread as Ctrl-C does -- SIGTERM or SIGHUP (from ``kill``, ``timeout``, a
+    scheduler, a closed terminal) raises :class:`Terminated`, and SIGINT raises
+    KeyboardInterrupt even where the process inherited it ignored (a shell's background
+    job, ``cmd &``) -- so an output being written is removed instead of left behind. A
+    signal its parent chose to ignore (``nohup``'s SIGHUP) stays ignored. The first signal
+    only: one that comes while the clean-up runs is not let cut it short. Returns the
+    handlers replaced; None off the main thread (Python's handlers run there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    fired: list[int] = []
+
+    def stop(signum, frame):
+        if fired:
+            return  # cleaning up already
+        fired.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+    before = {}
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        old = signal.getsignal(sig)
+        if sig == signal.SIGINT:
+            if old not in (signal.SIG_IGN, signal.default_int_handler):
+                continue  # someone's own handler
+        elif old != signal.SIG_DFL:
+            continue
+        before[sig] = old
+        signal.signal(sig, stop)
+    return before
+
+
+def restore(before: dict | None) -> None:
+    """Put back the handlers :func:`stop_cleanly` replaced."""
+    if not before or threading.current_thread() is not threading.main_thread():
+        return
+    for sig, old in before.items():
+        signal.signal(sig, old)
+
+
 def _end(line: str) -> None:
     """Say ``line`` (where anyone still reads), let the main thread clean up, then leave."""
     for stream in (sys.stderr, sys.stdout):

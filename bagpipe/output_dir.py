@@ -13,7 +13,14 @@ The life of ``OutputDir(target, ...)``:
    folder that holds no output is never written into. Then it takes the target's lock
    (``.NAME.lock`` beside it, held until :meth:`close`; a second writer of the same
    target is refused naming the holder) and makes the staging folder
-   ``.NAME.partial-PID`` beside the target, where everything is written.
+   ``.NAME.partial-PID`` beside the target, where everything is written -- inside the
+   target when it is an existing empty folder (perhaps a mounted volume's root, where a
+   folder beside it lies on another file system and the final rename would cross
+   devices). A folder where nothing can be written is refused in one line first. Until
+   :meth:`close`, SIGTERM and SIGHUP (and SIGINT, even inherited ignored by a background
+   job) unwind the writer as Ctrl-C does (:func:`bagpipe.lifeline.stop_cleanly`), and a
+   write the file system refuses (full, read-only) leaving the ``with`` block becomes a
+   one-line error naming the target.
 2. :meth:`OutputDir.commit` writes the manifest (every file of the staging folder), then
    swaps the staging folder in: an atomic exchange (``renameat2(RENAME_EXCHANGE)``)
    where the kernel has it, else the old folder renamed aside and the new one renamed
@@ -50,7 +57,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bagpipe.errors import ConfigError, DataError
-from bagpipe.files import RunLock, atomic_write_text, bagpipe_folder, fsync_dir
+from bagpipe.files import RunLock, atomic_write_text, bagpipe_folder, check_can_write_in, fsync_dir, write_refused
+from bagpipe.lifeline import restore, stop_cleanly
 
 MANIFEST = ".bagpipe-files.json"
 #: The folders a writer keeps beside its target: WORD -> (what the removal message calls
@@ -109,6 +117,7 @@ class OutputDir:
         self.staging: Path | None = None
         self._lock: RunLock | None = None
         self._made: list[Path] = []  # the folders above the target that open() created
+        self._signals: dict | None = None  # the handlers stop_cleanly replaced while open
         self.committed = False
 
     # -- checks -------------------------------------------------------------------------
@@ -133,7 +142,7 @@ class OutputDir:
                         f"{opt} {p} lies inside {flag} {t}, which this command replaces as a whole; "
                         f"move it out or choose another {flag}"
                     )
-        if not t.exists() or not any(t.iterdir()):
+        if not t.exists() or self.empty_target():
             return
         if not (t / self.finished_file).exists():
             raise DataError(
@@ -144,6 +153,11 @@ class OutputDir:
             raise DataError(
                 f"{t}: already holds a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind} "
                 "(pass --overwrite to replace it)"
+            )
+        if os.path.ismount(self.path):
+            raise ConfigError(
+                f"{flag} {t} is a mount point (a volume's root), which --overwrite cannot swap for a new "
+                f"{self.kind}; remove the old {self.kind}'s files from it yourself, or write to a folder inside it"
             )
         if inside(os.getcwd(), self.path):
             raise ConfigError(
@@ -156,6 +170,39 @@ class OutputDir:
             raise DataError(
                 f"{t}: --overwrite replaces only what bagpipe wrote there, and {foreign[0]}{more} is not "
                 f"part of the {self.kind}; move it out (or remove the folder yourself) and run again"
+            )
+
+    def empty_target(self) -> bool:
+        """Whether the target is an existing folder that holds nothing (but the staging
+        folders of writers of it: see :meth:`stage_in`)."""
+        if not self.path.is_dir():
+            return False
+        pattern = self._staging_pattern()
+        return all(pattern.fullmatch(p.name) and p.is_dir() for p in self.path.iterdir())
+
+    def _staging_pattern(self) -> re.Pattern:
+        return re.compile(rf"\.{re.escape(self.path.name)}\.partial-{BESIDE['partial'][1]}")
+
+    def stage_in(self) -> Path:
+        """The folder the staging folder is made in: the target itself when it is an
+        existing empty folder -- perhaps the root of a volume mounted there, where a folder
+        made beside it would lie on another file system, and moving the files in would
+        cross devices -- else the folder that holds the target."""
+        return self.path if self.empty_target() else self.path.parent
+
+    def check_space(self, need: int, detail: str, fix: str) -> None:
+        """Refuse, in one line and before anything is written, an output of about ``need``
+        bytes that the file system it is staged on has no room for (``detail``: how the
+        size was found; ``fix``: what else the user can do)."""
+        where = self.stage_in()
+        while not where.exists():
+            where = where.parent
+        check_can_write_in(where, f"{self.flag} {self.target}")  # /proc has no room, and is not the reason
+        free = shutil.disk_usage(where).free
+        if need > free:
+            raise ConfigError(
+                f"{self.flag} {self.target}: this {self.kind} needs about {human_bytes(need)} ({detail}) but {where} "
+                f"has {human_bytes(free)} free; free some space, choose another {self.flag}, or {fix}"
             )
 
     def other_output(self) -> str | None:
@@ -183,20 +230,39 @@ class OutputDir:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"{self.flag} {self.target}: cannot create {parent} ({e.strerror})") from None
+        try:
+            for folder in dict.fromkeys([parent, self.stage_in()]):  # the lock's, the staging folder's
+                check_can_write_in(folder, f"{self.flag} {self.target}")
+        except BaseException:
+            self.close()
+            raise
         name = self.path.name
         self._lock = RunLock(
             parent / f".{name}.lock",
             what=f"{self.flag} {self.target}",
             hint=f"wait for it to end or choose another {self.flag}",
         )
-        self._lock.acquire()
         try:
+            self._lock.acquire()
+        except BaseException as e:
+            self._lock = None
+            self.close()
+            refused = write_refused(e, f"the {self.kind} {self.target}", self.flag)
+            if refused is not None:  # a full disk: the lock's record could not be written (it was ours)
+                (parent / f".{name}.lock").unlink(missing_ok=True)
+                raise refused from None
+            raise
+        try:
+            self._signals = stop_cleanly()  # SIGTERM too removes what is unfinished, as Ctrl-C does
             self.check()  # again, now that no other writer of this target can change it
             self.remove_left_behind()
-            self.staging = parent / f".{name}.partial-{os.getpid()}"
+            self.staging = self.stage_in() / f".{name}.partial-{os.getpid()}"
             self.staging.mkdir()
-        except BaseException:
+        except BaseException as e:
             self.close()
+            refused = write_refused(e, f"the {self.kind} {self.target}", self.flag)
+            if refused is not None:
+                raise refused from None
             raise
         return self.staging
 
@@ -208,9 +274,11 @@ class OutputDir:
         found = []
         for word, (what, tail) in BESIDE.items():
             pattern = re.compile(rf"\.{re.escape(name)}\.{word}-{tail}")
-            for p in sorted(self.path.parent.glob(f".{glob_escape(name)}.{word}-*")):
+            # staging folders are made inside an empty target too (see stage_in)
+            folders = [self.path.parent] + ([self.path] if word == "partial" and self.path.is_dir() else [])
+            for p in sorted(p for f in folders for p in f.glob(f".{glob_escape(name)}.{word}-*")):
                 m = pattern.fullmatch(p.name)
-                if m and p.is_dir() and not p.is_symlink():
+                if m and p.is_dir() and not p.is_symlink() and p != self.staging:
                     pid = m.group("pid")
                     found.append((p, what.format(kind=self.kind), int(pid) if pid else None))
         return found
@@ -235,7 +303,17 @@ class OutputDir:
         files = [p for p in listing(self.staging) if p != MANIFEST]
         atomic_write_text(self.staging / MANIFEST, json.dumps({"kind": self.kind, "files": files}, indent=1))
         t = self.path
-        if not t.exists():
+        if self.staging.parent == t:  # staged inside the empty target: the entries move up, finished last
+            others = [p.name for p in t.iterdir() if p != self.staging]
+            if others:
+                raise DataError(
+                    f"{t}: {others[0]} appeared in it while the {self.kind} was written; the {self.kind} is not "
+                    f"written among other files: move them out and run again"
+                )
+            for p in sorted(self.staging.iterdir(), key=lambda p: p.name == self.finished_file):
+                os.rename(p, t / p.name)
+            self.staging.rmdir()
+        elif not t.exists():
             os.rename(self.staging, t)
         elif not any(t.iterdir()):  # an empty folder (perhaps the current one) is kept: the entries move in
             entries = sorted(self.staging.iterdir(), key=lambda p: p.name == self.finished_file)  # finished last
@@ -260,6 +338,8 @@ class OutputDir:
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
+        restore(self._signals)
+        self._signals = None
         if self._lock is not None:
             try:  # removed while still held: the lock file exists only while a writer works
                 self._lock.path.unlink()
@@ -278,8 +358,19 @@ class OutputDir:
     def __enter__(self) -> Path:
         return self.open()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
+        refused = write_refused(exc, f"the {self.kind} {self.target}", self.flag)
+        if refused is not None:  # a full disk, a volume made read-only: one line, the target as it was
+            raise refused from None
+
+
+def human_bytes(n: int) -> str:
+    """Bytes for a person: 712 KiB, 3.4 MiB, 1.25 GiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n / 2**10:,.0f} KiB"
 
 
 def glob_escape(name: str) -> str:

@@ -40,10 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from bagpipe.data.profiles import PROFILES, profile_tables
-from bagpipe.data.schema import DatasetMeta, FeatureSpec
+from bagpipe.data.schema import META_FILE, DatasetMeta, FeatureSpec
 from bagpipe.data.shards import DEFAULT_ROWS_PER_SHARD, ShardWriter
 from bagpipe.errors import ConfigError
 from bagpipe.hashing import splitmix64_
+from bagpipe.output_dir import OutputDir
 
 #: Tables with at least this many rows get the Zipf-like skew; smaller ones are near uniform.
 SKEW_MIN_ROWS = 10_000
@@ -340,6 +341,16 @@ def _chunk(plan: _Plan, seed: int, index: int, lo: int, hi: int):
 # --------------------------------------------------------------------------- generate
 
 
+def dataset_bytes(num_dense: int, bags, id_bytes: int) -> tuple[int, int]:
+    """(bytes a sample takes in the shards, bytes a shard adds besides): a label and the
+    dense values (float32), one id per one-hot table, ``k`` ids and an int64 offset per
+    multi-hot one (bag size ``k``); each shard file's .npy header, and a multi-hot
+    feature's extra offset."""
+    multi = [k for k in bags if k > 1]
+    per_sample = 4 + 4 * num_dense + id_bytes * (len(bags) - len(multi)) + sum(id_bytes * k + 8 for k in multi)
+    return per_sample, 128 * (3 + 2 * len(multi)) + 8 * len(multi)
+
+
 def _split_bags(features: list[FeatureSpec], bags, ids: np.ndarray):
     """ids (n, sum(bags)) -> the one-hot columns (n, F1) and the multi-hot features'
     (values, lengths), as :meth:`ShardWriter.append` takes them."""
@@ -375,31 +386,43 @@ def generate(
         FeatureSpec(name=name, num_rows=n, multi_hot=k > 1) for name, n, k in zip(prof.table_names, sizes, bags)
     ]
     id_dtype = "int32" if max(sizes) < (1 << 31) else "int64"
-    plan = _make_plan(cfg)
-    writer = ShardWriter(
-        out,
-        list(prof.dense_names),
-        features,
-        id_dtype=id_dtype,
-        rows_per_shard=cfg.rows_per_shard,
-        overwrite=overwrite,
+    output = OutputDir(out, "dataset", META_FILE, overwrite=overwrite)
+    output.check()
+    per_sample, per_shard = dataset_bytes(len(prof.dense_names), bags, np.dtype(id_dtype).itemsize)
+    shards = -(-cfg.num_train // cfg.rows_per_shard) + -(-cfg.num_eval // cfg.rows_per_shard)
+    output.check_space(
+        cfg.samples * per_sample + shards * per_shard,
+        f"{cfg.samples:,} samples x {per_sample} bytes",
+        "write fewer --samples",
     )
+    plan = _make_plan(cfg)
     n_train = cfg.num_train
-    with writer, tqdm(total=cfg.samples, unit="samples", unit_scale=True, disable=not progress, desc="synth") as bar:
-        for index, lo in enumerate(range(0, cfg.samples, CHUNK_SAMPLES)):
-            hi = min(lo + CHUNK_SAMPLES, cfg.samples)
-            labels, dense, ids = _chunk(plan, cfg.seed, index, lo, hi)
-            cut = max(0, min(hi, n_train) - lo)
-            for split, part in (("train", slice(0, cut)), ("eval", slice(cut, hi - lo))):
-                if part.stop > part.start:
-                    writer.append(split, labels[part], dense[part], *_split_bags(features, bags, ids[part]))
-            bar.update(hi - lo)
-        source = {
-            "tool": "bagpipe synth",
-            "profile": cfg.profile,
-            "seed": cfg.seed,
-            "scale": cfg.scale,
-            "zipf_exponent": cfg.zipf_exponent,
-            "samples": cfg.samples,
-        }
-        return writer.close(source=source)
+    with output:  # a full disk or a stop signal: one line or the interrupt, the target as it was
+        writer = ShardWriter(
+            output,
+            list(prof.dense_names),
+            features,
+            id_dtype=id_dtype,
+            rows_per_shard=cfg.rows_per_shard,
+        )
+        with (
+            writer,
+            tqdm(total=cfg.samples, unit="samples", unit_scale=True, disable=not progress, desc="synth") as bar,
+        ):
+            for index, lo in enumerate(range(0, cfg.samples, CHUNK_SAMPLES)):
+                hi = min(lo + CHUNK_SAMPLES, cfg.samples)
+                labels, dense, ids = _chunk(plan, cfg.seed, index, lo, hi)
+                cut = max(0, min(hi, n_train) - lo)
+                for split, part in (("train", slice(0, cut)), ("eval", slice(cut, hi - lo))):
+                    if part.stop > part.start:
+                        writer.append(split, labels[part], dense[part], *_split_bags(features, bags, ids[part]))
+                bar.update(hi - lo)
+            source = {
+                "tool": "bagpipe synth",
+                "profile": cfg.profile,
+                "seed": cfg.seed,
+                "scale": cfg.scale,
+                "zipf_exponent": cfg.zipf_exponent,
+                "samples": cfg.samples,
+            }
+            return writer.close(source=source)

@@ -29,6 +29,7 @@ threads or the block size. Bad lines stop the run with ``FILE:LINE: problem``
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -58,6 +59,7 @@ from bagpipe.preprocess.inputs import (
     spool,
 )
 from bagpipe.preprocess.options import Options, Result
+from bagpipe.preprocess.space import check_space
 from bagpipe.preprocess.spill import Parsed, Spill
 from bagpipe.preprocess.vocab import (
     HashMapping,
@@ -70,6 +72,8 @@ from bagpipe.preprocess.vocab import (
 )
 
 MAX_BAD_EXAMPLES = 10
+
+log = logging.getLogger(__name__)
 
 
 def _progress(opts: Options, total: int | None, desc: str):
@@ -163,6 +167,7 @@ def run_preprocess(fmt: RawFormat, opts: Options) -> Result:
     try:
         for f in files:
             probe(fmt, f)
+        check_space(fmt, files, output)
 
         # -- mapping loaded early (the output may replace the dataset it is read from)
         mapping: Mapping | None = None
@@ -322,6 +327,28 @@ def _no_train_lines(opts, inputs, split, parse) -> BagpipeError:
     )
 
 
+def inputs_of(files: list[InputFile]) -> list[InputFile]:
+    return [f for f in files if f.role == "input"]
+
+
+def _say_empty_splits(inputs, split, n_train, rows_per_split, bad) -> None:
+    """Say (one line each) a split that --split sent lines of --input to but that got none:
+    every one of them was bad and skipped (``--on-error skip``)."""
+    if split is None or not inputs:
+        return
+    total = sum(f.lines or 0 for f in inputs)
+    sent = {"train": total if n_train is None else n_train, "eval": 0 if n_train is None else total - n_train}
+    for name, lines in sent.items():
+        if lines > 0 and not rows_per_split.get(name):
+            where = "first" if name == "train" else "last"
+            log.warning(
+                f"the {name} split is empty: --split {split} sends the {where} {lines:,} line"
+                f"{'' if lines == 1 else 's'} of --input to it and every one was bad (skipped, --on-error skip; "
+                f"{bad.count:,} skipped in all, e.g. {bad.examples[0] if bad.examples else '?'})"
+                + ("; a run on this data set reports no eval metrics" if name == "eval" else "")
+            )
+
+
 def _write(
     fmt, opts, output, files, mapping, spill, bad, parse, blocks, is_train, workers, split, n_train, t0
 ) -> Result:
@@ -400,6 +427,7 @@ def _write(
 
     if not rows_per_split:
         raise DataError("no valid lines in the input (every line was bad)")
+    _say_empty_splits(inputs_of(files), split, n_train, rows_per_split, bad)
     split_desc: dict
     if split is None:
         split_desc = {"mode": "all-test", "note": "unlabelled input: every line in split 'test', labels written as 0"}
