@@ -56,10 +56,10 @@ ACTIVATION_FACTOR = 2.0
 #: Bytes of the planner's bookkeeping per cache slot (the oracle's slot_seq and free
 #: stack; LRU's slot row and last use) beside the cache's own slot_rows.
 SLOT_BOOKKEEPING = 24
-#: Bytes a lookahead oracle that retains rows past their window keeps per slot: the row, its
-#: last use, the use read since and its occurrence (8 + 4 + 4 + 8), and the queue of retained
-#: slots (at most 2C int32). Counted for every oracle (a data-parallel one retains nothing).
-RETAINED_SLOT = 32
+#: Bytes a lookahead oracle that retains rows past their window keeps per slot: the row and
+#: its last use (8 + 4), and the queue of retained slots (at most 2C int32). Counted for every
+#: oracle (a data-parallel one retains nothing).
+RETAINED_SLOT = 20
 #: A lookahead oracle's row map is one int32 per row up to this size, then a window map.
 DENSE_MAP_BYTES = 256 * MIB
 #: Bytes per occurrence of the oracle's ring (row, previous, next use, slot, eviction).

@@ -47,7 +47,6 @@ DENSE_MAP_BYTES = 256 << 20
 #: A row map entry of -(s + 2) (<= -2) says: the row is retained in slot s (``retain``).
 _RETAINED_BASE = -2
 _RETAINED = -2  # slot_seq of a slot whose row is retained past its window
-_NO_LABEL = -(1 << 31)  # ent_evict of an occurrence that has not left a slot (and waits for no write-back)
 
 
 class DenseMap:
@@ -177,11 +176,10 @@ class LookaheadOracle:
         self.n_free = self.C
         self.slot_seq = np.full(self.C, -1, dtype=np.int64)  # occurrence holding each slot (_RETAINED: see below)
         self.retain = retain
-        if retain:  # a retained slot's row, its last use, the step and occurrence of a use read since (-1: none)
+        if retain:  # a retained slot's row and the step of its last use
             self.slot_row = np.full(self.C, -1, dtype=np.int64)
             self.slot_used = np.zeros(self.C, dtype=np.int32)
-            self.slot_next = np.full(self.C, -1, dtype=np.int32)
-            self.slot_link = np.full(self.C, -1, dtype=np.int64)
+        self._deps: dict[int, int] = {}  # occurrence -> label its fetch waits for (a pinned row forced out)
         self.retained: deque[tuple[int, np.ndarray]] = deque()  # (step, slots) retained then, oldest first
         self._queued = 0  # slots listed in ``retained`` (at most 2C: compacted past that)
         self.stats = PlanStats()
@@ -263,20 +261,16 @@ class LookaheadOracle:
         # that is v modulo 2^31 (& as % for a power of two)
         full = self.lo + ((v - self.lo) & _WRAP_MASK)
         ok = (v >= 0) & (full < self.hi) & (self.ent_row.take(full & self.mask) == uniq)
-        prev = np.where(ok, full, -1)
+        if self.retain:  # a row retained in slot s (map entry -(s + 2)) links to it; the map moves on,
+            prev = np.where(ok, full, np.minimum(v, -1))  # which pins the slot (:meth:`_pinned`)
+        else:
+            prev = np.where(ok, full, -1)
         self.ent_next[full[ok] & self.mask] = step
-        if self.retain:  # a row retained in slot s (map entry -(s + 2)): this use pins it there
-            kept = v <= _RETAINED_BASE
-            if kept.any():
-                prev[kept] = v[kept]
-                ks = _RETAINED_BASE - v[kept]
-                self.slot_next[ks] = step
-                self.slot_link[ks] = start + np.flatnonzero(kept)
         self.ent_row[idx] = uniq
         self.ent_prev[idx] = prev
         self.ent_next[idx] = -1
         self.ent_slot[idx] = -1
-        self.ent_evict[idx] = _NO_LABEL
+        self.ent_evict[idx] = -1
         self.hi += n
         self.steps_live.append((step, start))
         return start, n, inverse
@@ -298,7 +292,6 @@ class LookaheadOracle:
         kept = prev <= _RETAINED_BASE  # (retain) in the slot it was retained in
         if kept.any():
             slots[kept] = _RETAINED_BASE - prev[kept]
-            self.slot_next[slots[kept]] = -1
         hit = slots >= 0
         # hits move their slot from the previous occurrence to this one
         self.ent_slot[prev[hit & pv] & mask] = -1
@@ -307,7 +300,7 @@ class LookaheadOracle:
         m = int(miss.sum())
         ev_b_rows = ev_b_slots = np.zeros(0, np.int64)
         if m > self.n_free:
-            ev_b_rows, ev_b_slots = self._make_room(step, m - self.n_free, slots[hit], n)
+            ev_b_rows, ev_b_slots = self._make_room(step, m - self.n_free, slots[hit], n, start + n)
         new = self.free[self.n_free - m : self.n_free][::-1].copy()
         self.n_free -= m
         slots[miss] = new
@@ -317,8 +310,9 @@ class LookaheadOracle:
         dep = miss & pv
         if dep.any():
             fetch_after = max(fetch_after, int(self.ent_evict[prev[dep] & mask].max()))
-        if self.retain and miss.any():  # a pinned retained row forced out before this step (_force_out)
-            fetch_after = max(fetch_after, int(self.ent_evict[seqs[miss] & mask].max()))
+        if self._deps:  # a pinned retained row forced out before this step (_force_out)
+            for q in [q for q in self._deps if start <= q < start + n]:
+                fetch_after = max(fetch_after, self._deps.pop(q))
         # rows not used again within the window leave after this step (or, retained, stay)
         ev = self.ent_next[idx] < 0
         ev_pos = seqs[ev] & mask
@@ -360,7 +354,6 @@ class LookaheadOracle:
         self.slot_seq[slots] = _RETAINED
         self.slot_row[slots] = rows
         self.slot_used[slots] = step
-        self.slot_next[slots] = -1
         self.latest.mark(rows, _RETAINED_BASE - slots)
         self.retained.append((step, slots.astype(np.int32)))
         self._queued += len(slots)
@@ -369,7 +362,7 @@ class LookaheadOracle:
             self.retained = deque((u, sl) for u, sl in live if len(sl))
             self._queued = sum(len(sl) for _, sl in self.retained)
 
-    def _make_room(self, step: int, k: int, hit_slots: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _make_room(self, step: int, k: int, hit_slots: np.ndarray, n: int, after: int) -> tuple[np.ndarray, np.ndarray]:
         """Free k slots: retained rows no batch read so far uses again, least recently used
         first (their next use is beyond the window), then by furthest next use (:meth:`_force_out`)."""
         parts: list[np.ndarray] = []
@@ -378,7 +371,8 @@ class LookaheadOracle:
             used, sl = self.retained[0]
             # still retained since then, and no use read since (a pinned one leaves this queue:
             # its use, already read, takes it out of the retained rows)
-            live = sl[(self.slot_seq[sl] == _RETAINED) & (self.slot_used[sl] == used) & (self.slot_next[sl] < 0)]
+            live = sl[(self.slot_seq[sl] == _RETAINED) & (self.slot_used[sl] == used)]
+            live = live[~self._pinned(live)]
             take = live[: k - got]
             self._queued -= len(sl)
             if len(take) == len(live):
@@ -398,24 +392,46 @@ class LookaheadOracle:
             self._push_free(victims)
             self.stats.retained_evictions += len(victims)
         if got < k:
-            frows, fslots = self._force_out(step, k - got, hit_slots, n)
+            frows, fslots = self._force_out(step, k - got, hit_slots, n, after)
             rows, victims = np.concatenate([rows, frows]), np.concatenate([victims, fslots])
         return rows, victims.astype(np.int64)
 
-    def _force_out(self, step: int, k: int, hit_slots: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _pinned(self, slots: np.ndarray) -> np.ndarray:
+        """Which retained ``slots`` a batch read since uses again: the row map no longer holds
+        their mark (reading the row moved its entry on to that use)."""
+        mark = _RETAINED_BASE - slots.astype(np.int64)
+        return self.latest.get(self.slot_row[slots]) != mark
+
+    def _uses_read(self, after: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The occurrences read but not planned (sequence numbers >= ``after``) that use a retained
+        row: (their sequence numbers, the slots they link to, their steps). At most one a slot."""
+        span = self._span(after, self.hi - after)
+        prev = self.ent_prev[span]
+        pos = np.flatnonzero(prev <= _RETAINED_BASE)
+        seqs = after + pos
+        starts = np.array([first for _, first in self.steps_live], dtype=np.int64)
+        steps = np.array([st for st, _ in self.steps_live], dtype=np.int64)
+        return seqs, _RETAINED_BASE - prev[pos], steps[np.searchsorted(starts, seqs, side="right") - 1]
+
+    def _force_out(self, step: int, k: int, hit_slots: np.ndarray, n: int, after: int) -> tuple[np.ndarray, np.ndarray]:
         """Free k slots by evicting the cached rows used furthest in the future (Belady):
-        rows of the window and retained rows whose next use was read already."""
+        rows of the window and retained rows whose next use was read already (by the
+        occurrences from sequence number ``after`` on, which are not planned yet)."""
         mask = self.slot_seq >= 0
-        if self.retain:
-            mask |= (self.slot_seq == _RETAINED) & (self.slot_next >= 0)
+        use_seqs = use_slots = np.zeros(0, np.int64)
+        if self.retain:  # (rare: the unpinned retained rows did not free enough)
+            use_seqs, use_slots, use_steps = self._uses_read(after)
+            mask[use_slots] = True
         mask[hit_slots] = False
         cand = np.flatnonzero(mask)
         if len(cand) < k:
             raise CapacityError(too_small(self.C, step, n, self.enough))
         seq = self.slot_seq[cand]
         nxt = self.ent_next[seq & self.mask]
-        if self.retain:
-            nxt = np.where(seq == _RETAINED, self.slot_next[cand], nxt)
+        if self.retain and len(use_slots):
+            at = np.full(self.C, -1, np.int64)
+            at[use_slots] = use_steps
+            nxt = np.where(seq == _RETAINED, at[cand], nxt)
         if k < len(cand):
             # stable ordering on (next use desc, slot asc) so plans are reproducible
             order = np.lexsort((cand, -nxt))[:k]
@@ -432,10 +448,11 @@ class LookaheadOracle:
         if not held.all():  # retained rows pinned by a use already read: that use becomes a miss
             pinned = victims[~held]
             rows[~held] = self.slot_row[pinned]
-            use = self.slot_link[pinned] & self.mask
-            self.ent_prev[use] = -1
-            self.ent_evict[use] = step - 1  # its fetch waits for this write-back
-            self.slot_next[pinned] = -1
+            where = np.full(self.C, -1, np.int64)
+            where[use_slots] = use_seqs
+            for q in where[pinned].tolist():
+                self.ent_prev[q & self.mask] = -1
+                self._deps[q] = step - 1  # its fetch waits for this write-back
         self.slot_seq[victims] = -1
         self._push_free(victims)
         self.stats.forced_evictions += k
@@ -463,7 +480,7 @@ class LookaheadOracle:
         """Memory of the oracle's state: the row map, the occurrence ring, the free-slot stack."""
         arrays = (*self._ring(), self.free, self.slot_seq)
         if self.retain:
-            arrays += (self.slot_row, self.slot_used, self.slot_next, self.slot_link)
+            arrays += (self.slot_row, self.slot_used)
         queued = sum(sl.nbytes for _, sl in self.retained)
         return self.latest.nbytes + sum(a.nbytes for a in arrays) + queued
 
