@@ -69,8 +69,12 @@ def run(args: argparse.Namespace) -> int:
         from bagpipe.data.schema import read_json
 
         cfg = TrainConfig.from_json(read_json(args.job), source=args.job)
-    else:
+    else:  # a role started by hand: the checks `bagpipe train` makes before it launches its roles
+        from bagpipe.commands.train import check_out_folders, check_summary_json
+
         cfg = load_config(args.config, given(args, TrainConfig))
+        check_out_folders(cfg)
+        check_summary_json(cfg)
     layout = Layout(cfg.dist.trainers, cfg.dist.servers)
     rank = env_rank(layout)
     local_rank()  # LOCAL_RANK checked now, not when the trainer picks its GPU after the join

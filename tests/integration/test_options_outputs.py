@@ -222,3 +222,19 @@ def test_eval_on_a_data_set_without_an_eval_split_is_refused(run_cli, tmp_path):
         rc, err, f"{data} has no eval split (its splits: train 2,000)", "nothing to evaluate", "--split 0 --vocab-from"
     )
     assert out == "" and listing(tmp_path) == before
+
+
+DIST = ("--mode", "lookahead", "--trainers", 1, "--servers", 1)
+
+
+@pytest.mark.integration
+def test_a_hand_started_role_makes_trains_output_checks(run_cli, tiny_data, tmp_path):
+    # `bagpipe worker` started by hand (torchrun, a scheduler) checks --out and --summary-json as
+    # `bagpipe train` does before launching its roles: before joining any rendezvous
+    run = tmp_path / "run"
+    target = run / "config.json"
+    rc, _, err = run_cli("worker", "--data", tiny_data, "--out", run, *COMMON, *DIST, "--summary-json", target)
+    assert_one_line_error(rc, err, f"--summary-json {target}: lies inside --out {run}")
+    assert listing(tmp_path) == []
+    rc, _, err = run_cli("worker", "--data", tiny_data, "--out", tiny_data, *COMMON, *DIST)
+    assert rc == 2 and "Traceback" not in err and "--out" in err
