@@ -25,6 +25,7 @@ import torch
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.checkpoint.format import LATEST, step_name
 from bagpipe.config import to_flat
+from bagpipe.config.agreement import RESOLVED
 from bagpipe.config.environ import env_int
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
@@ -83,6 +84,17 @@ def elastic_restart() -> bool:
     return env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0 or bool(os.environ.get(RESTART_ENV))
 
 
+def effective(cfg: TrainConfig) -> dict:
+    """``cfg``'s settings as compared on resume: one not given that stands for a value derived
+    from others (--embedding-dim: the recipe's D; --embedding-lr: --lr) as that value, so a run
+    started without --embedding-dim resumes with --embedding-dim 8 when its recipe's D is 8."""
+    flat = to_flat(cfg)
+    for name, (_, value) in RESOLVED.items():
+        if flat.get(name) is None:
+            flat[name] = value(cfg)
+    return flat
+
+
 def resume_point(
     run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool = True, complete_ok: bool = False
 ) -> Checkpoint | None:
@@ -107,8 +119,8 @@ def resume_point(
     if not run.config_file.exists():
         raise CheckpointError(f"{run.path}: has a checkpoint but no config.json to check the resumed run against")
     before = run.read_config()
-    old = to_flat(TrainConfig.from_json(before["train"], source=str(run.config_file)))
-    new = to_flat(cfg)
+    old = effective(TrainConfig.from_json(before["train"], source=str(run.config_file)))
+    new = effective(cfg)
     for key in sorted(new):
         if key not in MAY_CHANGE and old.get(key) != new[key]:
             raise ConfigError(

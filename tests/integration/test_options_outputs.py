@@ -238,3 +238,21 @@ def test_a_hand_started_role_makes_trains_output_checks(run_cli, tiny_data, tmp_
     assert listing(tmp_path) == []
     rc, _, err = run_cli("worker", "--data", tiny_data, "--out", tiny_data, *COMMON, *DIST)
     assert rc == 2 and "Traceback" not in err and "--out" in err
+
+
+@pytest.mark.integration
+def test_resume_compares_settings_derived_from_others_by_their_effective_value(run_cli, tiny_data, tmp_path):
+    # a run started without --embedding-dim (the debug recipe's D = 8) resumes with --embedding-dim 8
+    # and --embedding-lr equal to its --lr; another D is refused, naming it
+    run = tmp_path / "run"
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", run, *COMMON, "--checkpoint-every", 2)
+    assert rc == 0, err
+    more = ("--steps", 6, "--batch-size", 64, "--no-progress", "--threads", 1, "--eval-samples", 64)
+    rc, _, err = run_cli(
+        "train", "--data", tiny_data, "--out", run, *more, "--resume", "--embedding-dim", 16, "--checkpoint-every", 2
+    )
+    assert_one_line_error(rc, err, f"cannot resume {run}: embedding_dim was 8, now 16")
+    rc, _, err = run_cli(
+        "train", "--data", tiny_data, "--out", run, *more, "--resume", "--embedding-dim", 8, "--embedding-lr", 0.05
+    )
+    assert rc == 0, err
