@@ -104,3 +104,13 @@ def seal_problem(d: dict, key: str) -> str | None:
         f"its content does not match the CRC-32 it was written with ({key} {d[key]}, the content's {found}): "
         "it was edited or damaged since it was written"
     )
+
+
+def sealed_problem(d: dict, key: str, version_key: str, sealed: int) -> str | None:
+    """:func:`seal_problem`, and the reader's rule: a ``d`` whose ``version_key`` is ``sealed``
+    or later must carry its sum under ``key`` (earlier versions were written without one)."""
+    problem = seal_problem(d, key)
+    version = d.get(version_key)
+    if problem is None and isinstance(version, int) and version >= sealed and key not in d:
+        problem = f"it says {version_key} {version}, which carries the CRC-32 of its content ({key}), and has none"
+    return problem

@@ -62,7 +62,7 @@ from bagpipe.checkpoint.verify import FileSum, check_file, check_npy_size, not_a
 from bagpipe.data.schema import read_json
 from bagpipe.errors import CheckpointError, DataError
 from bagpipe.files import atomic_write_text
-from bagpipe.filesums import seal, seal_problem
+from bagpipe.filesums import seal, sealed_problem
 
 FORMAT = "bagpipe.checkpoint"
 VERSION = 5
@@ -148,11 +148,7 @@ class Manifest:
     @classmethod
     def from_json(cls, d: dict, where: Path) -> Manifest:
         version = d.get("version")
-        problem = seal_problem(d, MANIFEST_SUM)
-        if problem is None and isinstance(version, int) and version >= SEALED and MANIFEST_SUM not in d:
-            problem = (
-                f"it says version {version}, which carries the CRC-32 of its content ({MANIFEST_SUM}), and has none"
-            )
+        problem = sealed_problem(d, MANIFEST_SUM, "version", SEALED)
         if problem is not None:
             raise CheckpointError(f"{where}: damaged checkpoint file: {problem}")
         if d.get("format") != FORMAT or version not in READS:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from bagpipe.errors import DataError
 from bagpipe.files import atomic_write_text
-from bagpipe.filesums import FileSum, seal, seal_problem
+from bagpipe.filesums import FileSum, seal, sealed_problem
 
 FORMAT_VERSION = 2
 READS = (1, 2)  # format versions this bagpipe reads
@@ -122,11 +122,7 @@ class DatasetMeta:
     @classmethod
     def from_json(cls, d: dict) -> DatasetMeta:
         version = d.get("format_version")
-        problem = seal_problem(d, META_SUM)
-        if problem is None and isinstance(version, int) and version >= SEALED and META_SUM not in d:
-            problem = (
-                f"it says format_version {version}, which carries the CRC-32 of its content ({META_SUM}), and has none"
-            )
+        problem = sealed_problem(d, META_SUM, "format_version", SEALED)
         if problem is not None:
             raise DataError(f"damaged data set file: {problem}; rebuild the data set or restore its {META_FILE}")
         if version not in READS:

@@ -89,20 +89,14 @@ class WindowMap:
     def set(self, rows: np.ndarray, seqs: np.ndarray, lo: int) -> None:
         """Record ``rows`` (ascending, unique) at ``seqs``; ``lo`` is the window's first
         live occurrence (older entries can go)."""
-        pos = np.searchsorted(self.rows, rows)
-        have = pos < len(self.rows)
-        have[have] = self.rows[pos[have]] == rows[have]
-        self.seqs[pos[have]] = seqs[have]
-        new = ~have
-        if new.any():
-            self.rows = np.insert(self.rows, pos[new], rows[new])
-            self.seqs = np.insert(self.seqs, pos[new], seqs[new])
+        self.mark(rows, seqs)
         live = (self.seqs >= lo) | (self.seqs <= _RETAINED_BASE)  # a retained row's entry outlives the window
         if 2 * int(np.count_nonzero(live)) < len(live):
             self.rows, self.seqs = self.rows[live], self.seqs[live]
 
     def mark(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Store raw entries (-1: none, <= -2: a retained row's slot) for ``rows`` (ascending, unique)."""
+        """Store raw entries for ``rows`` (ascending, unique): sequence numbers, -1 (none) or
+        <= -2 (a retained row's slot)."""
         pos = np.searchsorted(self.rows, rows)
         have = pos < len(self.rows)
         have[have] = self.rows[pos[have]] == rows[have]
