@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, given(args, TrainConfig))
     check_out_folders(cfg)
     check_summary_json(cfg)
+    one = None
     if cfg.distributed:
         from bagpipe.distributed.launch import launch
 
@@ -90,7 +91,33 @@ def run(args: argparse.Namespace) -> int:
         assert one is not None  # one process reports
         print(summary_line(one))  # the launcher already echoed trainer 0's line
     print(f"run directory: {cfg.run.out}")
+    lost = None if one is None else final_checkpoint_lost(one, cfg.run.out)
+    if lost:  # the run's last word: its folder cannot continue from its last step
+        import sys
+
+        print(f"bagpipe train: error: {lost}", file=sys.stderr)
+        return 1
     return 0
+
+
+def final_checkpoint_lost(summary: dict, out: str) -> str | None:
+    """One line when the run's final checkpoint could not be written (a full disk): which
+    step is the last intact checkpoint and how to get the lost steps back; None otherwise.
+    The run's summary and digest are still right (its rows are in its tables), but its
+    folder cannot continue from its last step, so the command exits 1 (docs/runs.md)."""
+    ck = summary.get("checkpoints") or {}
+    steps = summary.get("steps")
+    failed = [h for h in ck.get("history") or [] if h.get("step") == steps and h.get("failed")]
+    if not failed:
+        return None
+    last = ck.get("last_step")
+    kept = (
+        f"the last intact checkpoint is step {last} in {out}/checkpoints: free some space, then train again "
+        f"with --resume (it retrains steps {last + 1}..{steps})"
+        if last
+        else f"{out} has no checkpoint: free some space and train it again"
+    )
+    return f"the final checkpoint (step {steps}) was not written ({failed[-1]['failed']}); {kept}"
 
 
 def check_out_folders(cfg) -> None:

@@ -70,15 +70,17 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe.errors import DataError
-from bagpipe.files import atomic_write_text
+from bagpipe.errors import BagpipeError, DataError
+from bagpipe.files import FULL_ERRNOS, atomic_write_text
 from bagpipe.store.base import EmbeddingStore, bitmap_rows
 from bagpipe.store.diskio import (
     Advisor,
     DiskIO,
+    Reserver,
     Residency,
     WriteBehind,
     drop_file_pages,
+    page_runs,
     pages_spanned,
     pread_into,
     pwrite_from,
@@ -94,6 +96,11 @@ PRESENT = "present.u8"
 _MIN_ROWS_PER_TASK = 16  # below this a thread hand-off costs more than it hides
 _PAGE = mmap.PAGESIZE
 DEFAULT_THREADS = DiskIO.threads
+
+
+class StoreFullError(BagpipeError):
+    """A store file could not grow: its file system is full (or over quota). The rows of
+    the failed write are not stored; the store's earlier rows and present.u8 are intact."""
 
 
 class DiskStore(EmbeddingStore):
@@ -252,6 +259,9 @@ class DiskStore(EmbeddingStore):
             raise
         self._r = self._array(ROWS, self._cols, np.float32)
         self._p = self._array(PRESENT, 0, np.uint8)
+        self._reservers = {name: Reserver(fd) for name, fd in self._fds.items()}
+        # pages of rows.f32 given their blocks by this process (a bit each: 1/32768 of the file)
+        self._reserved = np.zeros((-(-self.num_rows * self._cols * 4 // _PAGE) + 7) // 8, dtype=np.uint8)
 
     def _array(self, name: str, cols: int, dtype) -> np.ndarray:
         m = self._maps.get(name)
@@ -433,8 +443,13 @@ class DiskStore(EmbeddingStore):
                     R[part] = buf[a:b]
 
             if ROWS in self._maps:
+                self._reserve_new(r)
                 self._hint(r)
-            self._run(self._write_pool, scatter, self._split(k))
+            try:
+                self._run(self._write_pool, scatter, self._split(k))
+            except OSError as e:  # pwrite of a contiguous run
+                self._full(e, ROWS)
+                raise
             pages = pages_spanned(r, row_bytes)
             if self._behind is not None:
                 self._behind.wrote(pages * _PAGE)  # round by round: the dirty pages stay under io.dirty_bytes
@@ -443,6 +458,40 @@ class DiskStore(EmbeddingStore):
         masks = np.left_shift(np.uint8(1), (srows & 7).astype(np.uint8))
         with self._present_lock:
             np.bitwise_or.at(self._bits, srows >> 3, masks)
+
+    def _reserve_new(self, srows: np.ndarray) -> None:
+        """Allocate the blocks of the rows of ``srows`` (sorted) never written before, so
+        that storing them through the map cannot meet a full disk (SIGBUS): a full disk is
+        a :class:`StoreFullError` here, before any of them is written."""
+        new = srows[~self._present(srows)]
+        if len(new) == 0:
+            return
+        rb = self._cols * 4
+        if rb > _PAGE:  # a row over several pages: its whole range each time
+            self._reserve(ROWS, *page_runs(new * rb, new * rb + rb))
+            return
+        # a row lies in its first and last page: only pages not reserved before are asked
+        # for (one call per page spared for every new row sharing a page with an older one)
+        pages = np.unique(np.concatenate([new * rb // _PAGE, (new * rb + rb - 1) // _PAGE]))
+        pages = pages[((self._reserved[pages >> 3] >> (pages & 7).astype(np.uint8)) & 1) == 0]
+        if len(pages):
+            self._reserve(ROWS, *page_runs(pages * _PAGE, pages * _PAGE + _PAGE))
+            np.bitwise_or.at(self._reserved, pages >> 3, np.left_shift(np.uint8(1), (pages & 7).astype(np.uint8)))
+
+    def _reserve(self, name: str, starts: np.ndarray, ends: np.ndarray) -> None:
+        try:
+            self._reservers[name].reserve(starts, ends)
+        except OSError as e:
+            self._full(e, name)
+            raise
+
+    def _full(self, e: OSError, name: str) -> None:
+        """Raise a full file system under ``name`` as one line naming the file."""
+        if e.errno in FULL_ERRNOS:
+            raise StoreFullError(
+                f"cannot write the disk store's {self.path / name} ({e.strerror or e}): free space on its disk "
+                "or give another --store-dir; the rows already stored and the run's checkpoints are intact"
+            ) from None
 
     def _touch(self, pages: int) -> None:
         """Count pages touched; past ``io.page_cache_bytes`` since the last trim, trim."""
@@ -503,12 +552,18 @@ class DiskStore(EmbeddingStore):
         """
         if self._closed:
             return
-        if ROWS in self._maps:
-            self._maps[ROWS].flush()
-        os.fsync(self._fds[ROWS])
+        try:
+            if ROWS in self._maps:
+                self._maps[ROWS].flush()
+            os.fsync(self._fds[ROWS])
+        except OSError as e:
+            self._full(e, ROWS)
+            raise
         with self._present_lock:
             new = np.flatnonzero(self._bits & ~self._durable)
             fresh = self._bits[new] & ~self._durable[new]
+            if len(new):  # their flags' pages get blocks first: a full disk is an error, not SIGBUS
+                self._reserve(PRESENT, *page_runs(new * 8, np.minimum(new * 8 + 8, self.num_rows)))
             self._durable[new] |= fresh
         if len(new):
             self._p[bitmap_rows(fresh, self.num_rows, at=new)] = 1
@@ -530,6 +585,8 @@ class DiskStore(EmbeddingStore):
         with self._present_lock:
             np.bitwise_and.at(self._bits, rows >> 3, keep)
             np.bitwise_and.at(self._durable, rows >> 3, keep)
+            if len(rows):
+                self._reserve(PRESENT, *page_runs(rows, rows + 1))
             self._p[rows] = 0
             self._maps[PRESENT].flush()
         os.fsync(self._fds[PRESENT])

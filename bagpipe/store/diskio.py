@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import threading
 from dataclasses import dataclass
@@ -91,6 +92,63 @@ def _libc_sync_file_range():
 
 
 _SYNC_FILE_RANGE = _libc_sync_file_range()
+
+
+def _libc_fallocate():
+    """``fallocate`` from the C library (releases the GIL), or None where it has none."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).fallocate
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_FALLOCATE = _libc_fallocate()
+FALLOC_FL_KEEP_SIZE = 1
+
+
+class Reserver:
+    """Gives the pages about to be written through a shared map their blocks first.
+
+    A store's files are sparse, and a write through a map into a hole on a full file
+    system cannot fail with an error: the kernel kills the process with SIGBUS. So before
+    rows that were never written are stored through the map, their byte ranges are
+    allocated with ``fallocate(KEEP_SIZE)`` (mode 0: never changes what the file holds),
+    which answers ENOSPC as an :class:`OSError` instead. Rows written before already own
+    their blocks, so a run pays one call per run of new rows, once per row. Where the
+    file system cannot ``fallocate`` (EOPNOTSUPP), nothing is reserved from then on.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.works = _FALLOCATE is not None
+
+    def reserve(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Allocate the byte ranges [starts[i], ends[i]) of the file."""
+        if not self.works:
+            return
+        assert _FALLOCATE is not None
+        for a, b in zip(np.asarray(starts).tolist(), np.asarray(ends).tolist()):
+            if _FALLOCATE(self.fd, FALLOC_FL_KEEP_SIZE, a, b - a) != 0:
+                e = ctypes.get_errno()
+                if e in (errno.EOPNOTSUPP, errno.ENOSYS):
+                    self.works = False
+                    return
+                if e == errno.EINTR:
+                    self.reserve(np.array([a]), np.array([b]))
+                    continue
+                raise OSError(e, os.strerror(e))
+
+
+def page_runs(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The byte ranges [starts[i], ends[i]) (sorted by start, nondecreasing ends) widened
+    to whole pages and merged where they touch: (run starts, run ends)."""
+    first = np.asarray(starts, np.int64) // PAGE
+    last = (np.asarray(ends, np.int64) - 1) // PAGE
+    cut = np.flatnonzero(first[1:] > last[:-1] + 1) + 1
+    return first[np.concatenate([[0], cut])] * PAGE, (last[np.concatenate([cut - 1, [len(first) - 1]])] + 1) * PAGE
 
 
 def _libc_mincore():

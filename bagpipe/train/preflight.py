@@ -35,7 +35,7 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.train.resume import elastic_restart, refuse_overwrite, resume_point
 from bagpipe.train.rundir import RunDir
-from bagpipe.train.space import check_checkpoint_space
+from bagpipe.train.space import check_checkpoint_space, check_store_space
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def preflight(cfg: TrainConfig, run: RunDir, *, checks: bool = True) -> Prefligh
     shape = run_shape(cfg, dataset, stream, share)
     memory = None
     if checks:
-        check_checkpoint_space(cfg, dataset, shape)  # before anything is trained: refuse what could not be saved
+        est = check_checkpoint_space(cfg, dataset, shape)  # before anything is trained: refuse what could not be saved
+        check_store_space(cfg, shape, est)  # ... nor a disk store that could fill its disk (SIGBUS, not an error)
         if not cfg.dist.distributed:  # a job's roles are checked together by its launcher
             memory = memory_checks(cfg, dataset, stream, shape)
     return Preflight(dataset=dataset, stream=stream, shape=shape, share=share, ckpt=ckpt, memory=memory)

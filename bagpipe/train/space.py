@@ -1,4 +1,4 @@
-"""Before training: will the run's checkpoints fit on their disk?
+"""Before training: will the run's checkpoints, and its disk store, fit on their disks?
 
 A run that will checkpoint (``--checkpoint-every`` or the final checkpoint) estimates the
 largest checkpoint it can write and refuses to start, in one line, when the disk that
@@ -10,10 +10,19 @@ every step still to train, the unique rows of a batch -- the most of the first f
 batches, with a margin of :data:`MARGIN` for batches that reach further -- and never
 more than the tables: rows x (8-byte id + 4 (D + S) bytes), plus the dense state (the
 parameters and up to two optimizer values each: Adam's moments).
+
+A disk store (``--store disk``) is sparse: it takes blocks only for the rows written. A run
+writes at most its batches' lookups (every step's, a restored checkpoint's rows among
+them), each into at most the pages its row spans, never more than the whole table file;
+plus a page of present.u8 per row written, never more than the whole file. A store that
+does not fit is refused before it is created (:func:`check_store_space`); one that fills
+its disk later anyway (another writer) stops the run with one line
+(:class:`~bagpipe.store.disk.StoreFullError`), never a bus error.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,3 +115,61 @@ def check_checkpoint_space(cfg: TrainConfig, dataset: Dataset, shape: RunShape) 
             "free some space, choose another --out, or checkpoint less (--checkpoint-every 0 --no-final-checkpoint)"
         )
     return est
+
+
+def store_bytes(num_rows: int, row_bytes: int, lookups: int) -> int:
+    """The most bytes of blocks a disk store of ``num_rows`` rows of ``row_bytes`` takes after
+    ``lookups`` row writes: the pages they span in rows.f32, a page of present.u8 each (each
+    never more than its whole file, page-rounded) and its header."""
+    from bagpipe.store.diskio import PAGE
+
+    def pages(n: int) -> int:
+        return -(-n // PAGE) * PAGE
+
+    spans = (row_bytes + PAGE - 2) // PAGE + 1  # the most pages one row lies in
+    return min(pages(num_rows * row_bytes), lookups * spans * PAGE) + min(pages(num_rows), lookups * PAGE) + PAGE
+
+
+def _allocated(directory: Path) -> int:
+    """Bytes of blocks the store files in ``directory`` hold now (0: none there)."""
+    from bagpipe.store.disk import PRESENT, ROWS
+
+    total = 0
+    for name in (ROWS, PRESENT):
+        try:
+            total += os.stat(directory / name).st_blocks * 512
+        except OSError:
+            pass
+    return total
+
+
+def check_store_space(cfg: TrainConfig, shape: RunShape, checkpoints: CheckpointEstimate | None) -> int | None:
+    """Refuse (ConfigError, one line) a run whose disk store can grow past the free space
+    of its disk (``checkpoints``: the run's checkpoint estimate, counted too when they share
+    the disk); the store's bound in bytes, or None without a disk store."""
+    if cfg.cache.store != "disk" or not shape.spec.store:
+        return None
+    given = cfg.cache.store_dir
+    directory = Path(given) if given else Path(cfg.run.out) / "store"
+    trainers = cfg.dist.trainers if cfg.dist.distributed else 1
+    lookups = cfg.run.steps * shape.lookups * trainers
+    need = store_bytes(shape.num_rows, 4 * (shape.dim + shape.state_dim), lookups)
+    where, free = free_bytes(directory)
+    have = _allocated(directory)
+    if given:
+        need = max(0, need - have)  # rows a reused store holds have their blocks
+    else:
+        free += have  # the run's own store is emptied first
+    also = ""
+    ckpt_where, _ = free_bytes(Path(cfg.run.out) / "checkpoints")
+    if checkpoints is not None and os.stat(ckpt_where).st_dev == os.stat(where).st_dev:
+        need += checkpoints.bytes
+        also = f" with the run's checkpoints ({size(checkpoints.bytes)})"
+    if need > free:
+        fix = "give a --store-dir on another disk" if not given else "give another --store-dir"
+        raise ConfigError(
+            f"{'--store-dir ' + given if given else cfg.run.out}: this run's disk store needs up to {size(need)}{also} "
+            f"({shape.num_rows:,} rows of {4 * (shape.dim + shape.state_dim)} bytes, at most the pages of "
+            f"{lookups:,} row writes) but {where} has {size(free)} free; free some space, {fix}, or train fewer --steps"
+        )
+    return need

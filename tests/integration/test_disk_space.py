@@ -5,9 +5,10 @@ On real full filesystems (a small tmpfs, ``small_disk``; skipped where none can 
 * a run whose largest checkpoint cannot fit on the disk of its run folder refuses to
   start, in one line that says how much it needs and how much is free, and trains nothing;
 * a run whose final checkpoint meets a full disk says so in one line, removes the
-  checkpoint's partial files, keeps the previous checkpoint as the latest, and ends
-  normally: its summary is written and its digest is ``--mode full``'s (the trained rows
-  in the store were not lost).
+  checkpoint's partial files, keeps the previous checkpoint as the latest; its summary is
+  written and its digest is ``--mode full``'s (the trained rows in the store were not
+  lost), and its last line says the final checkpoint was lost, which step is the last
+  intact one and how to retrain the rest (exit 1).
 """
 
 from __future__ import annotations
@@ -114,13 +115,42 @@ def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_l
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
+    assert proc.returncode == 1, stderr[-3000:]  # trained, but the folder cannot continue from its last step
     said = [line for line in (stdout + stderr).splitlines() if "not written" in line]
-    assert said == [
+    assert said[0] == (
         f"checkpoint of step {STEPS} not written: no space left on the disk of {out / 'checkpoints'} "
         f"(0 MiB free); its partial files are removed and step-{STEPS - EVERY:08d} stays the latest checkpoint"
-    ]
+    )
+    assert re.fullmatch(
+        rf"bagpipe train: error: the final checkpoint \(step {STEPS}\) was not written \(.*No space left on "
+        rf"device.*\); the last intact checkpoint is step {STEPS - EVERY} in {out}/checkpoints: free some space, "
+        rf"then train again with --resume \(it retrains steps {STEPS - EVERY + 1}..{STEPS}\)",
+        said[1],
+    ), said
+    assert stderr.strip().splitlines()[-1] == said[1]  # the run's last word
     assert last_checkpoint(out).step == STEPS - EVERY and not list((out / "checkpoints").glob(".tmp-*"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checkpoints"]["failed"] == 1 and summary["checkpoints"]["last_step"] == STEPS - EVERY
     assert summary["params_sha256"] == want  # every trained row is in the store
+
+
+def test_a_disk_store_that_cannot_fit_refuses_to_start_in_one_line(tiny_data, tmp_path, small_disk, run_cli):
+    disk = small_disk(tmp_path / "disk", "256k")
+    mine = disk / "mine.txt"
+    mine.write_text("the user's\n")
+    out, store = tmp_path / "run", disk / "st"
+    rc, stdout, stderr = run_cli(
+        "train", "--data", tiny_data, "--out", out, *COMMON, "--mode", "lookahead", "--store", "disk",
+        "--store-dir", store,
+    )  # fmt: skip
+    lines = stderr.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, stderr
+    assert re.fullmatch(
+        rf"bagpipe train: error: --store-dir {store}: this run's disk store needs up to [\d.,]+ [KM]iB \([\d,]+ rows "
+        rf"of 36 bytes, at most the pages of [\d,]+ row writes\) but {disk} has \d+ KiB free; free some space, give "
+        r"another --store-dir, or train fewer --steps",
+        lines[0],
+    ), lines[0]
+    # nothing made, nothing of the user's changed: no run folder, no store, no lock
+    assert not out.exists() and sorted(p.name for p in disk.iterdir()) == ["mine.txt"]
+    assert mine.read_text() == "the user's\n"
