@@ -9,10 +9,12 @@ Shapes in docstrings: B (batch), F (features/tables), D (embedding dim), C (cach
 __version__ = "0.1.0"
 
 
-def load(directory):
+def load(directory, verify=True):
     """The model exported into ``directory`` by ``bagpipe export``, as an ``nn.Module``
     (:class:`bagpipe.export.model.ExportedModel`): ``model(dense, ids)`` gives logits,
-    ``model.predict_lines(lines)`` click probabilities of raw log lines."""
+    ``model.predict_lines(lines)`` click probabilities of raw log lines. Every file of
+    the export is checked against the sums model.json records first (``verify=False``
+    skips that)."""
     from bagpipe.export.model import load as _load
 
-    return _load(directory)
+    return _load(directory, verify=verify)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bagpipe.errors import ConfigError
-from bagpipe.lifeline import start_time
+from bagpipe.lifeline import restore, start_time, stop_cleanly
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +47,18 @@ def atomic_file(path: str | os.PathLike, mode: str = "w"):
     """Write a file that appears only complete: yields an open file beside ``path``
     (``.NAME.tmp-PID``), fsynced and renamed onto ``path`` when the block ends, removed
     if it fails. A device such as /dev/null (anything but a regular file or nothing) is
-    written directly."""
+    written directly; a symbolic link, through to its target. SIGTERM and SIGHUP unwind the writer as Ctrl-C does
+    (:func:`bagpipe.lifeline.stop_cleanly`), so they too leave no temporary file."""
     path = Path(path)
+    if path.is_symlink():  # written through to the file it names, as `>` does; the link stays
+        path = Path(os.path.realpath(path))
     if path.exists() and not path.is_file():
         with open(path, mode) as f:
             yield f
         return
     remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    signals = stop_cleanly()  # SIGTERM/SIGHUP too remove the unfinished file, as Ctrl-C does
     try:
         with open(tmp, mode) as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # held while writing: a later run sees it is not stale
@@ -69,6 +73,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w"):
     finally:
         if tmp.exists():
             tmp.unlink()
+        restore(signals)
 
 
 #: What a file system answers a write it refuses: full, over quota, a file too large, read-only.

@@ -29,6 +29,8 @@ import io
 import json
 import os
 import time
+import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -125,8 +127,17 @@ class HotSet:
             raise ConfigError(f"{path}: no such hot-row file (make one with `bagpipe profile --out`)") from None
         except IsADirectoryError:
             raise ConfigError(f"{path}: is a folder, not a hot-row file: {expected}") from None
+        except (zipfile.BadZipFile, EOFError, zlib.error) as e:  # a .npz truncated, or a bit of it flipped
+            raise ConfigError(
+                f"{path}: damaged hot-row file ({type(e).__name__}: {e}): profile again with `bagpipe profile --out {path}`"
+            ) from None
         except (OSError, ValueError, KeyError) as e:
             raise ConfigError(f"{path}: not a hot-row file ({e}): {expected}") from None
+        if not isinstance(report, dict):
+            raise ConfigError(
+                f"{path}: damaged hot-row file (its report is not a JSON object): "
+                f"profile again with `bagpipe profile --out {path}`"
+            )
         if report.get("table_sizes") != list(table_sizes):
             raise ConfigError(f"{path}: made for another dataset (its tables differ from this one's)")
         return cls(rows, int(sum(table_sizes)), report)
@@ -225,7 +236,7 @@ def count_accesses(
     for n, cols in tqdm(
         sampled_columns(dataset, split, blocks),
         total=len(blocks),
-        disable=not progress,
+        disable=None if progress else True,  # None: shown on a terminal only, not into a pipe
         desc="profile: counting",
         unit="shard",
     ):
@@ -268,7 +279,7 @@ def coverage(dataset: Dataset, split: str, blocks: list[np.ndarray], hot: HotSet
     for n, cols in tqdm(
         sampled_columns(dataset, split, blocks),
         total=len(blocks),
-        disable=not progress,
+        disable=None if progress else True,  # None: shown on a terminal only, not into a pipe
         desc="profile: coverage",
         unit="shard",
     ):

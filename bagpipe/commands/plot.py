@@ -27,8 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bagpipe.train.plot import plot_runs
+    from pathlib import Path
 
+    from bagpipe.errors import DataError
+    from bagpipe.train.plot import plot_runs, read_metrics
+
+    for r in args.runs:  # an empty picture is not written for a run that has nothing to draw
+        if (Path(r) / "metrics.jsonl").is_file() and read_metrics(r) == ([], []):
+            empty = (Path(r) / "metrics.jsonl").stat().st_size == 0
+            why = "metrics.jsonl empty" if empty else "metrics.jsonl has no training or eval record"
+            raise DataError(f"{r} has no metrics to plot ({why}); plot it once it has trained a logged step")
     out = plot_runs(args.runs, args.out, labels=args.labels, title=args.title)
     print(f"wrote {out}")
     return 0

@@ -407,7 +407,9 @@ def generate(
         )
         with (
             writer,
-            tqdm(total=cfg.samples, unit="samples", unit_scale=True, disable=not progress, desc="synth") as bar,
+            tqdm(
+                total=cfg.samples, unit="samples", unit_scale=True, disable=None if progress else True, desc="synth"
+            ) as bar,  # None: a terminal only
         ):
             for index, lo in enumerate(range(0, cfg.samples, CHUNK_SAMPLES)):
                 hi = min(lo + CHUNK_SAMPLES, cfg.samples)

@@ -16,6 +16,8 @@ construction and model forward as ``bagpipe eval``.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +31,8 @@ from bagpipe.data.schema import FeatureSpec, read_json
 from bagpipe.errors import ConfigError, DataError
 from bagpipe.export import tensorfile
 from bagpipe.export.naming import from_export
-from bagpipe.export.write import FORMAT, MANIFEST, VERSION
+from bagpipe.export.write import FORMAT, MANIFEST, MANIFEST_SUM, SUMMED, VERSIONS
+from bagpipe.filesums import FileSum, crc_hex, file_crc, seal_problem
 from bagpipe.models import ModelConfig, build_model
 from bagpipe.train.evaluate import batch_logits
 
@@ -45,15 +48,16 @@ class ExportedModel(nn.Module):
     ``manifest`` (model.json).
     """
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, verify: bool = True):
         super().__init__()
         self.directory = Path(directory)
         path = self.directory / MANIFEST
         if not path.exists():
             raise DataError(f"{self.directory}: not a finished bagpipe export (no {MANIFEST})")
         self.manifest = m = read_json(path)
-        if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION:
-            raise DataError(f"{path}: not a {FORMAT} version {VERSION} manifest")
+        if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") not in VERSIONS:
+            raise DataError(f"{path}: not a {FORMAT} manifest of version {' or '.join(map(str, VERSIONS))}")
+        check_export(self.directory, m, files=verify)
         try:
             self.config = ModelConfig(**m["model"])
             self.features = [FeatureSpec(t["name"], t["num_embeddings"], t["multi_hot"]) for t in m["tables"]]
@@ -184,6 +188,60 @@ class ExportedModel(nn.Module):
         return score_lines(self, lines, labelled)
 
 
-def load(directory: str | Path) -> ExportedModel:
-    """The model exported into ``directory`` by ``bagpipe export`` (see :class:`ExportedModel`)."""
-    return ExportedModel(directory)
+def load(directory: str | Path, verify: bool = True) -> ExportedModel:
+    """The model exported into ``directory`` by ``bagpipe export`` (see :class:`ExportedModel`).
+    ``verify``: check every file's size and CRC-32 against model.json first (see
+    :func:`check_export`; ``False`` skips the files' sums, not model.json's own)."""
+    return ExportedModel(directory, verify=verify)
+
+
+# (device, inode, size, mtime_ns, ctime_ns) of export files this process checked -> their CRC-32
+_checked: dict[tuple[int, int, int, int, int], str] = {}
+
+
+def _damaged(path: Path, what: str) -> DataError:
+    return DataError(f"{path}: damaged export file: {what}; export the run again")
+
+
+def check_export(directory: Path, m: dict, files: bool = True) -> None:
+    """An export (version 2 and later) is what ``bagpipe export`` wrote: model.json's own
+    content sum (``manifest_crc32``), then -- with ``files`` -- every file it lists has the
+    size and CRC-32 recorded when it was written, or a one-line :class:`DataError` naming
+    the file. Version 1 (written before sums) is not checked. Files are read in chunks
+    (about 2 GiB/s), once per process while their inode, size and times stay the same."""
+    path = directory / MANIFEST
+    version = m["version"]
+    problem = seal_problem(m, MANIFEST_SUM)
+    if problem is None and version >= SUMMED and (MANIFEST_SUM not in m or not isinstance(m.get("files"), dict)):
+        problem = f"it says version {version}, which records its files' sums and its own ({MANIFEST_SUM}), and has none"
+    if problem is not None:
+        raise _damaged(path, problem)
+    if version < SUMMED or not files:
+        return
+    for name, recorded in sorted(m["files"].items()):
+        try:
+            expected = FileSum.of(recorded)
+        except (KeyError, TypeError, ValueError):
+            raise _damaged(path, f"its entry for {name} is not a size and CRC-32") from None
+        p = directory / name
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            raise DataError(
+                f"{p}: missing, though {MANIFEST} lists it; a damaged export: export the run again"
+            ) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise _damaged(p, "not a regular file")
+        if st.st_size != expected.bytes:
+            how = "truncated" if st.st_size < expected.bytes else "longer than written"
+            raise _damaged(p, f"{MANIFEST} records {expected.bytes:,} bytes, found {st.st_size:,} ({how})")
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if _checked.get(key) == expected.crc32:
+            continue
+        found = crc_hex(file_crc(p))
+        if found != expected.crc32:
+            raise _damaged(
+                p,
+                f"{MANIFEST} records CRC-32 {expected.crc32}, found {found} (its bytes changed since it was exported)",
+            )
+        _checked[key] = found

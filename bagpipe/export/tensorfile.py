@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bagpipe.errors import DataError
+from bagpipe.filesums import FileSum, SummingFile
 
 DTYPES: dict[np.dtype, str] = {np.dtype("<f4"): "F32", np.dtype("<i8"): "I64"}
 _BY_NAME: dict[str, np.dtype] = {v: k for k, v in DTYPES.items()}
@@ -44,8 +45,9 @@ class Entry:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
-def write(path: str | os.PathLike, entries: list[Entry], metadata: dict[str, str] | None = None) -> int:
-    """Write ``entries`` into one safetensors file at ``path``; returns its data bytes."""
+def write(path: str | os.PathLike, entries: list[Entry], metadata: dict[str, str] | None = None) -> FileSum:
+    """Write ``entries`` into one safetensors file at ``path``; returns the file's size and
+    CRC-32, summed as it was written (model.json records them: no second read)."""
     path = Path(path)
     header: dict = {}
     offset = 0
@@ -56,7 +58,8 @@ def write(path: str | os.PathLike, entries: list[Entry], metadata: dict[str, str
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "wb") as f:
+    with open(tmp, "wb") as raw:
+        f = SummingFile(raw)
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for e in entries:
@@ -70,9 +73,9 @@ def write(path: str | os.PathLike, entries: list[Entry], metadata: dict[str, str
             if written != e.nbytes:
                 raise ValueError(f"{e.name}: wrote {written} bytes, its shape {e.shape} needs {e.nbytes}")
         f.flush()
-        os.fsync(f.fileno())
+        os.fsync(raw.fileno())
     os.replace(tmp, path)
-    return offset
+    return f.sum()
 
 
 def read_header(path: str | os.PathLike) -> tuple[dict, int]:

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import logging
 import shutil
+import zlib
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -40,6 +41,7 @@ from bagpipe.errors import CheckpointError, ConfigError, DataError
 from bagpipe.export import tensorfile
 from bagpipe.export.naming import table_key, to_export
 from bagpipe.files import atomic_write_text
+from bagpipe.filesums import FileSum, crc_hex, file_crc, seal
 from bagpipe.models import ModelConfig, build_model
 from bagpipe.output_dir import OutputDir
 from bagpipe.train.rundir import RunDir
@@ -47,7 +49,13 @@ from bagpipe.train.rundir import RunDir
 log = logging.getLogger(__name__)
 
 FORMAT = "bagpipe-export"
-VERSION = 1
+#: 2: model.json records every other file's size and CRC-32 (``files``) and its own
+#: content's (``manifest_crc32``), checked before the export is read; 1 (no sums) still loads.
+VERSION = 2
+VERSIONS = (1, 2)
+#: Version from which model.json must carry ``files`` and ``manifest_crc32``.
+SUMMED = 2
+MANIFEST_SUM = "manifest_crc32"
 MANIFEST = "model.json"
 INDEX = "model.safetensors.index.json"
 DENSE_FILE = "dense.safetensors"
@@ -131,6 +139,7 @@ def export_run(
             f"{data_dir}: the run's dataset is not there (moved?); give --data DIR, a dataset with the same tables"
         )
     meta = DatasetMeta.load(data_dir)
+    _same_data_set(run, conf, data_dir, meta)
     reader = ckpt.reader()
     if reader.num_rows != meta.total_rows:
         raise DataError(
@@ -152,6 +161,24 @@ def export_run(
     return dataclasses.replace(result, out=str(out))
 
 
+def _same_data_set(run: Path, conf: dict, data_dir: Path, meta: DatasetMeta) -> None:
+    """Refuse, in one line, a data set other than the one ``run`` trained on (its
+    fingerprint, which config.json records, as a resume compares it): its vocabulary
+    would map raw lines to rows the run did not train for them. A run without the record
+    (written before it was kept) is not checked."""
+    from bagpipe.data.integrity import fingerprint
+
+    was = (conf.get("dataset") or {}).get("fingerprint") if isinstance(conf.get("dataset"), dict) else None
+    if not was:
+        return
+    now = fingerprint(data_dir, meta)
+    if now != was:
+        raise DataError(
+            f"{data_dir}: not the data set {run} was trained on (fingerprint {str(was)[:12]}, this one's {now[:12]}); "
+            "its vocabulary would map lines to rows the run did not learn for them: give --data the run's data set"
+        )
+
+
 def _write(
     run: Path,
     out: Path,
@@ -167,7 +194,8 @@ def _write(
 ) -> Exported:
     """Every file of the export into the (staging) folder ``out``."""
     dense, naming = to_export(model.state_dict(), mcfg, meta.num_dense, meta.num_features)
-    tensorfile.write(
+    sums: dict[str, FileSum] = {}  # every file of the export but model.json -> its size and CRC-32
+    sums[DENSE_FILE] = tensorfile.write(
         out / DENSE_FILE,
         [tensorfile.Entry(k, tuple(v.shape), partial(_tensor_chunks, v)) for k, v in dense.items()],
         {"format": "pt", "producer": "bagpipe export", "naming": naming},
@@ -203,15 +231,18 @@ def _write(
                 }
             )
             weight_map[table_key(f.name)] = name
-        tensorfile.write(out / name, entries, {"format": "pt", "producer": "bagpipe export"})
+        sums[name] = tensorfile.write(out / name, entries, {"format": "pt", "producer": "bagpipe export"})
 
     has_vocab = (data_dir / "vocab").is_dir()
     if has_vocab:
         shutil.copytree(data_dir / "vocab", out / "vocab")
+        for p in sorted((out / "vocab").rglob("*")):
+            if p.is_file():  # summed as copied into the export: a later change of either is found
+                sums[p.relative_to(out).as_posix()] = FileSum(p.stat().st_size, crc_hex(file_crc(p)))
     total = sum(v.numel() * 4 for v in dense.values()) + meta.total_rows * D * 4
-    atomic_write_text(
-        out / INDEX, json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2)
-    )
+    index = json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2).encode()
+    atomic_write_text(out / INDEX, index.decode())
+    sums[INDEX] = FileSum(len(index), crc_hex(zlib.crc32(index)))
     summary = RunDir(run).summary_file
     digest = None
     if summary.exists():
@@ -245,8 +276,9 @@ def _write(
             "dataset": str(data_dir.resolve()),
         },
         "preprocessing": preprocessing,
+        "files": {k: v.to_json() for k, v in sorted(sums.items())},
     }
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
+    atomic_write_text(out / MANIFEST, json.dumps(seal(manifest, MANIFEST_SUM), indent=2))
     return Exported(str(out), ckpt.step, len(tables), meta.total_rows, len(shards) + 1, naming, has_vocab)
 
 

@@ -470,9 +470,9 @@ def test_eval_on_data_of_another_shape_is_one_line(run_cli, finished, tmp_path):
     "damage,fragment",
     [
         ("dense", "dense.safetensors: missing"),
-        ("table", "truncated or damaged"),
+        ("table", "damaged export file: model.json records"),  # its size (model.json's sums, version 2)
         ("manifest", "model.json:"),
-        ("manifest-fields", "a damaged export manifest"),
+        ("manifest-fields", "damaged export file: its content does not match the CRC-32"),
     ],
 )
 def test_a_damaged_export_is_one_line_in_predict_and_load(run_cli, finished, raw_criteo, tmp_path, damage, fragment):
