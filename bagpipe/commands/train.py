@@ -87,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
 
         launch(cfg)
     else:
-        one = train(cfg)
+        one = train_until_stopped(cfg, train)
+        if isinstance(one, int):
+            return one  # stopped: said in one line
         assert one is not None  # one process reports
         print(summary_line(one))  # the launcher already echoed trainer 0's line
     print(f"run directory: {cfg.run.out}")
@@ -98,6 +100,44 @@ def run(args: argparse.Namespace) -> int:
         print(f"bagpipe train: error: {lost}", file=sys.stderr)
         return 1
     return 0
+
+
+def train_until_stopped(cfg, train):
+    """``train(cfg)``, where a stop signal (SIGTERM, SIGHUP from ``kill``, ``timeout``, a
+    scheduler) unwinds the run as Ctrl-C does (:func:`bagpipe.lifeline.stop_cleanly`: the
+    store closed, an unfinished checkpoint removed, the run's locks released), then says in
+    one line where the run can continue from; returns the exit code then (128 + the
+    signal, 130 for Ctrl-C), else what ``train`` returned."""
+    import signal
+    import sys
+
+    from bagpipe.lifeline import restore, stop_cleanly
+
+    handlers = stop_cleanly()
+    try:
+        return train(cfg)
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", None)
+        how = f"stopped by {signal.Signals(signum).name}" if signum is not None else "interrupted"
+        print(f"bagpipe train: {how}; {where_to_continue(cfg.run.out)}", file=sys.stderr)
+        return 128 + signum if signum is not None else 130
+    finally:
+        restore(handlers)
+
+
+def where_to_continue(out: str) -> str:
+    """Where a stopped run can continue from: its latest checkpoint, or nowhere."""
+    from bagpipe.checkpoint import CheckpointFolder
+
+    try:
+        name = CheckpointFolder(out).latest_name()
+    except Exception:  # noqa: BLE001 - a damaged folder: --resume says what is wrong
+        name = None
+    if name is None:
+        return f"{out} has no checkpoint: run the command again to start over"
+    step = int(name.rsplit("-", 1)[-1]) if name.startswith("step-") else None
+    at = f"step {step}" if step is not None else name
+    return f"its latest checkpoint is {at} in {out}/checkpoints: run the same command with --resume to continue from it"
 
 
 def final_checkpoint_lost(summary: dict, out: str) -> str | None:
@@ -150,6 +190,57 @@ def check_out_folders(cfg) -> None:
             raise ConfigError(
                 f"{flag} {given} holds an export (model.json): the run would write its files among the export's; "
                 f"choose another {flag}"
+            )
+    if cfg.cache.store_dir:
+        check_store_dir(cfg.cache.store_dir, cfg.run.out)
+
+
+#: The folders of a run whose files are all its own: a store there would mix with them.
+RUN_OWN_FOLDERS = ("checkpoints", "logs", "events")
+
+
+def check_store_dir(given: str, out: str) -> None:
+    """Refuse, in one line, a ``--store-dir`` that is this run's folder or lies in its
+    checkpoints (the run's lock, config.json and checkpoint parts would mix with the
+    store's files, and the run's own lock answered as "another run"), or that is
+    another run's folder or lies in its checkpoints, logs or events. A store in another
+    run's RUN/store, or in a folder of the user's own inside a run folder, is allowed."""
+    import os
+    from pathlib import Path
+
+    from bagpipe.errors import ConfigError
+    from bagpipe.files import RUN_FILES
+    from bagpipe.output_dir import inside
+
+    flag = f"--store-dir {given}"
+    if os.path.realpath(out) == os.path.realpath(given):
+        raise ConfigError(
+            f"{flag} is this run's --out: the store's files would be written among the run's (config.json, "
+            f"checkpoints/); leave --store-dir out (the run keeps its store in {Path(out) / 'store'}) or choose "
+            "a folder of its own"
+        )
+    for sub in RUN_OWN_FOLDERS:
+        if inside(given, Path(out) / sub):
+            raise ConfigError(
+                f"{flag} lies inside this run's {Path(out) / sub}, which holds only the run's own files; "
+                f"leave --store-dir out (the run keeps its store in {Path(out) / 'store'}) or choose a folder outside it"
+            )
+    real = Path(os.path.realpath(given))
+    for folder in (real, *real.parents):
+        if not (folder / "config.json").is_file():
+            continue
+        if not any((folder / name).exists() for name in RUN_FILES - {"config.json"}):
+            continue  # a config.json of the user's own, not a run folder
+        part = real.relative_to(folder).parts[:1]
+        if not part:
+            raise ConfigError(
+                f"{flag} is the run folder {folder} (config.json, checkpoints/): the store's files and lock would "
+                "be written among that run's; choose a folder of its own"
+            )
+        if part[0] in RUN_OWN_FOLDERS:
+            raise ConfigError(
+                f"{flag} lies inside {folder / part[0]}, which holds only the run {folder}'s own files; "
+                "choose a folder of its own"
             )
 
 

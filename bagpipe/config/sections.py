@@ -287,7 +287,7 @@ class MemoryConfig(Section):
     it runs in (v2 memory.max, v1 memory.limit_in_bytes, found through /proc/self/cgroup),
     none without one; 0: no budget. The run sizes the plans it reads ahead, the disk
     store's I/O buffers and dirty pages, a default hot tier and a default cache to fit it
-    with 10% kept free, and stops before training, naming the smallest budget that works,
+    with 15% kept free, and stops before training, naming the smallest budget that works,
     when even its smallest configuration does not fit."""
     server_memory_budget_mb: float | None = None
     """Each embedding server's own budget (--servers), applied the same way to its store;
@@ -378,7 +378,7 @@ class DeviceConfig(Section):
     """MiB of device memory this run may use (cuda, cpu-async; 0: no budget). The run is
     refused at start, naming what to change, when what it keeps on the device (--mode full:
     every table; else the cache, the hot tier, the staged rows, the dense model) does not
-    fit with 10% kept free; on cuda torch's caching allocator is also capped there, so an
+    fit with 15% kept free; on cuda torch's caching allocator is also capped there, so an
     allocation past it fails. Makes a table of a few GiB "larger than the GPU"."""
 
     def validate(self) -> None:

@@ -131,10 +131,25 @@ class RunParts(Generic[B]):
     """The step the run starts at (0, or the resumed checkpoint's)."""
 
 
+def _set_threads(n: int, warn: bool) -> None:
+    """torch's intra-op threads; more than the CPUs this process may run on is said once
+    (``warn``: the reporting trainer): the threads then queue for the cores -- slower, never
+    wrong -- and a typo such as ``--threads 1000`` is not taken silently."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if warn and n > cpus:
+        log.warning(
+            f"--threads {n} is more than the {cpus} CPUs this process may run on: torch's threads will wait "
+            f"for the cores (slower, not wrong); give --threads {cpus} or fewer"
+        )
+    torch.set_num_threads(n)
+
+
 def _start(cfg: TrainConfig, topo: Topology[B], run: RunDir, reporter: Reporter) -> dict | None:
     rc = cfg.run
     if rc.threads:
-        torch.set_num_threads(rc.threads)
+        _set_threads(rc.threads, warn=topo.reports)
     # trainer 0 checks; trainers 1..N-1 take the checkpoint trainer 0 checked
     pre = preflight(cfg, run, checks=topo.reports)
     meta = pre.dataset.meta
