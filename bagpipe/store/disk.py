@@ -19,7 +19,14 @@ probability (c - 1) / 1024 (D + S = 17: 16 rows in 1024, ~1.6%), and only those 
 cost two faults.
 
 Every file is created sparse (``ftruncate``), so a billion-row table costs no disk
-until rows are written.
+until rows are written. A write through a map into a hole of a full file system is a
+SIGBUS, not an error, so rows written for the first time (not present) get their pages'
+blocks first (``fallocate``, :class:`~bagpipe.store.diskio.Reserver`; a bitmap of the
+pages reserved spares a call for a page reserved before), as do the pages of present.u8
+a flush writes: a full disk is then a :class:`StoreFullError` naming the file, and only
+the pages of rows written take blocks (an MLPerf-sized store stays sparse). Measured on
+ext4 (4M rows x 17 floats, 100 writes of 4,096 random rows, 2 loaded cores): first
+writes ~31-34 ms a batch without, ~35-37 with; rewrites of present rows unchanged (~27 ms).
 
 Reads go through shared memory maps of the files advised ``MADV_RANDOM`` (no
 read-around: with the default read-around every page fault reads 128 KiB..8 MiB,
