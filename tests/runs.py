@@ -1,10 +1,15 @@
 """Helpers of the tests that train: what a one-process run returns and leaves, typed as
 the test knows it (``train`` returns None only on a data-parallel trainer that does not
-report; ``latest`` None only where a run has no checkpoint yet)."""
+report; ``latest`` None only where a run has no checkpoint yet); and the processes of a
+job started by hand, stopped whatever the test's outcome."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,3 +33,23 @@ def last_checkpoint(run_dir: str | os.PathLike) -> Checkpoint:
     ck = latest(run_dir)
     assert ck is not None, f"{run_dir}: no complete checkpoint"
     return ck
+
+
+@contextmanager
+def stopped_at_end() -> Iterator[list[subprocess.Popen]]:
+    """A list for the processes a block starts: whatever happens in the block, every one
+    still running at its end is killed and reaped."""
+    procs: list[subprocess.Popen] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def outputs(procs: list[subprocess.Popen], within: float, since: float, floor: float = 1.0) -> list[tuple[str, str]]:
+    """Every process's (stdout, stderr), all due ``within`` seconds after ``since``
+    (``time.monotonic()``), each given at least ``floor`` seconds."""
+    return [p.communicate(timeout=max(floor, within - (time.monotonic() - since))) for p in procs]

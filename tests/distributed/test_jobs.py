@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runs import last_checkpoint
+from runs import last_checkpoint, outputs, stopped_at_end
 
 from bagpipe.config.train import TrainConfig
 from bagpipe.train.loop import train
@@ -456,10 +456,10 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
     from bagpipe.distributed.auth import SECRET_ENV, new_secret, write_secret_file
     from bagpipe.distributed.launch import free_port
 
-    port, procs = free_port(), []
+    port = free_port()
     secret = new_secret()
     secret_file = write_secret_file(tmp_path / "job.secret", secret)
-    try:
+    with stopped_at_end() as procs:
         for rank in range(5):
             env = dict(
                 os.environ,
@@ -525,12 +525,7 @@ def test_without_the_launcher_every_role_exits_when_a_server_dies(tiny_data, tmp
         assert all(p.poll() is None for p in procs), "a role ended before the kill"
         procs[3].kill()  # server 1
         t0 = time.monotonic()
-        results = [p.communicate(timeout=max(0.1, 30 - (time.monotonic() - t0))) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        results = outputs(procs, 30, t0, floor=0.1)
     codes = [p.returncode for p in procs]
     assert codes[3] == -signal.SIGKILL
     assert [c for i, c in enumerate(codes) if i != 3] == [2, 2, 2, 2], codes

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import outputs, stopped_at_end
 
 COMMON = ("--steps", 3, "--batch-size", 64, "--no-progress", "--threads", 1, "--eval-samples", 64)
 
@@ -230,7 +231,7 @@ def test_roles_started_for_other_job_shapes_are_refused_at_the_rendezvous(tiny_d
     from bagpipe.distributed.auth import SECRET_ENV, new_secret
     from bagpipe.distributed.launch import free_port
 
-    port, secret, procs = free_port(), new_secret(), []
+    port, secret = free_port(), new_secret()
     out = tmp_path / "job"
     worker = ["worker", "--data", tiny_data, "--out", out, "--steps", 20, "--batch-size", 64, "--no-progress"]
     worker += ["--mode", "lookahead", "--trainers", 1, "--servers", 1, "--rendezvous-timeout", 30]
@@ -240,19 +241,14 @@ def test_roles_started_for_other_job_shapes_are_refused_at_the_rendezvous(tiny_d
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3", OMP_NUM_THREADS="1")
     env[SECRET_ENV] = secret.decode()
     t0 = time.monotonic()
-    try:
+    with stopped_at_end() as procs:
         for rank, args in commands.items():
             cmd = [sys.executable, "-m", "bagpipe.cli", *map(str, args)]
             own = dict(env, RANK=str(rank))
             if args[0] == "serve":  # its job size comes from --trainers/--servers: WORLD_SIZE 3 would be refused
                 del own["WORLD_SIZE"]
             procs.append(subprocess.Popen(cmd, env=own, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        results = [p.communicate(timeout=max(1.0, 100 - (time.monotonic() - t0))) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        results = outputs(procs, 100, t0)
     errors = [err for _, err in results]
     assert [p.returncode for p in procs] == [2, 2, 2], errors
     assert time.monotonic() - t0 < 90, errors  # not the process group's 30-minute wait

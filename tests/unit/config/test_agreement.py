@@ -20,6 +20,7 @@ import time
 import typing
 
 import pytest
+from runs import outputs, stopped_at_end
 
 from bagpipe.config.agreement import PER_ROLE, RESOLVED, differences, job_settings, option
 from bagpipe.config.train import TrainConfig
@@ -89,12 +90,12 @@ def test_hand_started_roles_that_disagree_are_refused_before_training(tiny_data,
     from bagpipe.distributed.auth import SECRET_ENV, new_secret
     from bagpipe.distributed.launch import free_port
 
-    port, secret, procs = free_port(), new_secret(), []
+    port, secret = free_port(), new_secret()
     out = tmp_path / "job"
     common = ["--data", str(tiny_data), "--out", str(out), "--steps", "40", "--batch-size", "64", "--no-progress"]
     common += ["--mode", "lookahead", "--trainers", "1", "--servers", "1", "--cache-rows", "2000", "--lookahead", "4"]
     own = {0: [], 1: ["--steps", "50"], 2: ["--seed", "3"]}
-    try:
+    with stopped_at_end() as procs:
         for rank in range(3):
             env = dict(
                 os.environ,
@@ -109,12 +110,7 @@ def test_hand_started_roles_that_disagree_are_refused_before_training(tiny_data,
             cmd = [sys.executable, "-m", "bagpipe.cli", "worker", *common, *own[rank]]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         t0 = time.monotonic()
-        results = [p.communicate(timeout=max(1.0, 150 - (time.monotonic() - t0))) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        results = outputs(procs, 150, t0)
     errors = [err for _, err in results]
     assert [p.returncode for p in procs] == [2, 2, 2], errors
     assert "trainer 0 was started with other settings than server 0 (rank 1): --steps 40 here, 50 there" in errors[0]
