@@ -283,8 +283,8 @@ class LookaheadOracle:
         prev = self.ent_prev[idx]
         pv = prev >= self.lo
         slots = np.where(pv, self.ent_slot.take(prev & mask), -1).astype(np.int64)
-        kept = prev <= _RETAINED_BASE  # (retain) in the slot it was retained in
-        if kept.any():
+        if self.retain:  # a row in the slot it was retained in
+            kept = prev <= _RETAINED_BASE
             slots[kept] = _RETAINED_BASE - prev[kept]
         hit = slots >= 0
         # hits move their slot from the previous occurrence to this one
@@ -359,6 +359,8 @@ class LookaheadOracle:
     def _make_room(self, step: int, k: int, hit_slots: np.ndarray, n: int, after: int) -> tuple[np.ndarray, np.ndarray]:
         """Free k slots: retained rows no batch read so far uses again, least recently used
         first (their next use is beyond the window), then by furthest next use (:meth:`_force_out`)."""
+        if not self.retain:
+            return self._force_out(step, k, hit_slots, n, after)
         parts: list[np.ndarray] = []
         got = 0
         while got < k and self.retained:
@@ -377,7 +379,7 @@ class LookaheadOracle:
             parts.append(take)
             got += len(take)
         victims = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        rows = self.slot_row[victims].copy() if self.retain else np.zeros(0, np.int64)
+        rows = self.slot_row[victims]
         if len(victims):
             order = np.argsort(rows)
             rows, victims = rows[order], victims[order]
@@ -388,7 +390,7 @@ class LookaheadOracle:
         if got < k:
             frows, fslots = self._force_out(step, k - got, hit_slots, n, after)
             rows, victims = np.concatenate([rows, frows]), np.concatenate([victims, fslots])
-        return rows, victims.astype(np.int64)
+        return rows, victims
 
     def _pinned(self, slots: np.ndarray) -> np.ndarray:
         """Which retained ``slots`` a batch read since uses again: the row map no longer holds
