@@ -8,7 +8,9 @@ of code whatever the device (:mod:`bagpipe.device`):
   on CUDA), then to device memory on the *upload* stream, and an event is recorded after
   the copies; :meth:`Transfers.install` (the trainer's thread) makes the compute stream wait
   for that event and only then copies the rows into their cache slots, so the step that
-  uses them runs after they arrived;
+  uses them runs after they arrived. The device buffers are allocated for the upload
+  stream and kept for the compute stream until the install has run (CUDA's caching
+  allocator would otherwise hand them out under work still queued);
 * **out** (:meth:`Transfers.download`, the trainer's thread): the rows leaving the cache are
   gathered on the compute stream, the *download* stream waits for that, copies them into
   host buffers and records an event; :meth:`Download.result` (the write-back thread) waits
@@ -77,15 +79,20 @@ class Transfers:
         if d.host_memory:
             return Staged(torch.from_numpy(w), torch.from_numpy(s))
         hw, hs = self._to_host(w), self._to_host(s)
-        dw, ds = d.empty(tuple(w.shape)), d.empty(tuple(s.shape))
+        # allocated for the upload stream that writes them (see Device.empty)
+        dw, ds = d.empty(tuple(w.shape), stream=self.upload), d.empty(tuple(s.shape), stream=self.upload)
         d.copy(dw, hw, self.upload)
         d.copy(ds, hs, self.upload)
         return Staged(dw, ds, self.upload.record())
 
     def install(self, cache: SlotCache, slots: np.ndarray, rows: np.ndarray, staged: Staged) -> None:
         """Put staged rows into ``slots`` once they have arrived (the trainer's thread)."""
+        d = self.device
         if staged.ready is not None:
-            self.device.compute.wait(staged.ready)
+            d.compute.wait(staged.ready)
+        if not d.host_memory:  # the upload stream's memory, read by the compute stream's install
+            d.keep_for(staged.weights, d.compute)
+            d.keep_for(staged.state, d.compute)
         cache.install(slots, rows, staged.weights, staged.state)
 
     def download(self, weights: torch.Tensor, state: torch.Tensor) -> Download:

@@ -19,6 +19,9 @@ The rules every user of the seam keeps (they are CUDA's):
 
 * work enqueued on one stream runs in order; on different streams in any order, unless
   a stream :meth:`Stream.wait`\\ s for an :class:`Event` recorded on another;
+* a side stream's copy writes into device memory allocated for that stream
+  (:meth:`Device.empty`'s ``stream``), and memory one stream allocated that another
+  stream's work uses is kept for it (:meth:`Device.keep_for`);
 * after :meth:`Device.copy` returns, the destination is undefined and the source must
   not change until an event recorded on the copy's stream after it has fired;
 * the *compute* stream is the one the caller's thread computes on (the step, the
@@ -74,8 +77,20 @@ class Device(Protocol):
         """A new side stream (copies in the background)."""
         ...
 
-    def empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """An uninitialised tensor in device memory."""
+    def empty(
+        self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, stream: Stream | None = None
+    ) -> torch.Tensor:
+        """An uninitialised tensor in device memory, allocated for work on ``stream`` (None:
+        the compute stream). A side stream's copy writes only into memory allocated for
+        it: CUDA's caching allocator hands a freed block out again to the stream it
+        belongs to as soon as *that* stream's queued work allows, so a block of the
+        compute stream written by a side copy may still be read by compute work queued
+        before it (seen on an H200: NaN at batch 16384)."""
+        ...
+
+    def keep_for(self, t: torch.Tensor, stream: Stream) -> None:
+        """``t``, allocated for another stream, is used by work enqueued on ``stream``: its
+        memory is not handed out again before that work has run (CUDA: ``record_stream``)."""
         ...
 
     def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -135,8 +150,13 @@ class HostDevice:
     def stream(self) -> Stream:
         return _HostStream()
 
-    def empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def empty(
+        self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, stream: Stream | None = None
+    ) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
+
+    def keep_for(self, t: torch.Tensor, stream: Stream) -> None:
+        pass
 
     def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)

@@ -5,8 +5,13 @@ write-backs each get a side stream of their own (:meth:`CudaDevice.stream`, non-
 streams from torch's pool, so they never wait on the default stream implicitly).
 
 Memory that one stream allocated and another uses must not be handed out again before
-the other's work is done: :meth:`CudaDevice.copy` records every device tensor it touches
-on the copy's stream (``Tensor.record_stream``), and pinned host buffers come from torch's
+the other's work is done, and a side stream must not write memory the caching allocator
+gave to another stream (that stream may still have work queued on the block's previous
+tensor: the first H200 run read NaN at batch 16384 from exactly this). So staged rows
+are allocated *for* the upload stream (:meth:`CudaDevice.empty` with ``stream``), kept for
+the compute stream that installs them (:meth:`CudaDevice.keep_for`), and
+:meth:`CudaDevice.copy` records every device tensor it touches on the copy's stream
+(``Tensor.record_stream``); pinned host buffers come from torch's
 caching host allocator, which holds a block until the copies that used it have finished.
 
 Exactness on the device needs torch's deterministic algorithms (an ``embedding_bag``
@@ -97,8 +102,18 @@ class CudaDevice:
     def stream(self) -> Stream:
         return CudaStream(torch.cuda.Stream(self.torch))
 
-    def empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, device=self.torch)
+    def empty(
+        self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, stream: Stream | None = None
+    ) -> torch.Tensor:
+        if stream is None:
+            return torch.empty(shape, dtype=dtype, device=self.torch)
+        assert isinstance(stream, CudaStream), f"CUDA memory is allocated for a CUDA stream, not {stream!r}"
+        with torch.cuda.stream(stream.stream):  # the block belongs to the stream that writes it
+            return torch.empty(shape, dtype=dtype, device=self.torch)
+
+    def keep_for(self, t: torch.Tensor, stream: Stream) -> None:
+        assert isinstance(stream, CudaStream), f"CUDA memory is kept for a CUDA stream, not {stream!r}"
+        t.record_stream(stream.stream)
 
     def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)

@@ -11,7 +11,11 @@ copied, and every copy enqueued on a side stream runs *later*, on a worker threa
   recorded after it, or the compute stream waits for such an event, directly or through
   another stream's wait -- or until its random hold time (``hold_s``) has passed;
 * among the copies that may run, the worker picks one at random: work on different
-  streams is reordered whenever no wait forbids it; each stream's own work stays in order.
+  streams is reordered whenever no wait forbids it; each stream's own work stays in order;
+* a side stream's copy into device memory allocated for another stream (``empty``'s
+  ``stream``) is refused at once: CUDA's caching allocator may hand such a block out
+  while the other stream still has work queued on it, which the twin, having no
+  allocator, could not show as a wrong value.
 
 So a missing wait -- a step that installs staged rows before their copy, a write-back
 thread that writes a host buffer before its copy, a buffer reused while a copy still
@@ -121,8 +125,15 @@ class AsyncTwin:
             self._streams.append(s)
         return s
 
-    def empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return _undefined(torch.empty(shape, dtype=dtype))
+    def empty(
+        self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, stream: Stream | None = None
+    ) -> torch.Tensor:
+        t = _undefined(torch.empty(shape, dtype=dtype))
+        t._twin_stream = stream  # the stream it was allocated for
+        return t
+
+    def keep_for(self, t: torch.Tensor, stream: Stream) -> None:
+        pass  # the twin has no allocator to hand memory out early; CUDA's has (cuda.py)
 
     def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return _undefined(torch.empty(shape, dtype=dtype))
@@ -131,6 +142,12 @@ class AsyncTwin:
         if not isinstance(stream, TwinStream):  # the compute stream: now, in this thread
             dst.copy_(src)
             return
+        if hasattr(dst, "_twin_stream") and dst._twin_stream is not stream:
+            raise RuntimeError(
+                "a side stream's copy writes device memory allocated for another stream: on CUDA the "
+                "caching allocator may have handed that block out under the other stream's queued work; "
+                "allocate it with empty(..., stream=) of the stream that writes it"
+            )
         _undefined(dst)
         lo, hi = self.hold_s
         self._enqueue(stream, _Op("copy", due=time.monotonic() + self._rng.uniform(lo, hi), dst=dst, src=src))

@@ -63,8 +63,8 @@ def ones(n: int, value: float = 1.0) -> torch.Tensor:
 
 # the twin ----------------------------------------------------------------------------
 def test_a_copy_has_not_happened_when_it_returns_and_has_once_waited_for(twin):
-    src, dst = ones(3, 2.0), twin.empty((3, D))
     side = twin.stream()
+    src, dst = ones(3, 2.0), twin.empty((3, D), stream=side)
     twin.copy(dst, src, side)
     done = side.record()
     assert torch.isnan(dst).all()  # held back: nobody waits yet
@@ -73,8 +73,8 @@ def test_a_copy_has_not_happened_when_it_returns_and_has_once_waited_for(twin):
 
 
 def test_a_copy_reads_its_source_when_it_runs(twin):
-    src, dst = ones(2, 1.0), twin.empty((2, D))
     side = twin.stream()
+    src, dst = ones(2, 1.0), twin.empty((2, D), stream=side)
     twin.copy(dst, src, side)
     src += 5  # changing the source before the copy's event: the copy sees the change
     side.record().synchronize()
@@ -82,8 +82,8 @@ def test_a_copy_reads_its_source_when_it_runs(twin):
 
 
 def test_the_compute_stream_waiting_runs_the_copies_before_the_event(twin):
-    src, dst = ones(2, 3.0), twin.empty((2, D))
     side = twin.stream()
+    src, dst = ones(2, 3.0), twin.empty((2, D), stream=side)
     twin.copy(dst, src, side)
     t0 = time.monotonic()
     twin.compute.wait(side.record())
@@ -93,14 +93,14 @@ def test_the_compute_stream_waiting_runs_the_copies_before_the_event(twin):
 def test_a_stream_waiting_for_another_orders_the_copies_and_without_it_they_race(twin):
     """host -> dev on stream a, dev -> host on stream b: b must wait for a's event."""
     up, down = twin.stream(), twin.stream()
-    src, dev, back = ones(2, 4.0), twin.empty((2, D)), twin.host_empty((2, D))
+    src, dev, back = ones(2, 4.0), twin.empty((2, D), stream=up), twin.host_empty((2, D))
     twin.copy(dev, src, up)
     down.wait(up.record())
     twin.copy(back, dev, down)
     down.record().synchronize()  # demands b's copy, and through its wait a's
     assert torch.equal(back, src)
 
-    dev2, back2 = twin.empty((2, D)), twin.host_empty((2, D))
+    dev2, back2 = twin.empty((2, D), stream=up), twin.host_empty((2, D))
     twin.copy(dev2, src, up)
     twin.copy(back2, dev2, down)  # no wait: b's copy may run first, and reads a NaN device buffer
     down.record().synchronize()
@@ -111,7 +111,7 @@ def test_a_stream_waiting_for_another_orders_the_copies_and_without_it_they_race
 
 def test_each_stream_keeps_its_order(twin):
     side = twin.stream()
-    dst = twin.empty((1, D))
+    dst = twin.empty((1, D), stream=side)
     for v in range(1, 6):
         twin.copy(dst, ones(1, float(v)), side)
     side.record().synchronize()
@@ -124,7 +124,7 @@ def test_copies_of_different_streams_are_reordered():
         streams = [twin.stream() for _ in range(3)]
         dsts = []
         for k in range(30):
-            dst = twin.empty((1, D))
+            dst = twin.empty((1, D), stream=streams[k % 3])
             twin.copy(dst, ones(1, float(k)), streams[k % 3])
             dsts.append(dst)
         for s in streams:
@@ -137,8 +137,9 @@ def test_copies_of_different_streams_are_reordered():
 
 def test_close_runs_every_pending_copy():
     twin = AsyncTwin(hold_s=(5.0, 5.0))
-    dst = twin.empty((2, D))
-    twin.copy(dst, ones(2, 7.0), twin.stream())
+    side = twin.stream()
+    dst = twin.empty((2, D), stream=side)
+    twin.copy(dst, ones(2, 7.0), side)
     t0 = time.monotonic()
     twin.close()
     assert torch.equal(dst, ones(2, 7.0)) and time.monotonic() - t0 < 3
@@ -146,9 +147,53 @@ def test_close_runs_every_pending_copy():
 
 def test_an_error_inside_a_copy_reaches_the_waiter(twin):
     side = twin.stream()
-    twin.copy(twin.empty((2, D)), ones(3), side)  # shapes differ
+    twin.copy(twin.empty((2, D), stream=side), ones(3), side)  # shapes differ
     with pytest.raises(RuntimeError):
         side.record().synchronize()
+
+
+def test_a_side_stream_writing_memory_allocated_for_another_stream_is_refused(twin):
+    """CUDA's caching allocator hands a freed block back out to the stream it belongs to as
+    soon as that stream's queued work allows: a side copy into the compute stream's memory
+    can overwrite a tensor the compute stream's queued kernels still read (NaN on an H200
+    at batch 16384). The twin has no allocator, so it refuses the pattern itself."""
+    up, down = twin.stream(), twin.stream()
+    for dst in (twin.empty((2, D)), twin.empty((2, D), stream=down)):  # the compute stream's, another side's
+        with pytest.raises(RuntimeError, match="allocated for another stream"):
+            twin.copy(dst, ones(2), up)
+    mine = twin.empty((2, D), stream=up)
+    twin.copy(mine, ones(2), up)
+    twin.compute.wait(up.record())
+    twin.copy(twin.host_empty((2, D)), mine, down)  # host buffers belong to no stream
+
+
+class _Recording(AsyncTwin):
+    """The twin, noting which stream each device buffer was allocated and kept for."""
+
+    def __init__(self) -> None:
+        super().__init__(hold_s=(0.0, 0.01))
+        self.allocated: list[object] = []
+        self.kept: list[tuple[int, object]] = []
+
+    def empty(self, shape, dtype=torch.float32, stream=None):
+        self.allocated.append(stream)
+        return super().empty(shape, dtype, stream)
+
+    def keep_for(self, t, stream):
+        self.kept.append((t.data_ptr(), stream))
+
+
+def test_staged_rows_are_allocated_for_the_upload_stream_and_kept_for_the_compute_stream():
+    device = _Recording()
+    try:
+        t = Transfers(device)
+        cache = SlotCache(4, D, S, device.torch)
+        staged = t.stage(np.ones((2, D), np.float32), np.zeros((2, S), np.float32))
+        assert device.allocated == [t.upload, t.upload]
+        t.install(cache, np.array([0, 3]), np.array([5, 9]), staged)
+        assert device.kept == [(staged.weights.data_ptr(), device.compute), (staged.state.data_ptr(), device.compute)]
+    finally:
+        device.close()
 
 
 # the copy path -------------------------------------------------------------------------
