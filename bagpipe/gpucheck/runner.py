@@ -65,14 +65,26 @@ def environment(device: str) -> dict:
         if probe.returncode == 0:
             name, total = json.loads(probe.stdout.strip().splitlines()[-1])
             env |= {"gpu": name, "gpu_memory_mb": total / (1 << 20)}
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-        env["commit"] = commit.stdout.strip() or None
-    except OSError:  # no git on the machine
-        env["commit"] = None
+    env["commit"] = describe_tree(ROOT)
     return env
+
+
+def describe_tree(root: Path) -> str | None:
+    """The commit of the working tree at ``root``, with the count of tracked files that
+    differ from it (``4635644 + 3 changed files``): a GPU machine may receive a working
+    tree newer than its copy of the repository's history. None: no git or no repository."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        changed = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except OSError:  # no git on the machine
+        return None
+    commit = head.stdout.strip()
+    if head.returncode != 0 or not commit:
+        return None
+    n = len(changed.stdout.splitlines()) if changed.returncode == 0 else 0
+    return commit if n == 0 else f"{commit} + {n} changed file{'s' if n > 1 else ''}"
 
 
 @dataclass

@@ -29,7 +29,7 @@ from repo import ROOT
 from bagpipe.device.cuda import cuda_unavailable_reason
 from bagpipe.gpucheck.docs import fill
 from bagpipe.gpucheck.report import BEGIN, END
-from bagpipe.gpucheck.runner import TERM_GRACE_S, pytest_outcomes, run_step
+from bagpipe.gpucheck.runner import TERM_GRACE_S, describe_tree, pytest_outcomes, run_step
 from bagpipe.gpucheck.sizes import SIZES
 from bagpipe.gpucheck.steps import TITLES, Step
 
@@ -103,6 +103,26 @@ collected 83 items / 19 deselected / 64 selected
 tests/gpu/test_gpu.py::test_every_cached_mode_on_cuda_equals_full_on_cuda[dlrm-sgd-lookahead] PASSED [  1%]
 tests/gpu/test_gpu.py::test_every_cached_mode_on_cuda_equals_full_on_cuda[dlrm-sgd-lru] FAILED [  2%]
 """
+
+
+@pytest.mark.unit
+def test_the_commit_names_tracked_files_that_differ_from_it(tmp_path):
+    """A GPU machine received a working tree newer than its copy of the history: the
+    results said the old commit alone (2026-11-27)."""
+    assert describe_tree(tmp_path) is None  # not a repository
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py", "b.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "new.py").write_text("")  # untracked: not the tree's code
+    assert describe_tree(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert describe_tree(tmp_path) == f"{head} + 1 changed file"
+    (tmp_path / "b.py").unlink()
+    assert describe_tree(tmp_path) == f"{head} + 2 changed files"
 
 
 @pytest.mark.unit
