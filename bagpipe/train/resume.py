@@ -84,6 +84,26 @@ def elastic_restart() -> bool:
     return env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0 or bool(os.environ.get(RESTART_ENV))
 
 
+def _approximate_sync(value) -> bool:
+    return isinstance(value, str) and value.startswith("periodic")
+
+
+def refused_change(old: dict, new: dict) -> tuple[str, object, object] | None:
+    """The first setting (by name) that a run of settings ``old`` may not resume with as
+    ``new`` -- (name, old value, new value) -- or None. Every setting outside
+    :data:`MAY_CHANGE` must stay; ``cache_sync`` may change between the exact
+    synchronisations (partitioned, replicated) but not to or from ``periodic:K``, cDLRM's
+    approximation: the resumed run would report as exact a model trained partly
+    approximately, or continue an approximate one under another approximation."""
+    for key in sorted(new):
+        if key not in MAY_CHANGE and old.get(key) != new[key]:
+            return key, old.get(key), new[key]
+        if key == "cache_sync" and old.get(key, new[key]) != new[key]:
+            if _approximate_sync(old.get(key)) or _approximate_sync(new[key]):
+                return key, old.get(key), new[key]
+    return None
+
+
 def effective(cfg: TrainConfig) -> dict:
     """``cfg``'s settings as compared on resume: one not given that stands for a value derived
     from others (--embedding-dim: the recipe's D; --embedding-lr: --lr) as that value, so a run
@@ -121,12 +141,13 @@ def resume_point(
     before = run.read_config()
     old = effective(TrainConfig.from_json(before["train"], source=str(run.config_file)))
     new = effective(cfg)
-    for key in sorted(new):
-        if key not in MAY_CHANGE and old.get(key) != new[key]:
-            raise ConfigError(
-                f"cannot resume {run.path}: {key} was {old.get(key)!r}, now {new[key]!r} "
-                f"(a resumed run keeps every setting that changes what is computed; see docs/runs.md)"
-            )
+    changed = refused_change(old, new)
+    if changed is not None:
+        key, was_value, now_value = changed
+        raise ConfigError(
+            f"cannot resume {run.path}: {key} was {was_value!r}, now {now_value!r} "
+            f"(a resumed run keeps every setting that changes what is computed; see docs/runs.md)"
+        )
     was = before.get("dataset", {}).get("fingerprint")
     now = dataset.fingerprint()
     if was is not None and was != now:
