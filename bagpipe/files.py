@@ -127,8 +127,9 @@ def remove_stale_temporaries(path: Path) -> None:
 def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = None) -> Path:
     """Refuse, in one line and before anything is written, an output file that cannot be
     written whole or would destroy an input: a directory, a path in a folder that does not
-    exist, one of the command's inputs (``inputs``: flag -> paths) or a path inside an
-    input folder. Returns the path."""
+    exist, one of the command's inputs (``inputs``: flag -> paths), a path inside an
+    input folder, or one inside any data set or export (:func:`refuse_inside_output`).
+    Returns the path."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory; give the file to write")
@@ -153,6 +154,7 @@ def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = Non
                 raise ConfigError(
                     f"{flag} {path} {what} {opt} {p}: writing it would destroy an input; choose another {flag}"
                 )
+    refuse_inside_output(path, flag, "the file")
     return path
 
 
@@ -174,13 +176,54 @@ def bagpipe_folder(path: Path) -> str | None:
     real = Path(os.path.realpath(path))
     for folder in real.parents:
         first = real.relative_to(folder).parts[0]
-        if (folder / "meta.json").is_file():
+        kind = whole_output(folder)
+        if kind == "data set":
             return f"the data set {folder}"
         if (folder / "config.json").is_file() and first in RUN_FILES:
             return f"the run {folder}"
-        if (folder / "model.json").is_file() and (first in EXPORT_FILES or first.startswith("embeddings-")):
+        if kind == "export" and (first in EXPORT_FILES or first.startswith("embeddings-")):
             return f"the export {folder}"
     return None
+
+
+def whole_output(folder: Path) -> str | None:
+    """The kind of whole output ``folder`` is: "data set" (it holds meta.json), "export" (it
+    holds model.json) or None -- how every check tells the folders that
+    ``preprocess``/``synth`` and ``export`` write and replace as a whole."""
+    if (folder / "meta.json").is_file():
+        return "data set"
+    if (folder / "model.json").is_file():
+        return "export"
+    return None
+
+
+def enclosing_output(path: str | os.PathLike) -> tuple[str, Path] | None:
+    """The data set or export that ``path`` is or lies anywhere inside -- ("data set",
+    FOLDER) or ("export", FOLDER), the nearest -- or None. Walks up from ``path``
+    (symbolic links resolved; it need not exist yet) to the file system root, a few stat
+    calls. Nothing is written there: its files would be mixed with the output's, and
+    ``preprocess --overwrite`` / ``export --overwrite`` would then refuse to replace it."""
+    real = Path(os.path.realpath(path))
+    for folder in (real, *real.parents):
+        kind = whole_output(folder)
+        if kind is not None:
+            return kind, folder
+    return None
+
+
+def refuse_inside_output(path: str | os.PathLike, flag: str, what: str) -> None:
+    """Refuse, in one line, an output ``path`` (given as ``flag``) that is a data set or
+    an export or lies anywhere inside one (:func:`enclosing_output`), naming it; ``what``
+    says what would be written there ("the run's files")."""
+    found = enclosing_output(path)
+    if found is None:
+        return
+    kind, folder = found
+    where = "is" if folder == Path(os.path.realpath(path)) else "lies inside"
+    raise ConfigError(
+        f"{flag} {path} {where} the {kind} {folder}: {what} would be mixed with the {kind}'s, and a later "
+        f"--overwrite of it would be refused; choose a {flag} outside it"
+    )
 
 
 #: A run folder's own files and folders (a user's file beside them is theirs).

@@ -4,8 +4,9 @@ swapped in only when complete, and replaced only where everything in it is bagpi
 The life of ``OutputDir(target, ...)``:
 
 1. :meth:`OutputDir.open` checks everything before any folder changes: the target is a
-   directory or nothing; it lies inside no data set (nor among a run's or an export's
-   files: :func:`~bagpipe.files.bagpipe_folder`) and is no output of another kind (an
+   directory or nothing (``-``, standard output elsewhere, is refused); it lies inside no
+   data set or export (nor among a run's files: :func:`~bagpipe.files.bagpipe_folder`,
+   :func:`~bagpipe.files.enclosing_output`) and is no output of another kind (an
    export over a data set); no input lies inside it; if it already holds a finished output
    it is replaced only with ``overwrite``, and only when every file in it is one this
    output wrote (its manifest, ``.bagpipe-files.json``) -- a note, a sub-folder, a run
@@ -57,7 +58,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bagpipe.errors import ConfigError, DataError
-from bagpipe.files import RunLock, atomic_write_text, bagpipe_folder, check_can_write_in, fsync_dir, write_refused
+from bagpipe.files import (
+    RunLock,
+    atomic_write_text,
+    bagpipe_folder,
+    check_can_write_in,
+    enclosing_output,
+    fsync_dir,
+    write_refused,
+)
 from bagpipe.lifeline import restore, stop_cleanly
 
 MANIFEST = ".bagpipe-files.json"
@@ -124,10 +133,15 @@ class OutputDir:
     def check(self) -> None:
         """Every refusal, before anything changes (see the module docstring)."""
         t, flag = self.target, self.flag
+        a = f"a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind}"
+        if str(t) == "-":  # predict --out - is standard output; a folder cannot be
+            raise ConfigError(f"{flag} -: {a} is written as a folder, not to standard output; give the folder to write")
         if t.exists() and not t.is_dir():
             raise DataError(f"{flag} {t}: exists and is not a directory")
-        a = f"a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind}"
         owner = bagpipe_folder(t)  # a data set (or run, export) the target would sit among the files of
+        if owner is None:  # or anywhere inside an export (the export's --overwrite would refuse it)
+            found = enclosing_output(self.path.parent)
+            owner = None if found is None else f"the {found[0]} {found[1]}"
         if owner is not None:
             raise ConfigError(
                 f"{flag} {t} lies inside {owner}: {a} is not written inside it; choose a {flag} outside it"

@@ -162,19 +162,29 @@ def final_checkpoint_lost(summary: dict, out: str) -> str | None:
 
 def check_out_folders(cfg) -> None:
     """Refuse, in one line and before anything is written, a run folder (``--out``) or a
-    store folder (``--store-dir``) that is the data set, lies inside it, or holds another
-    data set or an export (``bagpipe export``'s model.json): the run's files (config.json,
-    checkpoints, a disk store) would be mixed with the shards or the export's files, and
-    ``preprocess --overwrite`` (``export --overwrite``) would delete the run."""
+    store folder (``--store-dir``) that is ``-`` (train writes a folder, not standard
+    output), is the data set, lies inside it, or is or lies anywhere inside another data
+    set or an export (``bagpipe export``'s model.json; :func:`bagpipe.files.enclosing_output`):
+    the run's files (config.json, checkpoints, a disk store) would be mixed with the shards
+    or the export's files, and ``preprocess --overwrite`` (``export --overwrite``) would
+    refuse to replace it."""
     import os
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
+    from bagpipe.files import refuse_inside_output
     from bagpipe.output_dir import inside
 
     for flag, given in (("--out", cfg.run.out), ("--store-dir", cfg.cache.store_dir)):
         if not given:
             continue
+        if str(given) == "-":  # predict --out - is standard output; a run or a store is a folder
+            raise ConfigError(
+                "--out -: train writes a run folder (config.json, checkpoints/, summary.json), not standard output; "
+                "give a folder, e.g. --out runs/a"
+                if flag == "--out"
+                else "--store-dir -: the disk store is a folder, not standard output; give a folder or leave it out"
+            )
         if inside(given, cfg.data.data):
             what = "is" if os.path.realpath(given) == os.path.realpath(cfg.data.data) else "lies inside"
             raise ConfigError(
@@ -191,6 +201,7 @@ def check_out_folders(cfg) -> None:
                 f"{flag} {given} holds an export (model.json): the run would write its files among the export's; "
                 f"choose another {flag}"
             )
+        refuse_inside_output(given, flag, "the run's files")
     if cfg.cache.store_dir:
         check_store_dir(cfg.cache.store_dir, cfg.run.out)
 
@@ -246,7 +257,8 @@ def check_store_dir(given: str, out: str) -> None:
 
 def check_summary_json(cfg) -> None:
     """Refuse, in one line and before anything is trained, a ``--summary-json PATH`` that
-    the run could not write or that would replace a file that is not this run's: a folder,
+    the run could not write or that would replace a file that is not this run's, or that
+    lies inside a data set (``--data`` too) or an export: a folder,
     a path under a file, a path inside the run folder other than RUN/summary.json (one of
     the run's own files, config.json or a checkpoint's, which may not exist yet), or an
     existing file -- another run's summary, or anything else -- unless it is this run's
@@ -257,7 +269,7 @@ def check_summary_json(cfg) -> None:
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
-    from bagpipe.files import check_can_write_in
+    from bagpipe.files import check_can_write_in, refuse_inside_output
     from bagpipe.output_dir import inside
     from bagpipe.train.resume import elastic_restart
 
@@ -268,6 +280,7 @@ def check_summary_json(cfg) -> None:
     flag = f"--summary-json {given}"
     if path.is_dir():
         raise ConfigError(f"{flag}: is a directory; give the file to write (e.g. {path / 'summary.json'})")
+    refuse_inside_output(given, "--summary-json", "the summary")  # --data too: a data set
     run = Path(cfg.run.out)
     own = os.path.realpath(run / "summary.json")
     if inside(path, run) and os.path.realpath(path) != own:
