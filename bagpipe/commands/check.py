@@ -33,14 +33,18 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.errors import DataError
 
     reports = check_dataset(args.data, progress=args.progress)
-    bad = [r for r in reports if r.problems]
+    shards = [r for r in reports if not r.files]  # the others: the vocabulary's files
     for r in reports:
         if r.problems:
             for p in r.problems:
                 print(f"{r.shard}: {p}")
         else:
-            print(f"{r.shard}: ok ({r.samples:,} samples)")
-    if bad:
-        raise DataError(f"{args.data}: {len(bad)} of {len(reports)} shards have problems (listed above)")
-    print(f"{args.data}: all {len(reports)} shards ok")
+            print(f"{r.shard}: ok ({f'{r.files:,} files' if r.files else f'{r.samples:,} samples'})")
+    bad = [r for r in shards if r.problems]
+    vocab_bad = any(r.problems for r in reports if r.files)
+    if bad or vocab_bad:
+        what = " and ".join([f"{len(bad)} of {len(shards)} shards"] * bool(bad) + ["the vocabulary"] * vocab_bad)
+        raise DataError(f"{args.data}: {what} {'has' if not bad else 'have'} problems (listed above)")
+    vocab = " and the vocabulary" if len(reports) > len(shards) else ""
+    print(f"{args.data}: all {len(shards)} shards{vocab} ok")
     return 0

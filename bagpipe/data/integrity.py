@@ -164,7 +164,8 @@ def id_problem(meta: DatasetMeta, where: str, sparse: np.ndarray, multihot: dict
 
 def fingerprint(root: Path, meta: DatasetMeta) -> str:
     """sha256 of meta.json (its schema, splits, provenance without input paths, and the
-    files' sums where it has them) and the byte size of every shard file: a data set
+    files' sums where it has them: the shards' and, from ``preprocess``, the vocabulary's)
+    and the byte size of every shard file: a data set
     moved elsewhere keeps it, one rebuilt differently does not. A data set written
     before there were sums has no ``files`` in meta.json and keeps the fingerprint it
     always had (a run trained on it still resumes)."""
@@ -189,6 +190,8 @@ class FileReport:
     shard: str
     samples: int
     problems: list[str] = field(default_factory=list)
+    files: int = 0
+    """Files checked when this is not a shard (the vocabulary: ``samples`` is 0)."""
 
 
 def check_dataset(root: str | os.PathLike, block: int = 1 << 16, progress: bool = True) -> list[FileReport]:
@@ -199,7 +202,9 @@ def check_dataset(root: str | os.PathLike, block: int = 1 << 16, progress: bool 
     meta = DatasetMeta.load(root)
     shards = [(s, i, n) for s in sorted(meta.splits) for i, n in enumerate(meta.splits[s].shard_sizes)]
     reports = []
-    for split, i, n in tqdm(shards, desc="checking shards", unit="shard", disable=not progress):
+    for split, i, n in tqdm(
+        shards, desc="checking shards", unit="shard", disable=None if progress else True
+    ):  # None: on a terminal only
         d = shard_dir(root, split, i)
         rep = FileReport(str(d.relative_to(root)), n, shard_file_problems(root, meta, split, i))
         if not rep.problems:
@@ -207,6 +212,10 @@ def check_dataset(root: str | os.PathLike, block: int = 1 << 16, progress: bool 
         if not rep.problems:
             rep.problems += _content_problems(d, meta, n, block)
         reports.append(rep)
+    others = sorted(rel for rel in meta.files if not rel.startswith(tuple(f"{s}/" for s in meta.splits)))
+    if others:  # the vocabulary (preprocess records its files' sums too)
+        problems = [p for p in (sum_problem(root / rel, meta.files[rel]) for rel in others) if p]
+        reports.append(FileReport(str(Path(others[0]).parent), 0, problems, files=len(others)))
     return reports
 
 

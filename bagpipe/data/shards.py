@@ -12,7 +12,7 @@ import numpy as np
 from bagpipe.data.integrity import fingerprint, id_problem, shard_file_problems, sum_problems, values_problem
 from bagpipe.data.schema import META_FILE, DatasetMeta, FeatureSpec, SplitMeta
 from bagpipe.errors import DataError
-from bagpipe.filesums import FileSum, SummingFile
+from bagpipe.filesums import FileSum, SummingFile, crc_hex, file_crc
 from bagpipe.output_dir import OutputDir
 
 DEFAULT_ROWS_PER_SHARD = 1 << 18
@@ -168,6 +168,14 @@ class ShardWriter:
             np.lib.format.write_array_header_1_0(f, header)
             f.write(a.reshape(-1).view(np.uint8))  # the array's own bytes: no copy
         self._sums[(shard_dir / name).relative_to(self.out).as_posix()] = f.sum()
+
+    def record_files(self, folder: str) -> None:
+        """Record the size and CRC-32 of every file under ``folder`` (relative to the data
+        set, already written: the vocabulary) in meta.json's sums, so the data set's
+        fingerprint covers them and ``bagpipe check`` / ``export`` find a later change."""
+        for p in sorted((self.out / folder).rglob("*")):
+            if p.is_file():
+                self._sums[p.relative_to(self.out).as_posix()] = FileSum(p.stat().st_size, crc_hex(file_crc(p)))
 
     def close(self, source: dict | None = None) -> DatasetMeta:
         """Write remaining samples and then meta.json, and swap the dataset in."""

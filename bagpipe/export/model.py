@@ -51,9 +51,16 @@ class ExportedModel(nn.Module):
     def __init__(self, directory: str | Path, verify: bool = True):
         super().__init__()
         self.directory = Path(directory)
+        if self.directory.name == MANIFEST and self.directory.is_file():  # the export's model.json itself
+            self.directory = self.directory.parent
         path = self.directory / MANIFEST
         if not path.exists():
-            raise DataError(f"{self.directory}: not a finished bagpipe export (no {MANIFEST})")
+            d = self.directory
+            if (d / "config.json").is_file() and (d / "checkpoints").is_dir():
+                raise DataError(
+                    f"{d}: a run folder, not an export: `bagpipe export --run {d} --out DIR` writes one, then load DIR"
+                )
+            raise DataError(f"{d}: not a finished bagpipe export (no {MANIFEST})")
         self.manifest = m = read_json(path)
         if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") not in VERSIONS:
             raise DataError(f"{path}: not a {FORMAT} manifest of version {' or '.join(map(str, VERSIONS))}")

@@ -238,7 +238,15 @@ def _write(
         shutil.copytree(data_dir / "vocab", out / "vocab")
         for p in sorted((out / "vocab").rglob("*")):
             if p.is_file():  # summed as copied into the export: a later change of either is found
-                sums[p.relative_to(out).as_posix()] = FileSum(p.stat().st_size, crc_hex(file_crc(p)))
+                rel = p.relative_to(out).as_posix()
+                sums[rel] = FileSum(p.stat().st_size, crc_hex(file_crc(p)))
+                if rel in meta.files and FileSum.of(meta.files[rel]) != sums[rel]:
+                    raise DataError(
+                        f"{data_dir / rel}: changed since the data set was written (meta.json records "
+                        f"{FileSum.of(meta.files[rel]).bytes:,} bytes, CRC-32 {FileSum.of(meta.files[rel]).crc32}); "
+                        "its vocabulary would map lines to other rows than the run learned: restore it or "
+                        "preprocess again"
+                    )
     total = sum(v.numel() * 4 for v in dense.values()) + meta.total_rows * D * 4
     index = json.dumps({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, indent=2).encode()
     atomic_write_text(out / INDEX, index.decode())

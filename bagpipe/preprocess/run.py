@@ -62,6 +62,7 @@ from bagpipe.preprocess.options import Options, Result
 from bagpipe.preprocess.space import check_space
 from bagpipe.preprocess.spill import Parsed, Spill
 from bagpipe.preprocess.vocab import (
+    VOCAB_DIR,
     HashMapping,
     KeyCounter,
     Mapping,
@@ -363,6 +364,7 @@ def _write(
     id_dtype = "int32" if max(f.num_rows for f in features) <= np.iinfo(np.int32).max else "int64"
     writer = ShardWriter(output, fmt.dense_names, features, id_dtype=id_dtype, rows_per_shard=opts.rows_per_shard)
     save_mapping(writer.dir, fmt, mapping)
+    writer.record_files(VOCAB_DIR)  # the vocabulary's sums in meta.json: part of the data set's fingerprint
 
     def work(item):
         kind, b, index = item

@@ -84,6 +84,10 @@ def elastic_restart() -> bool:
     return env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0 or bool(os.environ.get(RESTART_ENV))
 
 
+#: Settings whose change changes others that were not given (compared, and named, first).
+LEADING = ("model", "recipe", "optimizer")
+
+
 def _approximate_sync(value) -> bool:
     return isinstance(value, str) and value.startswith("periodic")
 
@@ -95,7 +99,10 @@ def refused_change(old: dict, new: dict) -> tuple[str, object, object] | None:
     synchronisations (partitioned, replicated) but not to or from ``periodic:K``, cDLRM's
     approximation: the resumed run would report as exact a model trained partly
     approximately, or continue an approximate one under another approximation."""
-    for key in sorted(new):
+    # the settings that bring others along first (a recipe brings its D and its rate), the
+    # derived ones last (embedding_lr follows --lr when not given): the one named is then
+    # the one the user changed
+    for key in sorted(new, key=lambda k: (k not in LEADING, k in RESOLVED, k)):
         if key not in MAY_CHANGE and old.get(key) != new[key]:
             return key, old.get(key), new[key]
         if key == "cache_sync" and old.get(key, new[key]) != new[key]:

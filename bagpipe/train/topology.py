@@ -9,6 +9,7 @@ is averaged over trainers, and whether this process writes the run's files.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,7 +95,8 @@ class SingleProcess:
         return float(np.mean(values))
 
     def progress_kind(self, progress: bool) -> ProgressKind:
-        return "bar" if progress else "off"
+        # a bar redrawn into a pipe or a log file is noise: there, a line every few seconds
+        return ("bar" if sys.stderr.isatty() else "lines") if progress else "off"
 
     def section(self, backend: Backend, rows: RowUpdate) -> None:
         return None

@@ -144,6 +144,14 @@ def test_torchrec_names_compute_torchrec_dlrm(criteo):
     torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-6)
 
 
+def test_load_takes_the_exports_model_json_and_names_a_run_folder(criteo):
+    """bagpipe.load(EXPORT/model.json) said "no model.json"; load(RUN) did not say to export first."""
+    _, run, out = criteo
+    assert bagpipe.load(out / "model.json", verify=False).manifest == bagpipe.load(out, verify=False).manifest
+    with pytest.raises(bagpipe.errors.DataError, match=r"a run folder, not an export: `bagpipe export --run "):
+        bagpipe.load(run)
+
+
 def test_load_scores_raw_lines_and_ids_alike(criteo):
     _, _, out = criteo
     model = bagpipe.load(out)
@@ -226,6 +234,40 @@ def test_synthetic_deepfm_export_keeps_bagpipe_names_and_evaluates_as_the_run(ti
     assert_one_line_error(
         run_cli("predict", "--model", tmp_path, "--input", run / "config.json"), "not a finished bagpipe export"
     )
+
+
+def test_a_vocabulary_other_than_the_runs_is_refused_and_check_names_its_change(criteo, run_cli, tmp_path):
+    """The data set's fingerprint covered meta.json and the shards, not vocab/: a data set
+    whose shards matched but whose vocabulary differed was exported without a word, and
+    half the predictions of raw lines changed (newcomer round 6)."""
+    import shutil
+
+    data, run, _ = criteo
+    meta = read_json(data / "meta.json")
+    assert any(k.startswith("vocab/") for k in meta["files"])  # preprocess records the vocabulary's sums
+    changed = tmp_path / "data"
+    shutil.copytree(data, changed)
+    keys = changed / "vocab" / "C1.keys.npy"
+    k = np.load(keys)
+    k[0] ^= 1  # another key for row 0: every shard and meta.json unchanged
+    np.save(keys, k)
+    assert_one_line_error(
+        run_cli("export", "--run", run, "--data", changed, "--out", tmp_path / "e"),
+        f"{keys}: changed since the data set was written",
+    )
+    assert not (tmp_path / "e").exists()
+    rc, out, err = run_cli("check", changed)
+    assert rc == 2 and f"{keys}: damaged data set file" in out and "the vocabulary has problems" in err
+    rc, out, _ = run_cli("check", data)
+    assert rc == 0 and "shards and the vocabulary ok" in out
+    # preprocessed from other lines: another vocabulary, so another fingerprint
+    lines = CRITEO.read_text().splitlines(keepends=True)[:2000]
+    for name, text in (("a", lines), ("b", [ln.replace("05db9164", "00000000") for ln in lines])):
+        (tmp_path / f"{name}.tsv").write_text("".join(text))
+        assert run_cli("preprocess", "criteo", "--input", tmp_path / f"{name}.tsv", "--out", tmp_path / name,
+                       "--no-progress")[0] == 0  # fmt: skip
+    fa, fb = (Dataset(tmp_path / n).fingerprint() for n in "ab")
+    assert fa != fb
 
 
 def test_predict_refuses_another_format(criteo, run_cli, tmp_path):

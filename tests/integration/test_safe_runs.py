@@ -109,8 +109,8 @@ def test_resume_of_a_finished_run_changes_nothing_and_a_longer_one_extends_it(ru
         ("--seed", 7, "seed was 0, now 7"),
         ("--batch-size", 64, "batch_size was 128, now 64"),
         ("--model", "dcn", "model was 'dlrm', now 'dcn'"),
-        # the kaggle recipe brings its D (16) and its rate; the effective embedding_dim is compared first
-        ("--recipe", "kaggle", "embedding_dim was 8, now 16"),
+        # the kaggle recipe brings its D (16) and its rate: the recipe, which the user changed, is named
+        ("--recipe", "kaggle", "recipe was 'debug', now 'kaggle'"),
         ("--optimizer", "sgd", "optimizer was 'adagrad', now 'sgd'"),
     ],
 )

@@ -17,6 +17,17 @@ def test_a_setting_outside_the_list_is_refused_and_one_inside_is_not():
     assert refused_change(RUN, RUN | {"steps": 80, "mode": "lru"}) is None
 
 
+def test_the_setting_given_is_named_before_one_derived_from_it():
+    """--lr changed: embedding_lr (which follows --lr when not given) changed with it, and
+    sorts first; the user changed --lr, so lr is named."""
+    old, new = RUN | {"lr": 0.05, "embedding_lr": 0.05}, RUN | {"lr": 0.5, "embedding_lr": 0.5}
+    assert refused_change(old, new) == ("lr", 0.05, 0.5)
+    assert refused_change(old, old | {"embedding_lr": 0.5}) == ("embedding_lr", 0.05, 0.5)
+    recipe = old | {"recipe": "debug", "embedding_dim": 8}
+    kaggle = recipe | {"recipe": "kaggle", "embedding_dim": 16, "lr": 0.002, "embedding_lr": 0.002}
+    assert refused_change(recipe, kaggle) == ("recipe", "debug", "kaggle")  # not the lr it brought along
+
+
 @pytest.mark.parametrize(
     "was,now,refused",
     [
