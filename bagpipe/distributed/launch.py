@@ -6,7 +6,9 @@ across machines), prefixes each line they print with the role (``[server 1]``) a
 keeps a log per role under RUN/logs/. The first role to fail stops the job: the
 launcher names it (a role the kernel's OOM killer ended: with the roles' cgroup's peak
 and limit; roles are made the OOM killer's first choice, so the launcher lives to say it), stops every other role (SIGTERM, then SIGKILL after a grace
-period) and returns an error. Ctrl-C stops every role the same way. RUN/roles.json
+period) and returns an error. Ctrl-C, SIGTERM and SIGHUP stop every role the same way
+(SIGINT even where the launcher inherited it ignored: ``cmd &`` in a script), and one
+line says where the run can continue, as a stopped one-process run does. RUN/roles.json
 lists the roles' ranks and pids while the job runs. A launcher killed outright (SIGKILL)
 stops nothing itself: each role it started ends when it sees the launcher gone
 (:mod:`bagpipe.lifeline`), and holds the run folder's lock until then.
@@ -274,12 +276,12 @@ class Launcher:
                     start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the roles itself
                     pass_fds=held_lock_fds(),  # the run folder's lock stays held while any role lives
                 )
-            _first_for_oom(proc.pid)
             role = Role(rank, name, proc, log_path)
+            self.roles.append(role)  # at once: a stop signal from here on stops it too (:meth:`run`)
+            _first_for_oom(proc.pid)
             role.pump = threading.Thread(target=self._pump, args=(role,), daemon=True, name=f"log-{name}")
             role.pump.start()
             threading.Thread(target=self._wait, args=(role,), daemon=True, name=f"wait-{name}").start()
-            self.roles.append(role)
         if in_spares:
             self._say(f"[launcher] {in_spares} of {len(self.roles)} roles start in pre-started spare processes")
         (self.out / "roles.json").write_text(
@@ -306,9 +308,11 @@ class Launcher:
         self._events.put((time.time(), role, code))
 
     def run(self) -> None:
-        """Start the job and wait for it; raises BagpipeError naming the first role that failed."""
-        self.start()
+        """Start the job and wait for it; raises BagpipeError naming the first role that failed.
+        Ctrl-C (or a stop signal :func:`launch` turned into KeyboardInterrupt) stops every
+        role started so far, then goes on up."""
         try:
+            self.start()
             done = 0
             while done < len(self.roles):
                 died, role, code = self._events.get()
@@ -325,8 +329,8 @@ class Launcher:
                     failure = self._failure(role, code, stopped, early)
                     failure.times = times
                     raise failure
-        except KeyboardInterrupt:
-            self._say("[launcher] interrupted: stopping every role")
+        except KeyboardInterrupt as e:
+            self._say(f"[launcher] {stopped_by(e)}: stopping every role")
             self.stop()
             raise
         finally:
@@ -441,7 +445,55 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
 
 def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
     """Run a distributed job on this machine (every role on loopback, or where
-    ``placement`` puts it); returns trainer 0's summary.
+    ``placement`` puts it); returns trainer 0's summary (:func:`_launch`).
+
+    A local job (no ``placement``: ``bagpipe train --trainers N --servers S``) stops as a
+    one-process run does: SIGINT -- even inherited ignored, as a shell's background job
+    (``cmd &``) gets it -- and SIGTERM or SIGHUP (``kill``, ``timeout``, a scheduler; one
+    the parent chose to ignore, ``nohup``'s SIGHUP, stays ignored) unwind the launcher as
+    Ctrl-C does (:func:`bagpipe.lifeline.stop_cleanly`): it stops every role itself, says in
+    one line where the run can continue (:func:`where_to_continue`) and the process exits
+    128 + the signal (130 for SIGINT) by SystemExit, the one line being its last word.
+    With a ``placement`` (``bagpipe bench cluster``, in the benchmark's own process) the
+    roles are stopped the same way on Ctrl-C and the KeyboardInterrupt goes on up."""
+    if placement is not None:
+        return _launch(cfg, placement)
+    handlers = lifeline.stop_cleanly()
+    try:
+        return _launch(cfg, None)
+    except KeyboardInterrupt as e:  # the roles are stopped (Launcher.run)
+        sys.stdout.flush()  # the roles' last lines before this one
+        print(f"bagpipe train: {stopped_by(e)}; {where_to_continue(cfg.run.out)}", file=sys.stderr, flush=True)
+        signum = getattr(e, "signum", None)
+        raise SystemExit(128 + signum if signum is not None else 130) from None
+    finally:
+        lifeline.restore(handlers)
+
+
+def stopped_by(e: KeyboardInterrupt) -> str:
+    """How ``e`` stopped the job, in the words of a stopped one-process run:
+    ``stopped by SIGTERM`` (a :class:`bagpipe.lifeline.Terminated`), else ``interrupted``."""
+    signum = getattr(e, "signum", None)
+    return f"stopped by {signal.Signals(signum).name}" if signum is not None else "interrupted"
+
+
+def where_to_continue(out: str) -> str:
+    """Where a stopped run can continue from: its latest checkpoint, or nowhere -- the
+    sentence of ``bagpipe.commands.train.where_to_continue`` (a one-process run), which
+    this module cannot import (the command imports this module: a cycle)."""
+    try:
+        name = CheckpointFolder(out).latest_name()
+    except Exception:  # noqa: BLE001 - a damaged folder: --resume says what is wrong
+        name = None
+    if name is None:
+        return f"{out} has no checkpoint: run the command again to start over"
+    step = int(name.rsplit("-", 1)[-1]) if name.startswith("step-") else None
+    at = f"step {step}" if step is not None else name
+    return f"its latest checkpoint is {at} in {out}/checkpoints: run the same command with --resume to continue from it"
+
+
+def _launch(cfg: TrainConfig, placement: Placement | None) -> dict:
+    """:func:`launch`'s job, its stop signals set up by the caller.
 
     The launcher checks what trainer 0 would check (:func:`bagpipe.train.preflight.preflight`:
     the data set, a resume, the checkpoints' disk space) and the job's memory

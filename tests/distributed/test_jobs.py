@@ -18,7 +18,10 @@
   1e-5 of ``--mode full``.
 * Two identical distributed runs end with the same params_sha256.
 * Killing one server mid-run stops every other role within 30 s with an error naming
-  it; Ctrl-C (SIGINT to the launcher) stops them all; no process is left behind.
+  it; Ctrl-C (SIGINT to the launcher, also one that inherited SIGINT ignored, as ``cmd &``
+  in a script starts it) and SIGTERM stop them all, exit 130 / 143, with the one line a
+  one-process run ends with (its latest checkpoint and ``--resume``); ``nohup``'s ignored
+  SIGHUP stays ignored; no process is left behind.
 * A role that refuses on its own (a cache too small for a batch) makes the launcher's one
   line, naming that role and quoting its reason (not a role that only lost contact with
   it), and the line is in the role's log.
@@ -383,7 +386,16 @@ def test_two_identical_runs_have_equal_digests_and_replicated_syncs_more(tiny_da
     assert sum(rep["distributed"]["fetched_rows_per_trainer"]) > sum(a["distributed"]["fetched_rows_per_trainer"])
 
 
-def start_long_job(data: str, out: Path) -> subprocess.Popen:
+def start_long_job(data: str, out: Path, *extra, ignored: tuple[int, ...] = ()) -> subprocess.Popen:
+    """A 2 x 2 job of a million steps (``extra``: more options, the last of an option
+    wins). SIGINT, SIGTERM and SIGHUP start at their default action, or ignored where
+    ``ignored`` names them -- as ``cmd &`` (SIGINT) or ``nohup cmd &`` (SIGINT, SIGHUP)
+    in a script start a job -- whatever pytest itself inherited."""
+
+    def dispositions() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+
     return subprocess.Popen(
         [
             sys.executable,
@@ -410,10 +422,12 @@ def start_long_job(data: str, out: Path) -> subprocess.Popen:
             "2000",
             "--lookahead",
             "4",
+            *map(str, extra),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=dispositions,
     )
 
 
@@ -587,18 +601,64 @@ def test_a_roles_own_refusal_is_the_launchers_line_and_in_its_log(tiny_data, tmp
     assert "[trainer 0, rank" in r.stdout
 
 
-def test_ctrl_c_stops_every_role(tiny_data, tmp_path):
+def wait_for_checkpoint(out: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (out / "checkpoints" / "LATEST").exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended early: {proc.communicate()}")
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.2)
+
+
+def assert_says_where_to_continue(out: Path, stderr: str, how: str) -> None:
+    """The launcher's last word: the one line a one-process run stopped the same way prints."""
+    from bagpipe.commands.train import where_to_continue
+
+    step = int((out / "checkpoints" / "LATEST").read_text().strip().split("-")[1])
+    line = f"bagpipe train: {how}; its latest checkpoint is step {step} in {out}/checkpoints: run the same command with --resume to continue from it"
+    assert line == f"bagpipe train: {how}; {where_to_continue(str(out))}"
+    lines = stderr.strip().splitlines()
+    assert lines and lines[-1] == line, stderr[-2000:]
+    assert sum("--resume" in x for x in lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_stops_every_role(tiny_data, tmp_path, inherited):
+    """SIGINT to the launcher stops every role and says where the run can continue, exit
+    130 -- also where the launcher inherited SIGINT ignored (``cmd &`` in a script, or a
+    test suite run so: the launcher restores it)."""
     out = tmp_path / "job"
-    proc = start_long_job(tiny_data, out)
-    try:
-        wait_for_training(out, proc)
+    ignored = (signal.SIGINT,) if inherited == "ignored" else ()
+    with stopped_at_end() as procs:
+        procs.append(proc := start_long_job(tiny_data, out, "--checkpoint-every", 5, ignored=ignored))
+        wait_for_checkpoint(out, proc)
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr
+        t0 = time.monotonic()
+        [(_, stderr)] = outputs(procs, within=30, since=t0)
+    assert proc.returncode == 130, stderr[-2000:]
     assert_all_stopped(out, within=1.0)
+    assert_says_where_to_continue(out, stderr, "interrupted")
+
+
+def test_sigterm_stops_every_role_and_nohups_sighup_stays_ignored(tiny_data, tmp_path):
+    """A launcher started as ``nohup cmd &`` (SIGINT and SIGHUP ignored) keeps running on
+    SIGHUP; SIGTERM stops every role at once (the launcher itself, not the roles' watch of
+    it) and says where the run can continue, exit 143."""
+    out = tmp_path / "job"
+    with stopped_at_end() as procs:
+        procs.append(
+            proc := start_long_job(tiny_data, out, "--checkpoint-every", 5, ignored=(signal.SIGINT, signal.SIGHUP))
+        )
+        wait_for_checkpoint(out, proc)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(2)
+        assert proc.poll() is None and all(alive(p) for p in role_pids(out).values())
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        [(_, stderr)] = outputs(procs, within=30, since=t0)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert_all_stopped(out, within=1.0)
+    assert_says_where_to_continue(out, stderr, "stopped by SIGTERM")
 
 
 @pytest.mark.parametrize(
