@@ -17,8 +17,9 @@ torch, the dense model and optimizer (with a step's activations, measured on the
 model), the cache, the hot tier, staging (plans in flight, fetched and written-back
 rows, I/O buffers), the oracle, the store, the page cache the run pins (dirty pages,
 reads in flight) and evaluation. A distributed run (--servers) prints each role, and
-the sum of every role with the launcher held against the one memory cgroup a local job
-shares.
+the sum of every role with the launcher held against what a local job shares: its
+memory cgroup's limit, or --memory-budget-mb where that is smaller (on a local job it
+is the whole job's; each trainer is sized to it alone).
 
 Exit status 0 when the run fits, 2 (with the one line `bagpipe train` would stop with)
 when it does not.
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bagpipe.budget import BudgetError
-    from bagpipe.budget.job import job_overflow, job_total, launcher_estimate, shared_budget
+    from bagpipe.budget.job import job_budget, job_overflow, job_total, launcher_estimate, shared_budget
     from bagpipe.budget.shape import run_shape
     from bagpipe.budget.sizing import MARGIN
     from bagpipe.cache.advice import plan_advice
@@ -68,10 +69,13 @@ def run(args: argparse.Namespace) -> int:
         f"({shape.dim} + {shape.state_dim}) floats = {gib:.2f} GiB of rows; batch {shape.batch_size:,} "
         f"({shape.unique:,} unique rows in the largest of the first batches)"
     )
+    # a local job's --memory-budget-mb is the whole job's: the roles together are held to it below
+    whose = " (each trainer is sized to it; every role together is checked below)" if cfg.distributed else ""
     print(
         "memory budget: "
         + (
-            f"{budget.mib:,.0f} MiB from {budget.source}; {budget.usable / 2**20:,.0f} MiB to plan for ({MARGIN:.0%} kept free)"
+            f"{budget.mib:,.0f} MiB from {budget.source}{whose}; {budget.usable / 2**20:,.0f} MiB to plan for "
+            f"({MARGIN:.0%} kept free)"
             if budget.bytes is not None and budget.usable is not None
             else f"none ({budget.source}): the estimate is printed, nothing is sized"
         )
@@ -120,13 +124,15 @@ def run(args: argparse.Namespace) -> int:
         f"the job on one machine (a local job: every role and the launcher, {launcher_estimate().mib:,.0f} MiB, "
         f"in one memory cgroup): {total / 2**20:,.0f} MiB"
     )
-    shared = shared_budget()
-    if cfg.memory.memory_budget_mb == 0 and shared.usable is not None and total > shared.usable:
+    # what memory_checks held the roles to (bagpipe.budget.job.check_job): the cgroup's limit,
+    # or --memory-budget-mb where smaller
+    shared = job_budget(checked.roles, shared_budget(cfg.memory.memory_budget_mb))
+    if shared.usable is None:
+        return 0
+    if total > shared.usable:  # only with --memory-budget-mb 0: check_job refuses it otherwise
         print(f"fits: not checked -- {job_overflow(checked.roles, shared)}")
-    elif shared.usable is not None:
+    else:
         print(f"fits: yes (the job's {total / 2**20:,.0f} of {shared.usable / 2**20:,.0f} MiB of {shared.source})")
-    elif budget.usable is not None:
-        print(f"fits: yes (each trainer's {fit.estimate.mib:,.0f} of {budget.usable / 2**20:,.0f} MiB)")
     return 0
 
 

@@ -283,12 +283,18 @@ class MemoryConfig(Section):
     """memory budget (docs/beyond-memory.md#memory-budgets; `bagpipe plan` prints the estimate)"""
 
     memory_budget_mb: float | None = None
-    """MiB this run may use, page cache included. Default: the limit of the memory cgroup
-    it runs in (v2 memory.max, v1 memory.limit_in_bytes, found through /proc/self/cgroup),
-    none without one; 0: no budget. The run sizes the plans it reads ahead, the disk
-    store's I/O buffers and dirty pages, a default hot tier and a default cache to fit it
-    with 15% kept free, and stops before training, naming the smallest budget that works,
-    when even its smallest configuration does not fit."""
+    """MiB of memory (page cache included) the run may use. What it bounds: a one-process
+    run, that process; a local job (`train --trainers N --servers S`: every role started
+    on this machine by the launcher), the whole job: the launcher, every trainer and server
+    and the oracle together must fit it (and the memory cgroup's limit where that is
+    smaller), or `train` and `plan` refuse before any role starts, and each trainer is
+    sized to it alone; a role started by torchrun or by hand (`bagpipe worker`), that
+    process alone. Default: the limit of the memory cgroup it runs in (v2 memory.max, v1
+    memory.limit_in_bytes, found through /proc/self/cgroup), none without one; 0: no
+    budget. A trainer sizes the plans it reads ahead, the disk store's I/O buffers and
+    dirty pages, a default hot tier and a default cache to fit it with 15% kept free, and
+    stops before training, naming the smallest budget that works, when even its smallest
+    configuration does not fit."""
     server_memory_budget_mb: float | None = None
     """Each embedding server's own budget (--servers), applied the same way to its store;
     default: the limit of the server's own memory cgroup."""

@@ -14,12 +14,18 @@ Unit (no training):
   of a sparse file cold and the same pages warm once read, so only a cold round is hinted; ``pages_spanned`` counts distinct pages, and a store's reads and
   writes agree with a dict across rounds smaller than a batch and with rows out of order;
 * ``params_sha256`` does not depend on how the rows are chunked (a store's chunks follow
-  its budget).
+  its budget);
+* a local job's roles together (the launcher included) are held to an explicit
+  ``--memory-budget-mb`` as to a cgroup's limit: a refusal naming every role's share and
+  the smallest budget that works, accepted when they fit, the smaller of the cgroup's limit
+  and the option governs; the trainers' fitted estimate keeps the budget it was fitted to.
 
 Integration (tiny data, in-process): a budget too small is a one-line refusal naming the
 minimum, before the run folder is made; ``bagpipe plan`` prints the estimate part by part
 and exits 2 with the same line when the run does not fit; a run's summary records the
-budget, the estimate and its memory by step.
+budget, the estimate and its memory by step; `plan` and `train` refuse a local job over its
+``--memory-budget-mb`` in the same words, `train` before any role starts, and `plan`'s
+"fits: yes" stands beside a job total within the budget.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +45,7 @@ import pytest
 
 from bagpipe.budget.cgroup import Group, own_group
 from bagpipe.budget.estimate import MIB, RunShape, Sizes, estimate
-from bagpipe.budget.sizing import MARGIN, Budget, BudgetError, Wanted, fit, smallest_io
+from bagpipe.budget.sizing import MARGIN, Budget, BudgetError, Fit, Wanted, fit, smallest_io
 from bagpipe.config.modes import mode_spec
 from bagpipe.store.diskio import PAGE, DiskIO, Residency, WriteBehind, pages_spanned
 
@@ -277,6 +285,94 @@ def test_digest_does_not_depend_on_chunks():
     assert digests == {row_by_row}
 
 
+# --------------------------------------------------------------------------- a local job's budget
+
+
+def local_job(budget: Budget) -> tuple:
+    """The roles of a 2 + 1 local job whose trainers were fitted to ``budget``: each trainer
+    225 MiB, the server 160, the oracle 157; with the launcher's 245: 1,012 MiB."""
+    from bagpipe.budget.estimate import Estimate, Part
+    from bagpipe.budget.job import RoleShare
+
+    def est(role: str, mib: int) -> Estimate:
+        return Estimate(role, (Part("interpreter and torch", 100 * MIB), Part("rest", (mib - 100) * MIB)))
+
+    trainer = Fit(budget, Sizes(0, 0, 0, 0, DiskIO()), est("remote-trainer", 225))
+    return (
+        RoleShare("each trainer", 2, trainer.estimate),
+        RoleShare("the embedding server", 1, est("server", 160)),
+        RoleShare("the oracle", 1, est("oracle", 157)),
+    )
+
+
+def cgroup_limit(monkeypatch, mib: int | None) -> None:
+    import bagpipe.budget.sizing as sizing
+
+    monkeypatch.setattr(sizing, "own_limit", lambda: (None if mib is None else mib * MIB, "cgroup v1 /x"))
+
+
+@pytest.mark.unit
+def test_a_local_jobs_memory_budget_mb_holds_every_role_together(monkeypatch):
+    from bagpipe.budget.job import check_job, shared_budget
+
+    cgroup_limit(monkeypatch, None)  # no cgroup: before, nothing held the roles together
+    with pytest.raises(BudgetError) as e:
+        check_job(local_job(Budget.of(900)), shared_budget())  # as the launcher and `plan` call it
+    # 245 + 2 x 225 + 160 + 157 = 1,012 MiB; 1,012 / 0.85 = 1,190.6: 1,191 MiB
+    assert str(e.value) == (
+        "memory budget 900 MiB (--memory-budget-mb 900) is shared by every role of this local job and does not "
+        "hold them: launcher 245 + each trainer 225 x 2 + the embedding server 160 + the oracle 157 = 1,012 MiB, "
+        "so the smallest budget that works is 1,191 MiB (15% kept free); raise --memory-budget-mb, use fewer "
+        "trainers or servers, or start the roles on machines of their own (torchrun and `bagpipe worker`, "
+        "docs/distributed.md)"
+    )
+    check_job(local_job(Budget.of(1191)), shared_budget())  # the budget named holds them
+    check_job(local_job(Budget.of(1191)), shared_budget(1191))  # (and passing M to shared_budget is the same)
+    with pytest.raises(BudgetError, match="memory budget 1,190 MiB"):
+        check_job(local_job(Budget.of(1190)), shared_budget())
+
+
+@pytest.mark.unit
+def test_the_smaller_of_the_cgroup_and_memory_budget_mb_governs_a_local_job(monkeypatch):
+    from bagpipe.budget.job import check_job, job_budget, shared_budget
+
+    cgroup_limit(monkeypatch, 1100)  # a cgroup below M: the cgroup's limit is named
+    roles = local_job(Budget.of(2000))
+    assert job_budget(roles, shared_budget()) == shared_budget() == shared_budget(2000) == Budget.of(None)
+    named = (
+        r"^memory budget 1,100 MiB \(the memory cgroup's limit \(cgroup v1 /x\)\) is shared by every role .* = "
+        r"1,012 MiB, .* is 1,191 MiB .*; raise the limit,"
+    )
+    with pytest.raises(BudgetError, match=named):
+        check_job(roles, shared_budget())
+    cgroup_limit(monkeypatch, 2000)  # M below the cgroup: M is named
+    roles = local_job(Budget.of(1100))
+    assert job_budget(roles, shared_budget()).source == shared_budget(1100).source == "--memory-budget-mb 1100"
+    with pytest.raises(BudgetError, match=r"^memory budget 1,100 MiB \(--memory-budget-mb 1100\) is shared"):
+        check_job(roles, shared_budget())
+    check_job(local_job(Budget.of(1200)), shared_budget())  # both hold the job: accepted
+    cgroup_limit(monkeypatch, 1200)
+    assert job_budget(local_job(Budget.of(1200)), shared_budget()) == Budget.of(None)  # equal: the cgroup's
+    # --memory-budget-mb 0: no budget; the cgroup's limit alone, and a warning rather than a refusal
+    assert job_budget(local_job(Budget.of(0)), shared_budget(0)) == Budget.of(None)
+    check_job(local_job(Budget.of(0)), Budget(1000 * MIB, "the memory cgroup's limit (x)"), off=True)
+
+
+@pytest.mark.unit
+def test_a_fits_estimate_remembers_its_budget_when_replaced():
+    """The trainers' estimate is replaced after the fit (a smaller cache, its own traffic:
+    bagpipe.cache.setup) and must still name the budget the job is held to."""
+    from bagpipe.budget.estimate import Estimate, Part
+    from bagpipe.budget.sizing import fitted_budget
+
+    b = Budget.of(700)
+    f = fit(b, shape(), wanted())
+    assert fitted_budget(f.estimate) == b
+    again = dataclasses.replace(f, estimate=Estimate("remote-trainer", (Part("x", MIB),)))
+    assert fitted_budget(again.estimate) == b
+    assert fitted_budget(Estimate("server", (Part("x", MIB),))) is None  # an estimate no fit made
+
+
 # --------------------------------------------------------------------------- runs
 
 
@@ -317,3 +413,46 @@ def test_a_run_reports_its_budget_estimate_and_memory_by_step(tiny_data, tmp_pat
     assert [p[0] for p in m["by_step"]] == [1, 10, 20, 30] and all(p[1] > 100 for p in m["by_step"])
     anon = m["estimate_mb"] - m["estimate_parts_mb"]["store page cache"]
     assert abs(anon - m["peak_anon_mb"]) <= 0.25 * m["peak_anon_mb"], (anon, m["peak_anon_mb"])
+
+
+def child_pids() -> set[int]:
+    """This process's children (every thread's)."""
+    return {int(pid) for f in Path("/proc/self/task").glob("*/children") for pid in f.read_text().split()}
+
+
+@pytest.mark.integration
+def test_plan_and_train_refuse_a_local_job_over_memory_budget_mb_alike(tiny_data, tmp_path, run_cli):
+    from bagpipe.budget.cgroup import own_limit
+
+    limit, where = own_limit()
+    if limit is not None and limit < 4 << 30:
+        pytest.skip(f"this process's memory cgroup ({where}) would be the smaller budget")
+    job = ("--data", tiny_data, "--steps", "5", "--no-progress", "--batch-size", "128", "--mode", "lookahead",
+           "--trainers", "2", "--servers", "1", "--memory-budget-mb", "900")  # fmt: skip
+    out = tmp_path / "run"
+    before = child_pids()
+    rc, stdout, err = run_cli("train", *job, "--out", out)
+    assert rc == 2, stdout + err
+    [said] = [line.split(": error: ", 1)[1] for line in err.splitlines() if line.startswith("bagpipe train: error: ")]
+    assert re.fullmatch(
+        r"memory budget 900 MiB \(--memory-budget-mb 900\) is shared by every role of this local job and does not "
+        r"hold them: launcher 245 \+ each trainer \d+ x 2 \+ the embedding server \d+ \+ the oracle \d+ = "
+        r"([\d,]+) MiB, so the smallest budget that works is ([\d,]+) MiB \(15% kept free\); raise "
+        r"--memory-budget-mb, .*",
+        said,
+    ), said
+    assert "[launcher]" not in stdout + err and "[trainer" not in stdout + err  # refused before any role started
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing of the run was made
+    assert child_pids() <= before  # no role left behind
+    rc, stdout, err = run_cli("plan", *job)
+    assert rc == 2 and f"does not fit: {said}\n" in stdout, stdout + err
+    assert "fits: yes" not in stdout
+    # the budget named holds the job: `fits: yes` beside a total within it
+    need = said.split("the smallest budget that works is ")[1].split(" MiB")[0].replace(",", "")
+    rc, stdout, err = run_cli("plan", *job[:-1], need)
+    assert rc == 0, stdout + err
+    total = re.search(r"^the job on one machine .*: ([\d,]+) MiB$", stdout, re.M)
+    fits = re.search(r"^fits: yes \(the job's ([\d,]+) of ([\d,]+) MiB of --memory-budget-mb (\d+)\)$", stdout, re.M)
+    assert total is not None and fits is not None, stdout
+    job_mib, usable, m = (int(x.replace(",", "")) for x in fits.groups())
+    assert job_mib == int(total.group(1).replace(",", "")) <= usable and m == int(need)
