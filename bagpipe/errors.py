@@ -34,3 +34,8 @@ class CapacityError(BagpipeError):
 
 class CheckpointError(BagpipeError):
     """A checkpoint is missing, corrupt, or does not match the run."""
+
+
+class WriteError(BagpipeError):
+    """A file could not be written (a full disk); the message names it and says what
+    survived and how to go on."""

@@ -22,15 +22,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import bagpipe.phases as phases
 from bagpipe.budget.watch import MemoryWatch
 from bagpipe.checkpoint import CheckpointFolder, CheckpointWriter, CutTarget, RowSpace
 from bagpipe.config.train import TrainConfig
+from bagpipe.errors import WriteError
 from bagpipe.faults import pause_at
+from bagpipe.files import FULL_ERRNOS
 from bagpipe.train.evaluate import eval_line
 from bagpipe.train.progress import Progress
 from bagpipe.train.protocols import PartsWriter
@@ -183,12 +186,52 @@ class RunReporter:
         s = summary()
         if s["advice"]:
             log.info(f"advice: {s['advice']}")
-        self.run.write_summary(s, also=self.cfg.run.summary_json)
+        also = self.cfg.run.summary_json
+        try:
+            self.run.write_summary(s)
+        except OSError as e:
+            if e.errno not in FULL_ERRNOS:
+                raise
+            copied = False
+            if also:  # on another disk, the figures are still saved
+                with suppress(OSError):
+                    self.run.copy_summary(s, also)
+                    copied = True
+            said = summary_not_written(self.run.path, self.cfg.data.data, s, e, also if copied else None)
+            raise WriteError(said) from None
+        if also:
+            self.run.copy_summary(s, also)
         return s
 
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+
+
+def summary_not_written(run: Path, data: str, s: dict, e: OSError, copied: str | None) -> str:
+    """The one line of a run whose summary.json met a full disk after its last step: the
+    file, whether its final checkpoint is intact (else the last intact one and the steps
+    ``--resume`` retrains), and where its figures went (``copied``: --summary-json); ``data``:
+    the run's data set."""
+    steps, last = s["steps"], (s.get("checkpoints") or {}).get("last_step")
+    where = run / "checkpoints"
+    said = f"cannot write {e.filename} ({e.strerror or e}), so "
+    said += f"this run's figures are only in {copied}" if copied else "this run's figures are not saved"
+    if last == steps:
+        return (
+            said + f"; nothing trained is lost: its final checkpoint (step {steps}) is intact in {where} "
+            f"(free some space, then `bagpipe eval --run {run} --data {data}` evaluates it and `bagpipe train --resume` "
+            "with a larger --steps continues it)"
+        )
+    final = [h for h in (s.get("checkpoints") or {}).get("history") or [] if h.get("step") == steps]
+    if final and final[-1].get("failed"):
+        said += f", and its final checkpoint (step {steps}) was not written either"
+    if last:
+        return (
+            said + f"; the last intact checkpoint is step {last} in {where}: free some space, then train again "
+            f"with --resume (it retrains steps {last + 1}..{steps})"
+        )
+    return said + f"; {run} has no checkpoint: free some space and train it again"
 
 
 @dataclass

@@ -24,18 +24,18 @@ import copy
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
 
 import numpy as np
 import torch
 
 from bagpipe.errors import ConfigError
-from bagpipe.files import RunLock, atomic_write_text
+from bagpipe.files import FULL_ERRNOS, RunLock, atomic_write_text
 from bagpipe.store.init import RowValues
 
 __all__ = ["LOCK_HELD_ENV", "MetricsLog", "RunDir", "RunLock", "dense_copy", "dense_digest", "digest_of", "every_row"]
@@ -46,39 +46,140 @@ LOCK_HELD_ENV = "BAGPIPE_RUN_LOCK_HELD"
 Rows = Iterator[tuple[int, np.ndarray, np.ndarray]]
 IdRows = Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
+log = logging.getLogger(__name__)
+
 
 class MetricsLog:
-    """Appends one JSON object per line to RUN/metrics.jsonl (flushed per record).
+    """Appends one JSON object per line to RUN/metrics.jsonl.
 
     The file is touched only at the first record: then the records of steps after
     ``since`` are dropped (a run resumed at ``since`` replays those steps; a fresh one,
-    ``since`` 0, starts empty). A run refused before its first step changes nothing.
+    ``since`` 0, starts empty), and so is a line that is not a record (a write cut short
+    by a crash or a full disk, NUL bytes), said in one line naming ``metrics.jsonl:N``
+    (:func:`kept_records`); the file is rewritten atomically. A run refused before its
+    first step changes nothing.
+
+    Each record is written whole or not at all (a write the disk cuts short is truncated
+    away), straight to the file. A record that meets a full disk (ENOSPC, EDQUOT) is left
+    out and the run goes on -- the checkpoints, not the metrics, are what ``--resume``
+    needs: the first one is said in one line, and at :meth:`close` how many were left out
+    when more were. Any other write error stops the run, naming the file.
     """
 
     def __init__(self, path: Path, since: int = 0):
         self.path, self.since = path, since
-        self.f: TextIO | None = None
+        self.fd: int | None = None
+        self.size = 0  # bytes of whole records in the file
+        self.left_out: list[int] = []  # the steps of the records the disk could not take
 
-    def _open(self) -> TextIO:
+    def _open(self) -> tuple[int, int]:
         if self.path.exists():
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and self.since and json.loads(line).get("step", 0) <= self.since
-            ]
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
-        return open(self.path, "a")
+            raw = self.path.read_bytes()
+            kept = kept_records(self.path, raw, self.since)
+            text = "".join(line + "\n" for line in kept)
+            if text.encode() != raw:
+                atomic_write_text(self.path, text)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return fd, os.fstat(fd).st_size
 
     def write(self, **record) -> None:
-        if self.f is None:
-            self.f = self._open()
-        f = self.f
-        f.write(json.dumps(record) + "\n")
-        f.flush()
+        data = (json.dumps(record) + "\n").encode()
+        try:
+            if self.fd is None:
+                self.fd, self.size = self._open()
+            self._append(self.fd, data)
+        except OSError as e:
+            if e.errno not in FULL_ERRNOS:
+                if e.filename is None:  # a write() names no file: the command line's line names it
+                    e.filename = str(self.path)
+                raise
+            self._leave_out(record.get("step"), e)
+
+    def _append(self, fd: int, data: bytes) -> None:
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(fd, data[done:])
+        except OSError:
+            if done:  # the part written is removed: the file holds whole records only
+                os.ftruncate(fd, self.size)
+            raise
+        self.size += len(data)
+
+    def _leave_out(self, step: object, e: OSError) -> None:
+        self.left_out.append(step if isinstance(step, int) else -1)
+        if len(self.left_out) == 1:
+            log.warning(
+                f"{self.path}: the record of step {step} was not written ({e.strerror or e}); the run goes on, "
+                "leaving out each record the disk cannot take (--resume needs the checkpoints, not the metrics)"
+            )
 
     def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        n = len(self.left_out)
+        if n > 1:
+            log.warning(
+                f"{self.path}: {n} records (steps {self.left_out[0]}..{self.left_out[-1]}) were not written "
+                "for lack of space"
+            )
+
+
+#: The lines of metrics.jsonl named in the warning about unreadable ones; the rest are counted.
+NAMED_LINES = 5
+
+
+def kept_records(path: Path, raw: bytes, since: int) -> list[str]:
+    """The lines of metrics.jsonl (``raw``) a run resumed at ``since`` keeps: the records of
+    steps up to ``since`` (none for a fresh run, ``since`` 0). A line that is not a record
+    -- cut short, NUL bytes, not JSON, not an object, a step that is not a number -- is
+    dropped and said in one line naming ``path:N`` (the records after it are kept)."""
+    if not since:
+        return []
+    kept, bad = [], []
+    for n, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        why, record = unreadable(line)
+        if why is not None:
+            bad.append((n, why))
+        elif record.get("step", 0) <= since:
+            kept.append(line.decode())
+    if bad:
+        (first, why), more = bad[0], [n for n, _ in bad[1:]]
+        also = ", ".join(map(str, more[:NAMED_LINES]))
+        also += f" and {len(more) - NAMED_LINES} more" if len(more) > NAMED_LINES else ""
+        log.warning(
+            f"{path}:{first}: dropped an unreadable line ({why})"
+            + (f"; also line{'s' if len(more) > 1 else ''} {also}" if more else "")
+            + f"; the readable records up to step {since} are kept"
+        )
+    return kept
+
+
+JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "true/false", type(None): "null"}
+
+
+def unreadable(line: bytes) -> tuple[str | None, dict]:
+    """(why ``line`` is not a metrics record, or None; the record)."""
+    if b"\0" in line:
+        return "NUL bytes: a write lost in a crash", {}
+    try:
+        text = line.decode()
+        record = json.loads(text)
+    except UnicodeDecodeError:
+        return "not text", {}
+    except json.JSONDecodeError as e:
+        cut = e.pos >= len(text.rstrip())
+        return ("cut short: a write that did not finish" if cut else "not JSON"), {}
+    if not isinstance(record, dict):
+        kind = JSON_KINDS.get(type(record), type(record).__name__)
+        return f"a JSON {kind}, not an object", {}
+    step = record.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        return "its step is not a number", {}
+    return None, record
 
 
 class RunDir:
@@ -193,16 +294,20 @@ class RunDir:
 
     def write_summary(self, summary: dict, also: str | None = None) -> None:
         """RUN/summary.json, and ``also`` (--summary-json) if given."""
-        text = json.dumps(summary, indent=2)
-        atomic_write_text(self.summary_file, text)
+        atomic_write_text(self.summary_file, json.dumps(summary, indent=2))
         if also:
-            target = Path(also)
-            if target.exists() and not (target.is_file() or target.is_dir()):  # a device (/dev/stdout)
-                with open(target, "w") as f:
-                    f.write(text + "\n")
-                return
-            target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(target, text)
+            self.copy_summary(summary, also)
+
+    def copy_summary(self, summary: dict, also: str) -> None:
+        """The summary at ``also`` (--summary-json): a file, or a device (/dev/stdout)."""
+        text = json.dumps(summary, indent=2)
+        target = Path(also)
+        if target.exists() and not (target.is_file() or target.is_dir()):  # a device (/dev/stdout)
+            with open(target, "w") as f:
+                f.write(text + "\n")
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, text)
 
 
 def dense_digest(model: torch.nn.Module):
