@@ -5,7 +5,7 @@ memory cgroup the launcher runs in: the launcher, N trainers, S embedding server
 the oracle share that one limit. Each role is sized to its own budget (its estimate,
 :mod:`bagpipe.budget.estimate`); :func:`check_job` then holds the sum of the roles'
 estimates, the launcher's own included, against the budget they share, and refuses in
-one line naming each role's share. That budget (:func:`job_budget`) is the cgroup's
+one line naming each role's share. That budget (:func:`shared_budget`) is the cgroup's
 limit, or an explicit ``--memory-budget-mb M`` where M is smaller: on a local job M is
 what the whole job may use (each trainer is still sized to M alone; the roles together
 are held to it). A role started by hand or by torchrun is not a local job: there M is
@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 
 from bagpipe.budget.estimate import MIB, Estimate, Part
-from bagpipe.budget.sizing import MARGIN, Budget, BudgetError, fitted_budget, need_mib
+from bagpipe.budget.sizing import MARGIN, Budget, BudgetError, need_mib
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +67,6 @@ def shared_budget(mb: float | None = None) -> Budget:
     return _smaller(cgroup, Budget.of(mb)) if mb else cgroup
 
 
-def job_budget(roles: tuple[RoleShare, ...], budget: Budget) -> Budget:
-    """What a local job's ``roles`` are held to together: ``budget`` (the memory cgroup's
-    limit they share, :func:`shared_budget`), or the budget a role was fitted to where
-    that is smaller: the trainers' ``--memory-budget-mb M`` (:func:`fitted_budget`), which
-    on a local job is the whole job's. The cgroup's limit where both are equal."""
-    for role in roles:
-        fitted = fitted_budget(role.estimate)
-        if fitted is not None:
-            budget = _smaller(budget, fitted)
-    return budget
-
-
 def _smaller(a: Budget, b: Budget) -> Budget:
     """The smaller of two budgets (none is no bound); ``a`` where they are equal."""
     if b.bytes is None or (a.bytes is not None and a.bytes <= b.bytes):
@@ -99,12 +87,11 @@ def job_overflow(roles: tuple[RoleShare, ...], budget: Budget) -> str:
 
 def check_job(roles: tuple[RoleShare, ...], budget: Budget, *, off: bool = False) -> None:
     """Refuse, in one line naming each role's share, a local job whose roles together
-    (the launcher's own memory included) do not fit the budget they share: ``budget``
-    (the memory cgroup's limit) or the trainers' explicit ``--memory-budget-mb``,
-    whichever is smaller (:func:`job_budget`). ``off`` (``--memory-budget-mb 0``: the
+    (the launcher's own memory included) do not fit the ``budget`` they share
+    (:func:`shared_budget`: the memory cgroup's limit or an explicit
+    ``--memory-budget-mb``, whichever is smaller). ``off`` (``--memory-budget-mb 0``: the
     user turned budgets off): never refuse, but warn in one line that the roles may not
     fit the cgroup's limit."""
-    budget = job_budget(roles, budget)
     usable = budget.usable
     total = job_total(roles)
     if usable is None or total <= usable:

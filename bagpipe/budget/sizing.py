@@ -101,12 +101,6 @@ class Fit:
     estimate: Estimate
     changes: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        # the estimate remembers the budget it was fitted to (fitted_budget): a local job's
-        # check holds its roles together to the --memory-budget-mb its trainers were given
-        # (bagpipe.budget.job.job_budget). Not a field: records travel field by field.
-        object.__setattr__(self.estimate, "_fitted_to", self.budget)
-
     @property
     def fits(self) -> bool:
         u = self.budget.usable
@@ -132,12 +126,6 @@ class Fit:
             "sizes": self.sizes.as_dict(),
             "estimate": self.estimate.as_dict(),
         }
-
-
-def fitted_budget(est: Estimate) -> Budget | None:
-    """The budget ``est`` was fitted to (the :class:`Fit` it is the estimate of); None: an
-    estimate no fit made (an embedding server's, the oracle's)."""
-    return getattr(est, "_fitted_to", None)
 
 
 def io_for(budget: Budget, threads: int = DiskIO.threads) -> DiskIO:

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bagpipe.budget import BudgetError
-    from bagpipe.budget.job import job_budget, job_overflow, job_total, launcher_estimate, shared_budget
+    from bagpipe.budget.job import job_overflow, job_total, launcher_estimate, shared_budget
     from bagpipe.budget.shape import run_shape
     from bagpipe.budget.sizing import MARGIN
     from bagpipe.cache.advice import plan_advice
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     )
     # what memory_checks held the roles to (bagpipe.budget.job.check_job): the cgroup's limit,
     # or --memory-budget-mb where smaller
-    shared = job_budget(checked.roles, shared_budget(cfg.memory.memory_budget_mb))
+    shared = shared_budget(cfg.memory.memory_budget_mb)
     if shared.usable is None:
         return 0
     if total > shared.usable:  # only with --memory-budget-mb 0: check_job refuses it otherwise

@@ -123,7 +123,7 @@ def memory_checks(
         if together:
             from bagpipe.budget.job import check_job, shared_budget
 
-            check_job(roles, shared_budget(), off=cfg.memory.memory_budget_mb == 0)
+            check_job(roles, shared_budget(cfg.memory.memory_budget_mb), off=cfg.memory.memory_budget_mb == 0)
     return MemoryCheck(setup.plan.fit, setup, roles)
 
 

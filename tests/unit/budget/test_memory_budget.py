@@ -45,7 +45,7 @@ import pytest
 
 from bagpipe.budget.cgroup import Group, own_group
 from bagpipe.budget.estimate import MIB, RunShape, Sizes, estimate
-from bagpipe.budget.sizing import MARGIN, Budget, BudgetError, Fit, Wanted, fit, smallest_io
+from bagpipe.budget.sizing import MARGIN, Budget, BudgetError, Wanted, fit, smallest_io
 from bagpipe.config.modes import mode_spec
 from bagpipe.store.diskio import PAGE, DiskIO, Residency, WriteBehind, pages_spanned
 
@@ -288,18 +288,17 @@ def test_digest_does_not_depend_on_chunks():
 # --------------------------------------------------------------------------- a local job's budget
 
 
-def local_job(budget: Budget) -> tuple:
-    """The roles of a 2 + 1 local job whose trainers were fitted to ``budget``: each trainer
-    225 MiB, the server 160, the oracle 157; with the launcher's 245: 1,012 MiB."""
+def local_job() -> tuple:
+    """The roles of a 2 + 1 local job: each trainer 225 MiB, the server 160, the oracle
+    157; with the launcher's 245: 1,012 MiB."""
     from bagpipe.budget.estimate import Estimate, Part
     from bagpipe.budget.job import RoleShare
 
     def est(role: str, mib: int) -> Estimate:
         return Estimate(role, (Part("interpreter and torch", 100 * MIB), Part("rest", (mib - 100) * MIB)))
 
-    trainer = Fit(budget, Sizes(0, 0, 0, 0, DiskIO()), est("remote-trainer", 225))
     return (
-        RoleShare("each trainer", 2, trainer.estimate),
+        RoleShare("each trainer", 2, est("remote-trainer", 225)),
         RoleShare("the embedding server", 1, est("server", 160)),
         RoleShare("the oracle", 1, est("oracle", 157)),
     )
@@ -317,7 +316,7 @@ def test_a_local_jobs_memory_budget_mb_holds_every_role_together(monkeypatch):
 
     cgroup_limit(monkeypatch, None)  # no cgroup: before, nothing held the roles together
     with pytest.raises(BudgetError) as e:
-        check_job(local_job(Budget.of(900)), shared_budget())  # as the launcher and `plan` call it
+        check_job(local_job(), shared_budget(900))  # as the launcher and `plan` call it
     # 245 + 2 x 225 + 160 + 157 = 1,012 MiB; 1,012 / 0.85 = 1,190.6: 1,191 MiB
     assert str(e.value) == (
         "memory budget 900 MiB (--memory-budget-mb 900) is shared by every role of this local job and does not "
@@ -326,51 +325,33 @@ def test_a_local_jobs_memory_budget_mb_holds_every_role_together(monkeypatch):
         "trainers or servers, or start the roles on machines of their own (torchrun and `bagpipe worker`, "
         "docs/distributed.md)"
     )
-    check_job(local_job(Budget.of(1191)), shared_budget())  # the budget named holds them
-    check_job(local_job(Budget.of(1191)), shared_budget(1191))  # (and passing M to shared_budget is the same)
+    check_job(local_job(), shared_budget(1191))  # the budget named holds them
     with pytest.raises(BudgetError, match="memory budget 1,190 MiB"):
-        check_job(local_job(Budget.of(1190)), shared_budget())
+        check_job(local_job(), shared_budget(1190))
 
 
 @pytest.mark.unit
 def test_the_smaller_of_the_cgroup_and_memory_budget_mb_governs_a_local_job(monkeypatch):
-    from bagpipe.budget.job import check_job, job_budget, shared_budget
+    from bagpipe.budget.job import check_job, shared_budget
 
     cgroup_limit(monkeypatch, 1100)  # a cgroup below M: the cgroup's limit is named
-    roles = local_job(Budget.of(2000))
-    assert job_budget(roles, shared_budget()) == shared_budget() == shared_budget(2000) == Budget.of(None)
+    assert shared_budget(2000) == shared_budget() == Budget.of(None)
     named = (
         r"^memory budget 1,100 MiB \(the memory cgroup's limit \(cgroup v1 /x\)\) is shared by every role .* = "
         r"1,012 MiB, .* is 1,191 MiB .*; raise the limit,"
     )
     with pytest.raises(BudgetError, match=named):
-        check_job(roles, shared_budget())
+        check_job(local_job(), shared_budget(2000))
     cgroup_limit(monkeypatch, 2000)  # M below the cgroup: M is named
-    roles = local_job(Budget.of(1100))
-    assert job_budget(roles, shared_budget()).source == shared_budget(1100).source == "--memory-budget-mb 1100"
+    assert shared_budget(1100).source == "--memory-budget-mb 1100"
     with pytest.raises(BudgetError, match=r"^memory budget 1,100 MiB \(--memory-budget-mb 1100\) is shared"):
-        check_job(roles, shared_budget())
-    check_job(local_job(Budget.of(1200)), shared_budget())  # both hold the job: accepted
+        check_job(local_job(), shared_budget(1100))
+    check_job(local_job(), shared_budget(1200))  # both hold the job: accepted
     cgroup_limit(monkeypatch, 1200)
-    assert job_budget(local_job(Budget.of(1200)), shared_budget()) == Budget.of(None)  # equal: the cgroup's
+    assert shared_budget(1200) == Budget.of(None)  # equal: the cgroup's
     # --memory-budget-mb 0: no budget; the cgroup's limit alone, and a warning rather than a refusal
-    assert job_budget(local_job(Budget.of(0)), shared_budget(0)) == Budget.of(None)
-    check_job(local_job(Budget.of(0)), Budget(1000 * MIB, "the memory cgroup's limit (x)"), off=True)
-
-
-@pytest.mark.unit
-def test_a_fits_estimate_remembers_its_budget_when_replaced():
-    """The trainers' estimate is replaced after the fit (a smaller cache, its own traffic:
-    bagpipe.cache.setup) and must still name the budget the job is held to."""
-    from bagpipe.budget.estimate import Estimate, Part
-    from bagpipe.budget.sizing import fitted_budget
-
-    b = Budget.of(700)
-    f = fit(b, shape(), wanted())
-    assert fitted_budget(f.estimate) == b
-    again = dataclasses.replace(f, estimate=Estimate("remote-trainer", (Part("x", MIB),)))
-    assert fitted_budget(again.estimate) == b
-    assert fitted_budget(Estimate("server", (Part("x", MIB),))) is None  # an estimate no fit made
+    assert shared_budget(0) == Budget.of(None)
+    check_job(local_job(), Budget(1000 * MIB, "the memory cgroup's limit (x)"), off=True)
 
 
 # --------------------------------------------------------------------------- runs
