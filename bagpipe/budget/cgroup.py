@@ -138,4 +138,4 @@ def own_limit() -> tuple[int | None, str]:
         return None, "no memory cgroup"
     limit = g.limit_bytes()
     where = f"cgroup v{g.version} {g.path}"
-    return limit, (where if limit is not None else f"{where} (no limit)")
+    return limit, (where if limit is not None else f"{where} has no limit")

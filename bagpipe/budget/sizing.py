@@ -64,10 +64,10 @@ class Budget:
         limit, where = own_limit()
         if mb is None:
             if limit is None:
-                return cls(None, f"none ({where})")
+                return cls(None, where)  # why there is none: "cgroup v1 /x has no limit", "no memory cgroup"
             return cls(limit, f"the memory cgroup's limit ({where})", enforced=True)
         if mb == 0:
-            return cls(None, f"none ({option} 0)")
+            return cls(None, f"{option} 0")
         b = int(mb * MIB)
         return cls(b, f"{option} {mb:g}", enforced=limit is not None and limit <= b)
 

@@ -228,3 +228,27 @@ class CheckpointFolder:
             stale_tmp = p.name.startswith(".tmp-")
             if (p.name.startswith("step-") and p.name not in needed) or stale_tmp:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def where_to_continue(out: str) -> str:
+    """Where a stopped run (the run folder ``out``) can continue from, in the one sentence a
+    stopped one-process run and a stopped local job both print: its latest checkpoint and
+    ``--resume``, or that it has none."""
+    try:
+        name = CheckpointFolder(out).latest_name()
+    except Exception:  # noqa: BLE001 - a damaged folder: --resume says what is wrong
+        name = None
+    if name is None:
+        return f"{out} has no checkpoint: run the command again to start over"
+    step = int(name.rsplit("-", 1)[-1]) if name.startswith("step-") else None
+    at = f"step {step}" if step is not None else name
+    return f"its latest checkpoint is {at} in {out}/checkpoints: run the same command with --resume to continue from it"
+
+
+def stopped_by(e: KeyboardInterrupt) -> str:
+    """How ``e`` stopped a run: ``stopped by SIGTERM`` (a :class:`bagpipe.lifeline.Terminated`,
+    which carries its signal), else ``interrupted`` (Ctrl-C)."""
+    import signal
+
+    signum = getattr(e, "signum", None)
+    return f"stopped by {signal.Signals(signum).name}" if signum is not None else "interrupted"

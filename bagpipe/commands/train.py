@@ -108,7 +108,6 @@ def train_until_stopped(cfg, train):
     store closed, an unfinished checkpoint removed, the run's locks released), then says in
     one line where the run can continue from; returns the exit code then (128 + the
     signal, 130 for Ctrl-C), else what ``train`` returned."""
-    import signal
     import sys
 
     from bagpipe.lifeline import restore, stop_cleanly
@@ -117,27 +116,13 @@ def train_until_stopped(cfg, train):
     try:
         return train(cfg)
     except KeyboardInterrupt as e:
+        from bagpipe.checkpoint.folder import stopped_by, where_to_continue
+
         signum = getattr(e, "signum", None)
-        how = f"stopped by {signal.Signals(signum).name}" if signum is not None else "interrupted"
-        print(f"bagpipe train: {how}; {where_to_continue(cfg.run.out)}", file=sys.stderr)
+        print(f"bagpipe train: {stopped_by(e)}; {where_to_continue(cfg.run.out)}", file=sys.stderr)
         return 128 + signum if signum is not None else 130
     finally:
         restore(handlers)
-
-
-def where_to_continue(out: str) -> str:
-    """Where a stopped run can continue from: its latest checkpoint, or nowhere."""
-    from bagpipe.checkpoint import CheckpointFolder
-
-    try:
-        name = CheckpointFolder(out).latest_name()
-    except Exception:  # noqa: BLE001 - a damaged folder: --resume says what is wrong
-        name = None
-    if name is None:
-        return f"{out} has no checkpoint: run the command again to start over"
-    step = int(name.rsplit("-", 1)[-1]) if name.startswith("step-") else None
-    at = f"step {step}" if step is not None else name
-    return f"its latest checkpoint is {at} in {out}/checkpoints: run the same command with --resume to continue from it"
 
 
 def final_checkpoint_lost(summary: dict, out: str) -> str | None:

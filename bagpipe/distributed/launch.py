@@ -36,6 +36,7 @@ from pathlib import Path
 
 from bagpipe import lifeline
 from bagpipe.checkpoint import CheckpointFolder, Manifest
+from bagpipe.checkpoint.folder import stopped_by, where_to_continue
 from bagpipe.config.train import TrainConfig
 from bagpipe.distributed.auth import SECRET_ENV, load_secret, new_secret
 from bagpipe.distributed.layout import Layout, role_threads
@@ -468,28 +469,6 @@ def launch(cfg: TrainConfig, placement: Placement | None = None) -> dict:
         raise SystemExit(128 + signum if signum is not None else 130) from None
     finally:
         lifeline.restore(handlers)
-
-
-def stopped_by(e: KeyboardInterrupt) -> str:
-    """How ``e`` stopped the job, in the words of a stopped one-process run:
-    ``stopped by SIGTERM`` (a :class:`bagpipe.lifeline.Terminated`), else ``interrupted``."""
-    signum = getattr(e, "signum", None)
-    return f"stopped by {signal.Signals(signum).name}" if signum is not None else "interrupted"
-
-
-def where_to_continue(out: str) -> str:
-    """Where a stopped run can continue from: its latest checkpoint, or nowhere -- the
-    sentence of ``bagpipe.commands.train.where_to_continue`` (a one-process run), which
-    this module cannot import (the command imports this module: a cycle)."""
-    try:
-        name = CheckpointFolder(out).latest_name()
-    except Exception:  # noqa: BLE001 - a damaged folder: --resume says what is wrong
-        name = None
-    if name is None:
-        return f"{out} has no checkpoint: run the command again to start over"
-    step = int(name.rsplit("-", 1)[-1]) if name.startswith("step-") else None
-    at = f"step {step}" if step is not None else name
-    return f"its latest checkpoint is {at} in {out}/checkpoints: run the same command with --resume to continue from it"
 
 
 def _launch(cfg: TrainConfig, placement: Placement | None) -> dict:

@@ -339,7 +339,7 @@ def serve(
         log.info(
             f"server {shard}: {sinit.num_rows:,} of {init.num_rows:,} rows (row % {layout.servers} == {shard}), "
             f"{scfg.store} store; memory estimate {est.mib:,.0f} MiB, budget "
-            + (f"{budget.mib:,.0f} MiB ({budget.source})" if budget.bytes is not None else budget.source)
+            + (f"{budget.mib:,.0f} MiB ({budget.source})" if budget.bytes is not None else f"none ({budget.source})")
         )
         if restore is not None:
             t0 = time.perf_counter()

@@ -44,7 +44,7 @@ def read_metrics(run: str | Path) -> tuple[list[dict], list[dict]]:
     path = Path(run) / "metrics.jsonl"
     if not path.exists():
         raise DataError(f"{run}: no metrics.jsonl (not a bagpipe run directory, or it has not started)")
-    lines = path.read_text().splitlines()
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()  # a crash may leave any bytes
     train, evals = [], []
     for i, text in enumerate(lines, 1):
         try:
@@ -53,6 +53,8 @@ def read_metrics(run: str | Path) -> tuple[list[dict], list[dict]]:
             if i == len(lines):
                 break
             raise DataError(f"{path}:{i}: not a JSON record") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{path}:{i}: not a record (a JSON {type(rec).__name__}, not an object)")
         if "loss" in rec:
             train.append(rec)
         elif rec.get("eval_auc") is not None:

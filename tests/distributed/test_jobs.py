@@ -612,7 +612,7 @@ def wait_for_checkpoint(out: Path, proc: subprocess.Popen, timeout: float = 120.
 
 def assert_says_where_to_continue(out: Path, stderr: str, how: str) -> None:
     """The launcher's last word: the one line a one-process run stopped the same way prints."""
-    from bagpipe.commands.train import where_to_continue
+    from bagpipe.checkpoint.folder import where_to_continue
 
     step = int((out / "checkpoints" / "LATEST").read_text().strip().split("-")[1])
     line = f"bagpipe train: {how}; its latest checkpoint is step {step} in {out}/checkpoints: run the same command with --resume to continue from it"
