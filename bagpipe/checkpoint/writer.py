@@ -154,6 +154,7 @@ class CheckpointWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._full_next = False  # after a failed checkpoint: the rows it took are in no checkpoint
+        self._no_space: list[int] = []  # steps not written for lack of space since the last one said
         self._abandon = threading.Event()
 
     @property
@@ -189,22 +190,36 @@ class CheckpointWriter:
         try:
             m = commit_checkpoint(self.folder, target, self.space, dense, write_parts)
             record.rows, record.bytes = m.rows, m.bytes
+            self._count_unwritten(f"step {target.step} is written again")
         except BaseException as e:  # noqa: BLE001 - handed to the training thread, or said in one line
             self.folder.discard(target.staging)
             record.failed = str(e).splitlines()[0] if str(e) else type(e).__name__
             self._full_next = True
             if no_space(e):
-                free = shutil.disk_usage(self.folder.root).free
-                latest = self.folder.latest_name()
-                log.warning(
-                    f"checkpoint of step {target.step} not written: no space left on the disk of {self.folder.root} "
-                    f"({free / 2**20:,.0f} MiB free); its partial files are removed and "
-                    + (f"{latest} stays the latest checkpoint" if latest else "the run has no checkpoint yet")
-                )
+                if not self._no_space:  # the first of a row of them is said in full, the rest counted
+                    free = shutil.disk_usage(self.folder.root).free
+                    latest = self.folder.latest_name()
+                    log.warning(
+                        f"checkpoint of step {target.step} not written: no space left on the disk of "
+                        f"{self.folder.root} ({free / 2**20:,.0f} MiB free); its partial files are removed and "
+                        + (f"{latest} stays the latest checkpoint" if latest else "the run has no checkpoint yet")
+                    )
+                self._no_space.append(target.step)
             else:
                 self._error = e
         finally:
             record.write_s = time.perf_counter() - t0
+
+    def _count_unwritten(self, then: str) -> None:
+        """Say how many checkpoints after the first said were not written for lack of space."""
+        more, self._no_space = self._no_space[1:], []
+        if more:
+            latest = self.folder.latest_name()
+            log.warning(
+                f"{len(more)} more checkpoint(s) (steps {more[0]}..{more[-1]}) not written for lack of space on the "
+                f"disk of {self.folder.root}; {then}"
+                + ("" if "written again" in then else f" ({latest or 'no checkpoint'} is the latest)")
+            )
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -228,3 +243,4 @@ class CheckpointWriter:
                 self._thread.join(timeout=ABANDON_WAIT_S)
             return
         self.wait()
+        self._count_unwritten("the run ends")

@@ -370,6 +370,38 @@ def test_a_version_4_manifest_without_its_own_sum_still_reads(tmp_path):
     assert newest(folder).step == 11
 
 
+def test_checkpoints_that_keep_not_fitting_are_said_once_then_counted(small_disk, tmp_path, caplog):
+    """A disk full for a long stretch said 'checkpoint of step N not written' at every cut
+    (74 lines in a 1,500-step run): the first is said, the rest counted once space returns
+    or the run ends."""
+    st = stores(1)
+    disk = small_disk(tmp_path / "small", "256k")
+    folder = CheckpointFolder(disk)
+    write_rows(st, np.array([1, 2]), 1.0)
+    checkpoint(folder, st, 10)
+    small_disk.fill(disk)
+    w = CheckpointWriter(folder, 3, SPACE, background=False)
+
+    def cut(step: int) -> None:
+        target = w.begin(step)
+        snap = take_snapshot(st[0], target.everything)
+        w.submit(target, {"step": step}, lambda: [write_part(target.staging, snap, 0, 1, target.kind)], 0.0)
+
+    with caplog.at_level("WARNING", logger="bagpipe"):
+        for step in (20, 30, 40):
+            cut(step)
+        (disk / "filler").unlink()
+        cut(50)
+        w.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and lines[0].startswith("checkpoint of step 20 not written: no space left")
+    assert lines[1] == (
+        f"2 more checkpoint(s) (steps 30..40) not written for lack of space on the disk of {folder.root}; "
+        "step 50 is written again"
+    )
+    assert newest(folder).step == 50
+
+
 def test_a_checkpoint_that_does_not_fit_is_discarded_in_one_line_and_the_next_is_full(small_disk, tmp_path, caplog):
     st = stores(1)
     disk = small_disk(tmp_path / "small", "256k")
