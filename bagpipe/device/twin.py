@@ -13,8 +13,9 @@ copied, and every copy enqueued on a side stream runs *later*, on a worker threa
 * among the copies that may run, the worker picks one at random: work on different
   streams is reordered whenever no wait forbids it; each stream's own work stays in order;
 * a side stream's copy into device memory allocated for another stream (``empty``'s
-  ``stream``) is refused at once: CUDA's caching allocator may hand such a block out
-  while the other stream still has work queued on it, which the twin, having no
+  ``stream``) is refused at once unless the side stream waited for an event of that
+  stream recorded after the allocation: CUDA's caching allocator may hand such a block
+  out while the other stream still has work queued on it, which the twin, having no
   allocator, could not show as a wrong value.
 
 So a missing wait -- a step that installs staged rows before their copy, a write-back
@@ -27,6 +28,7 @@ the copies around it.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -44,6 +46,7 @@ class TwinEvent:
     def __init__(self, twin: AsyncTwin, stream: TwinStream | None):
         self.twin, self.stream = twin, stream
         self.fired = stream is None  # an event of the compute stream has fired when recorded
+        self.at = twin._tick()  # when it was recorded, against the allocations' times
 
     def synchronize(self) -> None:
         self.twin._wait_for(self)
@@ -64,6 +67,7 @@ class TwinStream:
 
     twin: AsyncTwin
     ops: deque = field(default_factory=deque)
+    waited: dict = field(default_factory=dict)  # stream waited for (None: compute) -> latest event's time
 
     def record(self) -> Event:
         e = TwinEvent(self.twin, self)
@@ -72,6 +76,7 @@ class TwinStream:
 
     def wait(self, event: Event) -> None:
         assert isinstance(event, TwinEvent), f"a twin stream waits on twin events, not {event!r}"
+        self.waited[event.stream] = max(self.waited.get(event.stream, -1), event.at)
         if not event.fired:
             self.twin._enqueue(self, _Op("wait", event=event))
 
@@ -112,6 +117,7 @@ class AsyncTwin:
         self._closing = False
         self.copies = 0  # copies run so far
         self.reordered = 0  # copies run while an older copy of another stream was still held
+        self._clock = itertools.count(1)  # orders allocations and event records (the allocation rule)
         self._worker = threading.Thread(target=self._run, name="bagpipe-twin", daemon=True)
         self._worker.start()
 
@@ -129,8 +135,12 @@ class AsyncTwin:
         self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, stream: Stream | None = None
     ) -> torch.Tensor:
         t = _undefined(torch.empty(shape, dtype=dtype))
-        t._twin_stream = stream  # the stream it was allocated for
+        t._twin_stream = stream  # the stream it was allocated for, and when
+        t._twin_at = self._tick()
         return t
+
+    def _tick(self) -> int:
+        return next(self._clock)  # one C call: atomic across the threads that allocate and record
 
     def keep_for(self, t: torch.Tensor, stream: Stream) -> None:
         pass  # the twin has no allocator to hand memory out early; CUDA's has (cuda.py)
@@ -142,9 +152,11 @@ class AsyncTwin:
         if not isinstance(stream, TwinStream):  # the compute stream: now, in this thread
             dst.copy_(src)
             return
-        if hasattr(dst, "_twin_stream") and dst._twin_stream is not stream:
+        owner = getattr(dst, "_twin_stream", stream)
+        if owner is not stream and stream.waited.get(owner, -1) < dst._twin_at:
             raise RuntimeError(
-                "a side stream's copy writes device memory allocated for another stream: on CUDA the "
+                "a side stream's copy writes device memory allocated for another stream, without waiting for an "
+                "event of that stream recorded after the allocation: on CUDA the "
                 "caching allocator may have handed that block out under the other stream's queued work; "
                 "allocate it with empty(..., stream=) of the stream that writes it"
             )

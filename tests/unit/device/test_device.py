@@ -165,6 +165,12 @@ def test_a_side_stream_writing_memory_allocated_for_another_stream_is_refused(tw
     twin.copy(mine, ones(2), up)
     twin.compute.wait(up.record())
     twin.copy(twin.host_empty((2, D)), mine, down)  # host buffers belong to no stream
+    theirs = twin.empty((2, D))  # the compute stream's, written by `up` once it waited for compute
+    up.wait(twin.compute.record())  # recorded after the allocation: compute's earlier work is done first
+    twin.copy(theirs, ones(2), up)
+    later = twin.empty((2, D))  # allocated after the event `up` waited for: refused again
+    with pytest.raises(RuntimeError, match="allocated for another stream"):
+        twin.copy(later, ones(2), up)
 
 
 class _Recording(AsyncTwin):
