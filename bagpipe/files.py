@@ -42,20 +42,40 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+#: Names of this process's standard output and error: a file opened on them anew would
+#: have an offset of its own (a shell's `> file` then sees the two writers overwrite each other).
+_STANDARD = {f"{d}/{n}": n for d in ("/dev/fd", "/proc/self/fd") for n in (1, 2)} | {"/dev/stdout": 1, "/dev/stderr": 2}
+
+
 @contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w"):
     """Write a file that appears only complete: yields an open file beside ``path``
     (``.NAME.tmp-PID``), fsynced and renamed onto ``path`` when the block ends, removed
-    if it fails. A device such as /dev/null (anything but a regular file or nothing) is
-    written directly; a symbolic link, through to its target. SIGTERM and SIGHUP unwind the writer as Ctrl-C does
+    if it fails. A device such as /dev/null (anything but a regular file or nothing), or
+    any name in /dev or /proc, is written directly; this process's own stdout/stderr
+    (/dev/stdout, /dev/fd/2, ...) through its open stream, so a shell's `> file` or `| cmd`
+    gets every byte in order; a symbolic link, through to its target. SIGTERM and SIGHUP unwind the writer as Ctrl-C does
     (:func:`bagpipe.lifeline.stop_cleanly`), so they too leave no temporary file."""
     path = Path(path)
-    if path.is_symlink():  # written through to the file it names, as `>` does; the link stays
-        path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file():
+    std = _STANDARD.get(os.path.abspath(path))
+    if std is not None:  # this process's own stdout / stderr: written through it, at its offset
+        stream = (
+            (sys.stdout if std == 1 else sys.stderr)
+            if "b" not in mode
+            else (sys.stdout if std == 1 else sys.stderr).buffer
+        )
+        yield stream
+        stream.flush()
+        return
+    special = any(Path(f(path)).parts[1:2] in (("dev",), ("proc",)) for f in (os.path.abspath, os.path.realpath))
+    if (path.exists() and not path.is_file()) or special:
+        # a device or a pipe (/dev/stdout into `| cmd`), or a name in /dev or /proc (never a
+        # temporary file and a rename there: that would replace /dev/stdout itself): as it is
         with open(path, mode) as f:
             yield f
         return
+    if path.is_symlink():  # written through to the file it names, as `>` does; the link stays
+        path = Path(os.path.realpath(path))
     remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     signals = stop_cleanly()  # SIGTERM/SIGHUP too remove the unfinished file, as Ctrl-C does

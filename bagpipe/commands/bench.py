@@ -86,7 +86,15 @@ def run(args: argparse.Namespace) -> int:
     values = given(args, s.config)
     b = s.config.quick(**values) if args.quick else s.config(**values)
     check_out(b.out)
-    payload = s.run(b)
+    from bagpipe.bench.harness.runner import TrainFailed
+    from bagpipe.errors import BagpipeError
+
+    try:
+        payload = s.run(b)
+    except TrainFailed as e:  # a run the scenario does not expect to fail: its own one line, not a traceback
+        said = [ln for ln in e.stderr.splitlines() if ln.strip()]
+        why = said[-1].removeprefix("bagpipe train: error: ") if said else f"exit code {e.returncode}"
+        raise BagpipeError(f"bench {args.scenario}: its run {e.label} failed: {why}") from None
     print(payload["table"])
     if payload.get("identical") is False:  # convergence: full and lookahead must learn identically
         print("full and lookahead differ: exactness violated (see results.json)")

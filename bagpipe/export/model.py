@@ -189,9 +189,13 @@ class ExportedModel(nn.Module):
     def predict_lines(self, lines: Iterable[str | bytes], labelled: bool = False) -> np.ndarray:
         """Click probabilities (float32) of raw log lines in the training data's format
         (with a label column if ``labelled``; a CSV header line is recognised). A bad
-        line raises :class:`~bagpipe.errors.ParseError` naming ``<lines>:N``."""
+        line raises :class:`~bagpipe.errors.ParseError` naming ``<lines>:N``. One string
+        (or bytes) is its lines, not its characters: ``predict_lines("1\t2\t...")`` scores
+        one line."""
         from bagpipe.export.score import score_lines
 
+        if isinstance(lines, (str, bytes)):
+            lines = lines.splitlines()
         return score_lines(self, lines, labelled)
 
 

@@ -165,6 +165,11 @@ def test_load_scores_raw_lines_and_ids_alike(criteo):
     from_ids = model.predict(fmt.transform_dense(raw.dense), ids.T)
     assert not bad and from_lines.shape == (8,)
     np.testing.assert_allclose(from_lines, from_ids, rtol=1e-6)
+    one = model.predict_lines(lines[0], labelled=True)  # a string is one line, not its characters
+    assert one.shape == (1,)
+    np.testing.assert_allclose(one, from_lines[:1], rtol=1e-6)  # (another batch: float rounding)
+    three = model.predict_lines("".join(ln + "\n" for ln in lines[:3]), labelled=True)
+    np.testing.assert_allclose(three, from_lines[:3], rtol=1e-6)
     with pytest.raises(bagpipe.errors.DataError, match=r"table C1: ids must be in \[0, "):
         model(np.zeros((1, 13)), np.full((1, 26), 10**9))
     with pytest.raises(bagpipe.errors.ParseError, match=r"<lines>:2: label 'x' is not 0 or 1"):
@@ -268,6 +273,29 @@ def test_a_vocabulary_other_than_the_runs_is_refused_and_check_names_its_change(
                        "--no-progress")[0] == 0  # fmt: skip
     fa, fb = (Dataset(tmp_path / n).fingerprint() for n in "ab")
     assert fa != fb
+
+
+def test_predict_out_dev_stdout_into_a_pipe_or_a_file_writes_every_line_in_order(criteo, tmp_path):
+    """--out /dev/stdout into a pipe was a traceback (a temporary file under /proc/PID/fd);
+    into `> file` a second open of the file let the summary line overwrite predictions."""
+    import os
+    import subprocess
+    import sys
+
+    _, _, out = criteo
+    lines = tmp_path / "l.tsv"
+    lines.write_text("".join(CRITEO.read_text().splitlines(keepends=True)[-50:]))
+    cmd = [sys.executable, "-m", "bagpipe.cli", "predict", "--model", str(out), "--input", str(lines), "--labelled"]
+    piped = subprocess.run([*cmd, "--out", "/dev/stdout"], capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.splitlines()[-1].startswith("scored 50 of 50 lines")
+    probs = [float(x) for x in piped.stdout.splitlines()[:-1]]
+    assert len(probs) == 50 and all(0 < p < 1 for p in probs)
+    with open(tmp_path / "o.txt", "w") as f:  # the shell's `> o.txt`
+        assert subprocess.run([*cmd, "--out", "/dev/stdout"], stdout=f, timeout=120).returncode == 0
+    written = (tmp_path / "o.txt").read_text().splitlines()
+    assert written == piped.stdout.splitlines()  # every prediction, then the summary line: none overwritten
+    assert not os.path.isfile("/dev/stdout") or os.path.islink("/dev/stdout")  # never replaced by a file
 
 
 def test_predict_refuses_another_format(criteo, run_cli, tmp_path):

@@ -141,8 +141,9 @@ class CachePoint(Checked):
     """L, batches the lookahead oracle reads ahead."""
 
     def cache_rows(self, total_rows: int, at_least: int) -> int:
-        """The cache's slots: ``cache_fraction`` of ``total_rows``, at least ``at_least``."""
-        return max(int(self.cache_fraction * total_rows), at_least)
+        """The cache's slots: ``cache_fraction`` of ``total_rows``, at least ``at_least``
+        (one batch's lookups), at most ``total_rows`` (tables smaller than a batch: every row)."""
+        return min(max(int(self.cache_fraction * total_rows), at_least), total_rows)
 
     def validate(self) -> None:
         super().validate()

@@ -227,3 +227,24 @@ def test_cluster_skips_in_one_line_without_namespaces(tmp_path, capsys, monkeypa
         == "bench cluster: skipped: emulated hosts need root (network namespaces, veth, tc)"
     )
     assert json.loads((tmp_path / "c" / "results.json").read_text())["skipped"].startswith("bench cluster: skipped: ")
+
+
+def test_a_run_a_scenario_did_not_expect_to_fail_is_one_line_naming_it(monkeypatch, tmp_path, run_cli):
+    """`bench modes --quick --profile tiny` asked for more cache rows than the tables hold;
+    the child train refused, and bench showed a TrainFailed traceback (newcomer round 7)."""
+    from bagpipe.bench.harness.runner import TrainFailed
+
+    def fails(b):
+        raise TrainFailed("lru/memory", 2, "some progress\nbagpipe train: error: --cache-rows 2,048 is more\n")
+
+    monkeypatch.setitem(SCENARIOS, "modes", dataclasses.replace(SCENARIOS["modes"], run=fails))
+    rc, _, err = run_cli("bench", "modes", "--quick", "--out", tmp_path / "b")
+    assert rc == 2 and err.strip().splitlines() == [
+        "bagpipe bench: error: bench modes: its run lru/memory failed: --cache-rows 2,048 is more"
+    ]
+
+
+def test_the_cache_never_asks_for_more_rows_than_the_tables_hold():
+    b = SCENARIOS["modes"].config.quick(out="x")
+    assert b.cache_rows(266, 2048) == 266  # tiny tables: every row
+    assert b.cache_rows(1_000_000, 2048) == max(int(b.cache_fraction * 1_000_000), 2048)
