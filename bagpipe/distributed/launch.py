@@ -522,7 +522,9 @@ def _run_job(cfg: TrainConfig, run: RunDir, placement: Placement | None) -> dict
                         f"[launcher] {failure.name} failed after the run had ended; its summary and final checkpoint are written"
                     )
                     break
-                if restarts >= cfg.dist.max_restarts:
+                if restarts >= cfg.dist.max_restarts:  # the job ends: say where it can continue, as a signal does
+                    again = "" if cfg.dist.max_restarts else " (--max-restarts N restarts a failed role by itself)"
+                    failure.args = (f"{failure}; {where_to_continue(cfg.run.out)}{again}",)
                     raise
                 restarts += 1
                 attempt = _restart(cfg, run, failure, restarts)

@@ -458,6 +458,14 @@ def test_killing_a_server_stops_every_role_naming_it(tiny_data, tmp_path):
             proc.kill()
     assert proc.returncode == 2
     assert "server 1 (rank 3) failed (killed by SIGKILL)" in stderr
+    # the last line also says where the run can continue, as a stop signal's does
+    from bagpipe.checkpoint.folder import where_to_continue
+
+    assert (
+        stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"; {where_to_continue(str(out))} (--max-restarts N restarts a failed role by itself)")
+    )
     assert "[launcher] server 1" in stdout
     assert_all_stopped(out, within=1.0)
 
