@@ -241,6 +241,7 @@ class CheckpointWriter:
             self._abandon.set()
             if self._thread is not None:
                 self._thread.join(timeout=ABANDON_WAIT_S)
+            self._count_unwritten("the run ends")
             return
         self.wait()
         self._count_unwritten("the run ends")

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     import torch
 
     from bagpipe.checkpoint import latest
@@ -74,6 +76,14 @@ def run(args: argparse.Namespace) -> int:
     if dataset.meta.num_dense != conf.get("dataset", {}).get("num_dense", dataset.meta.num_dense):
         raise ConfigError(
             f"{args.data} has {dataset.meta.num_dense} dense features, the run was trained with {conf['dataset']['num_dense']}"
+        )
+    was = conf.get("dataset", {}).get("fingerprint")
+    if was and was != dataset.fingerprint():  # same tables, other data (a later day's log): legitimate, said
+        print(
+            f"note: {args.data} is not the data set {run_dir} was trained on (fingerprint {was[:12]}, this one's "
+            f"{dataset.fingerprint()[:12]}); its tables match, so it is evaluated -- with another vocabulary its "
+            "ids may stand for other values than the run learned",
+            file=sys.stderr,
         )
     table = ckpt.reader()
     if table.num_rows != dataset.meta.total_rows:

@@ -136,6 +136,12 @@ def test_resume_refuses_another_data_set(run_cli, tiny_data, run_copy, tmp_path)
     rc, _, err = run_cli("train", "--data", other, "--out", run_copy, "--steps", 40, "--resume", *COMMON)
     one_line_error(rc, err, "the data set differs", "fingerprint")
     assert files_of(run_copy) == before
+    # eval on it: its tables match, so it is evaluated, with a note that it is another data set
+    # (it was silent: newcomer round 7)
+    rc, _, err = run_cli("eval", "--run", run_copy, "--data", other)
+    assert rc == 0 and f"note: {other} is not the data set {run_copy} was trained on" in err, err
+    rc, _, err = run_cli("eval", "--run", run_copy, "--data", tiny_data)
+    assert rc == 0 and "note:" not in err
     moved = tmp_path / "moved"  # the same data set elsewhere resumes
     shutil.copytree(tiny_data, moved)
     rc, out, err = run_cli("train", "--data", moved, "--out", run_copy, "--steps", 22, "--resume", *COMMON)
