@@ -139,3 +139,22 @@ def own_limit() -> tuple[int | None, str]:
     limit = g.limit_bytes()
     where = f"cgroup v{g.version} {g.path}"
     return limit, (where if limit is not None else f"{where} has no limit")
+
+
+def machine_memory() -> tuple[int | None, str]:
+    """This machine's memory in bytes (``MemTotal`` of /proc/meminfo, else the physical
+    pages ``os.sysconf`` counts; None where neither says) and where it was read: what a
+    run with no budget is held to (:meth:`bagpipe.budget.sizing.Budget.of`). Tests replace it."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k == "MemTotal" and v.split() and v.split()[0].isdigit():
+                return int(v.split()[0]) * 1024, "MemTotal of /proc/meminfo"
+    except OSError:
+        pass
+    try:
+        import os
+
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "os.sysconf's physical pages"
+    except (AttributeError, ValueError, OSError):
+        return None, "unknown"

@@ -284,7 +284,13 @@ def estimate(shape: RunShape, sizes: Sizes, role: str = "trainer") -> Estimate:
         if shape.store == "disk" and not remote:  # the fetch, trainer and writer threads' reused I/O buffers
             round_ = sizes.io.round_rows() * rb
             buffers = 2 * round_ + max(round_, sizes.io.chunk_rows * rb)
-        parts.append(Part("staging", held + buffers, f"{staged} plans read ahead, {fetch:,} rows fetched a step"))
+        parts.append(
+            Part(
+                "staging",
+                held + buffers,
+                f"{staged} plan{'' if staged == 1 else 's'} read ahead, {fetch:,} rows fetched a step",
+            )
+        )
         if not remote:
             ob, note = _oracle(shape, sizes)
             if ob:

@@ -62,16 +62,9 @@ def job_total(roles: tuple[RoleShare, ...]) -> int:
 def shared_budget(mb: float | None = None) -> Budget:
     """The budget every role of a local job shares: the launcher's memory cgroup's limit,
     or ``mb`` MiB (an explicit ``--memory-budget-mb``) where that is smaller; ``mb`` None
-    or 0 (no budget): the cgroup's limit alone."""
-    cgroup = Budget.of(None)
-    return _smaller(cgroup, Budget.of(mb)) if mb else cgroup
-
-
-def _smaller(a: Budget, b: Budget) -> Budget:
-    """The smaller of two budgets (none is no bound); ``a`` where they are equal."""
-    if b.bytes is None or (a.bytes is not None and a.bytes <= b.bytes):
-        return a
-    return b
+    or 0 (no budget): the cgroup's limit alone. The rule of a one-process run's budget too
+    (:meth:`Budget.of`)."""
+    return Budget.of(mb) if mb else Budget.of(None)
 
 
 def job_overflow(roles: tuple[RoleShare, ...], budget: Budget) -> str:
@@ -105,12 +98,6 @@ def check_job(roles: tuple[RoleShare, ...], budget: Budget, *, off: bool = False
     raise BudgetError(
         f"memory budget {budget.mib:,.0f} MiB ({budget.source}) is shared by every role of this local job and "
         f"does not hold them: {' + '.join(shares)} = {total / MIB:,.0f} MiB, so the smallest budget that works is "
-        f"{need_mib(total):,} MiB ({MARGIN:.0%} kept free); raise {_what(budget)}, use fewer trainers or servers, "
+        f"{need_mib(total):,} MiB ({MARGIN:.0%} kept free); {budget.more()}, use fewer trainers or servers, "
         "or start the roles on machines of their own (torchrun and `bagpipe worker`, docs/distributed.md)"
     )
-
-
-def _what(budget: Budget) -> str:
-    """What to raise: the option the budget came from, or the cgroup's limit."""
-    option = budget.source.split(" ", 1)[0]
-    return option if option.startswith("--") else "the limit"

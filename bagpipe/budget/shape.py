@@ -20,13 +20,15 @@ import dataclasses
 
 import numpy as np
 
-from bagpipe.budget.estimate import RunShape
+import bagpipe.budget.cgroup as cgroup
+from bagpipe.budget.estimate import RunShape, Sizes, _oracle
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.errors import CapacityError
 from bagpipe.oracle.planners import build_planner
 from bagpipe.oracle.sizing import lookups_per_batch
+from bagpipe.store.diskio import DiskIO
 
 #: Batches of the stream whose unique rows are counted.
 SAMPLED_BATCHES = 4
@@ -110,11 +112,16 @@ def with_traffic(shape: RunShape, stream: BatchStream, cache_rows: int, lookahea
     the stream's first batches with the run's planner (no rows move): 2L + 9 batches for
     the lookahead oracle (its window fills after L), 24 for the others, at most ``steps``.
     With a hot tier, pass its rows in ``cache_rows`` too (the planner then sees every row:
-    an upper bound of the cold rows' traffic)."""
+    an upper bound of the cold rows' traffic). A planner that would take half of the
+    memory there is (the cgroup's limit, else the machine's) is not built: the estimate
+    then counts a batch's unique rows, and the run is sized or refused before it allocates."""
     spec = shape.spec
     if spec.planner is None:
         return shape
     L = max(1, lookahead)
+    room = _room()
+    if room is not None and _oracle(shape, Sizes(cache_rows, 0, L, 0, DiskIO()))[0] > room // 2:
+        return shape
     n = min(steps, max(1, stream.batches_per_epoch) * 4, 2 * L + 9 if spec.looks_ahead else 24)
     planner = build_planner(spec.planner, shape.num_rows, cache_rows, L, None)
     fetch = evict = 0
@@ -130,3 +137,9 @@ def with_traffic(shape: RunShape, stream: BatchStream, cache_rows: int, lookahea
         return shape
     del planner
     return dataclasses.replace(shape, fetch_rows=fetch or shape.unique, evict_rows=evict or shape.unique)
+
+
+def _room() -> int | None:
+    """The memory there is: this process's cgroup's limit, else the machine's (None: unknown)."""
+    limit, _ = cgroup.own_limit()
+    return limit if limit is not None else cgroup.machine_memory()[0]

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import bagpipe.budget.cgroup as _cgroup
 from bagpipe.budget.cgroup import own_limit
 from bagpipe.budget.estimate import MIB, Estimate, RunShape, Sizes, estimate
 from bagpipe.errors import ConfigError
@@ -57,19 +58,46 @@ class Budget:
     source: str
     enforced: bool = False
     """Whether a cgroup limit enforces it (then the kernel bounds the page cache)."""
+    machine: tuple[int, str] | None = field(default=None, compare=False)
+    """With no budget: this machine's memory in bytes and where it was read, which the run
+    is still held to (:func:`fit`); None: not known (or not asked, as a test's budget)."""
+    note: str | None = field(default=None, compare=False)
+    """A warning for the run to say once (an option above the cgroup's limit)."""
 
     @classmethod
     def of(cls, mb: float | None, option: str = "--memory-budget-mb") -> Budget:
-        """``mb`` MiB from ``option``; None: this process's cgroup limit; 0: no budget."""
+        """``mb`` MiB from ``option``, or the cgroup's limit where that is smaller (the
+        kernel holds the process to it: the rule of a local job's shared budget too,
+        :func:`bagpipe.budget.job.shared_budget`); None: this process's cgroup limit; 0: no
+        budget. With no budget the machine's memory is recorded (:attr:`machine`)."""
         limit, where = own_limit()
+        cgroup = f"the memory cgroup's limit ({where})"
         if mb is None:
-            if limit is None:
-                return cls(None, where)  # why there is none: "cgroup v1 /x has no limit", "no memory cgroup"
-            return cls(limit, f"the memory cgroup's limit ({where})", enforced=True)
+            if limit is None:  # why there is none: "cgroup v1 /x has no limit", "no memory cgroup"
+                return cls(None, where, machine=_machine())
+            return cls(limit, cgroup, enforced=True)
         if mb == 0:
-            return cls(None, f"{option} 0")
+            return cls(None, f"{option} 0", machine=_machine())
         b = int(mb * MIB)
-        return cls(b, f"{option} {mb:g}", enforced=limit is not None and limit <= b)
+        if limit is not None and limit <= b:  # the cgroup's where equal: the kernel enforces it
+            note = None
+            if limit < b:
+                note = (
+                    f"{option} {mb:g} is more than the memory cgroup's limit, {limit / MIB:,.0f} MiB ({where}): "
+                    "the run is sized to the cgroup's limit"
+                )
+            return cls(limit, cgroup, enforced=True, note=note)
+        return cls(b, f"{option} {mb:g}")
+
+    def more(self, mib: int | None = None) -> str:
+        """What gives the run more memory (``mib``: at least that many MiB): the option the
+        budget came from, the memory cgroup's limit, or another machine."""
+        if self.source.startswith("--"):
+            return f"raise {self.source.split(' ', 1)[0]}" + (f" to at least {mib:,}" if mib is not None else "")
+        at = f" to at least {mib:,} MiB" if mib is not None else ""
+        if self.source.startswith(MACHINE):
+            return "run on a machine with more memory" + (f" (at least {mib:,} MiB)" if mib is not None else "")
+        return f"raise the memory cgroup's limit{at}"
 
     @property
     def mib(self) -> float | None:
@@ -79,6 +107,15 @@ class Budget:
     def usable(self) -> int | None:
         """What the run may plan for: the budget less the margin."""
         return None if self.bytes is None else int(self.bytes * (1 - MARGIN))
+
+
+#: How the budget of a run with none but the machine's memory is named.
+MACHINE = "the machine's memory"
+
+
+def _machine() -> tuple[int, str] | None:
+    total, where = _cgroup.machine_memory()
+    return None if total is None else (total, where)
 
 
 @dataclass(frozen=True)
@@ -177,7 +214,10 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
     sizes = dataclasses.replace(wanted.sizes, io=io)
     usable = budget.usable
     if usable is None:
-        return Fit(budget, sizes, estimate(shape, sizes, role))
+        est = estimate(shape, sizes, role)
+        if budget.machine is None or est.total <= int(budget.machine[0] * (1 - MARGIN)):
+            return Fit(budget, sizes, est)
+        return _on_the_machine(budget, shape, wanted, role, sizes, est)
     smallest = _smallest(shape, wanted, io)
     low = estimate(shape, smallest, role)
     if low.total > usable:
@@ -194,7 +234,7 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
             raise BudgetError(
                 f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold {' and '.join(what)} "
                 f"(the run needs {low.mib:,.0f} MiB with them, {MARGIN:.0%} kept free): {', or '.join(fixes)}, "
-                f"or raise --memory-budget-mb to at least {need_mib(low.total):,}",
+                f"or {budget.more(need_mib(low.total))}",
                 low,
             )
         big = sorted(low.parts, key=lambda p: -p.bytes)[:3]
@@ -203,7 +243,11 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
             f"configuration needs {low.mib:,.0f} MiB ("
             + ", ".join(f"{p.name} {p.mib:,.0f}" for p in big)
             + f"), so the smallest budget that works is {need_mib(low.total):,} MiB ({MARGIN:.0%} kept free); "
-            "raise --memory-budget-mb or run where more memory is given",
+            + (
+                f"{budget.more()} or run where more memory is given"
+                if budget.source.startswith("--")
+                else budget.more()
+            ),
             low,
         )
     changes: list[str] = []
@@ -212,9 +256,10 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
         while staged > 2 and estimate(shape, dataclasses.replace(sizes, staged=staged), role).total > usable:
             staged = max(2, staged // 2)
         sizes = dataclasses.replace(sizes, staged=staged)
-        changes.append(f"{staged} plans read ahead instead of {wanted.sizes.staged}")
     if estimate(shape, sizes, role).total > usable and sizes.staged > 1:
         sizes = dataclasses.replace(sizes, staged=1)
+    if sizes.staged != wanted.sizes.staged:  # said once, with the number the run uses
+        changes.append(f"{plans(sizes.staged)} read ahead instead of {wanted.sizes.staged}")
     if estimate(shape, sizes, role).total > usable and sizes.io != smallest_io(sizes.io):
         sizes = dataclasses.replace(sizes, io=smallest_io(sizes.io))
         changes.append("the smallest I/O bounds (4 MiB of pages in flight, 8 MiB of dirty pages)")
@@ -234,14 +279,13 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
             raise BudgetError(
                 f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold this run's cache of "
                 f"{sizes.cache_rows:,} rows (the run needs {est.mib:,.0f} MiB, {MARGIN:.0%} kept free): "
-                f"lower --cache-rows / --cache-budget-mb to at most {c:,} rows or raise --memory-budget-mb "
-                f"to at least {need_mib(est.total):,}",
+                f"lower --cache-rows / --cache-budget-mb to at most {c:,} rows or {budget.more(need_mib(est.total))}",
                 est,
             )
         raise BudgetError(
             f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold this run's hot tier of "
             f"{sizes.hot_rows:,} rows (the run needs {est.mib:,.0f} MiB, {MARGIN:.0%} kept free): lower "
-            f"--hot-budget-mb or raise --memory-budget-mb to at least {need_mib(est.total):,}",
+            f"--hot-budget-mb or {budget.more(need_mib(est.total))}",
             est,
         )
     if shape.store == "disk" and not budget.enforced:
@@ -252,17 +296,80 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
     return Fit(budget, sizes, est, tuple(changes))
 
 
+def plans(n: int) -> str:
+    """``1 plan``, ``N plans``."""
+    return f"{n:,} plan" + ("" if n == 1 else "s")
+
+
+def _on_the_machine(budget: Budget, shape: RunShape, wanted: Wanted, role: str, sizes: Sizes, est: Estimate) -> Fit:
+    """A run with no budget whose estimate ``est`` leaves less than the margin of the
+    machine's memory free: with no budget at all its defaults are sized to the machine's
+    memory as to a budget (what the user set is kept); with budgets off
+    (``--memory-budget-mb 0``) nothing is sized. Either way a run whose estimate (the
+    smallest one sizing found) exceeds the machine's memory is refused in one line
+    (:func:`past_the_machine`), before anything large is allocated."""
+    assert budget.machine is not None
+    total, where = budget.machine
+    if _off(budget):  # budgets off: nothing is sized
+        if est.total > total:
+            raise BudgetError(past_the_machine(budget, shape, est, fixed=wanted.cache_fixed), est)
+        return Fit(budget, sizes, est)
+    as_budget = Budget(total, f"{MACHINE}, {where}: no budget ({budget.source})")
+    try:
+        return fit(as_budget, shape, wanted, role)
+    except BudgetError as e:
+        if est.total <= total:  # it fits the machine, not with the margin kept free: as without a budget
+            return Fit(budget, sizes, est)
+        low = e.estimate or est
+        raise BudgetError(past_the_machine(budget, shape, low, fixed=wanted.cache_fixed, sized=True), low) from None
+
+
+def _off(budget: Budget) -> bool:
+    """Whether the user turned budgets off (``--memory-budget-mb 0``)."""
+    return budget.bytes is None and budget.source.endswith(" 0")
+
+
+def past_the_machine(
+    budget: Budget, shape: RunShape, est: Estimate, *, fixed: bool = False, sized: bool = False
+) -> str:
+    """The one line of a run with no budget that does not fit the machine's memory: its
+    estimate, its largest parts, the machine's memory and what to do. ``sized``: ``est``
+    is the smallest configuration's (the defaults were sized to the machine)."""
+    assert budget.machine is not None
+    total, where = budget.machine
+    big = sorted(est.parts, key=lambda p: -p.bytes)[:3]
+    todo = []
+    if not shape.spec.store or shape.store != "disk":
+        todo.append("--mode lookahead --store disk (the tables on disk)")
+    if fixed:
+        todo.append("a smaller --cache-rows / --cache-budget-mb")
+    if _off(budget) and shape.spec.store:
+        todo.append("a memory budget so that the defaults are sized (leave out --memory-budget-mb 0)")
+    todo.append(f"a machine with at least {need_mib(est.total):,} MiB")
+    what = "even its smallest configuration needs" if sized else "it needs"
+    return (
+        f"no memory budget ({budget.source}), and this run does not fit this machine's memory, "
+        f"{total / MIB:,.0f} MiB ({where}): {what} {est.mib:,.0f} MiB ("
+        + ", ".join(f"{p.name} {p.mib:,.0f}" for p in big)
+        + "); use "
+        + ", or ".join(todo)
+    )
+
+
 def full_tables_fit(budget: Budget, shape: RunShape) -> Fit:
     """The estimate of ``--mode full`` (every table in the process: nothing to size) against
-    its budget; raises BudgetError when it does not fit."""
+    its budget, or with no budget against the machine's memory; raises BudgetError when it
+    does not fit."""
     sizes = Sizes(cache_rows=0, hot_rows=0, lookahead=0, staged=0, io=DiskIO())
     est = estimate(shape, sizes)
+    if budget.bytes is None and budget.machine is not None and est.total > budget.machine[0]:
+        raise BudgetError(past_the_machine(budget, shape, est), est)
     usable = budget.usable
     if usable is not None and est.total > usable:
         raise BudgetError(
             f"memory budget {budget.mib:,.0f} MiB ({budget.source}) is too small for --mode full: its tables alone "
             f"take {est.part('store') / MIB:,.0f} MiB and the run {est.mib:,.0f} MiB, so the smallest budget that works "
-            f"is {need_mib(est.total):,} MiB; raise --memory-budget-mb, or keep the tables in a store "
+            f"is {need_mib(est.total):,} MiB; {budget.more()}, or keep the tables in a store "
             "(--mode lookahead --store disk)",
             est,
         )

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.budget import BudgetError
     from bagpipe.budget.job import job_overflow, job_total, launcher_estimate, shared_budget
     from bagpipe.budget.shape import run_shape
-    from bagpipe.budget.sizing import MARGIN
+    from bagpipe.budget.sizing import MARGIN, plans
     from bagpipe.cache.advice import plan_advice
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if spec.store:
         chosen = [f"cache {s.cache_rows:,} rows ({s.cache_rows / shape.num_rows:.2%} of rows)"]
         if spec.looks_ahead:
-            chosen.append(f"lookahead L = {s.lookahead}, {s.staged} plans read ahead")
+            chosen.append(f"lookahead L = {s.lookahead}, {plans(s.staged)} read ahead")
         if s.hot_rows:
             chosen.append(f"hot tier {s.hot_rows:,} rows")
         if cfg.cache.store == "disk":
@@ -105,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
                 + (f", page cache <= {io.page_cache_bytes / 2**20:.0f} MiB" if io.page_cache_bytes else "")
             )
         print("it would use: " + "; ".join(chosen))
+        if budget.bytes is None and fit.budget.bytes is not None:  # no budget, and the defaults exceeded the machine
+            print(
+                f"  (no budget: the defaults were sized to {fit.budget.source.split(':')[0]}, {fit.budget.mib:,.0f} MiB)"
+            )
         for c in fit.changes:
             print(f"  (the budget chose {c})")
         advice = plan_advice(spec, cfg.cache.store, remote=cfg.distributed)
@@ -113,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if not checked.roles:
         print(f"estimate of {'each trainer' if cfg.dist.trainers > 1 else 'the trainer'}'s peak ({fit.estimate.role}):")
         print("\n".join(fit.estimate.lines()))
-        if budget.usable is not None:
-            print(f"fits: yes ({fit.estimate.mib:,.0f} of {budget.usable / 2**20:,.0f} MiB)")
+        if fit.budget.usable is not None:
+            print(f"fits: yes ({fit.estimate.mib:,.0f} of {fit.budget.usable / 2**20:,.0f} MiB)")
         return 0
     for role in checked.roles:
         print(f"estimate of {role.name}'s peak ({role.estimate.role}):")

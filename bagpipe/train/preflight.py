@@ -21,6 +21,7 @@ cgroup they share (:mod:`bagpipe.budget.job`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from bagpipe.budget import MemoryPlan
@@ -36,6 +37,8 @@ from bagpipe.data.stream import BatchStream, train_stream
 from bagpipe.train.resume import elastic_restart, refuse_overwrite, resume_point
 from bagpipe.train.rundir import RunDir
 from bagpipe.train.space import check_checkpoint_space, check_store_space
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ def memory_checks(
     distributed = cfg.dist.distributed
     # a distributed job's trainers are sized by the oracle role as remote trainers
     memory = memory_plan(cfg, dataset, stream, role="remote-trainer" if distributed else "trainer", shape=shape)
+    if memory.budget.note:  # --memory-budget-mb above the cgroup's limit: said once, by plan and train alike
+        log.warning(memory.budget.note)
     if not spec.store:
         return MemoryCheck(full_tables_fit(memory.budget, memory.shape), None)
     setup = cache_setup(cfg, dataset, stream, memory)

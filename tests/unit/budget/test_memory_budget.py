@@ -338,7 +338,7 @@ def test_the_smaller_of_the_cgroup_and_memory_budget_mb_governs_a_local_job(monk
     assert shared_budget(2000) == shared_budget() == Budget.of(None)
     named = (
         r"^memory budget 1,100 MiB \(the memory cgroup's limit \(cgroup v1 /x\)\) is shared by every role .* = "
-        r"1,012 MiB, .* is 1,191 MiB .*; raise the limit,"
+        r"1,012 MiB, .* is 1,191 MiB .*; raise the memory cgroup's limit,"
     )
     with pytest.raises(BudgetError, match=named):
         check_job(local_job(), shared_budget(2000))
