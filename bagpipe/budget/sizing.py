@@ -58,9 +58,18 @@ class Budget:
     source: str
     enforced: bool = False
     """Whether a cgroup limit enforces it (then the kernel bounds the page cache)."""
-    machine: tuple[int, str] | None = field(default=None, compare=False)
-    """With no budget: this machine's memory in bytes and where it was read, which the run
-    is still held to (:func:`fit`); None: not known (or not asked, as a test's budget)."""
+    machine_bytes: int | None = field(default=None, compare=False)
+    """With no budget: this machine's memory in bytes, which the run is still held to
+    (:func:`fit`); None: not known (or not asked, as a test's budget). Plain fields (not a
+    tuple): a Budget travels from the oracle to the trainers inside the cache's plan."""
+    machine_source: str = field(default="", compare=False)
+    """Where :attr:`machine_bytes` was read."""
+
+    @property
+    def machine(self) -> tuple[int, str] | None:
+        """(machine_bytes, machine_source), or None when the machine's memory is not known."""
+        return None if self.machine_bytes is None else (self.machine_bytes, self.machine_source)
+
     note: str | None = field(default=None, compare=False)
     """A warning for the run to say once (an option above the cgroup's limit)."""
 
@@ -74,10 +83,10 @@ class Budget:
         cgroup = f"the memory cgroup's limit ({where})"
         if mb is None:
             if limit is None:  # why there is none: "cgroup v1 /x has no limit", "no memory cgroup"
-                return cls(None, where, machine=_machine())
+                return cls(None, where, *_machine())
             return cls(limit, cgroup, enforced=True)
         if mb == 0:
-            return cls(None, f"{option} 0", machine=_machine())
+            return cls(None, f"{option} 0", *_machine())
         b = int(mb * MIB)
         if limit is not None and limit <= b:  # the cgroup's where equal: the kernel enforces it
             note = None
@@ -113,9 +122,10 @@ class Budget:
 MACHINE = "the machine's memory"
 
 
-def _machine() -> tuple[int, str] | None:
+def _machine() -> tuple[bool, int | None, str]:
+    """(enforced, machine_bytes, machine_source) of a budget with none but the machine's memory."""
     total, where = _cgroup.machine_memory()
-    return None if total is None else (total, where)
+    return False, total, (where if total is not None else "")
 
 
 @dataclass(frozen=True)
