@@ -201,6 +201,18 @@ def every_message() -> list[tuple[int, object]]:
                 ),
             ),
         ),
+        (  # a budget of none but the machine's memory (a tuple field there stopped every job)
+            PLAN,
+            CachePlan(
+                cache_rows=6,
+                lookahead=2,
+                fit=Fit(
+                    Budget(None, "no memory cgroup", False, 24 << 30, "MemTotal in /proc/meminfo", note="a note"),
+                    Sizes(cache_rows=6, hot_rows=0, lookahead=2, staged=3, io=DiskIO(dirty_bytes=None)),
+                    Estimate("remote-trainer", (Part("cache", 6 * 64, "C rows"),)),
+                ),
+            ),
+        ),
         (PLAN, plan),
         (PLAN, hot),
         (PLAN, {"end": True, "report": report}),
