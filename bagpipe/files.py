@@ -27,7 +27,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` so that readers see either the old or the new content; a device, a
+    name in /dev or /proc, or this process's own stdout/stderr is written directly
+    (:func:`written_directly`: never a temporary file and a rename there)."""
     path = Path(path)
+    direct = written_directly(path, "wb")
+    if direct is not None:
+        with direct as f:
+            f.write(data)
+        return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -40,6 +48,35 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         name_the_target(e, path, tmp)
         raise
     fsync_dir(path.parent)
+
+
+def is_standard_stream(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names this process's own stdout or stderr (/dev/stdout, /dev/fd/2, ...)."""
+    return os.path.abspath(path) in _STANDARD
+
+
+@contextmanager
+def _unclosed(stream):
+    yield stream
+    stream.flush()
+
+
+def written_directly(path: Path, mode: str):
+    """A context manager yielding the open file to write ``path`` through directly, or None
+    when ``path`` is an ordinary file name (written under a temporary name and renamed).
+    Directly: this process's own stdout/stderr through its open stream (so a shell's `> file`
+    or `| cmd` gets every byte in order: a second open would have an offset of its own); a
+    device or a pipe (anything existing but a regular file); any name in /dev or /proc --
+    never a temporary file and a rename there, which would replace /dev/stdout or /dev/null
+    itself (as root it can)."""
+    std = _STANDARD.get(os.path.abspath(path))
+    if std is not None:
+        stream = sys.stdout if std == 1 else sys.stderr
+        return _unclosed(stream.buffer if "b" in mode else stream)
+    special = any(Path(f(path)).parts[1:2] in (("dev",), ("proc",)) for f in (os.path.abspath, os.path.realpath))
+    if (path.exists() and not path.is_file()) or special:
+        return open(path, mode)
+    return None
 
 
 #: Names of this process's standard output and error: a file opened on them anew would
@@ -57,21 +94,9 @@ def atomic_file(path: str | os.PathLike, mode: str = "w"):
     gets every byte in order; a symbolic link, through to its target. SIGTERM and SIGHUP unwind the writer as Ctrl-C does
     (:func:`bagpipe.lifeline.stop_cleanly`), so they too leave no temporary file."""
     path = Path(path)
-    std = _STANDARD.get(os.path.abspath(path))
-    if std is not None:  # this process's own stdout / stderr: written through it, at its offset
-        stream = (
-            (sys.stdout if std == 1 else sys.stderr)
-            if "b" not in mode
-            else (sys.stdout if std == 1 else sys.stderr).buffer
-        )
-        yield stream
-        stream.flush()
-        return
-    special = any(Path(f(path)).parts[1:2] in (("dev",), ("proc",)) for f in (os.path.abspath, os.path.realpath))
-    if (path.exists() and not path.is_file()) or special:
-        # a device or a pipe (/dev/stdout into `| cmd`), or a name in /dev or /proc (never a
-        # temporary file and a rename there: that would replace /dev/stdout itself): as it is
-        with open(path, mode) as f:
+    direct = written_directly(path, mode)
+    if direct is not None:
+        with direct as f:
             yield f
         return
     if path.is_symlink():  # written through to the file it names, as `>` does; the link stays

@@ -118,5 +118,9 @@ def run(args: argparse.Namespace) -> int:
             on_error=args.on_error,
             block_bytes=args.block_kb << 10,
         )
-    print(result.line(args.input), file=sys.stderr if out is None else sys.stdout)
+    from bagpipe.files import is_standard_stream
+
+    # the predictions' own stream gets only predictions (`--out /dev/stdout > preds.txt`)
+    beside = out is None or is_standard_stream(out)
+    print(result.line(args.input), file=sys.stderr if beside else sys.stdout)
     return 0

@@ -281,8 +281,10 @@ def check_summary_json(cfg) -> None:
         if above is not None:  # the folders below it are made when the summary is written
             check_can_write_in(above, flag)
         return
-    if not path.is_file():
-        return  # a device or a pipe: written directly, nothing replaced
+    from bagpipe.files import is_standard_stream
+
+    if not path.is_file() or is_standard_stream(path):
+        return  # a device, a pipe, this process's stdout (`> file`): written directly, nothing replaced
     real = os.path.realpath(path)
     if real == own:
         return  # the run's own summary

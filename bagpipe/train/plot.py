@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from bagpipe.errors import DataError
+from bagpipe.files import is_standard_stream
 
 
 def pyplot():
@@ -88,7 +89,7 @@ def plot_runs(
     above = next((p for p in out.parents if p.exists()), None)
     if above is not None and not above.is_dir():
         raise DataError(f"--out {out}: {above} is a file, not a folder; choose another --out")
-    if out.is_file() and not is_png(out):
+    if out.is_file() and not is_png(out) and not is_standard_stream(out):  # `--out /dev/stdout > f.png`: f.png
         # a run's summary.json, a data file...: replacing it with a picture loses it
         raise DataError(
             f"--out {out}: the file exists and is not a PNG image (an earlier plot); it is not replaced: "

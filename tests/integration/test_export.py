@@ -288,13 +288,13 @@ def test_predict_out_dev_stdout_into_a_pipe_or_a_file_writes_every_line_in_order
     cmd = [sys.executable, "-m", "bagpipe.cli", "predict", "--model", str(out), "--input", str(lines), "--labelled"]
     piped = subprocess.run([*cmd, "--out", "/dev/stdout"], capture_output=True, text=True, timeout=120)
     assert piped.returncode == 0, piped.stderr
-    assert piped.stdout.splitlines()[-1].startswith("scored 50 of 50 lines")
-    probs = [float(x) for x in piped.stdout.splitlines()[:-1]]
+    assert piped.stderr.splitlines()[-1].startswith("scored 50 of 50 lines")  # beside the predictions, not in them
+    probs = [float(x) for x in piped.stdout.splitlines()]
     assert len(probs) == 50 and all(0 < p < 1 for p in probs)
     with open(tmp_path / "o.txt", "w") as f:  # the shell's `> o.txt`
         assert subprocess.run([*cmd, "--out", "/dev/stdout"], stdout=f, timeout=120).returncode == 0
     written = (tmp_path / "o.txt").read_text().splitlines()
-    assert written == piped.stdout.splitlines()  # every prediction, then the summary line: none overwritten
+    assert written == piped.stdout.splitlines()  # every prediction, in order, and nothing else
     assert not os.path.isfile("/dev/stdout") or os.path.islink("/dev/stdout")  # never replaced by a file
 
 

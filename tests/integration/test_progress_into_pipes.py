@@ -38,3 +38,20 @@ def test_check_into_a_pipe_draws_no_bar(tiny_data):
     p = bagpipe("check", tiny_data)
     assert p.returncode == 0, p.stderr
     assert "\r" not in p.stderr + p.stdout and "checking shards" not in p.stderr
+
+
+def test_summary_json_to_dev_stdout_redirected_into_a_file(tiny_data, tmp_path):
+    """`--summary-json /dev/stdout > file` was refused as "the file exists and is not this
+    run's summary" (the shell's empty file), and a resumed run replaced /dev/stdout itself
+    with a regular file (newcomer round 8)."""
+    import os
+
+    with open(tmp_path / "s.txt", "w") as f:  # the shell's `> s.txt`
+        p = subprocess.run(
+            [sys.executable, "-m", "bagpipe.cli", "train", "--data", str(tiny_data), "--steps", "4", "--batch-size",
+             "64", "--out", str(tmp_path / "r"), "--no-progress", "--summary-json", "/dev/stdout"],  # fmt: skip
+            stdout=f, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert '"params_sha256"' in (tmp_path / "s.txt").read_text()
+    assert os.path.islink("/dev/stdout") or not os.path.isfile("/dev/stdout")

@@ -41,7 +41,9 @@ from bagpipe.bench.harness.settings import CachePoint, CriteoSample, TrainBench
 from bagpipe.config.modes import mode_spec
 
 #: ``../shared/data`` next to the repository (real data samples, not part of the repo).
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+#: (this file is REPO/bagpipe/bench/scenarios/convergence/scenario.py: parents[4] is REPO;
+#: it said parents[2], REPO/bagpipe, since the scenarios moved a folder down, and skipped the sample)
+SHARED_DATA = Path(__file__).resolve().parents[4].parent / "shared" / "data"
 CRITEO_SAMPLE = Path("criteo") / "kaggle_train_head10k.tsv"
 MODES = ("full", "lookahead")
 
