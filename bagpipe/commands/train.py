@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 DESCRIPTION = """\
 Train a CTR model on a bagpipe dataset: one epoch of its train split, unless --steps N
@@ -76,11 +78,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
-    from bagpipe.train.loop import train
 
     cfg = load_config(args.config, given(args, TrainConfig))
     check_out_folders(cfg)
     check_summary_json(cfg)
+    summary_json = cfg.run.summary_json
+    if summary_json is not None and os.path.abspath(summary_json) in STDOUT_NAMES:
+        # `--summary-json /dev/stdout > s.json`: stdout gets the summary's JSON and nothing
+        # else; the run's own lines go to stderr meanwhile
+        import contextlib
+        import dataclasses
+        import json
+        import sys
+
+        quiet = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, summary_json=None))
+        with contextlib.redirect_stdout(sys.stderr):
+            rc = _run(quiet)
+        summary = Path(cfg.run.out) / "summary.json"
+        if rc in (0, 1) and summary.is_file():  # 1: the final checkpoint was lost, the summary is right
+            print(json.dumps(json.loads(summary.read_text()), indent=2), flush=True)
+        return rc
+    return _run(cfg)
+
+
+#: This process's standard output by name (``--summary-json`` there: the JSON alone).
+STDOUT_NAMES = frozenset({"/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
+
+
+def _run(cfg) -> int:
+    from bagpipe.train.loop import train
+
     one = None
     if cfg.distributed:
         from bagpipe.distributed.launch import launch

@@ -15,8 +15,43 @@ LOCK = ".lock"  # the store directory's lock file (one run at a time)
 
 
 def holds_store(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a disk store (its header is written last, at creation)."""
-    return (Path(directory) / "header.json").exists()
+    """Whether ``directory`` holds a disk store: a DiskStore header (written last, at
+    creation) -- not merely a file named header.json."""
+    import json
+
+    try:
+        header = json.loads((Path(directory) / "header.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and header.get("format") == "bagpipe.DiskStore"
+
+
+#: What a disk store writes in its directory (bagpipe/store/disk.py) -- anything else in a
+#: user's --store-dir is not a store's, and its rows.f32 would be overwritten without a word.
+STORE_FILES = frozenset({"header.json", "rows.f32", "present.u8", LOCK})
+
+
+def _check_users_folder(path: Path, reuse: bool) -> None:
+    """Refuse a user's ``--store-dir`` that holds anything but a bagpipe store, or a store
+    the run was not asked to start from, in one line, before anything is written there."""
+    if not path.is_dir():
+        return
+    names = sorted(p.name for p in path.iterdir())
+    ours = holds_store(path)
+    foreign = [n for n in names if n not in STORE_FILES or (n == "header.json" and not ours)]
+    if foreign or (names and not set(names) <= {LOCK} and not ours):
+        shown = ", ".join((foreign or [n for n in names if n != LOCK])[:3])
+        more = len(foreign or names) - 3
+        raise ConfigError(
+            f"--store-dir {path} holds files that are not a bagpipe store's ({shown}{f' and {more} more' if more > 0 else ''}): "
+            "a store writes its rows.f32 and present.u8 there and would overwrite such files; give an empty or new "
+            "directory"
+        )
+    if ours and not reuse:
+        raise ConfigError(
+            f"--store-dir {path} already holds a store: its rows would become this run's starting tables; "
+            "pass --init-from-store to start from them, or give an empty directory"
+        )
 
 
 def open_store(
@@ -49,6 +84,8 @@ def open_store(
     path = Path(directory)
     if not owned and reuse and not holds_store(path):  # said before a folder is made for it
         raise ConfigError(f"--init-from-store: {path} holds no store to start from")
+    if not owned:  # a user's folder: refused before anything (its lock included) is written in it
+        _check_users_folder(path, reuse)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

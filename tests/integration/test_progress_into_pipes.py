@@ -7,6 +7,7 @@ last step), ``check`` nothing; ``--no-progress`` still shows no progress at all.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -43,7 +44,8 @@ def test_check_into_a_pipe_draws_no_bar(tiny_data):
 def test_summary_json_to_dev_stdout_redirected_into_a_file(tiny_data, tmp_path):
     """`--summary-json /dev/stdout > file` was refused as "the file exists and is not this
     run's summary" (the shell's empty file), and a resumed run replaced /dev/stdout itself
-    with a regular file (newcomer round 8)."""
+    with a regular file (newcomer round 8); then the file held the run's own lines around
+    the JSON (round 9)."""
     import os
 
     with open(tmp_path / "s.txt", "w") as f:  # the shell's `> s.txt`
@@ -53,5 +55,6 @@ def test_summary_json_to_dev_stdout_redirected_into_a_file(tiny_data, tmp_path):
             stdout=f, stderr=subprocess.PIPE, text=True, timeout=120,
         )  # fmt: skip
     assert p.returncode == 0, p.stderr
-    assert '"params_sha256"' in (tmp_path / "s.txt").read_text()
+    summary = json.loads((tmp_path / "s.txt").read_text())  # the JSON alone: the run's own lines went to stderr
+    assert summary["steps"] == 4 and "run directory:" in p.stderr
     assert os.path.islink("/dev/stdout") or not os.path.isfile("/dev/stdout")

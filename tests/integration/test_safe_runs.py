@@ -273,6 +273,36 @@ def test_a_reused_store_dir_needs_init_from_store(run_cli, tiny_data, tmp_path):
     assert a != c  # it really started from the trained rows
 
 
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"rows.f32": b"the user's rows", "present.u8": b"\x01"},  # a store's names, but no store's header
+        {"notes.txt": b"mine"},  # anything else
+        {"header.json": b'{"mine": 1}', "data.txt": b"x"},  # a header.json that is not a DiskStore's
+    ],
+    ids=["store-names", "other-file", "foreign-header"],
+)
+def test_a_store_dir_holding_a_users_files_is_refused_and_left_as_it_was(run_cli, tiny_data, tmp_path, files):
+    """--store-dir DIR with the user's rows.f32 (no header.json) had it overwritten, rc 0, and
+    a symlinked rows.f32 overwrote the file it named (newcomer round 9)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    for name, data in files.items():
+        (store / name).write_bytes(data)
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(b"do not touch")
+    if "rows.f32" in files:
+        (store / "rows.f32").unlink()
+        (store / "rows.f32").symlink_to(outside)
+    before = files_of(store)
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", tmp_path / "r", "--steps", 4, "--mode", "lookahead",
+                         "--store", "disk", "--store-dir", store, *COMMON)  # fmt: skip
+    one_line_error(rc, err, f"--store-dir {store} holds files that are not a bagpipe store's", "empty or new directory")
+    assert files_of(store) == before and outside.read_bytes() == b"do not touch"
+    assert not (store / ".lock").exists()  # nothing written in the user's folder, its lock included
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_store_dir_that_cannot_be_made_is_one_line(run_cli, tiny_data, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
