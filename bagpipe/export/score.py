@@ -22,6 +22,7 @@ from typing import TextIO
 
 import numpy as np
 
+from bagpipe.errors import ParseError
 from bagpipe.preprocess.formats import strip_cr
 from bagpipe.preprocess.inputs import Block, InputFile, iter_blocks, probe
 from bagpipe.preprocess.run import BadLines
@@ -46,7 +47,16 @@ def score_block(model, fmt, block: Block, bad: BadLines) -> tuple[np.ndarray, np
 
 def score_lines(model, lines: Iterable[str | bytes], labelled: bool) -> np.ndarray:
     """Probabilities of in-memory raw lines (``ExportedModel.predict_lines``); bad lines raise."""
-    data = b"".join((x.encode() if isinstance(x, str) else x).rstrip(b"\n") + b"\n" for x in lines)
+    items = [(x.encode() if isinstance(x, str) else x).rstrip(b"\n") for x in lines]
+    broken = next((i for i, x in enumerate(items, 1) if b"\n" in x), None)
+    if broken is not None:  # scored as two lines, it would give more probabilities than items
+        raise ParseError(
+            "<lines>",
+            broken,
+            "the item holds a line break; give one line per item "
+            "(or a whole text as one string: predict_lines(text) scores its lines)",
+        )
+    data = b"".join(x + b"\n" for x in items)
     if not data:
         return np.zeros(0, np.float32)
     fmt = model.raw_format(labelled)

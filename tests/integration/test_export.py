@@ -170,6 +170,8 @@ def test_load_scores_raw_lines_and_ids_alike(criteo):
     np.testing.assert_allclose(one, from_lines[:1], rtol=1e-6)  # (another batch: float rounding)
     three = model.predict_lines("".join(ln + "\n" for ln in lines[:3]), labelled=True)
     np.testing.assert_allclose(three, from_lines[:3], rtol=1e-6)
+    with pytest.raises(bagpipe.errors.ParseError, match=r"<lines>:2: the item holds a line break"):
+        model.predict_lines([lines[0], lines[1] + "\n" + lines[2]], labelled=True)  # 2 items, 3 lines
     with pytest.raises(bagpipe.errors.DataError, match=r"table C1: ids must be in \[0, "):
         model(np.zeros((1, 13)), np.full((1, 26), 10**9))
     with pytest.raises(bagpipe.errors.ParseError, match=r"<lines>:2: label 'x' is not 0 or 1"):
