@@ -47,8 +47,8 @@ docs/gpu.md.
 
 Settings can come from a TOML file (--config): each key is an option's name with
 underscores (--batch-size is batch_size), at the top level or inside the table of its
-group below ([data], [arch], [optim], [cache], [hot], [dist], [approx], [device], [run]); command-line options
-override the file.
+group below ([data], [arch], [optim], [cache], [hot], [memory], [dist], [approx],
+[device], [run]); command-line options override the file.
 
 Examples:
   bagpipe train --data data/tiny --model dlrm --steps 300 --out runs/full

@@ -298,7 +298,8 @@ class Epochs:
             return
         why = f"the train split holds {n} batches; each epoch reshuffles its blocks"
         if k > 1:
-            why += f"; {epochs} epochs in all, every {k}th is noted"
+            nth = {1: "st", 2: "nd", 3: "rd"}.get(k % 10 if k % 100 not in (11, 12, 13) else 0, "th")
+            why += f"; {epochs} epochs in all, every {k}{nth} is noted"
         self.progress.note(f"epoch {epoch} begins at step {step + 1} ({why})")
 
 
