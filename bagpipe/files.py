@@ -50,9 +50,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def standard_fd(path: str | os.PathLike) -> int | None:
+    """1 or 2 where ``path`` names this process's own stdout or stderr (/dev/stdout,
+    /dev/fd/2, ...), else None."""
+    return _STANDARD.get(os.path.abspath(path))
+
+
 def is_standard_stream(path: str | os.PathLike) -> bool:
     """Whether ``path`` names this process's own stdout or stderr (/dev/stdout, /dev/fd/2, ...)."""
-    return os.path.abspath(path) in _STANDARD
+    return standard_fd(path) is not None
 
 
 @contextmanager
@@ -69,7 +75,7 @@ def written_directly(path: Path, mode: str):
     device or a pipe (anything existing but a regular file); any name in /dev or /proc --
     never a temporary file and a rename there, which would replace /dev/stdout or /dev/null
     itself (as root it can)."""
-    std = _STANDARD.get(os.path.abspath(path))
+    std = standard_fd(path)
     if std is not None:
         stream = sys.stdout if std == 1 else sys.stderr
         return _unclosed(stream.buffer if "b" in mode else stream)

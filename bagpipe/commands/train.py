@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 DESCRIPTION = """\
 Train a CTR model on a bagpipe dataset: one epoch of its train split, unless --steps N
@@ -83,13 +81,16 @@ def run(args: argparse.Namespace) -> int:
     check_out_folders(cfg)
     check_summary_json(cfg)
     summary_json = cfg.run.summary_json
-    if summary_json is not None and os.path.abspath(summary_json) in STDOUT_NAMES:
+    from bagpipe.files import standard_fd
+
+    if summary_json is not None and standard_fd(summary_json) == 1:
         # `--summary-json /dev/stdout > s.json`: stdout gets the summary's JSON and nothing
         # else; the run's own lines go to stderr meanwhile
         import contextlib
         import dataclasses
         import json
         import sys
+        from pathlib import Path
 
         quiet = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, summary_json=None))
         with contextlib.redirect_stdout(sys.stderr):
@@ -99,10 +100,6 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(json.loads(summary.read_text()), indent=2), flush=True)
         return rc
     return _run(cfg)
-
-
-#: This process's standard output by name (``--summary-json`` there: the JSON alone).
-STDOUT_NAMES = frozenset({"/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
 
 
 def _run(cfg) -> int:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from bagpipe.errors import ConfigError
-from bagpipe.files import FULL_ERRNOS, RunLock, atomic_write_text
+from bagpipe.files import FULL_ERRNOS, RunLock, atomic_write_text, written_directly
 from bagpipe.store.init import RowValues
 
 __all__ = ["LOCK_HELD_ENV", "MetricsLog", "RunDir", "RunLock", "dense_copy", "dense_digest", "digest_of", "every_row"]
@@ -302,8 +302,9 @@ class RunDir:
         """The summary at ``also`` (--summary-json): a file, or a device (/dev/stdout)."""
         text = json.dumps(summary, indent=2)
         target = Path(also)
-        if target.exists() and not (target.is_file() or target.is_dir()):  # a device (/dev/stdout)
-            with open(target, "w") as f:
+        direct = written_directly(target, "w")  # a device, /dev/stdout: the writers' one rule
+        if direct is not None:
+            with direct as f:
                 f.write(text + "\n")
             return
         target.parent.mkdir(parents=True, exist_ok=True)
