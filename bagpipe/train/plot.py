@@ -25,6 +25,13 @@ def pyplot():
     return plt
 
 
+def legend(ax, **kwargs) -> None:
+    """``ax.legend(**kwargs)`` when ``ax`` has a labelled artist to list; nothing otherwise
+    (matplotlib would draw an empty box and warn "No artists with labels found")."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
 def save_png(fig, path: Path) -> None:
     """Lay out, write and close a figure: a PNG at exactly ``path`` (no suffix added),
     which appears only complete."""
@@ -106,7 +113,7 @@ def plot_runs(
         ax.set_xlabel("step")
         ax.set_title(name)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        legend(ax, fontsize=8)
     if title:
         fig.suptitle(title)
     try:

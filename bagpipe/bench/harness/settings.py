@@ -131,6 +131,14 @@ class Repeated(Checked):
         self.check("reps", self.reps >= 1, "must be >= 1")
 
 
+def cache_slots(rows: int, total_rows: int, *, at_least: int = 0) -> int:
+    """``rows`` cache slots, raised to ``at_least`` (one batch's lookups) and capped at
+    ``total_rows``: a bench run never asks ``bagpipe train`` for more slots than the
+    tables have rows (it refuses ``--cache-rows`` above them), so a small data set
+    (``--profile tiny``) caches every row instead."""
+    return min(max(rows, at_least), total_rows)
+
+
 @dataclass(kw_only=True)
 class CachePoint(Checked):
     """Scenarios that run the cache at one size and one window (a mixin of BenchConfig subclasses)."""
@@ -143,7 +151,7 @@ class CachePoint(Checked):
     def cache_rows(self, total_rows: int, at_least: int) -> int:
         """The cache's slots: ``cache_fraction`` of ``total_rows``, at least ``at_least``
         (one batch's lookups), at most ``total_rows`` (tables smaller than a batch: every row)."""
-        return min(max(int(self.cache_fraction * total_rows), at_least), total_rows)
+        return cache_slots(int(self.cache_fraction * total_rows), total_rows, at_least=at_least)
 
     def validate(self) -> None:
         super().validate()

@@ -46,7 +46,7 @@ from bagpipe.bench.harness.report import (
     write_results,
 )
 from bagpipe.bench.harness.runner import data_samples, ensure_synth, launch
-from bagpipe.bench.harness.settings import Throughput
+from bagpipe.bench.harness.settings import Throughput, cache_slots
 from bagpipe.bench.scenarios.modes.scenario import fresh_cold_copy, materialise_disk_store
 from bagpipe.config.modes import mode_spec
 
@@ -102,8 +102,13 @@ class AccelBench(Throughput):
 
 
 def plan_budget(b: AccelBench, meta, row_bytes: int) -> dict[str, dict]:
-    """Each configuration's ``bagpipe train`` settings under the one budget (hot MiB, cache rows)."""
+    """Each configuration's ``bagpipe train`` settings under the one budget (hot MiB, cache rows).
+
+    The cache never gets more slots than the tables have rows: a budget that holds
+    every row (``--profile tiny``) caches every row.
+    """
     mib = 1 << 20
+    total = meta.total_rows
     rows = int(b.budget_mb * mib // row_bytes)
     staged_mb = b.batch_size * meta.num_features * row_bytes / mib  # one batch's rows (nocache, fae, hotline)
     fae_hot = max(b.budget_mb - staged_mb, 0.0)
@@ -111,12 +116,12 @@ def plan_budget(b: AccelBench, meta, row_bytes: int) -> dict[str, dict]:
     la = dict(mode="lookahead", lookahead=b.lookahead)
     return {
         "nocache": dict(mode="nocache"),
-        "lru": dict(mode="lru", cache_rows=rows),
+        "lru": dict(mode="lru", cache_rows=cache_slots(rows, total)),
         "fae": dict(mode="fae", hot_mb=fae_hot),
         "fae-split": dict(mode="fae", fae_schedule="split", hot_mb=fae_hot),
         "hotline": dict(mode="hotline", hot_mb=fae_hot),
-        "lookahead": dict(la, cache_rows=rows),
-        "lookahead+hot": dict(la, cache_rows=rows - hot_rows, hot_mb=hot_rows * row_bytes / mib),
+        "lookahead": dict(la, cache_rows=cache_slots(rows, total)),
+        "lookahead+hot": dict(la, cache_rows=cache_slots(rows - hot_rows, total), hot_mb=hot_rows * row_bytes / mib),
     }
 
 

@@ -41,7 +41,9 @@ from bagpipe.bench.harness.report import (
 )
 from bagpipe.bench.harness.runner import TrainFailed, launch, prepare, widest_batch
 from bagpipe.bench.harness.settings import Throughput
+from bagpipe.errors import CapacityError, ConfigError
 from bagpipe.optim.names import row_state_dim
+from bagpipe.train.plot import legend
 
 
 @dataclass(kw_only=True)
@@ -130,6 +132,7 @@ def run(b: SweepBench) -> dict:
             "too_small": False,
             "runs": [],
         }
+    refuse_unmeasurable(b, points, total, widest)
 
     order = list(points)
     for rep in range(b.reps):
@@ -166,7 +169,36 @@ def run(b: SweepBench) -> dict:
     payload = summarise(b, points, total, widest, budget)
     _plot(out, payload)
     write_results(out, "sweep", payload, payload["table"])
+    if not any(p["runs"] for p in points.values()):
+        raise CapacityError(
+            f"bench sweep: nothing measured: every point was too small for a batch's unique rows "
+            f"(see {out / 'results.md'}); {_what_to_do(b, total, widest)}"
+        )
     return payload
+
+
+def _what_to_do(b: SweepBench, total: int, widest: int) -> str:
+    least = math.ceil(100 * widest / total)  # percent
+    small = " or drop --profile tiny" if b.profile == "tiny" else ""
+    return f"raise --scale{small}, or give --cache-percents of at least {least:g}"
+
+
+def refuse_unmeasurable(b: SweepBench, points: dict[str, dict], total: int, widest: int) -> None:
+    """Refuse, in one line and before any run, a sweep in which no point can run: every
+    cache of the grid and the auto-tuner's budget hold fewer rows than one batch's unique
+    rows (``--profile tiny`` at ``--quick``'s scale: 266 rows in all). It used to run
+    nothing, exit 0 and draw empty plots."""
+    grid = [p for p in points.values() if p["cache_rows"] is not None]
+    auto_rows = max(1, int(b.autotune_percent / 100 * total)) if b.autotune_percent > 0 else 0
+    if any(not p["too_small"] for p in grid) or auto_rows >= widest:
+        return
+    largest = max(grid, key=lambda p: p["cache_rows"])
+    auto = f", as is the auto-tuner's budget ({b.autotune_percent:g}%)" if b.autotune_percent > 0 else ""
+    raise ConfigError(
+        f"bench sweep: nothing measurable at this size: the largest cache of --cache-percents "
+        f"({largest['cache_percent']:g}% of {total:,} rows = {largest['cache_rows']:,}) is smaller than the "
+        f"{widest:,} unique rows a batch of {b.batch_size} has{auto}; {_what_to_do(b, total, widest)}"
+    )
 
 
 def _point_result(p: dict) -> dict:
@@ -189,7 +221,7 @@ def _point_result(p: dict) -> dict:
         time_per_step_ms=step_times(runs),
         wall_s=median(runs, "wall_s"),
     )
-    if "autotune" in c:
+    if c.get("autotune"):  # the auto-tuned point (a grid point's summary has "autotune": null)
         r["cache_rows"], r["lookahead"] = c["cache_rows"], c["lookahead"]
         r["cache_percent"] = 100 * c["cache_rows"] / runs[0]["total_rows"]
         r["autotune"] = c["autotune"]
@@ -341,5 +373,5 @@ def _plot(out: Path, payload: dict) -> None:
         ax.set_ylabel(ylabel)
         ax.set_title(title + (f" (too small: {', '.join(f'{s:g}%' for s in small)})" if small else ""))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        legend(ax, fontsize=8)  # none without a measured point (matplotlib warns of an empty one)
     save_png(fig, out / "sweep.png")
