@@ -18,7 +18,8 @@ Modes (--mode) compute the same thing and differ only in where embedding rows li
   hotline    Hotline: as fae, but each batch's all-hot inputs compute while its cold
              rows are read, then the rest (two micro-batches, one optimizer step)
 All modes but hotline end with the same params_sha256 on one process (hotline: the same
-maths summed in another order, equal to within float rounding).
+maths summed in another order, equal to within float rounding: its summary says "exact":
+false and why in "not_exact", as does a run started from a store's tables, --init-from-store).
 
 Hot rows (--hot-budget-mb M, or --hot-rows FILE from `bagpipe profile`): the most
 accessed rows that fit M MiB stay in this process for the whole run, and nocache, lru
@@ -337,4 +338,5 @@ def summary_line(s: dict) -> str:
         f"train logloss {s['train_logloss']:.4f}, eval logloss {fig('eval_logloss')}, eval AUC {fig('eval_auc')}, "
         f"NE {fig('eval_ne')}, calibration {fig('eval_calibration', '.3f')}, "
         f"peak RSS {s['peak_rss_mb']:.0f} MiB, params_sha256 {digest}"
+        + ("" if s.get("exact", True) else f"; not exact: {'; '.join(s.get('not_exact') or ['see summary.json'])}")
     )

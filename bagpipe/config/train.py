@@ -132,6 +132,18 @@ class TrainConfig:
         return out
 
     @property
+    def not_exact(self) -> list[str]:
+        """Why this run's parameters are not those of plain synchronous training from the
+        seed (``--mode full``'s params_sha256), one line each: its approximations by name, then
+        :data:`ROUNDING_NOT_EXACT`, :data:`INIT_FROM_STORE_NOT_EXACT`; empty: the run is exact."""
+        out = list(self.approximations)
+        if not self.cache.spec.bitwise:
+            out.append(ROUNDING_NOT_EXACT.format(mode=self.cache.spec.name))
+        if self.cache.init_from_store:
+            out.append(INIT_FROM_STORE_NOT_EXACT)
+        return out
+
+    @property
     def distributed(self) -> bool:
         return self.dist.distributed
 
@@ -152,6 +164,11 @@ class TrainConfig:
     def from_json(cls, values: dict, source: str = "config.json") -> TrainConfig:
         return build(cls, flatten(cls, values, source), source)
 
+
+#: The summary's ``not_exact`` lines of the runs that are not approximations yet do not end
+#: with ``--mode full``'s parameters (:attr:`TrainConfig.not_exact`).
+ROUNDING_NOT_EXACT = "{mode}: equal to plain training within float rounding, not bitwise"  # hotline
+INIT_FROM_STORE_NOT_EXACT = "init-from-store: started from the store's tables, not the seed's"
 
 #: The settings only a store mode reads, and those only the disk store reads.
 STORE_SETTINGS = ("store",)

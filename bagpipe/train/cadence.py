@@ -59,6 +59,12 @@ class Cadence(Protocol):
 class Reporter(Protocol):
     """What only the process that writes the run's files does."""
 
+    @property
+    def not_exact(self) -> list[str]:
+        """Why the run is not exact, those of the runs it continues included (the summary's
+        ``not_exact``); empty where nothing is reported."""
+        ...
+
     def checkpoint_writer(self, space: RowSpace) -> CheckpointWriter | None:
         """What commits the run's checkpoints (rows of ``space``); None: this process does not."""
         ...
@@ -103,6 +109,10 @@ class Reporter(Protocol):
 class NullReporter:
     """The :class:`Reporter` of a process that reports nothing (trainers 1..N-1)."""
 
+    @property
+    def not_exact(self) -> list[str]:
+        return []
+
     def checkpoint_writer(self, space: RowSpace) -> CheckpointWriter | None:
         return None
 
@@ -141,21 +151,37 @@ class RunReporter:
 
     def __init__(self, run: RunDir, cfg: TrainConfig):
         self.run, self.cfg = run, cfg
-        approx = cfg.approximations
-        # in every metrics record of an approximate run
-        self.tags: dict = {"exact": False, "approximation": approx} if approx else {}
+        self._not_exact = cfg.not_exact
+        self.tags = self._tags()
         self.start = 0
         self.metrics: MetricsLog | Logs | None = None
+
+    @property
+    def not_exact(self) -> list[str]:
+        return list(self._not_exact)
+
+    def _tags(self) -> dict:
+        """What every metrics record of a run that is not exact carries."""
+        if not self._not_exact:
+            return {}
+        approx = self.cfg.approximations
+        return {"exact": False, **({"approximation": approx} if approx else {}), "not_exact": self.not_exact}
 
     def checkpoint_writer(self, space: RowSpace) -> CheckpointWriter | None:
         return CheckpointWriter(CheckpointFolder(self.run.path), self.cfg.run.checkpoint_compact_every, space)
 
     def resumed(self, start: int) -> None:
         log.info(f"resumed from step {start}")
+        # the mode and --init-from-store may change on resume: the parameters keep what the
+        # earlier runs did (config.json still holds the last one's lines here)
+        for line in earlier_not_exact(self.run):
+            if line not in self._not_exact:
+                self._not_exact.append(line)
+        self.tags = self._tags()
 
     def config_later(self, train: dict, model: object, dataset: dict) -> None:
         # written by the first step's heartbeat: a refusal before it leaves the folder as it was
-        self.run.write_config_later(train, model, dataset)
+        self.run.write_config_later(train, model, dataset, self.not_exact)
 
     def open(self, start: int) -> None:
         self.start = start
@@ -206,6 +232,17 @@ class RunReporter:
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+
+
+def earlier_not_exact(run: RunDir) -> list[str]:
+    """The ``not_exact`` lines of the run that ``run``'s config.json records (one written
+    before that field existed: those its settings give); [] when there is none to read."""
+    if not run.config_file.is_file():
+        return []
+    conf = run.read_config()
+    if "not_exact" in conf:
+        return list(conf["not_exact"])
+    return TrainConfig.from_json(conf["train"], source=str(run.config_file)).not_exact
 
 
 def summary_not_written(run: Path, data: str, s: dict, e: OSError, copied: str | None) -> str:

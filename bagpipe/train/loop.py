@@ -386,6 +386,7 @@ class _Run(Generic[B]):
             epochs=step / p.pre.stream.batches_per_epoch,
             checkpoints=CheckpointStats.of(writer.history, p.start),
             approximation=_approximation(cfg.approximations, self.skipper, self.rows.stats(), self.step),
+            not_exact=p.reporter.not_exact,
             end_of_run_s=end,
             memory=MemoryReport.of(p.backend.fit, watch, watch.stop()),
             spec=cfg.cache.spec,

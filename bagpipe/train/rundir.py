@@ -212,8 +212,12 @@ class RunDir:
         self._started = False
         try:
             if lock and os.environ.get(LOCK_HELD_ENV) != str(self.path.resolve()):
-                self._lock = RunLock(self.path / ".lock")
-                self._lock.acquire()
+                held = RunLock(self.path / ".lock")
+                try:
+                    held.acquire()
+                except OSError as e:  # a full disk: said naming the file (the lock's write names none)
+                    raise OSError(e.errno, e.strerror, str(held.path)) from None
+                self._lock = held
             yield self
         except BaseException:
             if self.created and not self._started:
@@ -251,17 +255,18 @@ class RunDir:
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
 
-    def write_config(self, train: dict, model, dataset: dict) -> None:
+    def write_config(self, train: dict, model, dataset: dict, not_exact: list[str] | None = None) -> None:
         """RUN/config.json: ``{"train": settings by section, "model": the architecture,
-        "dataset": {"dir", "fingerprint", "table_sizes", "num_dense"}}``."""
+        "dataset": {"dir", "fingerprint", "table_sizes", "num_dense"}, "not_exact": why the
+        run is not exact, its earlier runs' reasons included (the summary's field)}``."""
         self.create()
-        text = json.dumps({"train": train, "model": dataclasses.asdict(model), "dataset": dataset}, indent=2)
-        atomic_write_text(self.config_file, text)
+        conf = {"train": train, "model": dataclasses.asdict(model), "dataset": dataset, "not_exact": not_exact or []}
+        atomic_write_text(self.config_file, json.dumps(conf, indent=2))
 
-    def write_config_later(self, train: dict, model, dataset: dict) -> None:
+    def write_config_later(self, train: dict, model, dataset: dict, not_exact: list[str] | None = None) -> None:
         """The config to write once start-up is over (:meth:`started`): a run refused
         before its first step leaves the folder's config.json as it was."""
-        self._pending_config = (train, model, dataset)
+        self._pending_config = (train, model, dataset, not_exact)
 
     def read_config(self) -> dict:
         from bagpipe.data.schema import read_json
@@ -282,9 +287,12 @@ class RunDir:
         it to say at which step a role died). The first step done ends start-up."""
         if not self._started:
             self.started()
-        if getattr(self, "_beat", None) is None:
-            self._beat = os.open(self.heartbeat_file, os.O_WRONLY | os.O_CREAT, 0o644)
-        os.pwrite(self._beat, int(step).to_bytes(8, "little"), 0)
+        try:
+            if getattr(self, "_beat", None) is None:
+                self._beat = os.open(self.heartbeat_file, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.pwrite(self._beat, int(step).to_bytes(8, "little"), 0)
+        except OSError as e:  # a full disk at its first write: said naming the file
+            raise OSError(e.errno, e.strerror, str(self.heartbeat_file)) from None
 
     def last_heartbeat(self) -> int | None:
         try:

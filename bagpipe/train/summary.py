@@ -423,9 +423,15 @@ class Summary:
     mode: str
     """--mode."""
     exact: bool
-    """True unless an approximation was on: the result is then that of plain synchronous training."""
+    """True when the run ends with the parameters of plain synchronous training from the seed
+    (``--mode full``'s params_sha256, bit for bit); False with any line in ``not_exact``."""
+    not_exact: list[str]
+    """Why ``exact`` is false, one line each (empty when exact): an approximation by name (its
+    section is ``approximation``); ``hotline: equal to plain training within float rounding,
+    not bitwise``; ``init-from-store: started from the store's tables, not the seed's``. A
+    resumed run keeps the lines of the runs it continues."""
     approximation: Approximation | None
-    """What an approximate run left out; None when exact."""
+    """What an approximate run left out; None without an approximation."""
     model: str
     """--model."""
     device: str
@@ -527,12 +533,18 @@ class Summary:
         memory: MemoryReport | None = None,
         spec: ModeSpec | None = None,
         slow_store: bool = False,
+        not_exact: list[str] | None = None,
     ) -> Summary:
         """The summary of a run: ``timing`` from :meth:`StepMeter.result`, ``evaluation`` from
-        :func:`bagpipe.train.evaluate.evaluate`; the process's memory is read now."""
+        :func:`bagpipe.train.evaluate.evaluate`; the process's memory is read now. ``not_exact``:
+        why the run is not exact (:attr:`bagpipe.config.train.TrainConfig.not_exact`); None: the
+        approximation's names."""
+        if not_exact is None:
+            not_exact = list(approximation.names) if approximation is not None else []
         return cls(
             mode=mode,
-            exact=approximation is None,
+            exact=not not_exact,
+            not_exact=not_exact,
             approximation=approximation,
             model=model,
             device=device,
@@ -567,18 +579,15 @@ class Summary:
             checkpoints=checkpoints,
             end_of_run_s=end_of_run_s,
             memory=memory,
-            advice=None
-            if cache is None or spec is None
-            else run_advice(
-                spec,
-                slow_store,
-                1000 * batch_size / timing.samples_per_s if timing.samples_per_s > 0 else 0.0,
-                asdict(timing.time_per_step_ms),
-                cache.pipeline_s,
-                cache.steps,
-            ),
+            advice=None if cache is None or spec is None else _advice(spec, slow_store, batch_size, timing, cache),
         )
 
     def to_json(self) -> dict:
         """What summary.json holds."""
         return asdict(self)
+
+
+def _advice(spec: ModeSpec, slow_store: bool, batch_size: int, timing: Timing, cache: CacheStats) -> str | None:
+    """The summary's ``advice`` (:func:`bagpipe.cache.advice.run_advice`) for a run with a store."""
+    ms = 1000 * batch_size / timing.samples_per_s if timing.samples_per_s > 0 else 0.0
+    return run_advice(spec, slow_store, ms, asdict(timing.time_per_step_ms), cache.pipeline_s, cache.steps)
