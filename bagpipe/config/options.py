@@ -17,6 +17,7 @@ file and the key.
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
 import difflib
 from pathlib import Path
@@ -134,12 +135,16 @@ def read_toml(path: str | Path) -> dict:
         raise ConfigError(f"--config {path}: is a folder, not a file; give the TOML file of settings (e.g. run.toml)")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    skip = 0
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        # a UTF-8 byte-order mark (Windows editors write one) is not TOML: dropped; CRLF line ends are TOML
+        skip = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+        return tomllib.loads(raw[skip:].decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: {e}") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a TOML file must be UTF-8") from None
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start + skip}); a TOML file must be UTF-8") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
 
