@@ -27,7 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--data", required=True, type=path, help="dataset directory with an eval split (refused without one)"
     )
     p.add_argument("--batch-size", type=count(1), default=4096, help="eval batch size (default 4096)")
-    p.add_argument("--max-samples", type=count(0), default=0, help="cap on eval samples (default: all)")
+    p.add_argument(
+        "--max-samples",
+        type=count(0),
+        default=0,
+        metavar="N",
+        help="evaluate at most the first N samples of the eval split (0, the default: all of them, "
+        "as train's --eval-samples 0)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
