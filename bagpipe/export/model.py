@@ -133,7 +133,7 @@ class ExportedModel(nn.Module):
         (B, F1) table-local ids of the one-hot features in table order, ``multihot``
         name -> (ids (nnz,), lengths (B,)) of each multi-hot feature. Inference only."""
         dense = np.asarray(dense, dtype=np.float32)
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = integer_ids(ids, "ids")
         one_hot = [f for f in self.features if not f.multi_hot]
         B = len(ids)
         if dense.shape != (B, len(self.dense_names)) or ids.shape != (B, len(one_hot)):
@@ -144,12 +144,19 @@ class ExportedModel(nn.Module):
         for j, f in enumerate(one_hot):
             if B and (ids[:, j].min() < 0 or ids[:, j].max() >= f.num_rows):
                 raise DataError(f"table {f.name}: ids must be in [0, {f.num_rows})")
+        if multihot:
+            multihot = {
+                name: (integer_ids(v, f"multihot[{name!r}] ids"), integer_ids(n, f"multihot[{name!r}] lengths"))
+                for name, (v, n) in multihot.items()
+            }
+        if B == 0:  # no sample: no logit (the model's reshapes need one)
+            return torch.zeros(0)
         batch = make_batch(self.features, self.table_offsets, np.zeros(B, np.float32), dense, ids, multihot)
         return batch_logits(self.net, self.lookup, batch)
 
     def predict(self, dense, ids, multihot: dict | None = None) -> np.ndarray:
-        """(B,) click probabilities (float32) of :meth:`forward`'s inputs."""
-        return torch.sigmoid(self(dense, ids, multihot)).numpy()
+        """(B,) click probabilities (float32) of :meth:`forward`'s inputs (B = 0: an empty array)."""
+        return torch.sigmoid(self(dense, ids, multihot)).numpy().astype(np.float32, copy=False)
 
     # -- raw log lines -----------------------------------------------------------------
     @property
@@ -197,6 +204,26 @@ class ExportedModel(nn.Module):
         if isinstance(lines, (str, bytes)):
             lines = lines.splitlines()
         return score_lines(self, lines, labelled)
+
+
+def integer_ids(values, what: str) -> np.ndarray:
+    """``values`` as int64: integers, or floats that hold integers (``1.0``: ids read from a
+    float column); a fractional, NaN or infinite float, or anything else, is a
+    :class:`DataError` naming the first such value (never truncated: 1.9 is not id 1)."""
+    a = np.asarray(values)
+    if a.dtype.kind in "iu":
+        return a.astype(np.int64, copy=False)
+    if a.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(a) | (a != np.trunc(a))
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise DataError(
+                f"{what} must be integers: got {float(a[at])!r} at {at if len(at) > 1 else at[0]} "
+                "(a float id is not truncated; give whole numbers)"
+            )
+        return a.astype(np.int64)
+    raise DataError(f"{what} must be integers, got an array of {a.dtype}")
 
 
 def load(directory: str | Path, verify: bool = True) -> ExportedModel:
