@@ -91,9 +91,10 @@ class Budget:
         if limit is not None and limit <= b:  # the cgroup's where equal: the kernel enforces it
             note = None
             if limit < b:
+                who = "each embedding server is" if option == "--server-memory-budget-mb" else "the run is"
                 note = (
                     f"{option} {mb:g} is more than the memory cgroup's limit, {limit / MIB:,.0f} MiB ({where}): "
-                    "the run is sized to the cgroup's limit"
+                    f"{who} sized to the cgroup's limit"
                 )
             return cls(limit, cgroup, enforced=True, note=note)
         return cls(b, f"{option} {mb:g}")

@@ -158,6 +158,8 @@ def _job_roles(
 
     n, s = cfg.dist.trainers, cfg.dist.servers
     budget = Budget.of(cfg.memory.server_memory_budget_mb, option="--server-memory-budget-mb")
+    if budget.note:  # above the cgroup's limit: said once, by plan and train alike (as --memory-budget-mb)
+        log.warning(budget.note)
     rows = -(-dataset.meta.total_rows // s)  # server 0's shard: rows r with r % S == 0
     _, server = server_fit(budget, rows, dim, state_dim, cfg.cache.store, server_request_rows(cfg.data.batch_size, s))
     oracle = estimate(run_shape(cfg, dataset, stream), trainer.sizes, role="oracle")  # it plans the global batch
