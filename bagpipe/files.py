@@ -61,6 +61,14 @@ def is_standard_stream(path: str | os.PathLike) -> bool:
     return standard_fd(path) is not None
 
 
+def dash_is_stdout(path: str) -> str:
+    """``-``, the command line's name for standard output, as /dev/stdout -- which every
+    writer here writes through this process's own stream (:func:`written_directly`), so
+    ``--out -`` and ``--out /dev/stdout`` are one thing; any other path as it is (a file
+    named ``-`` is ``./-``)."""
+    return "/dev/stdout" if path == "-" else path
+
+
 @contextmanager
 def _unclosed(stream):
     yield stream
@@ -180,8 +188,11 @@ def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = Non
     written whole or would destroy an input: a directory, a path in a folder that does not
     exist, one of the command's inputs (``inputs``: flag -> paths), a path inside an
     input folder, or one inside any data set or export (:func:`refuse_inside_output`).
-    Returns the path."""
+    Returns the path. This process's own stdout or stderr is written through its open
+    stream (:func:`written_directly`): nothing to check, nothing replaced."""
     path = Path(path)
+    if is_standard_stream(path):
+        return path
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory; give the file to write")
     parent = path.parent
@@ -372,7 +383,7 @@ class RunLock:
 
     @staticmethod
     def _write(fd: int, info: dict) -> None:
-        data = (json.dumps(info) + "\n").encode()
+        data = (json.dumps(info, allow_nan=False) + "\n").encode()
         os.pwrite(fd, data, 0)
         os.ftruncate(fd, len(data))
 

@@ -112,6 +112,11 @@ def check_out(out) -> None:
 
     from bagpipe.errors import ConfigError
 
+    if str(out) == "-":  # the command line's name for standard output; a bench writes a folder
+        raise ConfigError(
+            "--out -: a bench writes a folder (results.json, results.md, plots, its runs' data), not standard "
+            "output; give a folder, e.g. --out bench-out/NAME"
+        )
     out = Path(out)
     above = next((p for p in (out, *out.parents) if p.exists()), None)
     if above is not None and not above.is_dir():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+from typing import TextIO
 
 DESCRIPTION = """\
 Find a dataset's hot rows: count the row accesses over a seeded sample of the train
@@ -63,20 +63,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "partial_rowwise_adam D+1) counts against the budget",
     )
     p.add_argument(
-        "--out", type=path, metavar="FILE", help="write the hot rows here (.npz) for `bagpipe train --hot-rows`"
+        "--out",
+        type=path,
+        metavar="FILE",
+        help="write the hot rows here (.npz) for `bagpipe train --hot-rows` (-: standard output; the report "
+        "then goes to stderr)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="do not show progress bars")
 
 
+def check_out(args: argparse.Namespace) -> TextIO:
+    """Refuse, in one line and before anything is read, an ``--out`` that cannot be written
+    (:func:`bagpipe.files.check_out_file`); ``-`` is standard output, as /dev/stdout is,
+    refused where it is a terminal (the .npz is binary) or where ``--json`` prints there
+    too. Returns where the report goes: stderr when the rows go to stdout."""
+    import sys
+
+    from bagpipe.errors import ConfigError
+    from bagpipe.files import check_out_file, dash_is_stdout, standard_fd
+
+    if not args.out:
+        return sys.stdout
+    given, args.out = args.out, dash_is_stdout(args.out)
+    if standard_fd(args.out) != 1:
+        check_out_file(args.out, "--out", {"--data": [args.data]})
+        return sys.stdout
+    if args.json:
+        raise ConfigError(
+            f"--out {given} and --json both write to standard output; give --out a file name, or leave --json out "
+            "(the report then goes to stderr)"
+        )
+    if sys.stdout.isatty():
+        raise ConfigError(
+            f"--out {given}: standard output is a terminal, and the hot rows are a binary .npz: redirect it "
+            "(> hot.npz) or give a file name (e.g. --out hot.npz)"
+        )
+    return sys.stderr
+
+
 def run(args: argparse.Namespace) -> int:
     from bagpipe.accel.profile import profile
     from bagpipe.data.shards import Dataset
-    from bagpipe.files import check_out_file
+    from bagpipe.jsonout import json_text
     from bagpipe.optim.names import row_state_dim
 
-    if args.out:
-        check_out_file(args.out, "--out", {"--data": [args.data]})
+    given = args.out
+    report = check_out(args)
     state_dim = row_state_dim(args.optimizer, args.embedding_dim)
     hot = profile(
         Dataset(args.data),
@@ -91,18 +124,20 @@ def run(args: argparse.Namespace) -> int:
         hot.save(args.out)
     r = hot.report
     if args.json:
-        print(json.dumps({k: v for k, v in r.items() if k != "table_sizes"}, indent=2))
+        print(json_text({k: v for k, v in r.items() if k != "table_sizes"}, indent=2))
     else:
-        print(f"{'table':<12}{'rows':>12}{'hot rows':>12}{'lookups hot':>13}{'inputs hot':>12}")
+        print(f"{'table':<12}{'rows':>12}{'hot rows':>12}{'lookups hot':>13}{'inputs hot':>12}", file=report)
         for t in r["tables"]:
             print(
-                f"{t['table']:<12}{t['rows']:>12,}{t['hot_rows']:>12,}{t['lookup_share']:>13.1%}{t['input_share']:>12.1%}"
+                f"{t['table']:<12}{t['rows']:>12,}{t['hot_rows']:>12,}{t['lookup_share']:>13.1%}{t['input_share']:>12.1%}",
+                file=report,
             )
         print(
             f"{'all':<12}{sum(t['rows'] for t in r['tables']):>12,}{len(hot):>12,}"
-            f"{r['lookup_share']:>13.1%}{r['input_share']:>12.1%}  (inputs: all lookups hot)"
+            f"{r['lookup_share']:>13.1%}{r['input_share']:>12.1%}  (inputs: all lookups hot)",
+            file=report,
         )
-        print(hot.line())
+        print(hot.line(), file=report)
     if args.out:
-        print(f"hot rows written to {args.out}")
+        print(f"hot rows written to {given if given == args.out else f'{given} (standard output)'}", file=report)
     return 0

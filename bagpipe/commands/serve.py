@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.distributed.roles import ServerConfig, check_world_size, serve
     from bagpipe.errors import ConfigError
 
+    if args.store_dir == "-":  # the command line's name for standard output
+        raise ConfigError("--store-dir -: the disk store is a folder, not standard output; give a folder")
     layout = Layout(args.trainers, args.servers)
     check_world_size(layout)  # the job's size is --trainers + --servers + 1: another WORLD_SIZE is refused
     rank: int = args.rank if args.rank is not None else env_int("RANK", -1, lo=0, hi=layout.world_size - 1)

@@ -18,6 +18,7 @@ from typing import Literal
 
 from bagpipe.config.modes import Mode, ModeSpec, mode_spec
 from bagpipe.config.typed import Section, finite, need
+from bagpipe.files import dash_is_stdout
 from bagpipe.models.config import ModelConfig, ModelName, RecipeName, recipe
 from bagpipe.optim.names import ADAM_FAMILY, OptimizerName, ScheduleName
 
@@ -488,7 +489,8 @@ class RunConfig(Section):
     checkpoints are left on disk; the run's next checkpoints replace them."""
     summary_json: str | None = None
     """Also write the summary JSON here (outside --out: inside it only RUN/summary.json,
-    which the run writes anyway)."""
+    which the run writes anyway); - (or /dev/stdout): standard output gets the JSON
+    alone, the run's own lines go to stderr."""
     threads: int = 0
     """torch intra-op threads (0: torch's choice; distributed roles split the cores)."""
     progress: bool = True
@@ -512,6 +514,13 @@ class RunConfig(Section):
                 "resume_from must name a checkpoint (step-NNNNNNNN, its path or its step)",
             )
             object.__setattr__(self, "resume", True)  # --resume-from implies --resume
+        if self.summary_json == "-":  # the command line's name for standard output, as /dev/stdout is
+            object.__setattr__(self, "summary_json", dash_is_stdout(self.summary_json))
+        need(
+            self.tensorboard != "-",
+            "--tensorboard -: TensorBoard writes a folder of event files, not to standard output; give a folder "
+            "(e.g. --tensorboard runs/tb)",
+        )
         need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}")

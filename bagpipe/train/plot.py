@@ -1,4 +1,4 @@
-"""Curves of finished (or running) runs from their metrics.jsonl, drawn to a PNG: ``bagpipe plot``.
+"""Curves of finished (or running) runs from their metrics.jsonl, drawn to a picture: ``bagpipe plot``.
 
 Three panels against the step, one line per run: the training loss (the mean of the
 last logged steps, as metrics.jsonl records it), the eval AUC and the eval log loss at
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from bagpipe.errors import DataError
-from bagpipe.files import is_standard_stream
+from bagpipe.files import dash_is_stdout, is_standard_stream, standard_fd
 
 
 def pyplot():
@@ -35,12 +35,18 @@ def legend(ax, **kwargs) -> None:
 def save_png(fig, path: Path) -> None:
     """Lay out, write and close a figure: a PNG at exactly ``path`` (no suffix added),
     which appears only complete."""
+    save_figure(fig, path, "png")
+
+
+def save_figure(fig, path: Path, fmt: str) -> None:
+    """Lay out, write and close a figure: a picture of ``fmt`` (matplotlib's name: png,
+    jpeg, pdf, svg, ...) at exactly ``path``, which appears only complete."""
     from bagpipe.files import atomic_file
 
     fig.tight_layout()
     try:
         with atomic_file(path, "wb") as f:
-            fig.savefig(f, dpi=110, format="png")
+            fig.savefig(f, dpi=110, format=fmt)
     finally:
         pyplot().close(fig)
 
@@ -65,43 +71,109 @@ def read_metrics(run: str | Path) -> tuple[list[dict], list[dict]]:
             raise DataError(f"{path}:{i}: not a record (a JSON {type(rec).__name__}, not an object)")
         if "loss" in rec:
             train.append(rec)
-        elif rec.get("eval_auc") is not None:
-            evals.append(rec)
+        elif rec.get("eval_auc") is not None or rec.get("eval_logloss") is not None:
+            evals.append(rec)  # a figure that was not finite is null (bagpipe.jsonout): a gap in its curve
     return train, evals
 
 
-def is_png(path: Path) -> bool:
-    """Whether ``path`` starts with the PNG signature (a picture an earlier plot wrote)."""
+#: The picture formats ``bagpipe plot --out`` writes, by the suffix of the file (matplotlib's
+#: names); a name without a suffix, and standard output, get a PNG.
+PICTURE_FORMATS = {
+    ".png": "png",
+    ".jpg": "jpeg",
+    ".jpeg": "jpeg",
+    ".pdf": "pdf",
+    ".svg": "svg",
+    ".tif": "tiff",
+    ".tiff": "tiff",
+    ".webp": "webp",
+}
+#: The formats matplotlib writes through pillow.
+PILLOW_FORMATS = frozenset({"jpeg", "tiff", "webp"})
+#: How a file of each format begins (what tells an earlier plot from a file of the user's).
+SIGNATURES = {
+    "png": (b"\x89PNG\r\n\x1a\n",),
+    "jpeg": (b"\xff\xd8\xff",),
+    "pdf": (b"%PDF-",),
+    "svg": (b"<?xml", b"<svg"),
+    "tiff": (b"II*\x00", b"MM\x00*"),
+    "webp": (b"RIFF",),
+}
+
+
+def is_picture(path: Path, fmt: str = "png") -> bool:
+    """Whether ``path`` begins as a ``fmt`` picture does (one an earlier plot wrote)."""
     try:
         with open(path, "rb") as f:
-            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+            head = f.read(16)
     except OSError:
         return False
+    return head.startswith(SIGNATURES[fmt]) and (fmt != "webp" or head[8:12] == b"WEBP")
+
+
+def picture_format(out: Path, given: str) -> str:
+    """The format ``bagpipe plot`` writes to ``out`` (``given``: the --out the user typed):
+    that of its suffix, PNG without one or on standard output; a one-line DataError for
+    a suffix of no picture format, or one that needs pillow where it is not installed."""
+    if is_standard_stream(out) or not out.suffix:
+        return "png"
+    fmt = PICTURE_FORMATS.get(out.suffix.lower())
+    if fmt is None:
+        names = ", ".join(sorted(PICTURE_FORMATS))
+        raise DataError(
+            f"--out {given}: {out.suffix} is not a picture format plot writes ({names}); "
+            f"give a file name with one of them (e.g. --out {out.with_suffix('.png')})"
+        )
+    if fmt in PILLOW_FORMATS:
+        import importlib.util
+
+        if importlib.util.find_spec("PIL") is None:
+            raise DataError(
+                f"--out {given}: matplotlib writes {fmt.upper()} through the pillow package, which is not "
+                f"installed: pip install pillow, or give a .png, .pdf or .svg name"
+            )
+    return fmt
+
+
+def plot_target(given: str | Path) -> tuple[Path, str]:
+    """The file ``bagpipe plot --out GIVEN`` writes and its format, after every refusal
+    (one line each): ``-`` is standard output (unless it is a terminal: a picture is
+    binary), as /dev/stdout is; a folder, a path under a file, an existing file that is
+    not an earlier plot of the format (it is not replaced), a suffix of no picture format."""
+    import sys
+
+    out = Path(dash_is_stdout(str(given)))
+    if standard_fd(out) == 1 and sys.stdout.isatty():
+        raise DataError(
+            f"--out {given}: standard output is a terminal, and a picture is binary: redirect it "
+            "(> curves.png) or give a file name (e.g. --out curves.png)"
+        )
+    if out.is_dir():
+        raise DataError(f"--out {given}: is a directory; give the picture file to write (e.g. {out / 'curves.png'})")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise DataError(f"--out {given}: {above} is a file, not a folder; choose another --out")
+    known = PICTURE_FORMATS.get(out.suffix.lower(), "png")
+    if out.is_file() and not is_picture(out, known) and not is_standard_stream(out):  # `--out - > f.png`: f.png
+        # a run's summary.json, a data file...: replacing it with a picture loses it
+        raise DataError(
+            f"--out {given}: the file exists and is not a {known.upper()} image (an earlier plot); it is not "
+            "replaced: choose another --out"
+        )
+    return out, picture_format(out, str(given))
 
 
 def plot_runs(
     runs: list[str | Path], out: str | Path, labels: list[str] | None = None, title: str | None = None
 ) -> Path:
-    """Draw the curves of ``runs`` (labelled by ``labels``, default their folder names) into PNG ``out``."""
+    """Draw the curves of ``runs`` (labelled by ``labels``, default their folder names) into
+    the picture ``out`` (its format by its suffix, PNG without one; ``-``: a PNG on
+    standard output); returns the path written (/dev/stdout for ``-``)."""
     labels = labels or [Path(r).name or str(r) for r in runs]
     if len(labels) != len(runs):
         raise DataError(f"{len(labels)} labels for {len(runs)} runs")
-    if str(out) == "-":  # standard output elsewhere (predict); a PNG is written to a file
-        raise DataError(
-            "--out -: plot writes a PNG file, not to standard output; give a file name (e.g. --out curves.png)"
-        )
-    out = Path(out)
-    if out.is_dir():
-        raise DataError(f"--out {out}: is a directory; give the PNG file to write (e.g. {out / 'curves.png'})")
-    above = next((p for p in out.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise DataError(f"--out {out}: {above} is a file, not a folder; choose another --out")
-    if out.is_file() and not is_png(out) and not is_standard_stream(out):  # `--out /dev/stdout > f.png`: f.png
-        # a run's summary.json, a data file...: replacing it with a picture loses it
-        raise DataError(
-            f"--out {out}: the file exists and is not a PNG image (an earlier plot); it is not replaced: "
-            "choose another --out"
-        )
+    given = out
+    out, fmt = plot_target(out)
     data = [read_metrics(r) for r in runs]
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -118,7 +190,7 @@ def plot_runs(
         fig.suptitle(title)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        save_png(fig, out)
+        save_figure(fig, out, fmt)
     except OSError as e:
-        raise DataError(f"--out {out}: cannot write it ({e.strerror or e}); choose another --out") from None
+        raise DataError(f"--out {given}: cannot write it ({e.strerror or e}); choose another --out") from None
     return out

@@ -15,7 +15,8 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
   given (it came from the run's config.json): ``--out`` is named, as the data set it is;
 * a failed export (synth, preprocess alike) left the empty folders it had made above
   ``--out``: they are removed, and only they;
-* ``plot --out -`` wrote a file named ``-``: refused, asking for a file name;
+* ``plot --out -`` wrote a file named ``-``: it is now standard output, the PNG alone
+  (``integration/test_output_conventions.py``); here: never a file named ``-``;
 * ``--config DIR`` said "config file not found" of a folder that is there: it is said to
   be a folder where a TOML file is expected;
 * ``--hot-rows c.png`` spoke of pickled data (NumPy's guess at a file that is no .npz
@@ -31,6 +32,7 @@ what to do, in one line (exit 2, no traceback), with nothing of the user's chang
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import subprocess
@@ -164,14 +166,15 @@ def test_a_failed_export_removes_only_the_folders_it_made(run_cli, a_run, tmp_pa
 
 
 @pytest.mark.integration
-def test_plot_out_dash_is_refused_not_written_as_a_file(run_cli, a_run, tmp_path, monkeypatch):
+def test_plot_out_dash_is_standard_output_not_a_file(run_cli, a_run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = snapshot(a_run)
-    rc, stdout, err = run_cli("plot", a_run, "--out", "-")
-    assert one_line_error(rc, err, "plot") == (
-        "--out -: plot writes a PNG file, not to standard output; give a file name (e.g. --out curves.png)"
-    )
-    assert stdout == "" and list(tmp_path.iterdir()) == [] and snapshot(a_run) == before
+    written = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(written))  # a binary stream, as a shell's `> f.png`
+    rc, _, err = run_cli("plot", a_run, "--out", "-")
+    assert rc == 0 and "wrote the picture to standard output (-)" in err, err
+    assert written.getvalue().startswith(b"\x89PNG")
+    assert list(tmp_path.iterdir()) == [] and snapshot(a_run) == before
 
 
 # -- 8. --config at a folder ---------------------------------------------------------------------
