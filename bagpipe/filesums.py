@@ -84,7 +84,7 @@ def file_crc(path: Path) -> int:
 def content_crc(d: dict, key: str) -> str:
     """CRC-32 (8 hex digits) of the JSON object ``d``'s canonical text, ``key`` left out."""
     body = {k: v for k, v in d.items() if k != key}
-    return crc_hex(zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()))
+    return crc_hex(zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()))
 
 
 def seal(d: dict, key: str) -> dict:

@@ -315,7 +315,9 @@ class OutputDir:
         """Write the manifest and swap the finished staging folder in for the target."""
         assert self.staging is not None, "open() first"
         files = [p for p in listing(self.staging) if p != MANIFEST]
-        atomic_write_text(self.staging / MANIFEST, json.dumps({"kind": self.kind, "files": files}, indent=1))
+        atomic_write_text(
+            self.staging / MANIFEST, json.dumps({"kind": self.kind, "files": files}, indent=1, allow_nan=False)
+        )
         t = self.path
         if self.staging.parent == t:  # staged inside the empty target: the entries move up, finished last
             others = [p.name for p in t.iterdir() if p != self.staging]

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from bagpipe.files import atomic_write_text
+from bagpipe.jsonout import json_text
 
 ENV = "BAGPIPE_PHASES"
 #: Set by the local launcher in the roles it restarts after a failure: the restart's number.
@@ -60,7 +61,7 @@ def mark(name: str, rank: int | None = None, fresh: bool = False) -> None:
     try:
         marks = {} if fresh or not path.exists() else json.loads(path.read_text())
         marks[name] = time.time()
-        atomic_write_text(path, json.dumps(marks))
+        atomic_write_text(path, json_text(marks))
     except (OSError, ValueError):
         pass  # a measurement; never a reason to fail a role
 
@@ -102,5 +103,5 @@ def report(run_dir: Path) -> dict | None:
     if not events or "phases" in events[-1]:
         return None
     events[-1]["phases"] = phases(events[-1], marks)
-    atomic_write_text(record, json.dumps(events, indent=2))
+    atomic_write_text(record, json_text(events, indent=2))
     return events[-1]["phases"]

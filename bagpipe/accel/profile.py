@@ -41,6 +41,7 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import bag_values
 from bagpipe.errors import ConfigError
 from bagpipe.files import atomic_write_bytes
+from bagpipe.jsonout import json_text
 
 BLOCK = 1024  # samples per sampled block
 COVER_RATE = 0.05  # at most this share of each shard's blocks is read to measure coverage
@@ -107,7 +108,7 @@ class HotSet:
     def save(self, path: str | os.PathLike) -> None:
         """One .npz file (rows + the report as JSON), written atomically."""
         buf = io.BytesIO()
-        np.savez(buf, rows=self.rows, report=np.array(json.dumps(self.report)))
+        np.savez(buf, rows=self.rows, report=np.array(json_text(self.report)))
         atomic_write_bytes(path, buf.getvalue())
 
     @classmethod

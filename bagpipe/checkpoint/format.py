@@ -53,7 +53,6 @@ checkpoint in one line (it reads 2 to 4).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -63,6 +62,7 @@ from bagpipe.data.schema import read_json
 from bagpipe.errors import CheckpointError, DataError
 from bagpipe.files import atomic_write_text
 from bagpipe.filesums import seal, sealed_problem
+from bagpipe.jsonout import json_text
 
 FORMAT = "bagpipe.checkpoint"
 VERSION = 5
@@ -184,7 +184,7 @@ class Manifest:
             raise CheckpointError(f"{where}: malformed manifest ({e})") from None
 
     def save(self, folder: Path) -> None:
-        atomic_write_text(folder / MANIFEST, json.dumps(self.to_json(), indent=1))
+        atomic_write_text(folder / MANIFEST, json_text(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, folder: Path) -> Manifest:

@@ -93,12 +93,14 @@ def run(args: argparse.Namespace) -> int:
         import sys
         from pathlib import Path
 
+        from bagpipe.jsonout import json_text
+
         quiet = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, summary_json=None))
         with contextlib.redirect_stdout(sys.stderr):
             rc = _run(quiet)
         summary = Path(cfg.run.out) / "summary.json"
         if rc in (0, 1) and summary.is_file():  # 1: the final checkpoint was lost, the summary is right
-            print(json.dumps(json.loads(summary.read_text()), indent=2), flush=True)
+            print(json_text(json.loads(summary.read_text()), indent=2), flush=True)
         return rc
     return _run(cfg)
 
@@ -327,15 +329,16 @@ def check_summary_json(cfg) -> None:
 
 
 def summary_line(s: dict) -> str:
-    """The one line a finished run prints."""
+    """The one line a finished run prints (from summary.json too, where a figure that was
+    not finite is null: n/a)."""
 
     def fig(key: str, fmt: str = ".4f") -> str:
         return "n/a" if s.get(key) is None else format(s[key], fmt)
 
     digest = "not computed (--no-digest)" if s["params_sha256"] is None else s["params_sha256"][:16] + "…"
     return (
-        f"{s['mode']}: {s['steps']} steps, {s['samples_per_s']:,.0f} samples/s, "
-        f"train logloss {s['train_logloss']:.4f}, eval logloss {fig('eval_logloss')}, eval AUC {fig('eval_auc')}, "
+        f"{s['mode']}: {s['steps']} steps, {fig('samples_per_s', ',.0f')} samples/s, "
+        f"train logloss {fig('train_logloss')}, eval logloss {fig('eval_logloss')}, eval AUC {fig('eval_auc')}, "
         f"NE {fig('eval_ne')}, calibration {fig('eval_calibration', '.3f')}, "
         f"peak RSS {s['peak_rss_mb']:.0f} MiB, params_sha256 {digest}"
         + ("" if s.get("exact", True) else f"; not exact: {'; '.join(s.get('not_exact') or ['see summary.json'])}")

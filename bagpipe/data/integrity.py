@@ -174,7 +174,7 @@ def fingerprint(root: Path, meta: DatasetMeta) -> str:
     if isinstance(src.get("inputs"), list):
         src["inputs"] = [{k: v for k, v in i.items() if k != "path"} for i in src["inputs"] if isinstance(i, dict)]
     d["source"] = src
-    h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(d, sort_keys=True, allow_nan=False).encode())
     for split in sorted(meta.splits):
         for i in range(len(meta.splits[split].shard_sizes)):
             sd = shard_dir(root, split, i)

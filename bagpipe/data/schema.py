@@ -149,7 +149,7 @@ class DatasetMeta:
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write ``meta.json`` atomically (temp file, fsync, rename), with the CRC-32 of its content."""
-        text = json.dumps(seal(self.to_json(), META_SUM), indent=2, sort_keys=True)
+        text = json.dumps(seal(self.to_json(), META_SUM), indent=2, sort_keys=True, allow_nan=False)
         atomic_write_text(Path(directory) / META_FILE, text)
 
     @classmethod

@@ -43,6 +43,7 @@ from bagpipe.distributed.layout import Layout, role_threads
 from bagpipe.distributed.roles import ERROR_PREFIX
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.files import atomic_write_text, held_lock_fds
+from bagpipe.jsonout import json_text
 from bagpipe.phases import ENV as PHASES_ENV
 from bagpipe.phases import RESTART_ENV
 from bagpipe.store import holds_store
@@ -232,7 +233,7 @@ class Launcher:
         phases_dir = self.out / ".phases"  # each role's start-up marks (bagpipe.phases)
         phases_dir.mkdir(exist_ok=True)
         job = self.out / "job.json"
-        job.write_text(json.dumps(self.cfg.to_json(), indent=2))
+        job.write_text(json_text(self.cfg.to_json(), indent=2))
         place = self.placement
         port = place.port if place else free_port()
         # a new secret for every attempt (unless the job names a file): a role of an earlier attempt cannot join
@@ -257,7 +258,7 @@ class Launcher:
             if spare is not None:  # a pre-started interpreter, its imports done: it becomes this role
                 proc = spare
                 assert proc.stdin is not None
-                proc.stdin.write((json.dumps({"job": str(job), "env": env}) + "\n").encode())
+                proc.stdin.write((json.dumps({"job": str(job), "env": env}, allow_nan=False) + "\n").encode())
                 proc.stdin.close()
             else:
                 proc = subprocess.Popen(
@@ -286,7 +287,7 @@ class Launcher:
         if in_spares:
             self._say(f"[launcher] {in_spares} of {len(self.roles)} roles start in pre-started spare processes")
         (self.out / "roles.json").write_text(
-            json.dumps(
+            json_text(
                 [{"rank": r.rank, "role": r.name, "pid": r.proc.pid, "log": str(r.log_path)} for r in self.roles],
                 indent=2,
             )
@@ -575,7 +576,7 @@ def _restart(cfg: TrainConfig, run: RunDir, failure: RoleFailed, restarts: int) 
             **failure.times,
         }
     )
-    atomic_write_text(record, json.dumps(events, indent=2))
+    atomic_write_text(record, json_text(events, indent=2))
     return cfg.replace(resume=step is not None)
 
 

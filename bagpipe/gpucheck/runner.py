@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bagpipe.gpucheck.sizes import SIZES, Size
 from bagpipe.gpucheck.steps import TITLES, Step, plan_steps
+from bagpipe.jsonout import json_text
 
 ROOT = Path(__file__).resolve().parents[2]  # the working tree the package runs from
 TERM_GRACE_S = 5.0  # the gpu size's limits (435 s) plus five graces stay under 8 minutes
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu-check: {step.name}: {r.status} in {r.seconds:.1f} s", flush=True)
             results["steps"].append(r.__dict__)
     results["total_s"] = time.perf_counter() - t0
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "results.json").write_text(json_text(results, indent=1, default=str))
     (out / "results.md").write_text(markdown(results))
     failed = [s["name"] for s in results["steps"] if s["status"] != "passed"]
     print(f"gpu-check: {len(results['steps']) - len(failed)}/{len(results['steps'])} steps passed in "

@@ -19,6 +19,7 @@ import torch
 
 from bagpipe.checkpoint.compare import checkpoint_tensors, worst_difference
 from bagpipe.gpucheck.sizes import SIZES, Size
+from bagpipe.jsonout import json_text
 
 MIB = 1 << 20
 #: eval log loss agreement of a GPU run with the same run on the CPU (docs/gpu.md)
@@ -183,7 +184,7 @@ def bench(size: Size, device: str, work: Path) -> dict:
             "passed": len(runs) == len(size.bench_batches),
             "figures": {"bench_device": bench_device, "runs": runs},
         }
-        (work / "result.json").write_text(json.dumps(result, indent=1, default=str))
+        (work / "result.json").write_text(json_text(result, indent=1, default=str))
         shutil.rmtree(out / "data", ignore_errors=True)  # the generated data set: GBs at full cardinality
     return result
 
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     result = BODIES[args.step](SIZES[args.size], args.device, args.dir)
-    (args.dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    (args.dir / "result.json").write_text(json_text(result, indent=1, default=str))
     return 0 if result["passed"] else 1
 
 

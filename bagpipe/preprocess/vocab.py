@@ -262,7 +262,7 @@ def save_mapping(out: Path, fmt: RawFormat, mapping: Mapping) -> None:
         "features": features,
         "fixed_features": {n: r for n, r in fmt.fixed_features},
     }
-    (d / VOCAB_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    (d / VOCAB_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def load_mapping(directory: str | os.PathLike, fmt: RawFormat) -> Mapping:

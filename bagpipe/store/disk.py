@@ -200,7 +200,7 @@ class DiskStore(EmbeddingStore):
         }
 
     def _write_header(self, header: dict) -> None:
-        atomic_write_text(self.path / HEADER, json.dumps(header, indent=1) + "\n")
+        atomic_write_text(self.path / HEADER, json.dumps(header, indent=1, allow_nan=False) + "\n")
 
     def _check_header(self, want: dict) -> None:
         hp = self.path / HEADER

@@ -15,7 +15,8 @@ Layout of ``RUN/``::
 Every topology writes these through :class:`RunDir` (in a distributed run, trainer 0
 does), so their schema is the same everywhere. The digest (``params_sha256``) is
 computed here too (:func:`digest_of`): a function of the parameters alone, which reads
-only the rows written since initialisation.
+only the rows written since initialisation. A figure that is not finite (the AUC of an
+eval split of one class) is written as ``null`` in every JSON file: :mod:`bagpipe.jsonout`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 
 from bagpipe.errors import ConfigError
 from bagpipe.files import FULL_ERRNOS, RunLock, atomic_write_text, written_directly
+from bagpipe.jsonout import json_text
 from bagpipe.store.init import RowValues
 
 __all__ = ["LOCK_HELD_ENV", "MetricsLog", "RunDir", "RunLock", "dense_copy", "dense_digest", "digest_of", "every_row"]
@@ -83,7 +85,7 @@ class MetricsLog:
         return fd, os.fstat(fd).st_size
 
     def write(self, **record) -> None:
-        data = (json.dumps(record) + "\n").encode()
+        data = (json_text(record) + "\n").encode()
         try:
             if self.fd is None:
                 self.fd, self.size = self._open()
@@ -261,7 +263,7 @@ class RunDir:
         run is not exact, its earlier runs' reasons included (the summary's field)}``."""
         self.create()
         conf = {"train": train, "model": dataclasses.asdict(model), "dataset": dataset, "not_exact": not_exact or []}
-        atomic_write_text(self.config_file, json.dumps(conf, indent=2))
+        atomic_write_text(self.config_file, json_text(conf, indent=2))
 
     def write_config_later(self, train: dict, model, dataset: dict, not_exact: list[str] | None = None) -> None:
         """The config to write once start-up is over (:meth:`started`): a run refused
@@ -302,13 +304,13 @@ class RunDir:
 
     def write_summary(self, summary: dict, also: str | None = None) -> None:
         """RUN/summary.json, and ``also`` (--summary-json) if given."""
-        atomic_write_text(self.summary_file, json.dumps(summary, indent=2))
+        atomic_write_text(self.summary_file, json_text(summary, indent=2))
         if also:
             self.copy_summary(summary, also)
 
     def copy_summary(self, summary: dict, also: str) -> None:
         """The summary at ``also`` (--summary-json): a file, or a device (/dev/stdout)."""
-        text = json.dumps(summary, indent=2)
+        text = json_text(summary, indent=2)
         target = Path(also)
         direct = written_directly(target, "w")  # a device, /dev/stdout: the writers' one rule
         if direct is not None:
@@ -366,7 +368,7 @@ def digest_of(model: torch.nn.Module, init: RowValues, state_dim: int, rows: IdR
     initial value and add nothing), so the digest costs what was trained, not the tables."""
     h = dense_digest(model)
     identity = {"seed": init.seed, "table_sizes": list(init.table_sizes), "dim": init.dim, "state_dim": int(state_dim)}
-    h.update(json.dumps(identity, sort_keys=True).encode())
+    h.update(json.dumps(identity, sort_keys=True, allow_nan=False).encode())
     hash_rows(h, init, rows)
     return h.hexdigest()
 

@@ -7,15 +7,16 @@ Markdown table, results.json / results.md and the PNG boilerplate are here once.
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+from bagpipe.jsonout import json_text
 from bagpipe.train.plot import pyplot, save_png  # noqa: F401 - the scenarios import them from here
 
 #: Phases of a training step, as ``time_per_step_ms`` in a run's summary names them.
@@ -42,12 +43,14 @@ def header(b) -> dict:
     return {"scenario": b.name, "config": asdict(b), "machine": machine()}
 
 
-def median_spread(values: list[float]) -> tuple[float, float]:
-    """Median and (max - min) / median of repetitions."""
-    if not values:
+def median_spread(values: Sequence[float | None]) -> tuple[float, float]:
+    """Median and (max - min) / median of repetitions; a figure a run's summary holds as
+    null (not measured, or non-finite: :mod:`bagpipe.jsonout`) counts as NaN."""
+    figures = [float("nan") if v is None else v for v in values]
+    if not figures:
         return float("nan"), float("nan")
-    med = statistics.median(values)
-    return med, (max(values) - min(values)) / med if med else float("nan")
+    med = statistics.median(figures)
+    return med, (max(figures) - min(figures)) / med if med else float("nan")
 
 
 def median(runs: list[dict], key: str) -> float:
@@ -88,6 +91,8 @@ def step_times(runs: list[dict]) -> dict[str, float]:
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:
     def fmt(v):
+        if v is None:  # a figure a run's summary holds as null
+            return "n/a"
         if isinstance(v, float):
             if v != v:
                 return "n/a"
@@ -101,7 +106,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 def write_results(out: Path, name: str, payload: dict, table: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(payload, indent=2))
+    (out / "results.json").write_text(json_text(payload, indent=2))
     (out / "results.md").write_text(f"# bagpipe bench {name}\n\n{table}\n")
 
 

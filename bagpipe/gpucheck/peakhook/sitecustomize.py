@@ -24,7 +24,7 @@ def _write_peak() -> None:
         "max_reserved_bytes": torch.cuda.max_memory_reserved(),
     }
     with open(os.path.join(where, f"{os.getpid()}.json"), "w") as f:
-        json.dump(peak, f)
+        json.dump(peak, f, allow_nan=False)
 
 
 atexit.register(_write_peak)

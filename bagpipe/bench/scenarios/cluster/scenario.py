@@ -44,6 +44,7 @@ from bagpipe.bench.scenarios.cluster.settings import ClusterBench, job_config
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.distributed.launch import Placement, launch
 from bagpipe.distributed.layout import Layout
+from bagpipe.jsonout import json_text
 from bagpipe.testbed.netns import EmulatedNet, Host, probe_rate, terminate_as_interrupt, unavailable
 
 PORT = 29500
@@ -293,7 +294,7 @@ def run(b: ClusterBench) -> dict:
                 _shape(net, hosts, b, rate)
                 if rate not in probes:
                     probes[rate] = _probe(net, hosts, b)
-                    (out / "probes.json").write_text(json.dumps({f"{r:g}": p for r, p in probes.items()}))
+                    (out / "probes.json").write_text(json_text({f"{r:g}": p for r, p in probes.items()}))
                 for n in b.trainers:
                     for key, mode, L in b.configs():
                         _shape(net, hosts, b, rate)  # the previous job's evaluation ran unshaped
@@ -304,7 +305,7 @@ def run(b: ClusterBench) -> dict:
                         results.setdefault((n, rate, key), []).append(r)
                         with open(out / "runs.jsonl", "a") as f:  # what a long sweep has measured so far
                             f.write(
-                                json.dumps(
+                                json_text(
                                     {
                                         "rate": rate,
                                         "trainers": n,

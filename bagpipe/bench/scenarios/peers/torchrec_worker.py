@@ -14,7 +14,6 @@ Needs TorchRec and FBGEMM (``make peers``); they are imported only in here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bagpipe.errors import ConfigError
+from bagpipe.jsonout import json_text
 
 EVAL_SAMPLES = 20000  # what bench modes' ``bagpipe train`` runs evaluate on
 
@@ -327,7 +327,7 @@ def _worker_main(argv: list[str]) -> int:
         threads=a.threads,
     )
     Path(a.summary_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.summary_json).write_text(json.dumps(s, indent=2))
+    Path(a.summary_json).write_text(json_text(s, indent=2))
     return 0
 
 

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from bagpipe.jsonout import json_text
+
 
 def probe(settings: dict) -> dict:
     """Run the probe described by ``settings`` (see :func:`bagpipe.bench.scenarios.scale.scenario.probe_settings`)."""
@@ -71,7 +73,7 @@ def probe(settings: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     settings = json.loads(Path(argv[0]).read_text())
-    Path(argv[1]).write_text(json.dumps(probe(settings), indent=1))
+    Path(argv[1]).write_text(json_text(probe(settings), indent=1))
     return 0
 
 

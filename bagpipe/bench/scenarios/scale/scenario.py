@@ -51,6 +51,7 @@ from bagpipe.bench.harness.settings import CachePoint, Loaded, Throughput
 from bagpipe.bench.scenarios.modes.scenario import drop_cached, materialise_disk_store
 from bagpipe.bench.scenarios.scale.report import plot, summarise, thin
 from bagpipe.config.modes import MODES
+from bagpipe.jsonout import json_text
 from bagpipe.optim.names import row_state_dim
 from bagpipe.testbed.load import BackgroundLoad
 from bagpipe.testbed.memlimit import MemoryGroup, find_memory_controller
@@ -342,7 +343,7 @@ def run_probe(
         "seed": SEED,
     }
     spec_file, result_file = out / "probe-settings.json", out / "probe-result.json"
-    spec_file.write_text(json.dumps(spec))
+    spec_file.write_text(json_text(spec))
     with MemoryGroup(controller, limit, "bagpipe-scale-probe") as group:
         proc = subprocess.run(
             [sys.executable, "-m", "bagpipe.bench.scenarios.scale.readprobe", str(spec_file), str(result_file)],
