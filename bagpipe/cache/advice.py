@@ -7,7 +7,8 @@ write-backs) cost CPU beside the step. Where the store is as fast as the cache (
 memory store, no memory limit) ``lookahead``, ``lru`` and ``full`` train at about the same
 speed (docs/pipeline.md); where the store is slow (a disk store, a memory limit, embedding
 servers) the synchronous modes wait for it and ``lookahead`` does not. Exactness never
-depends on the choice: every mode trains the same model.
+depends on the choice: every exact mode trains --mode full's model (hotline's differs
+within float rounding, docs/accel.md).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def plan_advice(spec: ModeSpec, store: str, remote: bool) -> str | None:
         where = "embedding servers" if remote else "the disk store"
         return (
             f"speed: --mode {spec.name} reads its misses from {where} on the step's own thread; --mode lookahead "
-            "reads them ahead of the step and trains the same model"
+            "reads them ahead of the step and trains --mode full's model, bit for bit"
         )
     return None
 
@@ -72,6 +73,6 @@ def run_advice(
     if wait > WAIT_SHARE * step_ms:
         return (
             f"the step waited {wait:.1f} ms ({wait / step_ms:.0%} of {step_ms:.0f} ms) for the store; "
-            "--mode lookahead reads the rows ahead and writes them back behind the step (the same model)"
+            "--mode lookahead reads the rows ahead and writes them back behind the step (--mode full's model, bit for bit)"
         )
     return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 DESCRIPTION = """\
@@ -111,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     res = evaluate(model, lookup, dataset, args.batch_size, args.max_samples)
     res["step"] = ckpt.step
     if args.json:
-        print(json.dumps(res))
+        from bagpipe.jsonout import json_text
+
+        print(json_text(res))
     else:
         print(f"step {ckpt.step}: {eval_line(res)}")
     return 0

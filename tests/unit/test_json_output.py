@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from repo import PACKAGE
 
-from bagpipe.bench.harness.report import markdown_table, median_spread, write_results
+from bagpipe.bench.harness.report import fixed, markdown_table, median_spread, write_results
 from bagpipe.commands.train import summary_line
 from bagpipe.jsonout import finite, json_text
 from bagpipe.train.plot import plot_runs, read_metrics
@@ -32,9 +32,8 @@ pytestmark = pytest.mark.unit
 
 NAN, INF = float("nan"), float("inf")
 
-#: Writers this change leaves to the changes that own them: eval's --json line (its AUC may
-#: be NaN) and export's files (sizes, sums and names only).
-LEFT = {"commands/eval.py", "export/tensorfile.py", "export/write.py"}
+#: Writers that hold no measured float: export's files (sizes, sums and names only).
+LEFT = {"export/tensorfile.py", "export/write.py"}
 
 
 def strict_json(text: str):
@@ -154,3 +153,7 @@ def test_a_benchmarks_results_are_valid_json(tmp_path):
         "ratio_to_lookahead": None,
         "runs": [1.0, None],
     }
+
+
+def test_a_bench_line_prints_a_null_or_nan_figure_as_na():
+    assert [fixed(None), fixed(NAN), fixed(0.71234), fixed(0.5, 2)] == ["n/a", "n/a", "0.7123", "0.50"]

@@ -89,6 +89,14 @@ def step_times(runs: list[dict]) -> dict[str, float]:
     return {k: median_spread([r["time_per_step_ms"][k] for r in runs])[0] for k in runs[0]["time_per_step_ms"]}
 
 
+def fixed(v, digits: int = 4) -> str:
+    """``v`` with ``digits`` decimals, or "n/a" for a figure a summary holds as null (an
+    eval split of one class has no AUC) or NaN."""
+    if v is None or v != v:
+        return "n/a"
+    return f"{v:.{digits}f}"
+
+
 def markdown_table(headers: list[str], rows: list[list]) -> str:
     def fmt(v):
         if v is None:  # a figure a run's summary holds as null

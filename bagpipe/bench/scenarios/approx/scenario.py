@@ -25,7 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bagpipe.bench.harness.report import header, markdown_table, median, pyplot, save_png, throughput, write_results
+from bagpipe.bench.harness.report import (
+    fixed,
+    header,
+    markdown_table,
+    median,
+    pyplot,
+    save_png,
+    throughput,
+    write_results,
+)
 from bagpipe.bench.harness.runner import data_samples, ensure_synth, run_train, train_args
 from bagpipe.bench.harness.settings import CriteoSample, Throughput
 from bagpipe.bench.scenarios.convergence.scenario import CRITEO_SAMPLE, SHARED_DATA, _preprocess_criteo
@@ -135,7 +144,7 @@ def _dataset(b: ApproxBench, name: str, data: Path, steps: int, batch: int, eval
             else:
                 runs[key].append(s)
             print(
-                f"    {s['samples_per_s']:,.0f} samples/s, eval AUC {s['eval_auc']:.4f}, log loss {s['eval_logloss']:.4f}",
+                f"    {s['samples_per_s']:,.0f} samples/s, eval AUC {fixed(s['eval_auc'])}, log loss {fixed(s['eval_logloss'])}",
                 flush=True,
             )
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -220,9 +229,9 @@ def _table(datasets: dict) -> str:
                     r["samples_per_s"],
                     f"{r['spread']:.0%}",
                     "-" if key == r["reference"] or r["ratio"] is None else f"{r['ratio']:.2f}x vs {r['reference']}",
-                    f"{r['eval_auc']:.4f}",
+                    f"{fixed(r['eval_auc'])}",
                     "-" if key == r["reference"] else _signed(r["auc_diff"]),
-                    f"{r['eval_logloss']:.4f}",
+                    f"{fixed(r['eval_logloss'])}",
                     "-" if key == r["reference"] else _signed(r["logloss_diff"]),
                     _mib(r["sync_bytes_per_step"]),
                     _mib(r["partitioned_sync_bytes_per_step"]),

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bagpipe.bench.harness.report import header, markdown_table, pyplot, save_png, write_results
+from bagpipe.bench.harness.report import fixed, header, markdown_table, pyplot, save_png, write_results
 from bagpipe.bench.harness.runner import (
     data_samples,
     make_data,
@@ -142,7 +142,7 @@ def _compare(b: ConvergenceBench, name: str, data: Path, steps: int, batch: int,
         }
         c = s.get("cache") or {}
         extra = f", hit rate {c['hit_rate']:.1%}, {c['forced_evictions']:,} forced evictions" if c else ""
-        print(f"    final eval AUC {s['eval_auc']:.4f}, log loss {s['eval_logloss']:.4f}{extra}", flush=True)
+        print(f"    final eval AUC {fixed(s['eval_auc'])}, log loss {fixed(s['eval_logloss'])}{extra}", flush=True)
         shutil.rmtree(run_dir, ignore_errors=True)
     f, la = res["modes"]["full"], res["modes"]["lookahead"]
     res["curves_identical"] = f["curve"] == la["curve"] and len(f["curve"]) > 0
@@ -219,8 +219,8 @@ def run(b: ConvergenceBench) -> dict:
                     mode,
                     d["steps"],
                     d["batch_size"],
-                    f"{m['eval_auc']:.4f}",
-                    f"{m['eval_logloss']:.4f}",
+                    f"{fixed(m['eval_auc'])}",
+                    f"{fixed(m['eval_logloss'])}",
                     len(m["curve"]),
                     "-" if not c else f"{d['cache_rows']:,} rows, L={d['lookahead']}",
                     "-" if not c else f"{c['forced_evictions']:,}",
