@@ -182,6 +182,12 @@ def nothing_to_resume(folder: CheckpointFolder) -> str:
             f"{run}: --resume given but {folder.root / LATEST} is missing; resume from the newest complete "
             f"checkpoint with --resume-from {have[-1]}"
         )
+    if records_of_a_run(RunDir(run)):
+        return (
+            f"{run}: --resume given but the run in this folder saved no checkpoint (it has only its records); "
+            "it cannot be continued: choose another --out for a new run, or give --out the run folder that "
+            "holds the checkpoint to resume"
+        )
     return (
         f"{run}: --resume given but there is no checkpoint in this folder; drop --resume to start a new run "
         "there, or give --out the run folder that holds the checkpoint to resume"
@@ -230,11 +236,27 @@ def chosen(folder: CheckpointFolder, spec: str) -> Checkpoint:
     return folder.verified(name)
 
 
+def records_of_a_run(run: RunDir) -> list[str]:
+    """The names of a run's own records (config.json, metrics.jsonl, summary.json) that
+    ``run`` holds: written only by a run that got past its start, so any of them means the
+    folder is another run's."""
+    return [f.name for f in (run.config_file, run.metrics_file, run.summary_file) if f.exists()]
+
+
 def refuse_overwrite(run: RunDir) -> None:
-    """A new run (no --resume) refuses a folder that holds another run's checkpoints."""
-    if (run.path / "checkpoints" / "LATEST").exists():
+    """A new run (no --resume) refuses a folder that holds another run: its checkpoints, or
+    only its records (a run with --no-final-checkpoint, or stopped before its first
+    checkpoint), which the new run would otherwise replace without a word."""
+    folder = CheckpointFolder(run.path)
+    if (run.path / "checkpoints" / "LATEST").exists() or folder.complete():
         raise ConfigError(
             f"{run.path} already holds a run with checkpoints; pass --resume to continue it or choose another --out"
+        )
+    records = records_of_a_run(run)
+    if records:
+        raise ConfigError(
+            f"{run.path} already holds another run's {', '.join(records)} (it saved no checkpoint to continue "
+            f"from); choose another --out, or remove that folder to start again there (nothing in it was changed)"
         )
 
 

@@ -218,7 +218,9 @@ def test_hot_rows_at_another_file_says_what_a_hot_row_file_is(run_cli, tiny_data
 
 
 @pytest.mark.integration
-def test_resume_without_a_checkpoint_says_to_drop_resume(run_cli, tiny_data, a_run, tmp_path):
+def test_resume_without_a_checkpoint_says_to_drop_resume_and_a_new_run_keeps_the_old_records(
+    run_cli, tiny_data, a_run, tmp_path
+):
     common: list = ["--data", tiny_data, "--steps", 6, "--batch-size", 64, "--no-progress", "--threads", 1]
     common += ["--eval-samples", 64]
     nothing = tmp_path / "new"
@@ -233,7 +235,25 @@ def test_resume_without_a_checkpoint_says_to_drop_resume(run_cli, tiny_data, a_r
     assert run_cli("train", *common, "--out", bare, "--no-final-checkpoint")[0] == 0
     before = snapshot(bare)
     rc, _, err = run_cli("train", *common, "--out", bare, "--resume")
-    assert one_line_error(rc, err, "train").startswith(f"{bare}: --resume given but there is no checkpoint in")
+    assert one_line_error(rc, err, "train") == (
+        f"{bare}: --resume given but the run in this folder saved no checkpoint (it has only its records); "
+        "it cannot be continued: choose another --out for a new run, or give --out the run folder that "
+        "holds the checkpoint to resume"
+    )
+    assert snapshot(bare) == before
+    # ... and a new run there (without --resume) would replace its records: refused too
+    rc, _, err = run_cli("train", *common, "--out", bare, "--model", "deepfm", "--batch-size", 32)
+    assert one_line_error(rc, err, "train") == (
+        f"{bare} already holds another run's config.json, metrics.jsonl, summary.json (it saved no checkpoint "
+        "to continue from); choose another --out, or remove that folder to start again there (nothing in it "
+        "was changed)"
+    )
+    assert snapshot(bare) == before
+    # a run stopped before its first checkpoint leaves config.json and metrics.jsonl: the same
+    (bare / "summary.json").unlink()
+    before = snapshot(bare)
+    rc, _, err = run_cli("train", *common, "--out", bare)
+    assert "already holds another run's config.json, metrics.jsonl (it saved" in one_line_error(rc, err, "train")
     assert snapshot(bare) == before
     # checkpoints without LATEST: the newest is offered
     lost = tmp_path / "lost"
