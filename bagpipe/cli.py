@@ -19,6 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
 import argparse  # noqa: E402
+import difflib  # noqa: E402
 import importlib  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Collection, Iterator, Sequence  # noqa: E402
@@ -113,6 +114,40 @@ def command_of(argv: Sequence[str]) -> str | None:
     return first if first in COMMANDS else None
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, where an argument no parser knows is reported by the
+    (sub)command it was given to -- ``bagpipe train: error: unrecognized arguments: --bogus
+    (see bagpipe train --help)``, ``bagpipe bench modes: ...`` -- not by ``bagpipe`` itself,
+    whose help lists no command's options; an option close to one the command has is
+    offered (``did you mean --steps?``)."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    argv = list(argv)
+    command = command_of(argv)
+    before = argv[: argv.index(command)] if command is not None else argv
+    # given after the command: the command's (or its scenario's, `bench modes`), else bagpipe's own
+    chosen = parser if any(a in before for a in extra) else chosen_parser(parser, args)
+    near = None
+    typed = next((a.split("=", 1)[0][2:] for a in extra if a.startswith("--")), None)
+    if typed:  # compared without the dashes every option shares
+        own = [o[2:] for act in chosen._actions for o in act.option_strings if o.startswith("--")]
+        near = next(iter(difflib.get_close_matches(typed, own, n=1)), None)
+    chosen.error(f"unrecognized arguments: {' '.join(extra)}" + (f"; did you mean --{near}?" if near else ""))
+    raise AssertionError("unreachable: error() exits")  # pragma: no cover
+
+
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost (sub)parser ``args`` were parsed by: ``bagpipe bench modes``'s for
+    ``bagpipe bench modes ...`` (each level's choice is its subparsers' ``dest`` in ``args``)."""
+    while True:
+        subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, subs.dest, None) if subs is not None and subs.dest else None
+        if subs is None or name not in subs.choices:
+            return parser
+        parser = subs.choices[name]
+
+
 def _version() -> str:
     from bagpipe import __version__
 
@@ -150,7 +185,7 @@ def _main(argv: list[str] | None) -> int:
         argv = sys.argv[1:]
     command = command_of(argv)
     parser = build_parser(load=[command] if command is not None else [])
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
