@@ -21,6 +21,11 @@ the sum of every role with the launcher held against what a local job shares: it
 memory cgroup's limit, or --memory-budget-mb where that is smaller (on a local job it
 is the whole job's; each trainer is sized to it alone).
 
+It takes `bagpipe train`'s options, --out included, so a train command line runs as it
+is: plan writes nothing there, but refuses an --out that train would refuse before it
+trains (the data set or a folder inside it, another data set or an export, a folder
+holding another run's checkpoints without --resume), in train's words.
+
 Exit status 0 when the run fits, 2 (with the one line `bagpipe train` would stop with)
 when it does not.
 
@@ -30,6 +35,9 @@ Examples:
   bagpipe plan --config run.toml
 """
 
+#: The run folder of a plan given no --out (it writes none).
+NO_OUT = "(not written)"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config import add_options
@@ -37,8 +45,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config.train import TrainConfig
 
     p.add_argument("--config", type=path, metavar="FILE", help="TOML file with settings (command-line options win)")
-    # the run folder is not written: --out is optional here
-    add_options(p, TrainConfig, skip=("out",))
+    add_options(p, TrainConfig)
+    # the run folder is not written: --out is optional, taken so that a train command line can be pasted
+    out = next(a for a in p._actions if a.dest == "out")
+    out.help = (
+        "accepted so that a `bagpipe train` command line runs as it is; plan writes nothing there, but "
+        "refuses an --out train would refuse (the data set or inside it, a data set or an export, a folder "
+        "holding another run's checkpoints without --resume)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.data.stream import train_stream
     from bagpipe.train.preflight import memory_checks
 
-    settings = given(args, TrainConfig) | {"out": "(not written)"}
-    cfg = load_config(args.config, settings)
+    cfg = load_config(args.config, given(args, TrainConfig), defaults={"out": NO_OUT})
+    if cfg.run.out != NO_OUT:  # from the command line or the config file: what train would refuse of it
+        check_out(cfg)
     dataset = Dataset(cfg.data.data)
     stream = train_stream(dataset, cfg.data, cfg.run.seed)
     spec = cfg.cache.spec
@@ -138,6 +153,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"fits: yes (the job's {total / 2**20:,.0f} of {shared.usable / 2**20:,.0f} MiB of {shared.source})")
     return 0
+
+
+def check_out(cfg) -> None:
+    """Refuse, in train's words, an ``--out`` (or ``--store-dir``) that ``bagpipe train``
+    would refuse before it trains: train's own checks, which only look (no folder made,
+    no lock taken)."""
+    from bagpipe.commands.train import check_out_folders
+    from bagpipe.train.resume import elastic_restart, refuse_overwrite
+    from bagpipe.train.rundir import RunDir
+
+    check_out_folders(cfg)
+    if not (cfg.run.resume or elastic_restart()):
+        refuse_overwrite(RunDir(cfg.run.out))  # RunDir(path) only names the folder: claim() makes it
 
 
 def _budget(cfg):

@@ -288,19 +288,20 @@ def only_applicable(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in drop}
 
 
-def load_config(file: str | None, overrides: dict) -> TrainConfig:
+def load_config(file: str | None, overrides: dict, defaults: dict | None = None) -> TrainConfig:
     """Merge a TOML file (may be None) and command-line overrides (None values ignored).
 
     The file's keys are setting names, at the top level, in their section's table, or
-    (as older files have them) inside a ``[train]`` table.
+    (as older files have them) inside a ``[train]`` table. ``defaults``: values of
+    settings that neither gives (``plan``'s stand-in for a required ``--out``).
     """
-    values: dict = {}
+    values: dict = dict(defaults or {})
     source = "command line"
     if file:
         raw = read_toml(file)
         if set(raw) == {"train"} and isinstance(raw["train"], dict):
             raw = raw["train"]
-        values = flatten(TrainConfig, raw, str(file))
+        values.update(flatten(TrainConfig, raw, str(file)))
         source = str(file)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return with_run_length(build(TrainConfig, with_recipe_settings(values), source), values)
