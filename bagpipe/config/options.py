@@ -20,6 +20,7 @@ import argparse
 import codecs
 import dataclasses
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -142,11 +143,53 @@ def read_toml(path: str | Path) -> dict:
         skip = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
         return tomllib.loads(raw[skip:].decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        text = raw[skip:].decode("utf-8", "replace")
+        raise ConfigError(f"{path}: {value_and_table(text) or e}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start + skip}); a TOML file must be UTF-8") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
+
+
+_BARE = r"[A-Za-z0-9_-]+(?:\s*\.\s*[A-Za-z0-9_-]+)*"  # a bare or dotted key (quoted keys are not looked at)
+_HEADER_RE = re.compile(rf"\s*\[\s*({_BARE})\s*\]\s*(?:#.*)?$")
+_ASSIGN_RE = re.compile(rf"\s*({_BARE})\s*=")
+
+
+def value_and_table(text: str) -> str | None:
+    """Why a TOML file tomllib refused is invalid, where a key was given a value and is also
+    a table -- a top-level ``data = "..."`` (the option --data) and a ``[data]`` table (its
+    group's), one TOML key -- and what to write instead; None for any other mistake. A
+    line-by-line look at bare keys and table headers, only after tomllib has refused the file."""
+    table: tuple[str, ...] = ()
+    values: dict[tuple[str, ...], tuple[int, str]] = {}  # a key given a value -> (its line, the line)
+    for n, line in enumerate(text.splitlines(), 1):
+        header = _HEADER_RE.match(line)
+        found = header or _ASSIGN_RE.match(line)
+        if found is None:
+            continue
+        parts = tuple(p.strip() for p in found.group(1).split("."))
+        key = parts if header else table + parts
+        # a table's header may be a key given a value; an assignment's key may lie below one
+        clash = next((key[:k] for k in range(1, len(key) + (1 if header else 0)) if key[:k] in values), None)
+        if clash is not None:
+            at, given = values[clash]
+            name = ".".join(clash)
+            where = (
+                f"the top-level key {clash[-1]!r}"
+                if len(clash) == 1
+                else f"the key {clash[-1]!r} in [{'.'.join(clash[:-1])}]"
+            )
+            return (
+                f"{where} (line {at}) and the table [{name}] (line {n}) are the same TOML key, which cannot hold both "
+                f"a value and a table: write {given.strip()} on a line below [{name}] instead "
+                "(a setting may be given in the table of its group)"
+            )
+        if header:
+            table = parts
+        else:
+            values.setdefault(key, (n, line))
+    return None
 
 
 def flatten(root: type, values: dict, source: str) -> dict:
