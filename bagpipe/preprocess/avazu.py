@@ -79,6 +79,7 @@ class AvazuFormat(CsvFormat):
     seq_features: list = []
     feature_order = ["hour_of_day", "day_of_week"] + KEY_FEATURES
     columns = CsvColumns(COLUMNS, label="click", ignored="id", header_marks=frozenset({"id", "click", "hour"}))
+    unlabelled_file = "Avazu's test file"
 
     def parse_line(self, line: bytes, layout: FieldLayout) -> Row:
         col, label = self.line_fields(line, layout)

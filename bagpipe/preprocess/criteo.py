@@ -59,6 +59,7 @@ class CriteoFormat(RawFormat):
     fixed_features: list = []
     seq_features: list = []
     feature_order = CAT_NAMES
+    unlabelled_file = "Criteo's test.txt"
 
     def __init__(self, labelled: bool = True, header: str = "auto"):
         super().__init__(labelled, header)
@@ -68,20 +69,13 @@ class CriteoFormat(RawFormat):
     def layout(self, path: str, first_line: bytes) -> FieldLayout:
         return FieldLayout(self._names, 0)
 
-    def _label_hint(self, got: int) -> str:
-        """Why a line may have one field too few or too many: the label column."""
-        if self.labelled and got == self.nfields - 1:
-            return " (no label column, as in Criteo's test.txt? preprocess --no-label, or predict without --labelled)"
-        if not self.labelled and got == self.nfields + 1:
-            return " (a label column first, as in training lines? predict --labelled, or preprocess without --no-label)"
-        return ""
-
     # -- exact line parser ----------------------------------------------------
     def parse_line(self, line: bytes, layout: FieldLayout) -> Row:
         fields = strip_cr(line).split(b"\t")
         if len(fields) != self.nfields:
             raise BadLine(
-                f"expected {self.nfields} tab-separated fields, got {len(fields)}{self._label_hint(len(fields))}"
+                f"expected {self.nfields} tab-separated fields, got {len(fields)}"
+                + self.label_hint(len(fields), self.nfields)
             )
         label = 0
         i = 0

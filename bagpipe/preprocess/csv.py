@@ -181,6 +181,7 @@ class CsvFormat(RawFormat):
 
     def __init__(self, labelled: bool = True, header: str = "auto"):
         super().__init__(labelled, header)
+        self.label_column = f"a label column ({self.columns.label})"
         self.standard = [c for c in self.columns.standard if labelled or c != self.columns.label]
 
     def layout(self, path: str, first_line: bytes) -> FieldLayout:
@@ -195,7 +196,10 @@ class CsvFormat(RawFormat):
         BadLine for a wrong field count or a bad label."""
         fields = strip_cr(line).split(b",")
         if len(fields) != len(layout.names):
-            raise BadLine(f"expected {len(layout.names)} comma-separated fields, got {len(fields)}")
+            raise BadLine(
+                f"expected {len(layout.names)} comma-separated fields, got {len(fields)}"
+                + self.label_hint(len(fields), len(layout.names))
+            )
         col = dict(zip(layout.names, fields))
         label = label_slow(col[self.columns.label]) if self.labelled else 0
         return col, label

@@ -137,9 +137,25 @@ class RawFormat:
     seq_features: list[str] = []  # multi-hot features with keys
     feature_order: list[str] = []  # the schema order of all features
 
+    #: The label column as a hint names it, and a file of lines without it.
+    label_column = "a label column first"
+    unlabelled_file = "a test file"
+
     def __init__(self, labelled: bool = True, header: str = "auto"):
         self.labelled = labelled
         self.header = header
+
+    def label_hint(self, got: int, expected: int) -> str:
+        """Why a line may have one field too few or too many: the label column (`` (...)``,
+        or "" for any other count)."""
+        if self.labelled and got == expected - 1:
+            return (
+                f" (no label column, as in {self.unlabelled_file}? preprocess --no-label, "
+                "or predict without --labelled)"
+            )
+        if not self.labelled and got == expected + 1:
+            return f" ({self.label_column}, as in training lines? predict --labelled, or preprocess without --no-label)"
+        return ""
 
     # -- layout ---------------------------------------------------------------
     def layout(self, path: str, first_line: bytes) -> FieldLayout:
