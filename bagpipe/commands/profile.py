@@ -27,6 +27,7 @@ Examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config.argtypes import count, path, real
+    from bagpipe.config.sections import MAX_DIM
 
     p.add_argument(
         "--data", required=True, type=path, metavar="DIR", help="dataset directory (its train split is profiled)"
@@ -48,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=count(0), default=0, help="seeds the choice of sampled blocks (default: 0)")
     p.add_argument(
         "--embedding-dim",
-        type=count(1, 1 << 20),
+        type=count(1, MAX_DIM),  # train's bound: a profile for a larger D could never be used
         default=8,
         metavar="D",
         help="D of the run the rows are for (default: 8, that of train's default --recipe debug; kaggle has 16)",
