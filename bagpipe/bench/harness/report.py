@@ -45,11 +45,14 @@ def header(b) -> dict:
 
 def median_spread(values: Sequence[float | None]) -> tuple[float, float]:
     """Median and (max - min) / median of repetitions; a figure a run's summary holds as
-    null (not measured, or non-finite: :mod:`bagpipe.jsonout`) counts as NaN."""
+    null (not measured, or non-finite: :mod:`bagpipe.jsonout`) counts as NaN. One
+    repetition has no spread: NaN (null in results.json, n/a in a table: :func:`percent`)."""
     figures = [float("nan") if v is None else v for v in values]
     if not figures:
         return float("nan"), float("nan")
     med = statistics.median(figures)
+    if len(figures) < 2:
+        return med, float("nan")
     return med, (max(figures) - min(figures)) / med if med else float("nan")
 
 
@@ -95,6 +98,14 @@ def fixed(v, digits: int = 4) -> str:
     if v is None or v != v:
         return "n/a"
     return f"{v:.{digits}f}"
+
+
+def percent(v) -> str:
+    """``v`` (a spread, a share) as a whole percentage, or "n/a" where there is none: one
+    repetition's spread, a figure results.json holds as null, NaN."""
+    if v is None or v != v:
+        return "n/a"
+    return f"{v:.0%}"
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bagpipe.bench.harness.report import header, markdown_table, median_spread, pyplot, save_png
+from bagpipe.bench.harness.report import header, markdown_table, median_spread, percent, pyplot, save_png
 from bagpipe.bench.scenarios.cluster.cost_model import model_for, traffic_for
 from bagpipe.bench.scenarios.cluster.settings import PAPER_CLUSTER, ClusterBench
 from bagpipe.data.schema import DatasetMeta
@@ -308,7 +308,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
                 v["trainers"],
                 v["config"],
                 v["samples_per_s"],
-                f"{v['spread']:.0%}",
+                percent(v["spread"]),
                 sx(v["speedup_over_nocache"]),
                 sx(v["speedup_over_lru"]),
                 f"{v['share_of_ideal']:.2f}",

@@ -27,6 +27,7 @@ from bagpipe.bench.harness.report import (
     markdown_table,
     median,
     median_spread,
+    percent,
     pyplot,
     save_png,
     throughput,
@@ -120,7 +121,7 @@ def summarise(b: DistributedBench, results: dict[str, list[dict]], total_rows: i
             [
                 CONFIGS[config][0],
                 sps,
-                f"{spread:.0%}",
+                percent(spread),
                 f"{sps / base_sps:.2f}x",
                 "-" if not d else f"{sync / 2**20:.2f}",
                 "-" if d.get("trainers", 1) < 2 else f"{rep_sync / 2**20:.2f}",

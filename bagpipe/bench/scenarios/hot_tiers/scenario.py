@@ -38,6 +38,7 @@ from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median,
+    percent,
     pyplot,
     save_png,
     stacked_step_times,
@@ -233,7 +234,7 @@ def summarise(b: AccelBench, results: dict[str, list[dict]], settings: dict, pro
             [
                 key,
                 med,
-                f"{spread:.0%}",
+                percent(spread),
                 f"{med / ref:.2f}x",
                 r["peak_anon_rss_mb"],
                 r["hot_rows"],

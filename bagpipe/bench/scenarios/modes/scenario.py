@@ -22,6 +22,7 @@ from bagpipe.bench.harness.report import (
     median,
     median_spread,
     outside_compute,
+    percent,
     pipeline_cpu,
     pyplot,
     save_png,
@@ -218,7 +219,7 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
             [
                 key,
                 sps,
-                f"{spread:.0%}",
+                percent(spread),
                 f"{sps / full_sps:.2f}x",
                 anon,
                 f"{anon / full_rss:.0%}",

@@ -30,6 +30,7 @@ from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median_spread,
+    percent,
     pyplot,
     save_png,
     write_results,
@@ -147,7 +148,7 @@ def run(b: OracleBench) -> dict:
                 "hit_rate": o["hit_rate"],
                 "forced_evictions": o["forced_evictions"],
             }
-            row = [B, L, med / 1e6, f"{spread:.0%}"]
+            row = [B, L, med / 1e6, percent(spread)]
             if b.reference:
                 ref_runs = [lookups / r["seconds"] for r in runs if r["hot"] is None and not r["fast"]]
                 ref, ref_spread = median_spread(ref_runs)
@@ -159,7 +160,7 @@ def run(b: OracleBench) -> dict:
                     "runs_lookups_per_s": [round(x) for x in ref_runs],
                     "identical_plans": same,
                 }
-                row += [ref / 1e6, f"{ref_spread:.0%}", f"{med / ref:.2f}x", "yes" if same else "**NO**"]
+                row += [ref / 1e6, percent(ref_spread), f"{med / ref:.2f}x", "yes" if same else "**NO**"]
             row += [res[key]["ms_per_batch"], o["state_mb"], f"{o['hit_rate']:.1%}"]
             if hot is not None:
                 with_hot = [r for r in runs if r["hot"] is not None and r["fast"]]
@@ -172,7 +173,7 @@ def run(b: OracleBench) -> dict:
                     "speedup": res[key]["ms_per_batch"] / ms,
                     "lookup_share": with_hot[-1]["hot"],
                 }
-                row += [ms, f"{ms_spread:.0%}", own, f"{res[key]['ms_per_batch'] / ms:.2f}x"]
+                row += [ms, percent(ms_spread), own, f"{res[key]['ms_per_batch'] / ms:.2f}x"]
                 if b.reference:
                     ref_ms, _ = median_spread(
                         [1000 * r["seconds"] / len(batches) for r in runs if r["hot"] is not None and not r["fast"]]

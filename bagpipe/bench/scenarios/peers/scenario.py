@@ -52,6 +52,7 @@ from bagpipe.bench.harness.report import (
     header,
     markdown_table,
     median,
+    percent,
     pyplot,
     save_png,
     stacked_step_times,
@@ -295,7 +296,7 @@ def summarise(b: PeersBench, results: dict[str, list[dict]], total_rows: int, ca
             [
                 LABELS[key],
                 sps,
-                f"{spread:.0%}",
+                percent(spread),
                 _fmt(ratio, "{:.2f}x"),
                 verdict,
                 f"{loss:.5f}",
