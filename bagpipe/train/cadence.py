@@ -155,6 +155,7 @@ class RunReporter:
         self.tags = self._tags()
         self.start = 0
         self.metrics: MetricsLog | Logs | None = None
+        self._said_no_eval = False  # the note that there is no eval split, said once
 
     @property
     def not_exact(self) -> list[str]:
@@ -201,8 +202,16 @@ class RunReporter:
     ) -> dict | None:
         ev = evaluation()
         self.record(step=step, **ev)
-        if note is not None:
-            note(f"step {step}: {eval_line(ev)}")
+        if note is None:
+            return ev
+        if not ev.get("eval_samples"):  # no eval split: said at the first evaluation, not at every one
+            if not self._said_no_eval:
+                note(
+                    f"step {step}: {self.cfg.data.data} has no eval split, so --eval-every evaluates nothing (said once)"
+                )
+            self._said_no_eval = True
+            return ev
+        note(f"step {step}: {eval_line(ev)}")
         return ev
 
     def only(self, work: Callable[[], T]) -> T | None:
