@@ -24,7 +24,8 @@ is the whole job's; each trainer is sized to it alone).
 It takes `bagpipe train`'s options, --out included, so a train command line runs as it
 is: plan writes nothing there, but refuses an --out that train would refuse before it
 trains (the data set or a folder inside it, another data set or an export, a folder
-holding another run's checkpoints without --resume), in train's words.
+holding another run -- its checkpoints or its records -- without --resume), in train's
+words.
 
 Exit status 0 when the run fits, 2 (with the one line `bagpipe train` would stop with)
 when it does not.
@@ -51,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.help = (
         "accepted so that a `bagpipe train` command line runs as it is; plan writes nothing there, but "
         "refuses an --out train would refuse (the data set or inside it, a data set or an export, a folder "
-        "holding another run's checkpoints without --resume)"
+        "holding another run without --resume)"
     )
 
 

@@ -4,7 +4,8 @@ that said too little or named the wrong command.
 * ``bagpipe plan`` refused ``--out`` (``bagpipe: error: unrecognized arguments``) though it
   takes ``train``'s options: it takes it, writes nothing there, and refuses an ``--out``
   that ``train`` would refuse, in train's words (inside ``--data``, a folder holding
-  another run's checkpoints without ``--resume``), from the command line or a ``--config``.
+  another run's checkpoints or records without ``--resume``), from the command line or a
+  ``--config``.
 * An unknown option of any command was reported by ``bagpipe`` itself (``bagpipe: error:
   ... (see bagpipe --help)``, whose help lists no command's options): the command that
   was given it says so (``bagpipe train: error:``, ``bagpipe bench modes: error:``), with
@@ -83,6 +84,16 @@ def test_plan_refuses_another_runs_folder_unless_resumed(run_cli, tiny_data, tmp
     rc, _, err = run_cli("plan", "--data", tiny_data, *RUN, "--steps", 6, "--out", out, "--resume")
     assert rc == 0, err
     assert sorted(p.name for p in out.iterdir()) == before
+    # a run that kept no checkpoint, only its records: refused alike
+    records = tmp_path / "b"
+    rc, _, err = run_cli(
+        "train", "--data", tiny_data, *RUN, "--steps", 3, "--eval-samples", 64, "--no-final-checkpoint", "--out", records
+    )  # fmt: skip
+    assert rc == 0, err
+    rc, _, err = run_cli("plan", "--data", tiny_data, *RUN, "--steps", 6, "--out", records)
+    rc_train, _, train_err = run_cli("train", "--data", tiny_data, *RUN, "--steps", 6, "--out", records)
+    assert rc == rc_train == 2 and "summary.json" in err and err.count("\n") == 1, err
+    assert err.removeprefix("bagpipe plan") == train_err.removeprefix("bagpipe train")
 
 
 # -- unknown options named by their command --------------------------------------------------
