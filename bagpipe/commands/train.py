@@ -333,7 +333,8 @@ def summary_line(s: dict) -> str:
     not finite is null: n/a)."""
 
     def fig(key: str, fmt: str = ".4f") -> str:
-        return "n/a" if s.get(key) is None else format(s[key], fmt)
+        v = s.get(key)
+        return "n/a" if v is None or v != v else format(v, fmt)  # null, or NaN before it is written
 
     digest = "not computed (--no-digest)" if s["params_sha256"] is None else s["params_sha256"][:16] + "…"
     return (

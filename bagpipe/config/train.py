@@ -135,12 +135,15 @@ class TrainConfig:
     def not_exact(self) -> list[str]:
         """Why this run's parameters are not those of plain synchronous training from the
         seed (``--mode full``'s params_sha256), one line each: its approximations by name, then
-        :data:`ROUNDING_NOT_EXACT`, :data:`INIT_FROM_STORE_NOT_EXACT`; empty: the run is exact."""
+        :data:`ROUNDING_NOT_EXACT`, :data:`INIT_FROM_STORE_NOT_EXACT`, :data:`DATA_PARALLEL_NOT_EXACT`;
+        empty: the run is exact."""
         out = list(self.approximations)
         if not self.cache.spec.bitwise:
             out.append(ROUNDING_NOT_EXACT.format(mode=self.cache.spec.name))
         if self.cache.init_from_store:
             out.append(INIT_FROM_STORE_NOT_EXACT)
+        if self.dist.distributed and self.dist.trainers > 1:
+            out.append(DATA_PARALLEL_NOT_EXACT.format(trainers=self.dist.trainers))
         return out
 
     @property
@@ -169,6 +172,12 @@ class TrainConfig:
 #: with ``--mode full``'s parameters (:attr:`TrainConfig.not_exact`).
 ROUNDING_NOT_EXACT = "{mode}: equal to plain training within float rounding, not bitwise"  # hotline
 INIT_FROM_STORE_NOT_EXACT = "init-from-store: started from the store's tables, not the seed's"
+#: Data-parallel trainers all-reduce their gradients, which sums them in another order than one
+#: process does (docs/distributed.md: within float tolerance; one trainer is bitwise).
+DATA_PARALLEL_NOT_EXACT = (
+    "{trainers} data-parallel trainers: equal to plain training within float tolerance "
+    "(gradients summed in another order), not bitwise"
+)
 
 #: The settings only a store mode reads, and those only the disk store reads.
 STORE_SETTINGS = ("store",)

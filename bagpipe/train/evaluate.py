@@ -82,10 +82,15 @@ def evaluate(model: torch.nn.Module, lookup: Lookup, dataset: Dataset, batch_siz
 
 def eval_line(ev: dict) -> str:
     """One line of an evaluation's figures (the progress note, ``bagpipe eval``)."""
-    if ev.get("eval_auc") is None:
+    if not ev.get("eval_samples"):
         return "no eval split"
+
+    def fig(key: str, fmt: str = ".4f") -> str:
+        v = ev.get(key)
+        return "n/a" if v is None or v != v else format(v, fmt)  # an eval split of one class has no AUC
+
     return (
-        f"eval logloss {ev['eval_logloss']:.4f}, eval AUC {ev['eval_auc']:.4f}, NE {ev['eval_ne']:.4f}, "
-        f"calibration {ev['eval_calibration']:.3f}, accuracy {ev['eval_accuracy']:.4f} "
+        f"eval logloss {fig('eval_logloss')}, eval AUC {fig('eval_auc')}, NE {fig('eval_ne')}, "
+        f"calibration {fig('eval_calibration', '.3f')}, accuracy {fig('eval_accuracy')} "
         f"on {ev['eval_samples']:,} samples"
     )

@@ -428,8 +428,9 @@ class Summary:
     not_exact: list[str]
     """Why ``exact`` is false, one line each (empty when exact): an approximation by name (its
     section is ``approximation``); ``hotline: equal to plain training within float rounding,
-    not bitwise``; ``init-from-store: started from the store's tables, not the seed's``. A
-    resumed run keeps the lines of the runs it continues."""
+    not bitwise``; ``init-from-store: started from the store's tables, not the seed's``; ``N
+    data-parallel trainers: equal to plain training within float tolerance (gradients summed in
+    another order), not bitwise``. A resumed run keeps the lines of the runs it continues."""
     approximation: Approximation | None
     """What an approximate run left out; None without an approximation."""
     model: str

@@ -25,6 +25,7 @@ from repo import PACKAGE
 from bagpipe.bench.harness.report import fixed, markdown_table, median_spread, write_results
 from bagpipe.commands.train import summary_line
 from bagpipe.jsonout import finite, json_text
+from bagpipe.train.evaluate import eval_line, no_eval
 from bagpipe.train.plot import plot_runs, read_metrics
 from bagpipe.train.rundir import RunDir, kept_records
 
@@ -157,3 +158,30 @@ def test_a_benchmarks_results_are_valid_json(tmp_path):
 
 def test_a_bench_line_prints_a_null_or_nan_figure_as_na():
     assert [fixed(None), fixed(NAN), fixed(0.71234), fixed(0.5, 2)] == ["n/a", "n/a", "0.7123", "0.50"]
+
+
+def test_a_printed_line_says_na_for_a_nan_figure_before_it_is_written():
+    """A one-class eval split's AUC, NE and calibration are NaN in memory (null once written):
+    the run's line and the evaluation's line say n/a, as docs/runs.md promises, and an
+    evaluation of samples whose AUC is null is not mistaken for no eval split."""
+    line = summary_line(
+        {
+            "mode": "full",
+            "steps": 10,
+            "samples_per_s": 1000.0,
+            "train_logloss": 0.5,
+            "eval_logloss": 0.36,
+            "eval_auc": NAN,
+            "eval_ne": NAN,
+            "eval_calibration": NAN,
+            "peak_rss_mb": 100.0,
+            "params_sha256": None,
+        }
+    )
+    assert "eval logloss 0.3600, eval AUC n/a, NE n/a, calibration n/a," in line and "nan" not in line
+    one_class = {"eval_logloss": 0.36, "eval_auc": NAN, "eval_ne": None, "eval_calibration": NAN}
+    one_class |= {"eval_accuracy": 1.0, "eval_samples": 1}
+    assert eval_line(one_class) == (
+        "eval logloss 0.3600, eval AUC n/a, NE n/a, calibration n/a, accuracy 1.0000 on 1 samples"
+    )
+    assert eval_line(no_eval()) == "no eval split"
