@@ -25,7 +25,12 @@ It takes `bagpipe train`'s options, --out included, so a train command line runs
 is: plan writes nothing there, but refuses an --out that train would refuse before it
 trains (the data set or a folder inside it, another data set or an export, a folder
 holding another run -- its checkpoints or its records -- without --resume), in train's
-words.
+words. With --resume (or --resume-from) it makes train's resume checks, and refuses
+what train would refuse in the same words: no checkpoint to continue, a run already
+complete at --steps, a setting that may not change on resume (the seed, the model, ...)
+or another data set, a damaged checkpoint. That check reads the checkpoint's files
+(their sizes and CRC-32s, as train does), which takes a while for a large run;
+--resume-from's checkpoint is not made the one LATEST names (train does that).
 
 Exit status 0 when the run fits, 2 (with the one line `bagpipe train` would stop with)
 when it does not.
@@ -52,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.help = (
         "accepted so that a `bagpipe train` command line runs as it is; plan writes nothing there, but "
         "refuses an --out train would refuse (the data set or inside it, a data set or an export, a folder "
-        "holding another run without --resume)"
+        "holding another run without --resume); with --resume, the run there that train would refuse to "
+        "continue (no checkpoint, complete, a changed setting or data set, a damaged checkpoint)"
     )
 
 
@@ -72,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.run.out != NO_OUT:  # from the command line or the config file: what train would refuse of it
         check_out(cfg)
     dataset = Dataset(cfg.data.data)
+    if cfg.run.resume:  # --resume (--resume-from): what train checks of the run it continues, before it trains
+        check_resume_of(cfg, dataset)
     stream = train_stream(dataset, cfg.data, cfg.run.seed)
     spec = cfg.cache.spec
     # the shape `train` measures in its pre-flight (a data-parallel trainer: its share of the batch)
@@ -167,6 +175,24 @@ def check_out(cfg) -> None:
     check_out_folders(cfg)
     if not (cfg.run.resume or elastic_restart()):
         refuse_overwrite(RunDir(cfg.run.out))  # RunDir(path) only names the folder: claim() makes it
+
+
+def check_resume_of(cfg, dataset) -> None:
+    """Refuse, in train's words, a --resume (--resume-from) that ``bagpipe train`` would
+    refuse before it trains: no checkpoint to continue, a complete run, a changed setting
+    or data set, a damaged checkpoint (its files are read and checked against its
+    manifest). Train's own check, which only reads: --resume-from's naming of the
+    checkpoint in LATEST stays train's."""
+    from bagpipe.train.resume import check_resume
+    from bagpipe.train.rundir import RunDir
+
+    if cfg.run.out == NO_OUT:
+        from bagpipe.errors import ConfigError
+
+        raise ConfigError(
+            "--resume needs --out, the run folder to continue (train requires it): plan checks the run there as train does"
+        )
+    check_resume(RunDir(cfg.run.out), cfg, dataset)
 
 
 def _budget(cfg):

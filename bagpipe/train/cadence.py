@@ -202,17 +202,28 @@ class RunReporter:
     ) -> dict | None:
         ev = evaluation()
         self.record(step=step, **ev)
-        if note is None:
-            return ev
         if not ev.get("eval_samples"):  # no eval split: said at the first evaluation, not at every one
-            if not self._said_no_eval:
-                note(
-                    f"step {step}: {self.cfg.data.data} has no eval split, so --eval-every evaluates nothing (said once)"
-                )
-            self._said_no_eval = True
+            said = self._no_eval_split(step, periodic=note is not None)
+            if said is not None:
+                (note or log.info)(said)
             return ev
-        note(f"step {step}: {eval_line(ev)}")
+        if note is not None:
+            note(f"step {step}: {eval_line(ev)}")
         return ev
+
+    def _no_eval_split(self, step: int, periodic: bool) -> str | None:
+        """The note, once, that the options asking for evaluations (--eval-every at a
+        ``periodic`` one, --eval-samples N at any) evaluate nothing: there is no eval split."""
+        if self._said_no_eval:
+            return None
+        n = self.cfg.run.eval_samples
+        asked = (["--eval-every"] if periodic else []) + ([f"--eval-samples {n}"] if n else [])
+        if not asked:  # the final evaluation of a run that asked for none: the summary says n/a
+            return None
+        self._said_no_eval = True
+        verb = "evaluates" if len(asked) == 1 else "evaluate"
+        said = f"{self.cfg.data.data} has no eval split, so {' and '.join(asked)} {verb} nothing"
+        return f"step {step}: {said} (said once)" if periodic else said
 
     def only(self, work: Callable[[], T]) -> T | None:
         return work()
@@ -330,6 +341,13 @@ class Epochs:
     batches_per_epoch: int
     total: int
     progress: Progress
+
+    def resumed(self, start: int) -> None:
+        """A run resumed at ``start`` (0: a new run, whose first epoch is not noted): an
+        epoch that begins right there is noted now, as an uninterrupted run noted it after
+        step ``start`` (the run that saved that checkpoint ended there, before noting it)."""
+        if start:
+            self.maybe(start)
 
     def maybe(self, step: int) -> None:
         n = self.batches_per_epoch

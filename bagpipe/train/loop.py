@@ -291,8 +291,10 @@ class _Run(Generic[B]):
         )
         watch = MemoryWatch()  # samples the anonymous memory from here to the end of the run
         reporter.open(p.start)
+        epochs = Epochs(stream.batches_per_epoch, rc.steps, progress)
+        epochs.resumed(p.start)  # resumed at an epoch's end: the next one begins now
         cadence: tuple[Cadence, ...] = (
-            Epochs(stream.batches_per_epoch, rc.steps, progress),
+            epochs,
             MetricsLogger(LOG_EVERY, rc.steps, p.start, meter, p.topo.mean, self.rates, progress, watch, reporter),
             Evaluator(rc.eval_every, rc.steps, self.settle, self.evaluation, reporter, progress.note),
             self.checkpointer,

@@ -125,14 +125,31 @@ def effective(cfg: TrainConfig) -> dict:
 def resume_point(
     run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool = True, complete_ok: bool = False
 ) -> Checkpoint | None:
-    """The checkpoint ``cfg`` continues, after checking it may; raises a one-line error
-    (nothing to resume, a finished run, a setting or the data set changed). Without a
+    """The checkpoint ``cfg`` continues, after checking it may (:func:`check_resume`);
+    with --resume-from, LATEST then names it -- the one write, made once every check has
+    passed."""
+    ckpt = check_resume(run, cfg, dataset, required=required, complete_ok=complete_ok)
+    if ckpt is not None and _resume_from(cfg) is not None:
+        _name_latest(CheckpointFolder(run.path), ckpt)
+    return ckpt
+
+
+def _resume_from(cfg: TrainConfig) -> str | None:
+    """The checkpoint --resume-from names; None: LATEST's (a restart continues LATEST)."""
+    return None if elastic_restart() else cfg.run.resume_from
+
+
+def check_resume(
+    run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool = True, complete_ok: bool = False
+) -> Checkpoint | None:
+    """The checkpoint ``cfg`` would continue; raises a one-line error (nothing to resume, a
+    finished run, a setting or the data set changed, a damaged checkpoint). Without a
     checkpoint and not ``required`` (an automatic restart before the first one): None.
     ``complete_ok`` (an automatic restart): a checkpoint at the last step is continued
-    too -- the run then only finishes."""
+    too -- the run then only finishes. Reads only (the checkpoint's files are checked
+    against its manifest): ``bagpipe plan --resume`` refuses with it what train refuses."""
     folder = CheckpointFolder(run.path)
-    spec = None if elastic_restart() else cfg.run.resume_from  # a restart continues LATEST
-    rewind = spec is not None
+    spec = _resume_from(cfg)
     ckpt = chosen(folder, spec) if spec is not None else intact_latest(folder)
     if ckpt is None:
         if not required:
@@ -162,14 +179,18 @@ def resume_point(
             f"cannot resume {run.path}: the data set differs from the one it was trained on "
             f"(fingerprint {was[:12]}, now {now[:12]} for {dataset.dir})"
         )
+    return ckpt
+
+
+def _name_latest(folder: CheckpointFolder, ckpt: Checkpoint) -> None:
+    """--resume-from: LATEST names ``ckpt`` (the run continues from it), said where it named another."""
     latest = folder.latest_name()
-    if rewind and latest != ckpt.path.name:  # every check passed: the run continues from it
+    if latest != ckpt.path.name:
         atomic_write_text(folder.root / LATEST, ckpt.path.name + "\n")
         log.warning(
             f"resuming from {ckpt.path.name} (step {ckpt.step}): {LATEST} now names it"
             + (f"; {latest} is left on disk until this run's checkpoints replace it" if latest else "")
         )
-    return ckpt
 
 
 def nothing_to_resume(folder: CheckpointFolder) -> str:
