@@ -30,7 +30,9 @@ what train would refuse in the same words: no checkpoint to continue, a run alre
 complete at --steps, a setting that may not change on resume (the seed, the model, ...)
 or another data set, a damaged checkpoint. That check reads the checkpoint's files
 (their sizes and CRC-32s, as train does), which takes a while for a large run;
---resume-from's checkpoint is not made the one LATEST names (train does that).
+--resume-from's checkpoint is not made the one LATEST names (train does that). With
+--out it also checks, as train does, that the run's checkpoints and its disk store fit on
+their disks. Train's --summary-json check is not made (it probes by writing a file).
 
 Exit status 0 when the run fits, 2 (with the one line `bagpipe train` would stop with)
 when it does not.
@@ -85,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     # the shape `train` measures in its pre-flight (a data-parallel trainer: its share of the batch)
     share = stream.batch_size // cfg.dist.trainers if cfg.distributed else None
     shape = run_shape(cfg, dataset, stream, share)
+    if cfg.run.out != NO_OUT:  # train's disk checks, in its order: checkpoints, then a disk store (read-only)
+        from bagpipe.train.space import check_checkpoint_space, check_store_space
+
+        check_store_space(cfg, shape, check_checkpoint_space(cfg, dataset, shape))
     budget = _budget(cfg)
     gib = shape.num_rows * shape.row_bytes / 2**30
     where = f"a {cfg.cache.store} store" if spec.store else "the trainer's memory (--mode full)"

@@ -4,6 +4,7 @@ On real full filesystems (a small tmpfs, ``small_disk``; skipped where none can 
 
 * a run whose largest checkpoint cannot fit on the disk of its run folder refuses to
   start, in one line that says how much it needs and how much is free, and trains nothing;
+  ``plan`` with the same ``--out`` refuses it in the same words;
 * a run whose final checkpoint meets a full disk says so in one line, removes the
   checkpoint's partial files, keeps the previous checkpoint as the latest; its summary is
   written and its digest is ``--mode full``'s (the trained rows in the store were not
@@ -56,6 +57,14 @@ def test_a_run_whose_checkpoints_cannot_fit_refuses_to_start_in_one_line(tiny_da
         lines[0],
     ), lines[0]
     assert not out.exists()  # nothing trained, nothing left behind
+    # plan refuses it with train's words: the same disk, whose free space train measured in the
+    # run folder it had made and plan (which makes nothing) in the nearest existing folder
+    rc, _, plan_err = run_cli("plan", "--data", tiny_data, "--out", out, *COMMON)
+    free = re.compile(r" but \S+ has \d+ KiB free;")
+    assert rc == 2 and free.sub(" but D has N free;", plan_err.strip()) == free.sub(
+        " but D has N free;", lines[0].replace("bagpipe train: error:", "bagpipe plan: error:", 1)
+    )
+    assert not out.exists()
 
 
 def test_a_final_checkpoint_that_meets_a_full_disk_leaves_the_previous_one_and_loses_no_row(
