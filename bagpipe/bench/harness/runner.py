@@ -5,7 +5,8 @@ memory, thread pools and page cache state are per run) whose ``--summary-json`` 
 back. :func:`train_args` is the one place its options are built (from a scenario's
 :class:`~bagpipe.bench.harness.settings.TrainBench` settings plus the configuration's own);
 :func:`launch` runs it. :func:`make_data` makes (or reuses) the generated dataset a
-scenario runs on.
+scenario runs on; :func:`prepare_checked` makes it only where the scenario accepts its
+size, leaving OUT as it was where it refuses.
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from bagpipe.config.options import flag
+
+if TYPE_CHECKING:
+    from bagpipe.data.schema import DatasetMeta
+
+T = TypeVar("T")
 
 
 class TrainFailed(RuntimeError):
@@ -130,6 +138,41 @@ def make_data(b, data: Path, progress: bool = True) -> bool:
     return ensure_synth(data, b.profile, samples, b.scale, seed=1, progress=progress, zipf_exponent=zipf)
 
 
+def prepare_checked(
+    b, check: Callable[[Path, DatasetMeta], T], progress: bool = True
+) -> tuple[Path, Path, DatasetMeta, T]:
+    """:func:`prepare` for a scenario that refuses some data sizes: ``check(data, meta)``
+    raises to refuse (a size known only from the data itself, such as a batch's unique
+    rows) and its value comes back last.
+
+    A data set this call generates is written to a staging folder beside OUT/data
+    (:class:`bagpipe.output_dir.OutputDir`), checked there and swapped in only when
+    ``check`` passes; a refusal removes it and the folders this call made (OUT itself
+    where there was none), so OUT -- a data set of another size already in it included --
+    is left as it was. A data set already of the size asked for is checked where it is.
+    """
+    from bagpipe.data.schema import META_FILE, DatasetMeta
+    from bagpipe.data.synthetic import SynthConfig, generate
+    from bagpipe.output_dir import OutputDir
+
+    out = b.out_dir
+    data = out / "data"
+    samples = data_samples(b.batch_size, b.steps)
+    zipf = getattr(b, "zipf_exponent", None)
+    if has_synth(data, b.profile, samples, b.scale, seed=1, zipf_exponent=zipf):
+        meta = DatasetMeta.load(data)
+        return out, data, meta, check(data, meta)
+    output = OutputDir(data, "dataset", META_FILE, overwrite=True)
+    with output as staging:  # leaving it without commit() removes the staging folder and the folders it made
+        skew = SynthConfig.zipf_exponent if zipf is None else zipf
+        cfg = SynthConfig(profile=b.profile, samples=samples, scale=b.scale, seed=1, zipf_exponent=skew)
+        generate(cfg, staging, progress=progress)  # into the (empty) staging folder
+        found = check(staging, DatasetMeta.load(staging))
+        output.commit()
+    shutil.rmtree(out / "store-template", ignore_errors=True)  # rows of another data set
+    return out, data, DatasetMeta.load(data), found
+
+
 def prepare(b, progress: bool = True):
     """A training scenario's output folder, its generated data set OUT/data (made, or
     reused when it has the size asked for) and that data's :class:`DatasetMeta`. A disk
@@ -171,12 +214,8 @@ def ensure_synth(
     from bagpipe.data.synthetic import SynthConfig, generate
 
     zipf = SynthConfig.zipf_exponent if zipf_exponent is None else zipf_exponent
-    meta_file = Path(data) / "meta.json"
-    if meta_file.exists():
-        src = json.loads(meta_file.read_text()).get("source", {})
-        have = (src.get("samples"), src.get("scale"), src.get("profile", profile), src.get("seed", seed))
-        if have == (samples, scale, profile, seed) and src.get("zipf_exponent", SynthConfig.zipf_exponent) == zipf:
-            return False
+    if has_synth(data, profile, samples, scale, seed, zipf):
+        return False
     generate(
         SynthConfig(profile=profile, samples=samples, scale=scale, seed=seed, zipf_exponent=zipf),
         str(data),
@@ -184,3 +223,19 @@ def ensure_synth(
         progress=progress,
     )
     return True
+
+
+def has_synth(
+    data: Path, profile: str, samples: int, scale: float, seed: int, zipf_exponent: float | None = None
+) -> bool:
+    """Whether ``data`` holds the generated data set of that profile, size, scale, seed
+    and skew (``zipf_exponent``: None, the generator's default)."""
+    from bagpipe.data.synthetic import SynthConfig
+
+    zipf = SynthConfig.zipf_exponent if zipf_exponent is None else zipf_exponent
+    meta_file = Path(data) / "meta.json"
+    if not meta_file.exists():
+        return False
+    src = json.loads(meta_file.read_text()).get("source", {})
+    have = (src.get("samples"), src.get("scale"), src.get("profile", profile), src.get("seed", seed))
+    return have == (samples, scale, profile, seed) and src.get("zipf_exponent", SynthConfig.zipf_exponent) == zipf

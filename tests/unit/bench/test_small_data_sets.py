@@ -9,17 +9,31 @@
   rows, the command exited 0, matplotlib warned twice of an empty legend, and the plots
   were empty. A sweep with nothing it can measure is refused in one line saying what to
   raise, before any run; a legend is drawn only where there is a labelled line.
+* ``bench accel --quick --profile tiny`` then ran: every configuration's hot tier or cache
+  held all 266 rows, nothing was read from the store, and the command exited 0 with
+  ratios and targets as if something had been compared. It is refused in one line (exit
+  2) before anything is generated or made; its table says n/a for the hit rate of a cache
+  that planned no row (a hot tier served every lookup) and "-" for the cache rows of a
+  mode with no cache (they were the staged batch's 2048).
+* A refused ``bench sweep`` left the data set it had generated in ``--out``: the data set
+  is now checked in a staging folder and swapped in only when the sweep runs, so a
+  refusal leaves ``--out`` as it was (no folder made, a data set of another size there
+  untouched).
 """
 
 from __future__ import annotations
 
+import hashlib
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from bagpipe.bench.harness.runner import data_samples, ensure_synth, has_synth, prepare_checked
 from bagpipe.bench.harness.settings import cache_slots
+from bagpipe.bench.scenarios.hot_tiers import scenario as accel
 from bagpipe.bench.scenarios.hot_tiers.scenario import AccelBench, plan_budget
 from bagpipe.bench.scenarios.sweep.scenario import SweepBench, refuse_unmeasurable
 from bagpipe.errors import ConfigError
@@ -37,14 +51,14 @@ def test_cache_slots_are_raised_to_a_batch_and_capped_at_the_tables():
 
 def test_accel_never_asks_for_more_cache_rows_than_the_tables_hold():
     b = AccelBench.quick(profile="tiny")
-    tiny = SimpleNamespace(total_rows=266, num_features=39)
+    tiny = accel.Tables(total_rows=266, num_features=39)
     settings = plan_budget(b, tiny, row_bytes=4 * (8 + 1))
     assert b.budget_mb * 2**20 // 36 > 266  # the budget holds more rows than there are
     sized = {k: s["cache_rows"] for k, s in settings.items() if "cache_rows" in s}
     assert set(sized) == {"lru", "lookahead", "lookahead+hot"}
     assert sized == {"lru": 266, "lookahead": 266, "lookahead+hot": 266}
     # tables larger than the budget: the budget's rows, as before
-    big = plan_budget(b, SimpleNamespace(total_rows=10**7, num_features=39), row_bytes=36)
+    big = plan_budget(b, accel.Tables(total_rows=10**7, num_features=39), row_bytes=36)
     rows = int(b.budget_mb * 2**20 // 36)
     assert big["lru"]["cache_rows"] == big["lookahead"]["cache_rows"] == rows
     assert big["lookahead+hot"]["cache_rows"] == rows - int(b.hot_share * rows)
@@ -96,3 +110,154 @@ def test_legend_only_where_a_line_is_labelled():
         legend(labelled, fontsize=8)
     assert empty.get_legend() is None and labelled.get_legend() is not None
     plt.close(fig)
+
+
+# -- accel: a budget that holds every row is refused; its table's n/a and "-" ------------------------
+
+ACCEL_TINY = (
+    "bench accel: nothing measurable at this size: the 266 rows of all tables (tiny x 0.01) fit in --budget-mb 0.5 "
+    "(14,563 rows of 36 bytes), so every configuration keeps every row in its hot tier or cache and none reads one "
+    "from the store; raise --scale to at least 0.56 or drop --profile tiny"
+)
+
+
+def one_line_error(rc: int, err: str) -> str:
+    """The one ``bagpipe bench: error:`` line of a refusal (exit 2, no traceback), less its prefix."""
+    assert rc == 2 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("bagpipe bench: error: ")]
+    assert len(lines) == 1, err
+    return lines[0].split(": error: ", 1)[1]
+
+
+def snapshot(folder: Path) -> dict[str, object]:
+    """Every entry under ``folder`` (hidden ones too): a file's bytes' digest and mtime, a folder's mtime."""
+    return {
+        str(p.relative_to(folder)): (
+            (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) if p.is_file() else p.stat().st_mtime_ns
+        )
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def test_accel_whose_budget_holds_every_row_is_refused_before_anything_is_made(run_cli, tmp_path):
+    rc, out, err = run_cli("bench", "accel", "--quick", "--profile", "tiny", "--out", tmp_path / "new" / "accel")
+    assert one_line_error(rc, err) == ACCEL_TINY
+    assert "[rep" not in out  # no run
+    assert list(tmp_path.iterdir()) == []  # no --out, no data set
+    # an --out the user has, with files of theirs and a data set: as it was
+    mine = tmp_path / "mine"
+    ensure_synth(mine / "data", "tiny", 500, 0.01, seed=1, progress=False)
+    (mine / "notes.txt").write_text("keep me\n")
+    before = snapshot(mine)
+    rc, _, err = run_cli("bench", "accel", "--quick", "--profile", "tiny", "--reps", "1", "--out", mine)
+    assert one_line_error(rc, err) == ACCEL_TINY
+    assert snapshot(mine) == before
+
+
+def test_accel_runs_where_some_configuration_reads_from_the_store():
+    row_bytes = 4 * (8 + 1)  # the debug recipe's D = 8 and Adagrad's one state value
+    b = AccelBench.quick(profile="tiny")
+    # the scale the message names: no configuration holds every row (14,764 rows > 14,563)
+    assert accel.tables(AccelBench.quick(profile="tiny", scale=0.56)).total_rows == 14_764
+    accel.refuse_unmeasurable(b, accel.tables(AccelBench.quick(profile="tiny", scale=0.56)), row_bytes)
+    # refused as long as fae's hot tier (the budget less one staged batch: 12,515 rows) too holds every row
+    accel.refuse_unmeasurable(b, accel.tables(AccelBench.quick(profile="tiny", scale=0.48)), row_bytes)  # 12,654
+    with pytest.raises(ConfigError):
+        accel.refuse_unmeasurable(b, accel.tables(AccelBench.quick(profile="tiny", scale=0.47)), row_bytes)
+    accel.refuse_unmeasurable(AccelBench.quick(), accel.tables(AccelBench.quick()), row_bytes)  # 337,632 rows
+    # the budget less one staged batch (fae, hotline) no longer holds the tables: they read the cold rest
+    tables = accel.Tables(total_rows=14_000, num_features=8)
+    accel.refuse_unmeasurable(b, tables, row_bytes)
+    with pytest.raises(ConfigError):
+        accel.refuse_unmeasurable(AccelBench.quick(profile="tiny", configs=("lru", "lookahead")), tables, row_bytes)
+    # nocache alone has no budget to hold anything: it reads every row
+    accel.refuse_unmeasurable(AccelBench.quick(profile="tiny", configs=("nocache",)), accel.tables(b), row_bytes)
+    assert accel.tables(b) == accel.Tables(total_rows=266, num_features=8)
+
+
+def _summary(mode: str, cache_rows: int, unique_rows: int, hot_rows: int = 0) -> dict:
+    hot = {"rows": hot_rows, "lookup_share": 1.0, "split_ms_per_step": 0.1} if hot_rows else None
+    return {
+        "samples_per_s": 1000.0,
+        "peak_anon_rss_mb": 200.0,
+        "time_per_step_ms": {"forward": 1.0},
+        "mode": mode,
+        "eval_auc": 0.7,
+        "eval_logloss": 0.5,
+        "cache": {
+            "cache_rows": cache_rows,
+            "unique_rows": unique_rows,
+            "hit_rate": 0.0 if unique_rows == 0 else 0.8,
+            "planning_ms_per_step": 0.1,
+            "hot": hot,
+        },
+    }
+
+
+def test_accel_table_says_n_a_for_no_cold_lookups_and_dash_for_no_cache():
+    b = AccelBench.quick(configs=("nocache", "fae", "lookahead", "lookahead+hot"))
+    results = {
+        "nocache": [_summary("nocache", 2048, 2000)],
+        "fae": [_summary("fae", 2048, 0, hot_rows=266)],
+        "lookahead": [_summary("lookahead", 266, 2000)],
+        "lookahead+hot": [_summary("lookahead", 266, 0, hot_rows=266)],  # every lookup served hot
+    }
+    settings = {k: {"mode": v[0]["mode"]} for k, v in results.items()}
+    payload = accel.summarise(b, results, settings, {}, 266)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in payload["table"].splitlines()[2:]}
+    head = payload["table"].splitlines()[0].split(" | ")
+    cache, hit = head.index("cache rows"), head.index("hit rate (cold)")
+    assert [rows[k][cache] for k in results] == ["-", "-", "266", "266"]
+    assert [rows[k][hit] for k in results] == ["-", "-", "80.0%", "n/a"]
+    res = payload["results"]
+    assert [res[k]["cache_rows"] for k in results] == [None, None, 266, 266]
+    assert [res[k]["hit_rate"] for k in results] == [None, None, 0.8, None]
+
+
+# -- sweep: a refusal leaves --out as it was ---------------------------------------------------------
+
+SWEEP_TINY = (
+    "bench sweep: nothing measurable at this size: the largest cache of --cache-percents (20% of 266 rows = 53) "
+    "is smaller than the 217 unique rows a batch of 256 has, as is the auto-tuner's budget (2%); "
+    "raise --scale or drop --profile tiny, or give --cache-percents of at least 82"
+)
+
+
+def test_a_refused_sweep_leaves_no_data_set_and_changes_nothing_of_the_users(run_cli, tmp_path):
+    rc, _, err = run_cli("bench", "sweep", "--quick", "--profile", "tiny", "--out", tmp_path / "new" / "sweep")
+    assert one_line_error(rc, err) == SWEEP_TINY
+    assert list(tmp_path.iterdir()) == []  # neither the data set nor the folders above it
+    # a data set of another size (an earlier sweep's) and the user's file: as they were
+    mine = tmp_path / "mine"
+    ensure_synth(mine / "data", "tiny", 500, 0.01, seed=1, progress=False)
+    (mine / "notes.txt").write_text("keep me\n")
+    before = snapshot(mine)
+    rc, _, err = run_cli("bench", "sweep", "--quick", "--profile", "tiny", "--out", mine)
+    assert one_line_error(rc, err) == SWEEP_TINY
+    assert snapshot(mine) == before
+    # a data set of the very size asked for is checked where it is, and kept
+    ensure_synth(mine / "data", "tiny", data_samples(256, 24), 0.01, seed=1, progress=False)
+    before = snapshot(mine)
+    rc, _, err = run_cli("bench", "sweep", "--quick", "--profile", "tiny", "--out", mine)
+    assert one_line_error(rc, err) == SWEEP_TINY
+    assert snapshot(mine) == before
+
+
+def test_a_checked_data_set_takes_its_place_only_when_accepted(tmp_path):
+    b = SimpleNamespace(out_dir=tmp_path / "out", profile="tiny", scale=0.01, batch_size=64, steps=3)
+    ensure_synth(b.out_dir / "data", "tiny", 500, 0.01, seed=1, progress=False)  # of another size
+    (b.out_dir / "store-template").mkdir()  # a disk table of that data set
+    seen = []
+
+    def accept(data: Path, meta) -> int:
+        seen.append(data)
+        assert data != b.out_dir / "data" and has_synth(data, "tiny", data_samples(64, 3), 0.01, seed=1)
+        return meta.total_rows
+
+    out, data, meta, found = prepare_checked(b, accept, progress=False)
+    assert (out, data, found) == (b.out_dir, b.out_dir / "data", 266) and meta.total_rows == 266
+    assert has_synth(data, "tiny", data_samples(64, 3), 0.01, seed=1)
+    assert sorted(p.name for p in b.out_dir.iterdir()) == ["data"]  # no staging folder, lock or stale table
+    assert not seen[0].exists()
+    # the same size again: checked in place
+    assert prepare_checked(b, lambda d, m: d, progress=False)[3] == b.out_dir / "data"

@@ -23,16 +23,23 @@ default) so that the profile samples as many inputs as FAE's does; the runs trai
 ``--steps`` batches of it. Reported per configuration: samples/s (median of interleaved
 repetitions, spread), the ratio to ``lookahead``, peak anonymous memory, the cache's hit
 rate on the rows it plans, the share of lookups the hot tier serves, the planner's time
-per step (and the hot split's), eval AUC and log loss.
+per step (and the hot split's), eval AUC and log loss. The hit rate is n/a where the
+hot tier served every lookup (the cache planned no row); nocache, fae and hotline have
+no cache ("-": they stage one batch).
+
+A budget under which every configuration keeps every row of the tables in its hot tier
+or cache (``--profile tiny`` at ``--quick``'s scale) compares nothing slow: it is
+refused in one line, before anything is generated or run.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from bagpipe.bench.harness.report import (
     header,
@@ -50,6 +57,10 @@ from bagpipe.bench.harness.runner import data_samples, ensure_synth, launch
 from bagpipe.bench.harness.settings import Throughput, cache_slots
 from bagpipe.bench.scenarios.modes.scenario import fresh_cold_copy, materialise_disk_store
 from bagpipe.config.modes import mode_spec
+from bagpipe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bagpipe.data.schema import DatasetMeta
 
 CONFIGS = ("nocache", "lru", "fae", "fae-split", "hotline", "lookahead", "lookahead+hot")
 CRITEO_KAGGLE_SAMPLES = 45_840_617
@@ -102,7 +113,69 @@ class AccelBench(Throughput):
         self.check("lookahead", self.lookahead >= 1, "must be >= 1")
 
 
-def plan_budget(b: AccelBench, meta, row_bytes: int) -> dict[str, dict]:
+@dataclass(frozen=True)
+class Tables:
+    """What :func:`plan_budget` reads of a data set's meta (DatasetMeta has both)."""
+
+    total_rows: int
+    num_features: int
+
+
+def tables(b: AccelBench) -> Tables:
+    """The generated data's tables, known from the profile and scale before it is generated."""
+    from bagpipe.data.profiles import profile_tables
+
+    sizes = profile_tables(b.profile, b.scale)  # one table a feature, as bagpipe synth writes them
+    return Tables(total_rows=sum(sizes), num_features=len(sizes))
+
+
+def _held_rows(b: AccelBench, shape: Tables, row_bytes: int) -> dict[str, int]:
+    """The rows each of ``b.configs`` that has a hot tier or cache can keep in trainer
+    memory under the budget (nocache, which has neither, is not among them)."""
+    rows = int(b.budget_mb * (1 << 20) // row_bytes)
+    fae = max(rows - b.batch_size * shape.num_features, 0)  # the budget less one staged batch (plan_budget)
+    held = {"lru": rows, "fae": fae, "fae-split": fae, "hotline": fae, "lookahead": rows, "lookahead+hot": rows}
+    return {k: held[k] for k in b.configs if k in held}
+
+
+def _least_scale(profile: str, more_than: int) -> float:
+    """The least --scale, at two significant digits, whose tables have more than ``more_than`` rows."""
+    from bagpipe.data.profiles import profile_tables
+
+    def rows(s: float) -> int:
+        return sum(profile_tables(profile, s))
+
+    lo, hi = 0.0, 1.0
+    while rows(hi) <= more_than:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if rows(mid) > more_than else (mid, hi)
+    step = 10 ** (math.floor(math.log10(hi)) - 1)
+    return float(f"{math.ceil(round(hi / step, 9)) * step:.2g}")
+
+
+def refuse_unmeasurable(b: AccelBench, shape: Tables, row_bytes: int) -> None:
+    """Refuse, in one line and before anything is generated or run, a comparison in which
+    every configuration with a hot tier or cache keeps every row of the tables in trainer
+    memory: nothing is read from the store, so there is nothing slow to compare
+    (``--profile tiny`` at ``--quick``'s scale: 266 rows, a budget of 14,563). It used to
+    run all seven, exit 0 and report ratios and targets of the same in-memory training."""
+    held = _held_rows(b, shape, row_bytes)
+    total = shape.total_rows
+    if not held or min(held.values()) < total:
+        return
+    rows = int(b.budget_mb * (1 << 20) // row_bytes)
+    small = " or drop --profile tiny" if b.profile == "tiny" else ""
+    raise ConfigError(
+        f"bench accel: nothing measurable at this size: the {total:,} rows of all tables ({b.profile} x {b.scale:g}) "
+        f"fit in --budget-mb {b.budget_mb:g} ({rows:,} rows of {row_bytes} bytes), so every configuration keeps "
+        f"every row in its hot tier or cache and none reads one from the store; raise --scale to at least "
+        f"{_least_scale(b.profile, max(held.values())):g}{small}"  # where none holds every row
+    )
+
+
+def plan_budget(b: AccelBench, meta: Tables | DatasetMeta, row_bytes: int) -> dict[str, dict]:
     """Each configuration's ``bagpipe train`` settings under the one budget (hot MiB, cache rows).
 
     The cache never gets more slots than the tables have rows: a budget that holds
@@ -131,6 +204,9 @@ def run(b: AccelBench) -> dict:
     from bagpipe.data.shards import Dataset
     from bagpipe.models import recipe
 
+    dim = recipe(b.model, b.recipe).embedding_dim
+    state_dim = 1 if b.optimizer == "adagrad" else 0
+    refuse_unmeasurable(b, tables(b), 4 * (dim + state_dim))  # before --out is made or data generated
     out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
@@ -140,8 +216,6 @@ def run(b: AccelBench) -> dict:
             f.unlink()
     ds = Dataset(data)
     meta = ds.meta
-    dim = recipe(b.model, b.recipe).embedding_dim
-    state_dim = 1 if b.optimizer == "adagrad" else 0
     settings = plan_budget(b, meta, 4 * (dim + state_dim))
     if b.store == "disk":
         materialise_disk_store(out / "store-template", meta, dim, state_dim, seed=0)
@@ -205,6 +279,8 @@ def summarise(b: AccelBench, results: dict[str, list[dict]], settings: dict, pro
         med, spread = throughput(runs)
         cache = runs[0].get("cache") or {}
         hot = cache.get("hot") or {}
+        sized = mode_spec(runs[0]["mode"]).sized_cache  # nocache, fae, hotline: one staged batch, no cache
+        cold = cache.get("unique_rows", 1) > 0  # the planner saw a row: a hot tier can serve every lookup
         plan_ms = median([{"v": (r["cache"] or {}).get("planning_ms_per_step", float("nan"))} for r in runs], "v")
         split_ms = median(
             [{"v": ((r["cache"] or {}).get("hot") or {}).get("split_ms_per_step", 0.0)} for r in runs], "v"
@@ -216,10 +292,10 @@ def summarise(b: AccelBench, results: dict[str, list[dict]], settings: dict, pro
             "peak_anon_rss_mb": median(runs, "peak_anon_rss_mb"),
             "time_per_step_ms": step_times(runs),
             "mode": runs[0]["mode"],
-            "hit_rate": cache.get("hit_rate"),
+            "hit_rate": cache.get("hit_rate") if sized and cold else None,
             "hot_lookup_share": hot.get("lookup_share"),
             "hot_rows": hot.get("rows", 0),
-            "cache_rows": cache.get("cache_rows"),
+            "cache_rows": cache.get("cache_rows") if sized else None,
             "planning_ms_per_step": plan_ms,
             "hot_split_ms_per_step": split_ms,
             "popular_inputs_per_step": hot.get("popular_inputs_per_step"),
@@ -238,8 +314,8 @@ def summarise(b: AccelBench, results: dict[str, list[dict]], settings: dict, pro
                 f"{med / ref:.2f}x",
                 r["peak_anon_rss_mb"],
                 r["hot_rows"],
-                r["cache_rows"],
-                _pct(r["hit_rate"]) if mode_spec(r["mode"]).sized_cache else "-",
+                r["cache_rows"] if sized else "-",
+                ("n/a" if not cold else _pct(r["hit_rate"])) if sized else "-",
                 _pct(r["hot_lookup_share"]),
                 plan_ms,
                 split_ms if hot else "-",

@@ -40,7 +40,7 @@ from bagpipe.bench.harness.report import (
     throughput,
     write_results,
 )
-from bagpipe.bench.harness.runner import TrainFailed, launch, prepare, widest_batch
+from bagpipe.bench.harness.runner import TrainFailed, launch, prepare_checked, widest_batch
 from bagpipe.bench.harness.settings import Throughput
 from bagpipe.errors import CapacityError, ConfigError
 from bagpipe.optim.names import row_state_dim
@@ -99,41 +99,9 @@ def _key(pct: float, L: int) -> str:
 
 
 def run(b: SweepBench) -> dict:
-    from bagpipe.models import recipe
-    from bagpipe.oracle.autotune import budget_mb_for_rows
-
-    out, data, meta = prepare(b, progress=False)
+    # checked before the data set takes OUT/data's place: a refusal leaves --out as it was
+    out, data, meta, (points, widest, budget) = prepare_checked(b, lambda d, m: grid(b, d, m.total_rows), False)
     total = meta.total_rows
-    widest = widest_batch(data, b.batch_size, b.steps)  # the smallest cache that can run
-    dim = recipe(b.model, b.recipe).embedding_dim
-    state_dim = row_state_dim(b.optimizer, dim)
-
-    points: dict[str, dict] = {}
-    for pct in b.cache_percents:
-        rows = max(1, int(pct / 100 * total))
-        for L in b.lookaheads:
-            points[_key(pct, L)] = {
-                "cache_percent": pct,
-                "cache_rows": rows,
-                "lookahead": L,
-                "too_small": rows < widest,
-                "runs": [],
-            }
-    budget = 0.0
-    if b.autotune_percent > 0:
-        # the memory of a cache of autotune_percent of the rows, rounded up to the MiB digits passed on
-        budget = (
-            math.ceil(budget_mb_for_rows(max(1, int(b.autotune_percent / 100 * total)), dim, state_dim) * 1e6) / 1e6
-        )
-        points["auto"] = {
-            "cache_percent": None,
-            "cache_rows": None,
-            "lookahead": None,
-            "budget_mb": budget,
-            "too_small": False,
-            "runs": [],
-        }
-    refuse_unmeasurable(b, points, total, widest)
 
     order = list(points)
     for rep in range(b.reps):
@@ -176,6 +144,46 @@ def run(b: SweepBench) -> dict:
             f"(see {out / 'results.md'}); {_what_to_do(b, total, widest)}"
         )
     return payload
+
+
+def grid(b: SweepBench, data: Path, total: int) -> tuple[dict[str, dict], int, float]:
+    """The sweep's points on ``data`` (``total`` rows), the most unique rows a batch has and
+    the auto-tuner's budget (MiB); a sweep in which nothing can run is refused
+    (:func:`refuse_unmeasurable`)."""
+    from bagpipe.models import recipe
+    from bagpipe.oracle.autotune import budget_mb_for_rows
+
+    widest = widest_batch(data, b.batch_size, b.steps)  # the smallest cache that can run
+    dim = recipe(b.model, b.recipe).embedding_dim
+    state_dim = row_state_dim(b.optimizer, dim)
+
+    points: dict[str, dict] = {}
+    for pct in b.cache_percents:
+        rows = max(1, int(pct / 100 * total))
+        for L in b.lookaheads:
+            points[_key(pct, L)] = {
+                "cache_percent": pct,
+                "cache_rows": rows,
+                "lookahead": L,
+                "too_small": rows < widest,
+                "runs": [],
+            }
+    budget = 0.0
+    if b.autotune_percent > 0:
+        # the memory of a cache of autotune_percent of the rows, rounded up to the MiB digits passed on
+        budget = (
+            math.ceil(budget_mb_for_rows(max(1, int(b.autotune_percent / 100 * total)), dim, state_dim) * 1e6) / 1e6
+        )
+        points["auto"] = {
+            "cache_percent": None,
+            "cache_rows": None,
+            "lookahead": None,
+            "budget_mb": budget,
+            "too_small": False,
+            "runs": [],
+        }
+    refuse_unmeasurable(b, points, total, widest)
+    return points, widest, budget
 
 
 def _what_to_do(b: SweepBench, total: int, widest: int) -> str:
