@@ -7,6 +7,26 @@ turns those into a one-line message and an exit code.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+
+
+def _restore_sigint() -> None:
+    """SIGINT back to Python's own handler (KeyboardInterrupt, which :func:`main` turns into
+    one line) where the process inherited it ignored -- ``cmd &`` in a script, a scheduler's
+    job -- so that Ctrl-C (``kill -INT``) stops any command from here on, also during the
+    imports below and the command's own (seconds: torch); a SIGINT before this, in the
+    interpreter's start-up, is lost. Later, :func:`bagpipe.lifeline.stop_cleanly` takes
+    SIGINT over where a run writes what must not be left half-written, as before."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:  # not the main thread (bagpipe.cli imported by a thread): not ours to set
+            pass
+
+
+# First thing, before any import that takes time (and a SIGINT ignored meanwhile would be lost).
+_restore_sigint()
 
 # Before torch loads OpenMP: idle OpenMP workers sleep instead of spinning. With the
 # prefetch pipeline's threads on the same cores, spinning workers starve them and a
@@ -18,15 +38,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # timed out); set TORCH_CPP_LOG_LEVEL=INFO to see them.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
+# Only what the module's own definitions need: a Ctrl-C during these imports, before
+# main() runs, would still end in a traceback (difflib, logging: imported where used).
 import argparse  # noqa: E402
-import difflib  # noqa: E402
 import importlib  # noqa: E402
-import sys  # noqa: E402
 from collections.abc import Collection, Iterator, Sequence  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 from bagpipe.errors import BagpipeError, ConfigError  # noqa: E402
-from bagpipe.log import to_terminal  # noqa: E402
 
 # name -> (module, one-line summary). Each module defines add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,8 +86,40 @@ class Parser(argparse.ArgumentParser):
     invalid int value: 'x' (see bagpipe train --help)``, exit code 2, as every other
     bagpipe error."""
 
+    #: While True (inside :func:`parse`), :meth:`error` raises :class:`_Refused` instead of exiting.
+    _hold = False
+
     def error(self, message: str):  # noqa: D102 - argparse's hook
+        if Parser._hold:
+            raise _Refused(self, message)
         self.exit(2, one_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
+
+    def _check_value(self, action: argparse.Action, value) -> None:
+        """argparse's check of a value against its choices, the one closest to a value outside
+        them offered: ``invalid choice: 'traim' (choose from ...); did you mean train?`` (a
+        command, ``bench``'s scenario, an option's value)."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            near = closest(str(value), [str(c) for c in action.choices or ()])
+            if near is None:
+                raise
+            raise argparse.ArgumentError(action, f"{e.message}; did you mean {near}?") from None
+
+
+class _Refused(Exception):
+    """A usage error of ``parser`` held back by :func:`parse` (it may name a better one)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
+def closest(typed: str, known: Sequence[str]) -> str | None:
+    """The one of ``known`` closest to ``typed`` (a misspelling of it), or None."""
+    import difflib
+
+    return next(iter(difflib.get_close_matches(typed, known, n=1)), None)
 
 
 def one_line(text: str) -> str:
@@ -119,8 +170,22 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     (sub)command it was given to -- ``bagpipe train: error: unrecognized arguments: --bogus
     (see bagpipe train --help)``, ``bagpipe bench modes: ...`` -- not by ``bagpipe`` itself,
     whose help lists no command's options; an option close to one the command has is
-    offered (``did you mean --steps?``)."""
-    args, extra = parser.parse_known_args(argv)
+    offered (``did you mean --steps?``). Such an option is named also where argparse would
+    report a required option as missing first (``bagpipe eval --runs r``: ``unrecognized
+    arguments: --runs; did you mean --run?``, not ``the following arguments are required: --run``)."""
+    Parser._hold = True
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except _Refused as refused:
+        Parser._hold = False
+        strays = stray_options(parser, argv) if refused.message.startswith(REQUIRED) else None
+        if strays is not None:
+            where, names = strays
+            where.error(unrecognized(where, names))
+        refused.parser.error(refused.message)
+        raise AssertionError("unreachable: error() exits") from None  # pragma: no cover
+    finally:
+        Parser._hold = False
     if not extra:
         return args
     argv = list(argv)
@@ -128,20 +193,65 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     before = argv[: argv.index(command)] if command is not None else argv
     # given after the command: the command's (or its scenario's, `bench modes`), else bagpipe's own
     chosen = parser if any(a in before for a in extra) else chosen_parser(parser, args)
-    near = None
-    typed = next((a.split("=", 1)[0][2:] for a in extra if a.startswith("--")), None)
-    if typed:  # compared without the dashes every option shares
-        own = [o[2:] for act in chosen._actions for o in act.option_strings if o.startswith("--")]
-        near = next(iter(difflib.get_close_matches(typed, own, n=1)), None)
-    chosen.error(f"unrecognized arguments: {' '.join(extra)}" + (f"; did you mean --{near}?" if near else ""))
+    chosen.error(unrecognized(chosen, extra))
     raise AssertionError("unreachable: error() exits")  # pragma: no cover
+
+
+#: How argparse's message on a required argument that was not given begins.
+REQUIRED = "the following arguments are required"
+
+
+def unrecognized(parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
+    """The message on arguments ``parser`` does not take, with the option of its closest to
+    the first of them that is an option."""
+    typed = next((a.split("=", 1)[0][2:] for a in extra if a.startswith("--")), None)
+    near = None
+    if typed:  # compared without the dashes every option shares
+        near = closest(typed, [o[2:] for o in _options(parser) if o.startswith("--")])
+    return f"unrecognized arguments: {' '.join(extra)}" + (f"; did you mean --{near}?" if near else "")
+
+
+def stray_options(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.ArgumentParser, list[str]] | None:
+    """The ``--options`` of ``argv`` that the (sub)parser they were given to does not take
+    -- neither one of its options nor the start of one, as argparse lets an option be
+    abbreviated -- with that parser (the first such parser's, if several); None if none.
+    An argument belongs to the innermost parser whose command (``train``, ``bench modes``)
+    comes before it; after ``--`` every argument is a value."""
+    current, found = parser, None
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0]
+            own = _options(current)
+            if name in own or (current.allow_abbrev and any(o.startswith(name) for o in own)):
+                continue
+            if found is None:
+                found = (current, [name])
+            elif found[0] is current:
+                found[1].append(name)
+        elif not arg.startswith("-"):
+            subs = _subparsers(current)
+            if subs is not None and arg in subs.choices:
+                current = subs.choices[arg]
+    return found
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for action in parser._actions for o in action.option_strings]
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 
 def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The innermost (sub)parser ``args`` were parsed by: ``bagpipe bench modes``'s for
     ``bagpipe bench modes ...`` (each level's choice is its subparsers' ``dest`` in ``args``)."""
     while True:
-        subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        subs = _subparsers(parser)
         name = getattr(args, subs.dest, None) if subs is not None and subs.dest else None
         if subs is None or name not in subs.choices:
             return parser
@@ -155,16 +265,36 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``bagpipe ARGV`` (``sys.argv`` when None: the program itself) and return its exit code."""
-    if argv is None:  # the program: started by bagpipe (a role, a spare, a bench run), it ends with its parent
-        from bagpipe import lifeline
+    """Run ``bagpipe ARGV`` (``sys.argv`` when None: the program itself) and return its exit code.
 
-        command = command_of(sys.argv[1:])
-        lifeline.watch(f"bagpipe {command}" if command else "bagpipe")
-    rc = _main(argv)
+    Ctrl-C at any moment from here on -- while the command's modules are imported (torch:
+    seconds), its options parsed, or it runs -- ends in one line, ``bagpipe train:
+    interrupted``, exit 130 (a SIGTERM or SIGHUP a run turned into the same unwinding:
+    ``stopped by SIGTERM``, 128 + the signal), no traceback."""
+    command = command_of(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv is None:  # the program: started by bagpipe (a role, a spare, a bench run), it ends with its parent
+            from bagpipe import lifeline
+
+            lifeline.watch(f"bagpipe {command}" if command else "bagpipe")
+        rc = _main(argv)
+    except KeyboardInterrupt as e:
+        rc = _stopped(command, e)
     if argv is None:
         _leave_past_stuck_threads(rc)
     return rc
+
+
+def _stopped(command: str | None, e: KeyboardInterrupt) -> int:
+    """Say in one line that ``bagpipe COMMAND`` was stopped by ``e`` (Ctrl-C, or a stop
+    signal :func:`bagpipe.lifeline.stop_cleanly` unwound as Ctrl-C); its exit code."""
+    who = f"bagpipe {command}" if command else "bagpipe"
+    signum = getattr(e, "signum", None)  # lifeline.Terminated: SIGTERM or SIGHUP
+    try:
+        print(f"{who}: {f'stopped by {signal.Signals(signum).name}' if signum else 'interrupted'}", file=sys.stderr)
+    except (OSError, ValueError):  # stderr gone (a closed pipe): the exit code says it
+        pass
+    return 128 + signum if signum else 130
 
 
 def _leave_past_stuck_threads(rc: int) -> None:
@@ -190,6 +320,8 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return 2
     _tolerate_unencodable_output()
+    from bagpipe.log import to_terminal
+
     # the library's notices reach the terminal (a role's with the time, for its log)
     to_terminal(timestamps=args.command in ("worker", "serve"))
     try:
@@ -199,15 +331,6 @@ def _main(argv: list[str] | None) -> int:
     except BagpipeError as e:
         print(one_line(f"bagpipe {args.command}: error: {e}"), file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", None)  # lifeline.Terminated: SIGTERM or SIGHUP, unwound as Ctrl-C
-        if signum is not None:
-            import signal
-
-            print(f"bagpipe {args.command}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
-            return 128 + signum
-        print(f"bagpipe {args.command}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `bagpipe ... | head`: the reader left; nothing to report
         sys.stderr.close()
         return 0

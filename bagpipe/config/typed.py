@@ -21,7 +21,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import linecache
 import math
+import sys
 import textwrap
 import types
 import typing
@@ -56,11 +58,7 @@ def _field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if klass is object or not dataclasses.is_dataclass(klass):
             continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        body = _class_body(klass)
         for node, nxt in zip(body, body[1:]):
             if (
                 isinstance(node, ast.AnnAssign)
@@ -71,6 +69,40 @@ def _field_docs(cls: type) -> dict[str, str]:
             ):
                 docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
     return docs
+
+
+def _class_body(klass: type) -> list[ast.stmt]:
+    """The statements of ``klass``'s definition; [] where its source is unavailable. Found
+    by its qualified name in its module's syntax tree, parsed once per module --
+    ``inspect.getsource`` would parse the module again for each class (most of the time
+    ``bagpipe train --help`` took to build its options)."""
+    module = sys.modules.get(klass.__module__)
+    tree = _module_tree(getattr(module, "__file__", None) or "")
+    scope: list[ast.stmt] = tree.body if tree is not None else []
+    *outer, name = [part for part in klass.__qualname__.split(".") if part != "<locals>"]
+    for part in outer:  # the classes and functions it is defined in
+        named = [
+            n for n in scope if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == part
+        ]
+        scope = named[-1].body if named else []  # a name defined twice: the later definition is the one in use
+    found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == name]
+    if found:
+        return found[-1].body
+    try:  # defined where a plain walk does not reach (inside an `if`, say): inspect's search
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    return tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+
+
+@cache
+def _module_tree(filename: str) -> ast.Module | None:
+    """The syntax tree of the source file ``filename`` (None: none, or not Python)."""
+    lines = linecache.getlines(filename) if filename.endswith(".py") else []
+    try:
+        return ast.parse("".join(lines)) if lines else None
+    except (SyntaxError, ValueError):
+        return None
 
 
 @cache
