@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +240,13 @@ def where_to_continue(out: str) -> str:
     except Exception:  # noqa: BLE001 - a damaged folder: --resume says what is wrong
         name = None
     if name is None:
+        # a run that got past its start left its records, and a new run refuses such a folder
+        # (bagpipe.train.resume.refuse_overwrite): starting over means removing them first
+        if any((Path(out) / f).exists() for f in ("config.json", "metrics.jsonl", "summary.json")):
+            return (
+                f"{out} has no checkpoint: to start over, remove it (rm -r {shlex.quote(str(out))}) and run the "
+                "command again, or give another --out"
+            )
         return f"{out} has no checkpoint: run the command again to start over"
     step = int(name.rsplit("-", 1)[-1]) if name.startswith("step-") else None
     at = f"step {step}" if step is not None else name

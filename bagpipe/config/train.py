@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -355,7 +356,9 @@ def epoch_steps(data: DataConfig) -> int:
     except KeyError:
         raise ConfigError(f"{meta}: the data set has no train split to train on") from None
     except (OSError, ValueError, TypeError) as e:
-        raise ConfigError(f"{meta}: unreadable ({e}); `bagpipe check {data.data}` checks the data set") from None
+        raise ConfigError(
+            f"{meta}: unreadable ({e}); `bagpipe check {shlex.quote(data.data)}` checks the data set"
+        ) from None
     need(isinstance(n, int) and n >= 0, f"{meta}: splits.train.num_samples must be a count, got {n!r}")
     need(
         n >= data.batch_size,

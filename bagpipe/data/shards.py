@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,7 +254,13 @@ class Dataset:
             for i in range(len(sm.shard_sizes)):
                 problems = shard_file_problems(self.dir, self.meta, split, i)
                 if problems:
-                    raise DataError(f"{problems[0]} (`bagpipe check {self.dir}` checks every file)")
+                    raise DataError(f"{problems[0]} ({self.check_command} checks every file)")
+
+    @property
+    def check_command(self) -> str:
+        """The command that checks every file of this data set, quoted for a shell (a path
+        with a space or a quote pastes as it is)."""
+        return f"`bagpipe check {shlex.quote(str(self.dir))}`"
 
     def fingerprint(self) -> str:
         """What identifies this data set's contents (:func:`bagpipe.data.integrity.fingerprint`)."""
@@ -270,7 +277,7 @@ class Dataset:
         problem = id_problem(self.meta, where, np.asarray(sh.sparse[start:stop]), values)
         if problem:
             raise DataError(
-                f"{problem}; the shard is damaged or belongs to another meta.json (`bagpipe check {self.dir}` checks every file)"
+                f"{problem}; the shard is damaged or belongs to another meta.json ({self.check_command} checks every file)"
             )
         self._checked.add(key)
 
@@ -299,7 +306,7 @@ class Dataset:
                 raise DataError(f"{d}: shard file missing ({Path(e.filename).name})") from None
             sums = sum_problems(self.dir, self.meta, split, index)
             if sums:
-                raise DataError(f"{sums[0]} (`bagpipe check {self.dir}` checks every file)")
+                raise DataError(f"{sums[0]} ({self.check_command} checks every file)")
             expected = self.meta.splits[split].shard_sizes[index]
             if len(shard.labels) != expected:
                 raise DataError(f"{d}: holds {len(shard.labels)} samples, meta.json says {expected}")
@@ -307,7 +314,7 @@ class Dataset:
             if problem:
                 raise DataError(
                     f"{problem}; training on it would give NaN or meaningless parameters "
-                    f"(`bagpipe check {self.dir}` lists every problem)"
+                    f"({self.check_command} lists every problem)"
                 )
             self._cache[key] = shard
         return self._cache[key]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from pathlib import Path
 
 import torch
@@ -276,8 +277,9 @@ def refuse_overwrite(run: RunDir) -> None:
     records = records_of_a_run(run)
     if records:
         raise ConfigError(
-            f"{run.path} already holds another run's {', '.join(records)} (it saved no checkpoint to continue "
-            f"from); choose another --out, or remove that folder to start again there (nothing in it was changed)"
+            f"{run.path} already holds the records of an earlier run ({', '.join(records)}) that saved no "
+            f"checkpoint to continue from; choose another --out, or remove that folder to start again there "
+            f"(rm -r {shlex.quote(str(run.path))}; nothing in it was changed)"
         )
 
 

@@ -244,17 +244,32 @@ def test_resume_without_a_checkpoint_says_to_drop_resume_and_a_new_run_keeps_the
     # ... and a new run there (without --resume) would replace its records: refused too
     rc, _, err = run_cli("train", *common, "--out", bare, "--model", "deepfm", "--batch-size", 32)
     assert one_line_error(rc, err, "train") == (
-        f"{bare} already holds another run's config.json, metrics.jsonl, summary.json (it saved no checkpoint "
-        "to continue from); choose another --out, or remove that folder to start again there (nothing in it "
-        "was changed)"
+        f"{bare} already holds the records of an earlier run (config.json, metrics.jsonl, summary.json) that "
+        "saved no checkpoint to continue from; choose another --out, or remove that folder to start again there "
+        f"(rm -r {bare}; nothing in it was changed)"
     )
     assert snapshot(bare) == before
     # a run stopped before its first checkpoint leaves config.json and metrics.jsonl: the same
     (bare / "summary.json").unlink()
     before = snapshot(bare)
     rc, _, err = run_cli("train", *common, "--out", bare)
-    assert "already holds another run's config.json, metrics.jsonl (it saved" in one_line_error(rc, err, "train")
+    assert "already holds the records of an earlier run (config.json, metrics.jsonl) that saved" in one_line_error(
+        rc, err, "train"
+    )
     assert snapshot(bare) == before
+    # what a run stopped there says (Ctrl-C, SIGTERM) tells how to start over, and that works
+    from bagpipe.checkpoint.folder import where_to_continue
+
+    assert where_to_continue(str(bare)) == (
+        f"{bare} has no checkpoint: to start over, remove it (rm -r {bare}) and run the command again, "
+        "or give another --out"
+    )
+    assert (
+        where_to_continue(str(tmp_path / "none"))
+        == f"{tmp_path / 'none'} has no checkpoint: run the command again to start over"
+    )
+    shutil.rmtree(bare)
+    assert run_cli("train", *common, "--out", bare)[0] == 0
     # checkpoints without LATEST: the newest is offered
     lost = tmp_path / "lost"
     shutil.copytree(a_run, lost)

@@ -27,6 +27,7 @@ ids computed from it, so each batch can be checked sample by sample.
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -460,3 +461,16 @@ def test_synthetic_stream_rows_stay_in_their_tables(tiny_data):
         rows = b.rows.view(b.num_features, b.batch_size).numpy()
         assert (rows >= starts[:-1, None]).all() and (rows < starts[1:, None]).all()
         assert set(np.unique(b.labels.numpy())) <= {0.0, 1.0}
+
+
+def test_a_damaged_file_names_a_check_command_that_pastes_into_a_shell(tmp_path):
+    """The refusal of a damaged shard suggests `bagpipe check DIR` with DIR quoted for a shell,
+    so a path with a space or a quote pastes as it is."""
+    out = tmp_path / "ti ny é's"
+    write_dataset(out, multi_hot=False)
+    shard = next((out / "train").glob("*/sparse.npy"))
+    shard.write_bytes(shard.read_bytes()[:-8])  # cut short: found when the data set is opened
+    with pytest.raises(DataError) as e:
+        Dataset(out)
+    assert str(e.value).endswith(f"(`bagpipe check {shlex.quote(str(out))}` checks every file)"), str(e.value)
+    assert shlex.split(str(e.value).rsplit("`", 2)[1]) == ["bagpipe", "check", str(out)]
