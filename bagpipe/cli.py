@@ -116,10 +116,11 @@ class _Refused(Exception):
 
 
 def closest(typed: str, known: Sequence[str]) -> str | None:
-    """The one of ``known`` closest to ``typed`` (a misspelling of it), or None."""
-    import difflib
+    """The one of ``known`` closest to ``typed`` (a misspelling of it), or None (the helper a
+    config file's keys and values use too; imported here only when a usage error needs it)."""
+    from bagpipe.config.typed import closest as near
 
-    return next(iter(difflib.get_close_matches(typed, known, n=1)), None)
+    return near(typed, known)
 
 
 def one_line(text: str) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import codecs
 import dataclasses
-import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,13 @@ import tomllib
 from bagpipe.config.typed import (
     Section,
     choices,
+    closest,
     coerce,
-    describe,
     field_docs,
     field_types,
     get_args,
     get_origin,
+    not_a,
     strip_optional,
 )
 from bagpipe.errors import ConfigError
@@ -206,14 +206,12 @@ def flatten(root: type, values: dict, source: str) -> dict:
         if (
             key not in known and isinstance(value, dict) and not where and any(secs)
         ):  # a table, not a key: a section's name mistyped
-            near = difflib.get_close_matches(key, [s for s in secs if s], n=1)
-            hint = (
-                f"; did you mean [{near[0]}]?" if near else f"; the tables are {', '.join(f'[{s}]' for s in secs if s)}"
-            )
+            near = closest(key, [s for s in secs if s])
+            hint = f"; did you mean [{near}]?" if near else f"; the tables are {', '.join(f'[{s}]' for s in secs if s)}"
             raise ConfigError(f"{source}: unknown table [{key}]{hint}")
         if key not in known:
-            near = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
+            near = closest(key, list(known))
+            hint = f"; did you mean {near!r}?" if near else ""
             raise ConfigError(f"{source}: unknown key {where}{key!r}{hint}")
         if key in out:
             raise ConfigError(f"{source}: key {key!r} is given twice")
@@ -244,7 +242,7 @@ def build(root: type, values: dict, source: str = "configuration"):
         try:
             coerce(tp, value)
         except ValueError:
-            raise ConfigError(f"{source}: {key} must be {describe(tp)}, got {value!r}") from None
+            raise ConfigError(f"{source}: {not_a(key, tp, value)}") from None
         parts[attr][key] = value
     for attr, cls in sections(root).items():
         missing = [

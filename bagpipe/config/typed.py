@@ -27,6 +27,7 @@ import sys
 import textwrap
 import types
 import typing
+from collections.abc import Sequence
 from functools import cache
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -142,6 +143,25 @@ def describe(tp: Any) -> str:
     return text + (" (or nothing)" if opt else "")
 
 
+def closest(typed: str, known: Sequence[str]) -> str | None:
+    """The one of ``known`` closest to ``typed`` (a misspelling of it), or None: the one
+    "did you mean" of the command line (a command, an option, a choice) and of a config
+    file (a key, a table, a value)."""
+    import difflib
+
+    return next(iter(difflib.get_close_matches(typed, known, n=1)), None)
+
+
+def not_a(name: str, tp: Any, value: Any) -> str:
+    """The message on ``value``, which is not a ``tp``, given for setting ``name``: a string
+    close to one of a ``Literal``'s choices offers it, as the command line does
+    (``mode must be one of 'full', ..., got 'lookahed'; did you mean 'lookahead'?``)."""
+    text = f"{name} must be {describe(tp)}, got {value!r}"
+    allowed = choices(tp)
+    near = closest(value, [c for c in allowed if isinstance(c, str)]) if allowed and isinstance(value, str) else None
+    return text + (f"; did you mean {near!r}?" if near is not None else "")
+
+
 def coerce(tp: Any, value: Any) -> Any:
     """``value`` checked against ``tp`` and normalised (an int for a float field becomes a
     float, a list for a tuple field a tuple); raises ValueError when it does not fit."""
@@ -189,7 +209,7 @@ class Section:
             try:
                 value = coerce(tp, value)
             except ValueError:
-                raise ConfigError(f"{name} must be {describe(tp)}, got {value!r}") from None
+                raise ConfigError(not_a(name, tp, value)) from None
             in_range(name, value)
             object.__setattr__(self, name, value)
         self.validate()

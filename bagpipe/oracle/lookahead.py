@@ -112,14 +112,16 @@ class WindowMap:
 
 
 def too_small(cache_rows: int, step: int, unique: int, enough: int | None) -> str:
-    """The message of a cache too small for a batch, with a size that is enough for the
-    whole run when the caller knows one (else for this batch)."""
-    hint = (
-        f"use at least {enough:,} cache rows (enough for every batch of this run)"
-        if enough and enough >= unique
-        else f"use at least {unique:,} cache rows (more than the largest batch's unique rows)"
+    """The message of a cache too small for a batch: the batch's unique rows are what this
+    step needs (a floor, not a size that is enough for the run), with a size that is enough
+    for every batch of the run when the caller knows one (a bound, not a minimum).
+    ``step`` is the planner's 0-based index; the message numbers steps from 1, as a run's
+    progress lines do."""
+    hint = f" ({enough:,} cache rows are enough for any batch of this run)" if enough and enough >= unique else ""
+    return (
+        f"a cache of {cache_rows:,} rows cannot hold step {step + 1}'s {unique:,} unique rows; "
+        f"it needs at least {unique:,}{hint}"
     )
-    return f"a cache of {cache_rows:,} rows cannot hold step {step}'s {unique:,} unique rows; {hint}"
 
 
 class LookaheadOracle:

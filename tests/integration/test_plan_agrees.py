@@ -62,7 +62,7 @@ REFUSALS = [
     ("full tables over the budget", ("--mode", "full", "--memory-budget-mb", "100"),
      "is too small for --mode full: its tables alone take"),
     ("cache below a batch's unique rows", ("--mode", "lookahead", "--cache-rows", "100"),
-     "a cache of 100 rows cannot hold step 0's"),
+     "a cache of 100 rows cannot hold step 1's"),
     ("lru cache below a batch's unique rows", ("--mode", "lru", "--store", "disk", "--cache-rows", "100"),
      "a cache of 100 rows cannot hold step"),
     ("cache budget below a batch", ("--mode", "lookahead", "--cache-budget-mb", "0.001"), "0.001"),

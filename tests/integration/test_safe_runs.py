@@ -440,8 +440,12 @@ def test_a_too_small_cache_names_a_size_enough_for_the_whole_run(run_cli, tiny_d
         50,
         *COMMON,
     )
-    line = one_line_error(rc, err, "cannot hold", "enough for every batch of this run")
-    enough = int(line.split("use at least ")[1].split(" ")[0].replace(",", ""))
+    line = one_line_error(rc, err, "cannot hold step 1's", "cache rows are enough for any batch of this run")
+    # the batch's unique rows are a floor ("needs at least"), the run's bound a size that is enough
+    unique = int(line.split("step 1's ")[1].split(" ")[0].replace(",", ""))
+    assert f"; it needs at least {unique:,} (" in line, line
+    enough = int(line.split(" (")[1].split(" ")[0].replace(",", ""))
+    assert enough >= unique, line
     rc, _, err = run_cli(
         "train",
         "--data",

@@ -175,6 +175,51 @@ def test_accel_runs_where_some_configuration_reads_from_the_store():
     assert accel.tables(b) == accel.Tables(total_rows=266, num_features=8)
 
 
+ACCEL_NO_HOT_TIER = (
+    "bench accel: --budget-mb 0.2 (5,825 rows of 36 bytes) does not cover one batch's staged rows "
+    "(--batch-size 256 x 26 features = 6,656 rows), which fae, fae-split and hotline hold besides their hot tier, "
+    "so it leaves them no hot row; give --budget-mb of at least 0.229"
+)
+
+
+def test_accel_whose_budget_leaves_fae_no_hot_tier_is_refused_before_anything_is_made(run_cli, tmp_path):
+    """It used to generate 19 MB of data and the table file into --out, then stop on the
+    profile's "hot budget must be > 0 MiB, got 0.0" (a hot budget the user never gave)."""
+    rc, out, err = run_cli("bench", "accel", "--quick", "--budget-mb", "0.2", "--out", tmp_path / "new" / "accel")
+    assert one_line_error(rc, err) == ACCEL_NO_HOT_TIER
+    assert "[rep" not in out and "profile for" not in out
+    assert list(tmp_path.iterdir()) == []  # no --out, no data set
+    mine = tmp_path / "mine"  # an --out the user has: as it was
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me\n")
+    before = snapshot(mine)
+    rc, _, err = run_cli("bench", "accel", "--quick", "--budget-mb", "0.001", "--out", mine)
+    assert one_line_error(rc, err) == ACCEL_NO_HOT_TIER.replace("0.2 (5,825", "0.001 (29")
+    assert snapshot(mine) == before
+
+
+def test_accel_names_the_least_budget_that_leaves_a_hot_tier():
+    row_bytes = 4 * (8 + 1)
+    shape = accel.tables(AccelBench.quick())  # 26 features: a staged batch is 6,656 rows, 0.2285 MiB
+    for mb in (0.2, 0.228):
+        with pytest.raises(ConfigError, match="give --budget-mb of at least 0.229$"):
+            accel.refuse_no_hot_tier(AccelBench.quick(budget_mb=mb), shape, row_bytes)
+    b = AccelBench.quick(budget_mb=0.229)  # the budget it names: fae's hot tier has rows
+    accel.refuse_no_hot_tier(b, shape, row_bytes)
+    hot_mb = plan_budget(b, shape, row_bytes)["fae"]["hot_mb"]
+    assert int(hot_mb * (1 << 20) // row_bytes) >= 1
+    # without fae, fae-split and hotline a budget below a batch is no hot-tier problem (the caches are raised to a batch)
+    accel.refuse_no_hot_tier(AccelBench.quick(budget_mb=0.2, configs=("nocache", "lru", "lookahead")), shape, row_bytes)
+    names = AccelBench.quick(budget_mb=0.2, configs=("lru", "hotline"))
+    with pytest.raises(ConfigError, match="which hotline holds besides its hot tier, so it leaves it no hot row"):
+        accel.refuse_no_hot_tier(names, shape, row_bytes)
+    # lookahead+hot's share of a budget of a row: no hot row
+    tiny = AccelBench.quick(budget_mb=0.00003, configs=("lookahead+hot",))
+    with pytest.raises(ConfigError, match=r"leaves lookahead\+hot no hot row .* at least 6.87e-05$"):
+        accel.refuse_no_hot_tier(tiny, shape, row_bytes)
+    accel.refuse_no_hot_tier(AccelBench.quick(budget_mb=6.87e-05, configs=("lookahead+hot",)), shape, row_bytes)
+
+
 def _summary(mode: str, cache_rows: int, unique_rows: int, hot_rows: int = 0) -> dict:
     hot = {"rows": hot_rows, "lookup_share": 1.0, "split_ms_per_step": 0.1} if hot_rows else None
     return {

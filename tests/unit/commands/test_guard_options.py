@@ -315,6 +315,12 @@ def test_config_file_mistakes_are_one_line_naming_what_is_wrong(guarded, world, 
         b"[cahce]\ncache_rows = 5\n": "unknown table [cahce]; did you mean [cache]?",
         b"cache_rowz = 5\n": "unknown key 'cache_rowz'; did you mean 'cache_rows'?",
         b"[cache]\nlr = 0.1\n": "key 'lr' belongs in [optim], not [cache]",
+        # a misspelt value gets the command line's "did you mean" (bagpipe.config.typed.closest)
+        b'mode = "lookahed"\n': (
+            "c.toml: mode must be one of 'full', 'nocache', 'lru', 'lookahead', 'fae', 'hotline', "
+            "got 'lookahed'; did you mean 'lookahead'?"
+        ),
+        b'[hot]\nfae_schedule = "splt"\n': "fae_schedule must be one of 'keep', 'split', got 'splt'; did you mean 'split'?",
         b"steps = 5\nsteps = 6\n": "c.toml",
         b'title = "caf\xe9"\n': "not UTF-8 text",
         b"steps = \n": "c.toml",
@@ -325,6 +331,22 @@ def test_config_file_mistakes_are_one_line_naming_what_is_wrong(guarded, world, 
         assert outcome == "exit" and one_line(rc, err) and fragment in err, (text, outcome, err)
     outcome, rc, err = guarded([*base, "--config", tmp_path])
     assert outcome == "exit" and one_line(rc, err), err
+    for text in (b'mode = "zzz"\n', b"mode = 3\n"):  # nothing close: no suggestion
+        f.write_bytes(text)
+        outcome, rc, err = guarded([*base, "--config", f])
+        assert outcome == "exit" and one_line(rc, err) and "did you mean" not in err, (text, err)
+        assert "c.toml: mode must be one of 'full', " in err, err
+
+
+def test_a_misspelt_choice_built_in_python_gets_the_same_suggestion():
+    from bagpipe.config.sections import CacheConfig
+    from bagpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        CacheConfig(mode="lru ")
+    assert str(e.value) == (
+        "mode must be one of 'full', 'nocache', 'lru', 'lookahead', 'fae', 'hotline', got 'lru '; did you mean 'lru'?"
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

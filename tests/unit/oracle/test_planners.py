@@ -86,6 +86,22 @@ def test_capacity_below_one_batch_is_an_error():
         run(o, HAND)
 
 
+@pytest.mark.parametrize("make", [lambda e: LookaheadOracle(10, 1, 2, e), lambda e: LRUPlanner(10, 1, e)])
+def test_a_cache_below_a_batch_names_its_step_from_1_and_what_it_needs(make):
+    """The batch's unique rows are what the step needs; the run's bound (B x F) is a size that
+    is enough for any batch, not a minimum. Steps count from 1, as the progress lines do."""
+    seq = [[1], [2], [3, 4]]  # the third batch (planner step 2) has 2 unique rows; the cache 1 slot
+    with pytest.raises(CapacityError) as e:
+        run(make(8), seq)
+    assert str(e.value) == (
+        "a cache of 1 rows cannot hold step 3's 2 unique rows; it needs at least 2 "
+        "(8 cache rows are enough for any batch of this run)"
+    )
+    with pytest.raises(CapacityError) as e:
+        run(make(None), seq)  # no bound known: the floor alone
+    assert str(e.value) == "a cache of 1 rows cannot hold step 3's 2 unique rows; it needs at least 2"
+
+
 def test_lru_hand_sequence():
     p = LRUPlanner(num_rows=10, cache_rows=3)
     plans = run(p, HAND)

@@ -28,7 +28,8 @@ hot tier served every lookup (the cache planned no row); nocache, fae and hotlin
 no cache ("-": they stage one batch).
 
 A budget under which every configuration keeps every row of the tables in its hot tier
-or cache (``--profile tiny`` at ``--quick``'s scale) compares nothing slow: it is
+or cache (``--profile tiny`` at ``--quick``'s scale) compares nothing slow, and one that
+does not cover a batch's staged rows leaves fae and hotline no hot tier: both are
 refused in one line, before anything is generated or run.
 """
 
@@ -175,6 +176,52 @@ def refuse_unmeasurable(b: AccelBench, shape: Tables, row_bytes: int) -> None:
     )
 
 
+FAE_LIKE = ("fae", "fae-split", "hotline")
+"""The configurations that hold one staged batch's rows besides their hot tier (plan_budget)."""
+
+
+def _least_budget_mb(rows: int, row_bytes: int) -> float:
+    """The least --budget-mb, at three significant digits (rounded up), that holds ``rows`` rows."""
+    mib = 1 << 20
+    exact = rows * row_bytes / mib
+    step = 10 ** (math.floor(math.log10(exact)) - 2)
+    mb = math.ceil(round(exact / step, 9)) * step
+    while int(mb * mib // row_bytes) < rows:  # (a float that lands a hair short)
+        mb += step
+    return float(f"{mb:.3g}")
+
+
+def refuse_no_hot_tier(b: AccelBench, shape: Tables, row_bytes: int) -> None:
+    """Refuse, in one line and before anything is generated or run, a budget that leaves a
+    configuration with a hot tier no hot row: fae, fae-split and hotline hold one batch's
+    staged rows (B x F) besides their hot tier, so a budget that covers no more than that
+    leaves them none, and lookahead+hot's --hot-share of a budget of a row or two rounds
+    down to none. It used to generate the data and the table file into --out and only
+    then stop on the profile's ``hot budget must be > 0 MiB, got 0.0`` (a budget the user
+    never gave)."""
+    rows = int(b.budget_mb * (1 << 20) // row_bytes)
+    staged = b.batch_size * shape.num_features
+    fae = [k for k in b.configs if k in FAE_LIKE]
+    if fae and rows <= staged:
+        names = ", ".join(fae[:-1]) + (" and " if len(fae) > 1 else "") + fae[-1]
+        hold, their, them = ("hold", "their", "them") if len(fae) > 1 else ("holds", "its", "it")
+        raise ConfigError(
+            f"bench accel: --budget-mb {b.budget_mb:g} ({rows:,} rows of {row_bytes} bytes) does not cover one "
+            f"batch's staged rows (--batch-size {b.batch_size} x {shape.num_features} features = {staged:,} rows), "
+            f"which {names} {hold} besides {their} hot tier, so it leaves {them} no hot row; give --budget-mb of at "
+            f"least {_least_budget_mb(staged + 1, row_bytes):g}"
+        )
+    if "lookahead+hot" in b.configs and int(b.hot_share * rows) < 1:
+        least = math.ceil(1 / b.hot_share)
+        while int(b.hot_share * least) < 1:
+            least += 1
+        raise ConfigError(
+            f"bench accel: --budget-mb {b.budget_mb:g} ({rows:,} rows of {row_bytes} bytes) leaves lookahead+hot "
+            f"no hot row (--hot-share {b.hot_share:g} of it); give --budget-mb of at least "
+            f"{_least_budget_mb(least, row_bytes):g}"
+        )
+
+
 def plan_budget(b: AccelBench, meta: Tables | DatasetMeta, row_bytes: int) -> dict[str, dict]:
     """Each configuration's ``bagpipe train`` settings under the one budget (hot MiB, cache rows).
 
@@ -206,7 +253,9 @@ def run(b: AccelBench) -> dict:
 
     dim = recipe(b.model, b.recipe).embedding_dim
     state_dim = 1 if b.optimizer == "adagrad" else 0
-    refuse_unmeasurable(b, tables(b), 4 * (dim + state_dim))  # before --out is made or data generated
+    shape, row_bytes = tables(b), 4 * (dim + state_dim)
+    refuse_no_hot_tier(b, shape, row_bytes)  # before --out is made or data generated
+    refuse_unmeasurable(b, shape, row_bytes)
     out = b.out_dir
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
