@@ -12,6 +12,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,10 +88,15 @@ def written_directly(path: Path, mode: str):
     if std is not None:
         stream = sys.stdout if std == 1 else sys.stderr
         return _unclosed(stream.buffer if "b" in mode else stream)
-    special = any(Path(f(path)).parts[1:2] in (("dev",), ("proc",)) for f in (os.path.abspath, os.path.realpath))
-    if (path.exists() and not path.is_file()) or special:
+    if (path.exists() and not path.is_file()) or names_dev_or_proc(path):
         return open(path, mode)
     return None
+
+
+def names_dev_or_proc(path: str | os.PathLike) -> bool:
+    """Whether ``path``, as given or with its links resolved, is a name in /dev or /proc:
+    written directly (:func:`written_directly`), never replaced by a rename."""
+    return any(Path(f(path)).parts[1:2] in (("dev",), ("proc",)) for f in (os.path.abspath, os.path.realpath))
 
 
 #: Names of this process's standard output and error: a file opened on them anew would
@@ -183,13 +189,21 @@ def remove_stale_temporaries(path: Path) -> None:
         log.info(f"removed the unfinished {p} ({size / 2**20:,.1f} MB) of pid {pid}, which is gone")
 
 
-def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = None) -> Path:
+def check_out_file(
+    path: str | os.PathLike,
+    flag: str,
+    inputs: dict | None = None,
+    own: tuple[str, Callable[[Path], bool]] | None = None,
+) -> Path:
     """Refuse, in one line and before anything is written, an output file that cannot be
     written whole or would destroy an input: a directory, a path in a folder that does not
-    exist, one of the command's inputs (``inputs``: flag -> paths), a path inside an
-    input folder, or one inside any data set or export (:func:`refuse_inside_output`).
-    Returns the path. This process's own stdout or stderr is written through its open
-    stream (:func:`written_directly`): nothing to check, nothing replaced."""
+    exist, one of the command's inputs (``inputs``: flag -> paths; the same file under
+    another name, a hard link, too), a path inside an input folder, or one inside any data
+    set or export (:func:`refuse_inside_output`); and, given ``own`` (what the command
+    writes, e.g. "an earlier predictions file", and a test of an existing file), an
+    existing regular file that is not one (:func:`refuse_foreign_file`). Returns the path.
+    This process's own stdout or stderr is written through its open stream
+    (:func:`written_directly`): nothing to check, nothing replaced."""
     path = Path(path)
     if is_standard_stream(path):
         return path
@@ -211,13 +225,42 @@ def check_out_file(path: str | os.PathLike, flag: str, inputs: dict | None = Non
             if not p:
                 continue
             r = os.path.realpath(p)
-            if real == r or (os.path.isdir(r) and real.startswith(r.rstrip(os.sep) + os.sep)):
-                what = "is" if real == r else "lies inside"
+            if real == r or same_file(real, r) or (os.path.isdir(r) and real.startswith(r.rstrip(os.sep) + os.sep)):
+                what = "is" if real == r else "lies inside" if os.path.isdir(r) else "is the same file as"
                 raise ConfigError(
                     f"{flag} {path} {what} {opt} {p}: writing it would destroy an input; choose another {flag}"
                 )
     refuse_inside_output(path, flag, "the file")
+    if own is not None:
+        refuse_foreign_file(path, flag, *own)
     return path
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` are one regular file (one inode: a hard link is the file
+    under another name); False where either is not a regular file (a device, a pipe, a
+    terminal: two names of one terminal are not an output replacing an input)."""
+    try:
+        return os.path.isfile(a) and os.path.isfile(b) and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_foreign_file(path: str | os.PathLike, flag: str, what: str, is_own: Callable[[Path], bool]) -> None:
+    """The rule of every one-file output: an existing file is replaced only when it is an
+    earlier output of the command's own kind (``is_own``, a cheap test of its first
+    bytes); anything else -- a user's data, notes, another command's output -- is refused
+    in one line naming it (``--out notes.txt: the file exists and is not WHAT; it is not
+    replaced: choose another --out``). Nothing to check where nothing is replaced: no file
+    there, a device or a pipe, a name in /dev or /proc, this process's own stdout/stderr
+    (all written directly, :func:`written_directly`)."""
+    path = Path(path)
+    if not path.is_file() or is_standard_stream(path) or names_dev_or_proc(path) or is_own(path):
+        return
+    raise ConfigError(
+        f"{flag} {path}: the file exists and is not {what}; it is not replaced: choose another {flag}, "
+        "or move the file away first"
+    )
 
 
 def check_can_write_in(folder: Path, what: str) -> None:

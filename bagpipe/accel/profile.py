@@ -51,6 +51,33 @@ MIB = 1 << 20
 #: The first bytes of a .npz archive (a zip file), as :meth:`HotSet.save` writes one.
 ZIP_MAGIC = b"PK\x03\x04"
 
+#: The members of a .npz that :meth:`HotSet.save` writes, in the order written.
+HOT_MEMBERS = ("rows.npy", "report.npy")
+
+
+def is_hot_row_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a file :meth:`HotSet.save` wrote (``bagpipe profile --out``
+    replaces only such a file), told without loading its arrays: a zip archive whose
+    members are exactly rows.npy and report.npy, read from its central directory (a few
+    hundred bytes at the end); one damaged there (truncated: the file
+    :meth:`HotSet.load` tells to profile again) by its first member's local header,
+    rows.npy first, as written."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(30 + len(HOT_MEMBERS[0]))
+            if head[:4] != ZIP_MAGIC:
+                return False
+            try:
+                with zipfile.ZipFile(f) as z:
+                    return sorted(z.namelist()) == sorted(HOT_MEMBERS)
+            except (zipfile.BadZipFile, EOFError, ValueError):
+                pass
+    except OSError:
+        return False
+    name_length = int.from_bytes(head[26:28], "little")
+    return name_length == len(HOT_MEMBERS[0]) and head[30:] == HOT_MEMBERS[0].encode()
+
+
 # (ids of the inputs' lookups into one table, (n,) bag lengths or None when one id per input)
 Column = tuple[np.ndarray, "np.ndarray | None"]
 

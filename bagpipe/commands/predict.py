@@ -17,6 +17,12 @@ a named pipe or <(zcat day_23.gz). Bad lines stop the run naming FILE:LINE: prob
 or are skipped and counted, writing nan on their line (--on-error skip); the --out
 file appears only once complete.
 
+An existing --out file is replaced only when it is an earlier predictions file: empty,
+or every line of its first 64 KiB a probability in [0, 1] as predict writes them (%.9g,
+nan for a skipped line) -- not a column of only 0s and 1s (labels). Anything else (a log,
+notes, the input under another name) is refused before anything is scored: choose another
+--out. A device, a pipe and standard output (-, the default) are written as they are.
+
 With --labelled the lines carry the label column (as training data does) and the
 command also reports log loss, AUC, normalized entropy, calibration and accuracy over
 them, the figures of `bagpipe eval`.
@@ -47,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="-",
         type=path,
         metavar="FILE",
-        help="where the probabilities go, one per line (default: stdout); never the input or inside the model",
+        help="where the probabilities go, one per line (default: stdout); never the input or inside the model; "
+        "an existing file is replaced only when it is an earlier predictions file (see above)",
     )
     p.add_argument(
         "--labelled",
@@ -94,14 +101,19 @@ def run(args: argparse.Namespace) -> int:
 
     from bagpipe.errors import ConfigError
     from bagpipe.export.model import load
-    from bagpipe.export.score import predict_file
+    from bagpipe.export.score import is_predictions_file, predict_file
     from bagpipe.files import atomic_file, check_out_file
 
     args.model = export_folder(args.model)
     out = (
         None
         if args.out == "-"
-        else check_out_file(args.out, "--out", {"--input": [args.input], "--model": [args.model]})
+        else check_out_file(
+            args.out,
+            "--out",
+            {"--input": [args.input], "--model": [args.model]},
+            own=("an earlier predictions file (one probability a line)", is_predictions_file),
+        )
     )
     model = load(args.model)
     if args.format is not None and args.format != model.raw_format_name:

@@ -18,6 +18,10 @@ The hot rows stay in the trainer for a whole run: pass the file to
 The sample is a seeded choice of 1,024-input blocks, --sample-rate of each shard's
 blocks (at least one); the same options give the same rows.
 
+An existing --out file is replaced only when it is an earlier hot-row file (the .npz
+archive of rows and report this command writes); anything else is refused before
+anything is read: choose another --out.
+
 Examples:
   bagpipe profile --data data/ck --hot-budget-mb 256
   bagpipe profile --data data/ck --hot-budget-mb 64 --sample-rate 1 --out runs/hot-64.npz
@@ -68,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=path,
         metavar="FILE",
         help="write the hot rows here (.npz) for `bagpipe train --hot-rows` (-: standard output; the report "
-        "then goes to stderr)",
+        "then goes to stderr); an existing file is replaced only when it is an earlier hot-row file",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="do not show progress bars")
@@ -76,11 +80,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_out(args: argparse.Namespace) -> TextIO:
     """Refuse, in one line and before anything is read, an ``--out`` that cannot be written
-    (:func:`bagpipe.files.check_out_file`); ``-`` is standard output, as /dev/stdout is,
-    refused where it is a terminal (the .npz is binary) or where ``--json`` prints there
-    too. Returns where the report goes: stderr when the rows go to stdout."""
+    (:func:`bagpipe.files.check_out_file`), or an existing file that is not an earlier
+    hot-row file (:func:`bagpipe.accel.profile.is_hot_row_file`: it is not replaced);
+    ``-`` is standard output, as /dev/stdout is, refused where it is a terminal (the .npz
+    is binary) or where ``--json`` prints there too. Returns where the report goes:
+    stderr when the rows go to stdout."""
     import sys
 
+    from bagpipe.accel.profile import is_hot_row_file
     from bagpipe.errors import ConfigError
     from bagpipe.files import check_out_file, dash_is_stdout, standard_fd
 
@@ -88,7 +95,8 @@ def check_out(args: argparse.Namespace) -> TextIO:
         return sys.stdout
     given, args.out = args.out, dash_is_stdout(args.out)
     if standard_fd(args.out) != 1:
-        check_out_file(args.out, "--out", {"--data": [args.data]})
+        own = ("a hot-row file (an earlier `bagpipe profile --out`)", is_hot_row_file)
+        check_out_file(args.out, "--out", {"--data": [args.data]}, own=own)
         return sys.stdout
     if args.json:
         raise ConfigError(

@@ -15,6 +15,7 @@ as ``%.9g`` (exact for float32), ``nan`` for a bad line skipped with ``--on-erro
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,42 @@ from bagpipe.preprocess.vocab import map_ids
 from bagpipe.train.evaluate import eval_line, scores
 
 DEFAULT_BLOCK_BYTES = 1 << 20  # about 4,000 Criteo lines: one batch
+
+#: How :func:`predict_file` writes a probability (a float32: 9 digits are exact).
+PROBABILITY_FORMAT = "%.9g"
+#: The bytes of an existing file :func:`is_predictions_file` reads.
+PREDICTIONS_PEEK = 64 << 10
+#: A line as :data:`PROBABILITY_FORMAT` writes one: digits, a fraction, an exponent; nan.
+_PREDICTION_LINE = re.compile(rb"(?:\d+(?:\.\d+)?(?:e[+-]\d+)?|nan)")
+
+
+def is_predictions_file(path: str | Path) -> bool:
+    """Whether ``path`` is an earlier predictions file (``bagpipe predict --out``
+    replaces only such a file): empty, or every whole line of its first
+    :data:`PREDICTIONS_PEEK` bytes a probability in [0, 1] as :func:`predict_file` writes
+    one (:data:`PROBABILITY_FORMAT`; ``nan`` for a skipped bad line), the last one ended.
+    A column of only 0s and 1s is not: that is a label column (``cut -f1 day_0``), and a
+    probability is hardly ever exactly 0 or 1."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(PREDICTIONS_PEEK + 1)
+    except OSError:
+        return False
+    if not head:
+        return True
+    if len(head) > PREDICTIONS_PEEK:  # a larger file: its whole lines in the first PREDICTIONS_PEEK bytes
+        head = head[: head.rfind(b"\n", 0, PREDICTIONS_PEEK) + 1]
+    if not head.endswith(b"\n"):
+        return False  # no line break in the first 64 KiB, or a last line without one: not predict's
+    numbers = set()
+    for line in head[:-1].split(b"\n"):
+        if not _PREDICTION_LINE.fullmatch(line):
+            return False
+        if line != b"nan":
+            if not 0.0 <= float(line) <= 1.0:
+                return False
+            numbers.add(line)
+    return not numbers or not numbers <= {b"0", b"1"}
 
 
 def score_block(model, fmt, block: Block, bad: BadLines) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +145,7 @@ def predict_file(
     try:
         for block in iter_blocks(f, block_bytes):
             probs, labels = score_block(model, fmt, block, bad)
-            np.savetxt(out, probs, fmt="%.9g")
+            np.savetxt(out, probs, fmt=PROBABILITY_FORMAT)
             lines += block.nlines
             if labelled:
                 ok = ~np.isnan(probs)

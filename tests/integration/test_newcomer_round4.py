@@ -228,7 +228,7 @@ def test_sigterm_of_predict_leaves_no_temporary_file(made, tmp_path):
 
 def test_predict_out_at_a_symbolic_link_writes_through_it(made, tmp_path, run_cli):
     target = tmp_path / "target.txt"
-    target.write_text("old\n")
+    target.write_text("0.5\n")  # an earlier predictions file: the only kind predict --out replaces
     link = tmp_path / "link.txt"
     link.symlink_to(target)
     assert run_cli("predict", "--model", made["export"], "--input", made["raw"], "--labelled", "--out", link)[0] == 0
