@@ -136,10 +136,19 @@ class ExportedModel(nn.Module):
         ids = integer_ids(ids, "ids")
         one_hot = [f for f in self.features if not f.multi_hot]
         B = len(ids)
-        if dense.shape != (B, len(self.dense_names)) or ids.shape != (B, len(one_hot)):
+        if ids.ndim != 2 or dense.shape != (B, len(self.dense_names)) or ids.shape != (B, len(one_hot)):
+            rows = B if ids.ndim == 2 else "B"  # a 1-D ids array has no sample axis to count
+            one = " (one sample is dense[None], ids[None])" if ids.ndim == 1 else ""
             raise ConfigError(
-                f"expected dense ({B}, {len(self.dense_names)}) and ids ({B}, {len(one_hot)}), "
-                f"got {dense.shape} and {ids.shape}"
+                f"expected dense ({rows}, {len(self.dense_names)}) and ids ({rows}, {len(one_hot)}) for B samples, "
+                f"got {dense.shape} and {ids.shape}{one}"
+            )
+        bad = np.argwhere(~np.isfinite(dense))
+        if len(bad):  # a NaN input gives a NaN probability: refused, as the data sets refuse it
+            i, j = (int(x) for x in bad[0])
+            raise DataError(
+                f"dense must be finite: got {dense[i, j]} at ({i}, {j}), feature {self.dense_names[j]} "
+                f"({len(bad):,} of its {dense.size:,} values are not); transform missing values as the training data did"
             )
         for j, f in enumerate(one_hot):
             if B and (ids[:, j].min() < 0 or ids[:, j].max() >= f.num_rows):

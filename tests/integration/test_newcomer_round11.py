@@ -220,6 +220,25 @@ def test_predict_of_no_sample_is_an_empty_array_and_float_ids_are_not_truncated(
         )
     with pytest.raises(DataError, match=r"^ids must be integers, got an array of <U1$"):
         model.predict(dense, np.full((2, f), "1"))
+    # round 12: a NaN dense value gave a NaN probability without a word; one sample given
+    # as 1-D arrays was told shapes counted along the wrong axis
+    nan_dense = dense.copy()
+    nan_dense[1, 0] = np.nan
+    with pytest.raises(DataError) as e:
+        model.predict(nan_dense, ids)
+    assert str(e.value) == (
+        f"dense must be finite: got nan at (1, 0), feature {model.dense_names[0]} (1 of its {dense.size} values are not); "
+        "transform missing values as the training data did"
+    )
+    from bagpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        model.predict(dense[0], ids[0])
+    assert str(e.value) == (
+        f"expected dense (B, {dense_n}) and ids (B, {f}) for B samples, got ({dense_n},) and ({f},) "
+        "(one sample is dense[None], ids[None])"
+    )
+    assert model.predict(dense[0][None], ids[0][None]) == pytest.approx(p[:1])
 
 
 # -- export --out inside the run folder --------------------------------------------------
