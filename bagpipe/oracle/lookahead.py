@@ -119,7 +119,7 @@ def too_small(cache_rows: int, step: int, unique: int, enough: int | None) -> st
     progress lines do."""
     hint = f" ({enough:,} cache rows are enough for any batch of this run)" if enough and enough >= unique else ""
     return (
-        f"a cache of {cache_rows:,} rows cannot hold step {step + 1}'s {unique:,} unique rows; "
+        f"a cache of {cache_rows:,} row{'' if cache_rows == 1 else 's'} cannot hold step {step + 1}'s {unique:,} unique rows; "
         f"it needs at least {unique:,}{hint}"
     )
 

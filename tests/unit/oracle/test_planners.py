@@ -94,12 +94,12 @@ def test_a_cache_below_a_batch_names_its_step_from_1_and_what_it_needs(make):
     with pytest.raises(CapacityError) as e:
         run(make(8), seq)
     assert str(e.value) == (
-        "a cache of 1 rows cannot hold step 3's 2 unique rows; it needs at least 2 "
+        "a cache of 1 row cannot hold step 3's 2 unique rows; it needs at least 2 "
         "(8 cache rows are enough for any batch of this run)"
     )
     with pytest.raises(CapacityError) as e:
         run(make(None), seq)  # no bound known: the floor alone
-    assert str(e.value) == "a cache of 1 rows cannot hold step 3's 2 unique rows; it needs at least 2"
+    assert str(e.value) == "a cache of 1 row cannot hold step 3's 2 unique rows; it needs at least 2"
 
 
 def test_lru_hand_sequence():
