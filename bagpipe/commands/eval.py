@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
 
     res = evaluate(model, lookup, dataset, args.batch_size, args.max_samples)
     res["step"] = ckpt.step
+    note = trained_further(run_dir, ckpt.step, "these figures are")
+    if note:
+        print(note, file=sys.stderr)
     if args.json:
         from bagpipe.jsonout import json_text
 
@@ -116,3 +119,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"step {ckpt.step}: {eval_line(res)}")
     return 0
+
+
+def trained_further(run_dir: Path, step: int, what: str) -> str | None:
+    """A note when the run's summary.json says it trained past ``step``, its latest
+    checkpoint (``--no-final-checkpoint``, or a final checkpoint not written): ``what``
+    (e.g. "these figures are") is then step ``step``'s, not the run's end. None otherwise,
+    and where the summary is missing or unreadable (the checkpoint's step is said anyway)."""
+    import json
+
+    try:
+        steps = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(steps, int) or steps <= step:
+        return None
+    try:
+        conf = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        why = " (--no-final-checkpoint)" if conf["train"]["run"]["final_checkpoint"] is False else ""
+    except (OSError, ValueError, KeyError, TypeError):
+        why = ""
+    return (
+        f"note: {run_dir} trained to step {steps} (summary.json); its latest checkpoint is step {step}{why}: "
+        f"{what} step {step}'s"
+    )

@@ -55,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from bagpipe.commands.eval import trained_further
     from bagpipe.errors import ConfigError
     from bagpipe.export.write import export_run
 
@@ -64,4 +68,7 @@ def run(args: argparse.Namespace) -> int:
         args.run, args.out, data=args.data, shard_bytes=int(args.shard_mb * (1 << 20)), overwrite=args.overwrite
     )
     print(result.line())
+    note = trained_further(Path(args.run), result.step, "the export is")
+    if note:
+        print(note, file=sys.stderr)
     return 0

@@ -70,7 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config.argtypes import path
     from bagpipe.config.train import TrainConfig
 
-    p.add_argument("--config", type=path, metavar="FILE", help="TOML file with settings (command-line options win)")
+    p.add_argument(
+        "--config",
+        type=path,
+        metavar="FILE",
+        help="TOML file with settings (command-line options win); its relative paths (data, out, ...) are "
+        "relative to the working directory, not to the file's folder",
+    )
     add_options(p, TrainConfig)
 
 

@@ -116,6 +116,7 @@ class TrainConfig:
                 not self.run.digest,
                 "--emulate-compute does not train, so there is no parameter digest to claim: add --no-digest",
             )
+        _refuse_floor_above_rate(self)
         _refuse_inapplicable(self)
 
     @property
@@ -201,6 +202,28 @@ SCHEDULE_TERMS: dict[str, tuple[str, ...]] = {
     "warmup-poly": ("lr_decay_power", "lr_min"),
     "step": ("lr_gamma", "lr_min"),
 }
+
+
+def _refuse_floor_above_rate(cfg: TrainConfig) -> None:
+    """--lr-min floors a decaying rate (warmup-poly and step, once they decay): above the
+    dense or the embedding rows' base rate it would raise that rate, not decay it."""
+    o = cfg.optim
+    if o.lr_schedule == "constant" or o.lr_decay_steps == 0:
+        return  # the floor is not read: _refuse_inapplicable names it
+    known = RECIPE_OPTIMIZER.get(cfg.arch.recipe, {})
+    lr = f"--lr {o.lr:g}" + (
+        f" (the {cfg.arch.recipe} recipe's)" if known == {"optimizer": o.optimizer, "lr": o.lr} else ""
+    )
+    flag, base = (
+        (f"--embedding-lr {o.row_lr:g}", o.row_lr)
+        if o.embedding_lr is not None and o.row_lr < o.lr
+        else (lr + ("" if o.embedding_lr is not None else ", the embedding rows' rate too"), o.lr)
+    )
+    need(
+        o.lr_min <= base,
+        f"--lr-min {o.lr_min:g} exceeds {flag}: the decay's floor would raise the rate, not decay it; "
+        f"give --lr-min at most {base:g} (0: no floor)",
+    )
 
 
 def _refuse_inapplicable(cfg: TrainConfig) -> None:
@@ -307,14 +330,33 @@ def load_config(file: str | None, overrides: dict, defaults: dict | None = None)
     """
     values: dict = dict(defaults or {})
     source = "command line"
+    from_file: dict = {}
     if file:
         raw = read_toml(file)
         if set(raw) == {"train"} and isinstance(raw["train"], dict):
             raw = raw["train"]
-        values.update(flatten(TrainConfig, raw, str(file)))
+        from_file = flatten(TrainConfig, raw, str(file))
+        values.update(from_file)
         source = str(file)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return with_run_length(build(TrainConfig, with_recipe_settings(values), source), values)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values.update(given)
+    cfg = build(TrainConfig, with_recipe_settings(values), source)
+    if "data" in from_file and "data" not in given:
+        _toml_data_exists(cfg.data.data, str(file))
+    return with_run_length(cfg, values)
+
+
+def _toml_data_exists(data: str, file: str) -> None:
+    """A relative ``data`` of a TOML file is relative to the working directory, not the
+    file's folder (docs/runs.md): where it names nothing, say so, and where it came from."""
+    if Path(data).is_absolute() or Path(data).exists():
+        return
+    beside = Path(file).parent / data
+    hint = f"; {beside} exists: give that path" if Path(file).parent != Path() and beside.exists() else ""
+    raise ConfigError(
+        f"{data}: no such dataset directory (data = {json.dumps(data)} in {file}, relative to the working "
+        f"directory {Path.cwd()}, not to the file's folder{hint})"
+    )
 
 
 def with_run_length(cfg: TrainConfig, given: dict) -> TrainConfig:

@@ -157,9 +157,15 @@ def check_resume(
             return None
         raise CheckpointError(nothing_to_resume(folder))
     if ckpt.step >= cfg.run.steps and not (complete_ok and ckpt.step == cfg.run.steps):
+        e = cfg.run.epochs
+        length, larger = (
+            (f"--steps is {cfg.run.steps}", "--steps (or --epochs)")
+            if e is None
+            else (f"--epochs {e} is {cfg.run.steps} steps", "--epochs (or --steps)")
+        )
         raise ConfigError(
-            f"{run.path} is complete: its checkpoint is at step {ckpt.step} and --steps is {cfg.run.steps}; "
-            f"give a larger --steps (or --epochs) to train further"
+            f"{run.path} is complete: its checkpoint is at step {ckpt.step} and {length}; "
+            f"give a larger {larger} to train further"
         )
     if not run.config_file.exists():
         raise CheckpointError(f"{run.path}: has a checkpoint but no config.json to check the resumed run against")

@@ -150,6 +150,23 @@ BAD = {
     "gamma": ({"lr_schedule": "step", "lr_decay_steps": 3, "lr_gamma": 1.5}, "lr-gamma must be in (0, 1]"),
     "power": ({"lr_schedule": "warmup-poly", "lr_decay_power": 0.0}, "lr-decay-power must be > 0"),
     "floor": ({"lr_min": -1.0}, "lr-min must be >= 0"),
+    "floor above the embedding rate": (
+        {"lr_schedule": "step", "lr_decay_steps": 5, "lr": 0.05, "embedding_lr": 0.001, "lr_min": 0.01},
+        "--lr-min 0.01 exceeds --embedding-lr 0.001: the decay's floor would raise the rate",
+    ),
+    "floor above the rate": (
+        {"lr_schedule": "warmup-poly", "lr_decay_steps": 3, "lr_min": 0.5},
+        "--lr-min 0.5 exceeds --lr 0.05, the embedding rows' rate too: the decay's floor would raise the rate, "
+        "not decay it; give --lr-min at most 0.05",
+    ),
+    "floor above the recipe's rate": (
+        {"recipe": "kaggle", "lr_schedule": "step", "lr_decay_steps": 3, "lr_min": 0.01},
+        "--lr-min 0.01 exceeds --lr 0.002 (the kaggle recipe's)",
+    ),
+    "floor of a constant rate": (
+        {"lr_min": 0.5},
+        "--lr-min applies to --lr-schedule warmup-poly or step, not constant",
+    ),
     "unknown schedule": ({"lr_schedule": "cosine"}, "lr_schedule must be one of 'constant', 'warmup-poly', 'step'"),
 }
 
