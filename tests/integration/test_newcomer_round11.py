@@ -232,9 +232,9 @@ def test_predict_of_no_sample_is_an_empty_array_and_float_ids_are_not_truncated(
     )
     from bagpipe.errors import ConfigError
 
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError) as shape:
         model.predict(dense[0], ids[0])
-    assert str(e.value) == (
+    assert str(shape.value) == (
         f"expected dense (B, {dense_n}) and ids (B, {f}) for B samples, got ({dense_n},) and ({f},) "
         "(one sample is dense[None], ids[None])"
     )
