@@ -243,7 +243,7 @@ def hot_set_for(hot: HotConfig, spec: ModeSpec, dataset: Dataset, dim: int, stat
             return None
         rows = profile(dataset, budget, dim=dim, state_dim=state_dim, sample_rate=hot.hot_sample_rate, seed=seed)
         rows.report["source"] = "profiled at start-up"
-    log.info(rows.line())
+    log.info(rows.line(dim, state_dim))
     return rows
 
 

@@ -55,27 +55,84 @@ ZIP_MAGIC = b"PK\x03\x04"
 HOT_MEMBERS = ("rows.npy", "report.npy")
 
 
+#: The report's mark, written by :meth:`HotSet.save` (``"format"``): what tells a hot-row
+#: file from any other .npz with members called rows and report.
+HOT_FORMAT = "bagpipe hot rows"
+
+#: Keys every profiler report has: a file written before :data:`HOT_FORMAT` was is told by them.
+REPORT_KEYS = frozenset({"budget_mb", "capacity_rows", "hot_rows", "hot_mib", "sample_rate", "table_sizes"})
+
+#: report.npy larger than this (a JSON string held as 4-byte characters) is not read to tell a file's kind.
+REPORT_PEEK = 16 * MIB
+
+
 def is_hot_row_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a file :meth:`HotSet.save` wrote (``bagpipe profile --out``
-    replaces only such a file), told without loading its arrays: a zip archive whose
-    members are exactly rows.npy and report.npy, read from its central directory (a few
-    hundred bytes at the end); one damaged there (truncated: the file
-    :meth:`HotSet.load` tells to profile again) by its first member's local header,
-    rows.npy first, as written."""
+    replaces only such a file), told without loading its rows: a zip archive whose members
+    are exactly rows.npy and report.npy (read from its central directory, a few hundred
+    bytes at the end) and whose report -- a small JSON string, read without pickles -- holds
+    :data:`HOT_FORMAT` (files written before that mark: every key of :data:`REPORT_KEYS`).
+    One damaged there (truncated: the file :meth:`HotSet.load` tells to profile again, whose
+    report is lost) by its first member's local header, rows.npy first, as written, and as
+    much of that member's .npy header as is left: int64 rows, one axis."""
     try:
         with open(path, "rb") as f:
-            head = f.read(30 + len(HOT_MEMBERS[0]))
-            if head[:4] != ZIP_MAGIC:
+            if f.read(4) != ZIP_MAGIC:
                 return False
             try:
                 with zipfile.ZipFile(f) as z:
-                    return sorted(z.namelist()) == sorted(HOT_MEMBERS)
+                    return sorted(z.namelist()) == sorted(HOT_MEMBERS) and _holds_hot_report(z)
             except (zipfile.BadZipFile, EOFError, ValueError):
                 pass
+            f.seek(0)
+            head = f.read(4096)
     except OSError:
         return False
+    return _truncated_hot_row_file(head)
+
+
+def _holds_hot_report(z: zipfile.ZipFile) -> bool:
+    """Whether the archive's report.npy is a profiler's report (a JSON object string)."""
+    if z.getinfo(HOT_MEMBERS[1]).file_size > REPORT_PEEK:
+        return False
+    try:
+        with z.open(HOT_MEMBERS[1]) as m:
+            text = np.lib.format.read_array(m, allow_pickle=False)
+    except zipfile.BadZipFile:  # a bit of it flipped (CRC): unreadable, as a truncated file is; told by its members
+        return True
+    except (ValueError, EOFError, OSError, zlib.error):
+        return False
+    if text.shape != () or text.dtype.kind != "U":
+        return False
+    try:
+        report = json.loads(str(text))
+    except ValueError:
+        return False
+    return isinstance(report, dict) and (report.get("format") == HOT_FORMAT or REPORT_KEYS <= report.keys())
+
+
+def _truncated_hot_row_file(head: bytes) -> bool:
+    """Whether the first bytes of a zip archive without its central directory are a hot-row
+    file's: rows.npy first (as :meth:`HotSet.save` writes it, stored), and its .npy header,
+    as far as it goes, that of an int64 array of one axis."""
     name_length = int.from_bytes(head[26:28], "little")
-    return name_length == len(HOT_MEMBERS[0]) and head[30:] == HOT_MEMBERS[0].encode()
+    if not (name_length == len(HOT_MEMBERS[0]) and head[30 : 30 + name_length] == HOT_MEMBERS[0].encode()):
+        return False
+    npy = head[30 + name_length + int.from_bytes(head[28:30], "little") :]
+    magic = np.lib.format.MAGIC_PREFIX
+    if npy[: len(magic)] != magic[: len(npy)]:
+        return False
+    size_bytes = 2 if npy[len(magic) : len(magic) + 1] == b"\x01" else 4  # .npy 1.0: a 2-byte header length
+    start = len(magic) + 2 + size_bytes
+    if len(npy) < start or len(npy) < start + int.from_bytes(npy[start - size_bytes : start], "little"):
+        return True  # cut inside the .npy header: as far as it goes, it is rows.npy's
+    try:
+        version = np.lib.format.read_magic(io.BytesIO(npy))
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(io.BytesIO(npy[len(magic) + 2 :]))
+    except (ValueError, EOFError):
+        return False
+    return dtype == np.dtype("<i8") and len(shape) == 1
 
 
 # (ids of the inputs' lookups into one table, (n,) bag lengths or None when one id per input)
@@ -135,7 +192,8 @@ class HotSet:
     def save(self, path: str | os.PathLike) -> None:
         """One .npz file (rows + the report as JSON), written atomically."""
         buf = io.BytesIO()
-        np.savez(buf, rows=self.rows, report=np.array(json_text(self.report)))
+        report = {"format": HOT_FORMAT, **self.report}
+        np.savez(buf, rows=self.rows, report=np.array(json_text(report)))
         atomic_write_bytes(path, buf.getvalue())
 
     @classmethod
@@ -166,15 +224,23 @@ class HotSet:
                 f"{path}: damaged hot-row file (its report is not a JSON object): "
                 f"profile again with `bagpipe profile --out {path}`"
             )
+        report.pop("format", None)  # the file's mark (HOT_FORMAT), not a figure
         if report.get("table_sizes") != list(table_sizes):
             raise ConfigError(f"{path}: made for another dataset (its tables differ from this one's)")
         return cls(rows, int(sum(table_sizes)), report)
 
-    def line(self) -> str:
-        """One line about the set, for the start of a run and for ``bagpipe profile``."""
+    def line(self, dim: int | None = None, state_dim: int | None = None) -> str:
+        """One line about the set, for the start of a run and for ``bagpipe profile``. Given
+        the run's ``dim`` and ``state_dim``, the size is what the rows take in that run, and
+        where that is not what they were profiled for (``--hot-rows`` made for another
+        embedding size or optimizer) both are said."""
         r = self.report
+        profiled = r.get("hot_mib", 0)
+        size = f"{profiled:,.2f} MiB"
+        if dim is not None and state_dim is not None and (r.get("dim"), r.get("state_dim")) != (dim, state_dim):
+            size = f"{self.mib(dim, state_dim):,.2f} MiB in this run; profiled as {size}"
         return (
-            f"hot rows: {len(self):,} ({r.get('hot_mib', 0):.1f} MiB) serve {r.get('lookup_share', 0):.1%} of the "
+            f"hot rows: {len(self):,} ({size}) serve {r.get('lookup_share', 0):.1%} of the "
             f"{r.get('coverage_sample', '')} lookups; {r.get('input_share', 0):.1%} of the inputs are all hot "
             f"(profiled {r.get('profiled_inputs', 0):,} inputs in {r.get('seconds', 0):.1f} s)"
         )

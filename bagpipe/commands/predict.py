@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 DESCRIPTION = """\
 Score raw log lines with an exported model (`bagpipe export`): one click probability
@@ -21,7 +22,8 @@ An existing --out file is replaced only when it is an earlier predictions file: 
 or every line of its first 64 KiB a probability in [0, 1] as predict writes them (%.9g,
 nan for a skipped line) -- not a column of only 0s and 1s (labels). Anything else (a log,
 notes, the input under another name) is refused before anything is scored: choose another
---out. A device, a pipe and standard output (-, the default) are written as they are.
+--out. A device, a pipe and standard output (-, the default) are written as they are;
+standard output that is the --input file itself (`>> FILE`, `> FILE`) is refused.
 
 With --labelled the lines carry the label column (as training data does) and the
 command also reports log loss, AUC, normalized entropy, calibration and accuracy over
@@ -95,6 +97,41 @@ def export_folder(given: str) -> str:
     )
 
 
+def refuse_stdout_is_input(out: str, given: str) -> None:
+    """Refuse, in one line and before anything is read, standard output (``--out -``, the
+    default, /dev/stdout; or /dev/stderr) that is the ``--input`` file itself -- a shell's
+    ``>> f`` or ``> f`` with ``--input f`` (or ``--input - < f``): the file would take the
+    probabilities, and be read back as input lines (``--on-error skip`` then grows it
+    forever). One regular file: the same device and inode (fd 0 for ``-``)."""
+    import fcntl
+    import stat
+
+    from bagpipe.errors import ConfigError
+    from bagpipe.files import standard_fd
+
+    fd = 1 if out == "-" else standard_fd(out)
+    if fd is None:
+        return
+    try:
+        written = os.fstat(fd)
+        read = os.fstat(0) if given == "-" else os.stat(given)
+    except OSError:
+        return  # no such stream or input: the input's own checks say what is wrong
+    if not (stat.S_ISREG(written.st_mode) and stat.S_ISREG(read.st_mode)):
+        return
+    if (written.st_dev, written.st_ino) != (read.st_dev, read.st_ino):
+        return
+    subject, shown = ("the file on standard input", "FILE") if given == "-" else (f"the input file {given}", given)
+    stream = "standard output" if fd == 1 else "standard error"
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
+        how = f" (>> {shown}?): writing it would destroy an input"
+    elif written.st_size == 0:
+        how = f" (> {shown}?), which the shell emptied before bagpipe started: nothing is left to score"
+    else:
+        how = ": writing it would destroy an input"
+    raise ConfigError(f"{stream} is {subject}{how}; redirect the output to another file, or give --out")
+
+
 def run(args: argparse.Namespace) -> int:
     import contextlib
     import sys
@@ -105,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.files import atomic_file, check_out_file
 
     args.model = export_folder(args.model)
+    refuse_stdout_is_input(args.out, args.input)
     out = (
         None
         if args.out == "-"

@@ -22,6 +22,7 @@ What this proves:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -87,11 +88,13 @@ def test_profile_out_refuses_a_file_not_its_own_and_replaces_its_own(run_cli, ti
     # the user's TSV, and an .npz that is not a hot-row file: one line, before profiling, the bytes kept
     other_npz = tmp_path / "mine.npz"
     np.savez(other_npz, rows=np.arange(3), weights=np.ones(2))
+    user_npz = tmp_path / "user.npz"  # the members' names, not the profiler's report (newcomer round 14, finding 3)
+    np.savez(user_npz, rows=np.arange(5), report=np.array([1]))
     notes = tmp_path / "important.tsv"
     notes.write_bytes(NOTES)
     with monkeypatch.context() as m:
         m.setattr("bagpipe.accel.profile.profile", never_called)
-        for path in (notes, other_npz):
+        for path in (notes, other_npz, user_npz):
             kept = path.read_bytes()
             refused(run_cli(*profile, path), "profile", path, HOT)
             assert path.read_bytes() == kept
@@ -160,6 +163,49 @@ def test_predict_out_at_a_hard_link_of_the_input_is_the_input(run_cli, model, tm
     assert source.read_bytes() == kept and hard.read_bytes() == kept and os.path.samefile(source, hard)
 
 
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_predict_standard_output_into_its_own_input_is_refused(model, tmp_path, on_error):
+    """``predict --input f >> f`` (finding 1 of newcomer round 14): the probabilities would be
+    appended to the input and read back (``--on-error skip`` grew it forever); ``> f``
+    empties the input before bagpipe starts. Both refused in one line, before anything is
+    read or written; ``--input - < f >> f`` too. A real shell redirect, in a subprocess."""
+    import shlex
+    import subprocess
+    import sys
+
+    source = tmp_path / "t5.tsv"
+    kept = model["t5"].read_bytes()
+    bagpipe = f"{shlex.quote(sys.executable)} -m bagpipe predict --model {shlex.quote(str(model['export']))}"
+
+    def shell(line: str) -> subprocess.CompletedProcess:
+        source.write_bytes(kept)
+        return subprocess.run(
+            ["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    error = "bagpipe predict: error: standard output is "
+    for redirect in (">> t5.tsv", "--out - >> t5.tsv", "--out /dev/stdout >> t5.tsv"):
+        done = shell(f"{bagpipe} --input t5.tsv --on-error {on_error} {redirect}")
+        assert done.returncode == 2 and done.stderr == (
+            f"{error}the input file t5.tsv (>> t5.tsv?): writing it would destroy an input; "
+            "redirect the output to another file, or give --out\n"
+        ), done.stderr
+        assert source.read_bytes() == kept
+    done = shell(f"{bagpipe} --input - --on-error {on_error} < t5.tsv >> t5.tsv")
+    assert done.returncode == 2 and done.stderr.startswith(f"{error}the file on standard input (>> FILE?)")
+    assert source.read_bytes() == kept
+    # > t5.tsv: the shell emptied it first; said so, no loop, nothing written
+    done = shell(f"{bagpipe} --input t5.tsv --on-error {on_error} > t5.tsv")
+    assert done.returncode == 2 and done.stderr == (
+        f"{error}the input file t5.tsv (> t5.tsv?), which the shell emptied before bagpipe started: "
+        "nothing is left to score; redirect the output to another file, or give --out\n"
+    ), done.stderr
+    assert source.read_bytes() == b""
+    # another file on standard output is written as before
+    done = shell(f"{bagpipe} --input t5.tsv --on-error {on_error} >> preds.txt")
+    assert done.returncode == 0 and len((tmp_path / "preds.txt").read_text().splitlines()) == 5, done.stderr
+
+
 def test_predict_out_replaces_its_own_earlier_output(run_cli, model, tmp_path):
     argv = ("predict", "--model", model["export"], "--input", model["t5"], "--out")
     preds = tmp_path / "t5.pred"
@@ -194,10 +240,35 @@ def test_what_counts_as_an_earlier_output(tmp_path):
     assert not is_predictions_file(file("one-long-line", b"0" * (PREDICTIONS_PEEK + 10) + b"\n"))
     assert is_predictions_file(file("ones-and-a-fraction", b"1\n0\n0.5\n"))
     assert not is_predictions_file(tmp_path / "nothing-there")
-    # hot rows: told by the archive's members, not by loading them
+    # hot rows: told by the archive's members and the mark in its report, not by loading the rows
     HotSet(np.array([1, 5]), 10, {"table_sizes": [10]}).save(tmp_path / "h.npz")
     assert is_hot_row_file(tmp_path / "h.npz")
     np.savez(tmp_path / "two.npz", rows=np.arange(2), report=np.array("{}"), more=np.arange(2))
     assert not is_hot_row_file(tmp_path / "two.npz")
+    # rows and report are generic names (finding 3 of newcomer round 14): the report must be the profiler's
+    for i, report in enumerate(
+        [np.array([1]), np.array("{}"), np.array('{"budget_mb": 1}'), np.array("not json"), np.array(b"{}")]
+    ):
+        np.savez(tmp_path / f"user{i}.npz", rows=np.arange(5), report=report)
+        assert not is_hot_row_file(tmp_path / f"user{i}.npz"), report
+    np.savez(tmp_path / "pickled.npz", rows=np.arange(5), report=np.array([{"format": "bagpipe hot rows"}]))
+    assert not is_hot_row_file(tmp_path / "pickled.npz")  # never unpickled
+    # a file written before the mark: told by the profiler's keys
+    old = {
+        "budget_mb": 1.0,
+        "capacity_rows": 2,
+        "hot_rows": 2,
+        "hot_mib": 0.1,
+        "sample_rate": 0.05,
+        "table_sizes": [10],
+    }
+    np.savez(tmp_path / "old.npz", rows=np.array([1, 5]), report=np.array(json.dumps(old)))
+    assert is_hot_row_file(tmp_path / "old.npz")
+    # truncated (no central directory): rows.npy first, its header as far as it goes int64 rows of one axis
+    whole = (tmp_path / "h.npz").read_bytes()
+    for cut in (40, 70, 100, 140, 200):
+        assert is_hot_row_file(file(f"cut{cut}", whole[:cut])), cut
+    np.savez(tmp_path / "floats.npz", rows=np.ones(5), report=np.array(json.dumps(old)))
+    assert not is_hot_row_file(file("floats-cut", (tmp_path / "floats.npz").read_bytes()[:200]))
     assert not is_hot_row_file(file("zip-magic-only", b"PK\x03\x04"))
     assert not is_hot_row_file(file("text", NOTES)) and not is_hot_row_file(tmp_path)

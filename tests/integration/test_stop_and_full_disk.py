@@ -249,6 +249,7 @@ def test_profile_default_dim_is_trains_and_train_says_a_file_of_another_dim(tmp_
     rc, out, err = run_cli(*common, "--hot-rows", tmp_path / "h8.npz", "--out", tmp_path / "r8")
     assert rc == 0, err
     assert "sized for" not in out
+    assert f"hot rows: {rows8:,} ({rows8 * 4 * (8 + 1) / 2**20:,.2f} MiB) serve " in out  # one size: the file's
     rc, out, err = run_cli(*common, "--hot-rows", tmp_path / "h16.npz", "--out", tmp_path / "r16")
     assert rc == 0, err
     assert (
@@ -257,3 +258,9 @@ def test_profile_default_dim_is_trains_and_train_says_a_file_of_another_dim(tmp_
     ) in out
     assert "profile again with `bagpipe profile --embedding-dim 8` and this run's --optimizer" in out
     assert os.path.exists(tmp_path / "h16.npz")
+    # the line after it says the same size (finding 5 of newcomer round 14: 1.07 MiB, then 0.0 MiB)
+    from bagpipe.accel.profile import MIB
+
+    here, profiled = rows16 * 4 * (8 + 1) / MIB, rows16 * 4 * (16 + 1) / MIB
+    assert f"rows take {here:,.2f} MiB, not the 0.05 MiB it was chosen for" in out
+    assert f"hot rows: {rows16:,} ({here:,.2f} MiB in this run; profiled as {profiled:,.2f} MiB) serve " in out
