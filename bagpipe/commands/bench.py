@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{opt} does not apply to the {args.scenario} scenario (it is an option of {', '.join(has)})")
     values = given(args, s.config)
     b = s.config.quick(**values) if args.quick else s.config(**values)
-    check_out(b.out)
+    check_out(b.out, f"{args.scenario}.png")
     from bagpipe.bench.harness.runner import TrainFailed
     from bagpipe.errors import BagpipeError
 
@@ -103,14 +103,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_out(out) -> None:
+def check_out(out, picture: str | None = None) -> None:
     """Refuse, in one line and before anything runs, an ``--out`` that is (or lies under) a
-    file, or whose results.json / results.md are not an earlier bench's: they used to be
+    file, whose results.json / results.md are not an earlier bench's, or whose ``picture``
+    (the scenario's plot, NAME.png) is a file bagpipe did not write: they used to be
     replaced without a word (a file there was a traceback naming OUT/data)."""
     import json
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
+    from bagpipe.train.plot import foreign_picture, refusal
 
     if str(out) == "-":  # the command line's name for standard output; a bench writes a folder
         raise ConfigError(
@@ -132,3 +134,6 @@ def check_out(out) -> None:
                 f"--out {out}: {out / name} exists and is not an earlier bench's results; it is not replaced: "
                 "choose another --out"
             )
+    why = foreign_picture(out / picture, "png") if picture else None
+    if why is not None:  # a user's photo of that name
+        raise ConfigError(f"--out {out}: {out / picture}: {refusal(why)}: choose another --out")

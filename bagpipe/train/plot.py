@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from bagpipe.errors import DataError
-from bagpipe.files import dash_is_stdout, is_standard_stream, standard_fd
+from bagpipe.files import bagpipe_folder, dash_is_stdout, is_standard_stream, refuse_inside_output, standard_fd
 
 
 def pyplot():
@@ -34,19 +34,26 @@ def legend(ax, **kwargs) -> None:
 
 def save_png(fig, path: Path) -> None:
     """Lay out, write and close a figure: a PNG at exactly ``path`` (no suffix added),
-    which appears only complete."""
+    which appears only complete; an existing file there is replaced only when bagpipe
+    wrote it (:func:`save_figure`)."""
     save_figure(fig, path, "png")
 
 
 def save_figure(fig, path: Path, fmt: str) -> None:
     """Lay out, write and close a figure: a picture of ``fmt`` (matplotlib's name: png,
-    jpeg, pdf, svg, ...) at exactly ``path``, which appears only complete."""
+    jpeg, pdf, svg, ...) at exactly ``path``, which appears only complete and carries
+    :data:`MARK`. Every picture bagpipe saves goes through here: an existing file at
+    ``path`` that bagpipe did not write (:func:`foreign_picture`) is a one-line DataError
+    and kept (the commands refuse it before anything runs; this is the last guard)."""
     from bagpipe.files import atomic_file
 
-    fig.tight_layout()
     try:
+        why = foreign_picture(path, fmt)
+        if why is not None:
+            raise DataError(f"{path}: {refusal(why)}")
+        fig.tight_layout()
         with atomic_file(path, "wb") as f:
-            fig.savefig(f, dpi=110, format=fmt)
+            fig.savefig(f, dpi=110, format=fmt, **mark_options(fmt))
     finally:
         pyplot().close(fig)
 
@@ -90,7 +97,7 @@ PICTURE_FORMATS = {
 }
 #: The formats matplotlib writes through pillow.
 PILLOW_FORMATS = frozenset({"jpeg", "tiff", "webp"})
-#: How a file of each format begins (what tells an earlier plot from a file of the user's).
+#: How a file of each format begins.
 SIGNATURES = {
     "png": (b"\x89PNG\r\n\x1a\n",),
     "jpeg": (b"\xff\xd8\xff",),
@@ -99,16 +106,105 @@ SIGNATURES = {
     "tiff": (b"II*\x00", b"MM\x00*"),
     "webp": (b"RIFF",),
 }
+#: What a format is called in a message.
+FORMAT_NAMES = {
+    "png": "a PNG image",
+    "jpeg": "a JPEG image",
+    "pdf": "a PDF document",
+    "svg": "an SVG image",
+    "tiff": "a TIFF image",
+    "webp": "a WebP image",
+}
+#: The mark every picture bagpipe writes carries, which tells its own earlier picture from
+#: a user's file of the same format (a photo, a thesis PDF): a PNG's ``Software`` text, a
+#: PDF's and an SVG's ``Creator``, the EXIF ``Software`` tag of a JPEG, TIFF or WebP.
+MARK = "bagpipe"
+#: The EXIF tag ``Software``.
+EXIF_SOFTWARE = 0x0131
+
+
+def mark_options(fmt: str) -> dict:
+    """The ``savefig`` options that write :data:`MARK` into a picture of ``fmt``."""
+    if fmt == "png":
+        return {"metadata": {"Software": MARK}}
+    if fmt in ("pdf", "svg"):
+        return {"metadata": {"Creator": MARK}}
+    if fmt in PILLOW_FORMATS:
+        from PIL import Image
+
+        exif = Image.Exif()
+        exif[EXIF_SOFTWARE] = MARK
+        return {"pil_kwargs": {"exif": exif.tobytes()}}
+    return {}
 
 
 def is_picture(path: Path, fmt: str = "png") -> bool:
-    """Whether ``path`` begins as a ``fmt`` picture does (one an earlier plot wrote)."""
+    """Whether ``path`` begins as a ``fmt`` picture does (whoever wrote it)."""
     try:
         with open(path, "rb") as f:
             head = f.read(16)
     except OSError:
         return False
     return head.startswith(SIGNATURES[fmt]) and (fmt != "webp" or head[8:12] == b"WEBP")
+
+
+def has_mark(path: Path, fmt: str) -> bool:
+    """Whether the ``fmt`` picture ``path`` carries :data:`MARK` (:func:`mark_options`): it
+    is one bagpipe wrote. Reads its header (PNG, JPEG, TIFF, WebP: through pillow, which
+    matplotlib requires), its first 64 KiB (SVG: the metadata leads) or its last MiB (PDF:
+    the info dictionary trails)."""
+    import re
+
+    try:
+        if fmt == "svg":
+            with open(path, "rb") as f:
+                head = f.read(1 << 16)
+            return (
+                re.search(rb"<dc:creator>\s*<cc:Agent>\s*<dc:title>" + MARK.encode() + b"</dc:title>", head) is not None
+            )
+        if fmt == "pdf":
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - (1 << 20)))
+                tail = f.read()
+            return b"/Creator (" + MARK.encode() + b")" in tail
+        import warnings
+
+        from PIL import Image
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a large photo: pillow's decompression bomb warning
+            with Image.open(path) as im:
+                if fmt == "png":
+                    return im.info.get("Software") == MARK
+                return im.getexif().get(EXIF_SOFTWARE) == MARK
+    except Exception:  # noqa: BLE001 - a file pillow cannot read (cut off, not an image) is no picture of ours
+        return False
+
+
+def foreign_picture(path: Path, fmt: str) -> str | None:
+    """What stands at ``path`` that a ``fmt`` picture may not replace -- "it is not a PDF
+    document", "it is a PNG image without bagpipe's mark" -- or None: nothing there,
+    an empty file, standard output or another device (written directly), or a picture
+    bagpipe wrote (:func:`has_mark`)."""
+    path = Path(path)
+    if not path.is_file() or is_standard_stream(path):  # `--out - > f.png`: f.png is the shell's
+        return None
+    try:
+        if path.stat().st_size == 0:
+            return None  # `touch curves.png`: nothing to lose
+    except OSError:
+        return None
+    name = FORMAT_NAMES[fmt]
+    if not is_picture(path, fmt):
+        return f"it is not {name}"
+    if not has_mark(path, fmt):
+        return f"it is {name} without bagpipe's mark"
+    return None
+
+
+def refusal(why: str) -> str:
+    """The words of a refusal to replace a file :func:`foreign_picture` found foreign."""
+    return f"the file exists and is not a picture bagpipe wrote ({why}); it is not replaced"
 
 
 def picture_format(out: Path, given: str) -> str:
@@ -139,7 +235,9 @@ def plot_target(given: str | Path) -> tuple[Path, str]:
     """The file ``bagpipe plot --out GIVEN`` writes and its format, after every refusal
     (one line each): ``-`` is standard output (unless it is a terminal: a picture is
     binary), as /dev/stdout is; a folder, a path under a file, an existing file that is
-    not an earlier plot of the format (it is not replaced), a suffix of no picture format."""
+    not a picture of the format bagpipe wrote (:func:`foreign_picture`: it is not
+    replaced), a path in a data set, an export or among a run's own files (its
+    checkpoints: :func:`bagpipe.files.bagpipe_folder`), a suffix of no picture format."""
     import sys
 
     out = Path(dash_is_stdout(str(given)))
@@ -154,12 +252,17 @@ def plot_target(given: str | Path) -> tuple[Path, str]:
     if above is not None and not above.is_dir():
         raise DataError(f"--out {given}: {above} is a file, not a folder; choose another --out")
     known = PICTURE_FORMATS.get(out.suffix.lower(), "png")
-    if out.is_file() and not is_picture(out, known) and not is_standard_stream(out):  # `--out - > f.png`: f.png
-        # a run's summary.json, a data file...: replacing it with a picture loses it
-        raise DataError(
-            f"--out {given}: the file exists and is not a {known.upper()} image (an earlier plot); it is not "
-            "replaced: choose another --out"
-        )
+    why = foreign_picture(out, known)
+    if why is not None:  # a run's summary.json, a user's photo or thesis: replacing it loses it
+        raise DataError(f"--out {given}: {refusal(why)}: choose another --out, or move the file away first")
+    if not is_standard_stream(out):
+        refuse_inside_output(out, "--out", "the picture")
+        owner = bagpipe_folder(out)
+        if owner is not None:  # RUN/checkpoints/..., RUN/store/...: beside the run's own files is fine
+            raise DataError(
+                f"--out {given} lies among the own files of {owner} (its checkpoints, store, logs...): the picture "
+                "would be mixed with them; choose an --out outside them"
+            )
     return out, picture_format(out, str(given))
 
 

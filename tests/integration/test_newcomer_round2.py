@@ -160,7 +160,13 @@ def test_plot_out_at_a_runs_file_is_refused_and_the_file_kept(run_cli, a_run, na
     before = snapshot(a_run)
     target = a_run / name
     rc, _, err = run_cli("plot", a_run, "--out", target)
-    one_line_error(rc, err, "plot", f"--out {target}: the file exists and is not a PNG image", "it is not replaced")
+    one_line_error(
+        rc,
+        err,
+        "plot",
+        f"--out {target}: the file exists and is not a picture bagpipe wrote (it is not a PNG",
+        "it is not replaced",
+    )
     assert snapshot(a_run) == before
 
 

@@ -181,8 +181,8 @@ def test_plot_refuses_a_suffix_of_no_picture_format_and_a_file_of_another_format
     png_named_jpg.write_bytes((tmp_path / "c.png").read_bytes())
     rc, _, err = run_cli("plot", a_run, "--out", png_named_jpg)
     assert one_line_error(rc, err, "plot") == (
-        f"--out {png_named_jpg}: the file exists and is not a JPEG image (an earlier plot); it is not replaced: "
-        "choose another --out"
+        f"--out {png_named_jpg}: the file exists and is not a picture bagpipe wrote (it is not a JPEG image); it is "
+        "not replaced: choose another --out, or move the file away first"
     )
     assert png_named_jpg.read_bytes().startswith(b"\x89PNG")
 

@@ -19,6 +19,9 @@
   is now checked in a staging folder and swapped in only when the sweep runs, so a
   refusal leaves ``--out`` as it was (no folder made, a data set of another size there
   untouched).
+* That refusal named only a larger ``--scale`` (``--budget-mb 100000`` at ``--quick``:
+  "at least 87", 2.9 billion rows); it also names the largest ``--budget-mb`` that leaves
+  a configuration cold rows to read.
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ def test_legend_only_where_a_line_is_labelled():
 ACCEL_TINY = (
     "bench accel: nothing measurable at this size: the 266 rows of all tables (tiny x 0.01) fit in --budget-mb 0.5 "
     "(14,563 rows of 36 bytes), so every configuration keeps every row in its hot tier or cache and none reads one "
-    "from the store; raise --scale to at least 0.56 or drop --profile tiny"
+    "from the store; raise --scale to at least 0.56, or lower --budget-mb to at most 0.0794, or drop --profile tiny"
 )
 
 
@@ -152,6 +155,28 @@ def test_accel_whose_budget_holds_every_row_is_refused_before_anything_is_made(r
     rc, _, err = run_cli("bench", "accel", "--quick", "--profile", "tiny", "--reps", "1", "--out", mine)
     assert one_line_error(rc, err) == ACCEL_TINY
     assert snapshot(mine) == before
+
+
+@pytest.mark.parametrize(
+    "settings, most",
+    [
+        ({"profile": "tiny"}, 0.0794),  # the tables' 266 rows and fae's staged batch of 256 x 8
+        ({"profile": "tiny", "configs": ("lru", "lookahead")}, 0.00913),  # no staged batch: the tables alone
+        ({"budget_mb": 100000.0}, 11.8),  # criteo-kaggle at --quick: not only --scale 87 (2.9 billion rows)
+    ],
+)
+def test_accel_nothing_measurable_names_the_largest_budget_that_leaves_cold_rows(settings, most):
+    row_bytes = 4 * (8 + 1)
+    b = AccelBench.quick(**settings)
+    tables = accel.tables(b)
+    with pytest.raises(ConfigError, match=rf"or lower --budget-mb to at most {most}(,|$)"):
+        accel.refuse_unmeasurable(b, tables, row_bytes)
+    fits = AccelBench.quick(**{**settings, "budget_mb": most})  # the budget named: measurable, and no other refusal
+    accel.refuse_unmeasurable(fits, tables, row_bytes)
+    accel.refuse_no_hot_tier(fits, tables, row_bytes)
+    above = AccelBench.quick(**{**settings, "budget_mb": most * 1.01})  # a hair more: every row held again
+    with pytest.raises(ConfigError):
+        accel.refuse_unmeasurable(above, tables, row_bytes)
 
 
 def test_accel_runs_where_some_configuration_reads_from_the_store():

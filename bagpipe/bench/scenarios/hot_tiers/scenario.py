@@ -167,13 +167,28 @@ def refuse_unmeasurable(b: AccelBench, shape: Tables, row_bytes: int) -> None:
     if not held or min(held.values()) < total:
         return
     rows = int(b.budget_mb * (1 << 20) // row_bytes)
-    small = " or drop --profile tiny" if b.profile == "tiny" else ""
+    small = ", or drop --profile tiny" if b.profile == "tiny" else ""
+    staged = b.batch_size * shape.num_features if any(k in FAE_LIKE for k in held) else 0
     raise ConfigError(
         f"bench accel: nothing measurable at this size: the {total:,} rows of all tables ({b.profile} x {b.scale:g}) "
         f"fit in --budget-mb {b.budget_mb:g} ({rows:,} rows of {row_bytes} bytes), so every configuration keeps "
         f"every row in its hot tier or cache and none reads one from the store; raise --scale to at least "
-        f"{_least_scale(b.profile, max(held.values())):g}{small}"  # where none holds every row
+        f"{_least_scale(b.profile, max(held.values())):g}"  # where none holds every row
+        f", or lower --budget-mb to at most {_most_budget_mb(total + staged, row_bytes):g}{small}"
     )
+
+
+def _most_budget_mb(rows: int, row_bytes: int) -> float:
+    """The largest --budget-mb, at three significant digits (rounded down), that holds fewer
+    than ``rows`` rows (``rows``: the tables' plus the staged batch's, where a configuration
+    stages one: then one of them reads cold rows from the store)."""
+    mib = 1 << 20
+    exact = rows * row_bytes / mib
+    step = 10 ** (math.floor(math.log10(exact)) - 2)
+    mb = math.floor(round(exact / step, 9)) * step
+    while mb > step and int(mb * mib // row_bytes) >= rows:  # (the exact budget holds them all)
+        mb -= step
+    return float(f"{mb:.3g}")
 
 
 FAE_LIKE = ("fae", "fae-split", "hotline")
