@@ -354,7 +354,7 @@ def _toml_data_exists(data: str, file: str) -> None:
     beside = Path(file).parent / data
     hint = f"; {beside} exists: give that path" if Path(file).parent != Path() and beside.exists() else ""
     raise ConfigError(
-        f"{data}: no such dataset directory (data = {json.dumps(data)} in {file}, relative to the working "
+        f"{data}: no such dataset directory (data = {json.dumps(data, allow_nan=False)} in {file}, relative to the working "
         f"directory {Path.cwd()}, not to the file's folder{hint})"
     )
 
