@@ -228,9 +228,9 @@ class CheckpointWriter:
 
     def wait(self) -> None:
         """Until no checkpoint is being written; raises its failure (unless for lack of space)."""
-        if self._thread is not None:
+        if self._thread is not None and self._thread.ident is not None:
             self._thread.join()
-            self._thread = None
+        self._thread = None
         self._raise()
 
     def close(self, abandon: bool = False) -> None:
@@ -239,7 +239,8 @@ class CheckpointWriter:
         write waiting on processes that are gone fails at once); its error is not raised."""
         if abandon:
             self._abandon.set()
-            if self._thread is not None:
+            # a signal can stop the run between the write's Thread() and its start(): nothing to wait for
+            if self._thread is not None and self._thread.ident is not None:
                 self._thread.join(timeout=ABANDON_WAIT_S)
             self._count_unwritten("the run ends")
             return

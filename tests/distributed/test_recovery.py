@@ -87,6 +87,14 @@ def digest(run: Path) -> str:
     return json.loads((run / "summary.json").read_text())["params_sha256"]
 
 
+def latest_step(run: Path) -> int:
+    """The step of the checkpoint LATEST names (0: none yet)."""
+    from bagpipe.checkpoint import CheckpointFolder
+
+    name = CheckpointFolder(run).latest_name()
+    return int(name.rsplit("-", 1)[-1]) if name else 0
+
+
 def heartbeat(run: Path) -> int:
     try:
         return int.from_bytes((run / ".step").read_bytes()[:8], "little")
@@ -285,7 +293,9 @@ def test_torchrun_restarts_every_role_from_the_checkpoint(tiny_data, tmp_path, f
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path, start_new_session=True
     )
     try:
-        wait_for(lambda: heartbeat(out) >= 12, proc, "step 12")
+        # the checkpoint of step 10 is written in the background: on a loaded machine it may
+        # still be in flight at step 12, and the restart would resume from step 5
+        wait_for(lambda: heartbeat(out) >= 12 and latest_step(out) >= 10, proc, "step 12 and the checkpoint of step 10")
         workers = [
             int(p)
             for p in subprocess.run(

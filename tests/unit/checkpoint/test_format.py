@@ -30,6 +30,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -430,3 +432,27 @@ def test_a_checkpoint_that_does_not_fit_is_discarded_in_one_line_and_the_next_is
     checkpoint_tried.submit(nxt, {"step": 30}, lambda: [write_part(nxt.staging, snap, 0, 1, nxt.kind)], 0.0)
     w, s = newest(folder).reader().arrays()
     assert newest(folder).step == 30 and np.array_equal(w, truth(st)[0]) and np.array_equal(s, truth(st)[1])
+
+
+def test_a_signal_between_the_writes_thread_and_its_start_leaves_nothing_to_wait_for(tmp_path, monkeypatch):
+    """SIGTERM (raised as an exception in the main thread) can land after ``submit`` made the
+    write's thread and before it started: the run's abandon path then returns (it raised
+    RuntimeError 'cannot join thread before it is started', a traceback instead of the
+    one-line stop), the staged folder never counts, and the previous checkpoint stays the latest."""
+    st = stores(1)
+    folder = CheckpointFolder(tmp_path / "ckpts")
+    write_rows(st, np.array([1, 2]), 1.0)
+    checkpoint(folder, st, 10)
+    w = CheckpointWriter(folder, 3, SPACE, background=True)
+    target = w.begin(20)
+
+    def signal_lands(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", signal_lands)
+    with pytest.raises(KeyboardInterrupt):
+        w.submit(target, {"step": 20}, lambda: [], 0.0)
+    monkeypatch.undo()
+    w.close(abandon=True)  # returns: nothing was started
+    w.wait()
+    assert folder.latest_name() == "step-00000010"
