@@ -527,8 +527,12 @@ class RunConfig(Section):
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         need(
             self.checkpoint_compact_every >= 1,
-            f"checkpoint_compact_every must be >= 1, got {self.checkpoint_compact_every}",
+            f"--checkpoint-compact-every must be >= 1 (1: every checkpoint is full), got {self.checkpoint_compact_every}",
         )
         need(0 <= self.threads <= MAX_THREADS, f"threads must be in [0, {MAX_THREADS}], got {self.threads}")
         w = self.warmup_steps  # steps 0: one epoch, resolved once the data is read (it checks again)
-        need(0 <= w and (not self.steps or w < self.steps), f"warmup steps must be in [0, steps), got {w}")
+        need(
+            0 <= w and (not self.steps or w < self.steps),
+            f"--warmup-steps (steps left out of the throughput, not --lr-warmup-steps) must be in [0, --steps), got {w}"
+            + (f" with --steps {self.steps}" if self.steps else ""),
+        )

@@ -98,6 +98,15 @@ def test_many_short_epochs_print_a_handful_of_lines(run_cli, small_data, tmp_pat
         (("--epochs", 2, "--steps", 5), "--epochs 2 and --steps 5 both give the run's length: give one of them"),
         (("--batch-size", 1000), "--batch-size 1000 exceeds the 270 samples of the train split"),
         (("--no-spares",), "--no-spares applies to distributed runs (--trainers N --servers S), not one process"),
+        (
+            ("--checkpoint-compact-every", 0),
+            "--checkpoint-compact-every must be >= 1 (1: every checkpoint is full), got 0",
+        ),
+        (
+            ("--steps", 5, "--warmup-steps", 5),
+            "--warmup-steps (steps left out of the throughput, not --lr-warmup-steps) must be in [0, --steps), "
+            "got 5 with --steps 5",
+        ),
         (("--max-restarts", 1), "--max-restarts applies to distributed runs"),
         (
             ("--mode", "lookahead", "--server-memory-budget-mb", 1),
