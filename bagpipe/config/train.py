@@ -340,6 +340,9 @@ def load_config(file: str | None, overrides: dict, defaults: dict | None = None)
         source = str(file)
     given = {k: v for k, v in overrides.items() if v is not None}
     values.update(given)
+    for mine, other in (("steps", "epochs"), ("epochs", "steps")):
+        if mine in given and other in from_file and other not in given:
+            del values[other]  # the command line's run length overrides the file's other one
     cfg = build(TrainConfig, with_recipe_settings(values), source)
     if "data" in from_file and "data" not in given:
         _toml_data_exists(cfg.data.data, str(file))

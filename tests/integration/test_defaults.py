@@ -140,3 +140,25 @@ def test_the_kaggle_recipe_trains_the_criteo_sample_without_a_spike(run_cli, tmp
     assert summary(run)["eval_auc"] > 0.6
     # a given --lr is the run's rate, whatever the recipe
     assert TrainConfig.of(data=str(data), out="o", recipe="kaggle", lr=0.05).optim.lr == 0.05
+
+
+@pytest.mark.integration
+def test_the_command_line_run_length_overrides_the_files_other_one(small_data, tmp_path):
+    """``--epochs`` on the command line and ``steps`` in the --config file (or the other way
+    round): the command line overrides the file, as for every other setting (it was refused
+    naming a --steps the user never typed); both on one side stay refused."""
+    from bagpipe.config.train import epoch_steps, load_config
+
+    with_steps = tmp_path / "steps.toml"
+    with_steps.write_text(f'data = "{small_data}"\nout = "{tmp_path / "r"}"\nbatch_size = 64\nsteps = 3\n')
+    cfg = load_config(str(with_steps), {"epochs": 2})
+    assert cfg.run.epochs == 2 and cfg.run.steps == 2 * epoch_steps(cfg.data)
+    with_epochs = tmp_path / "epochs.toml"
+    with_epochs.write_text(f'data = "{small_data}"\nout = "{tmp_path / "r"}"\nbatch_size = 64\nepochs = 2\n')
+    cfg = load_config(str(with_epochs), {"steps": 7})
+    assert cfg.run.steps == 7 and cfg.run.epochs is None
+    assert load_config(str(with_steps), {}).run.steps == 3  # the file alone
+    both = tmp_path / "both.toml"
+    both.write_text(f'data = "{small_data}"\nout = "{tmp_path / "r"}"\nbatch_size = 64\nepochs = 2\nsteps = 3\n')
+    with pytest.raises(Exception, match="both give the run's length"):
+        load_config(str(both), {})
