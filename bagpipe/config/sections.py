@@ -403,7 +403,9 @@ class ApproxConfig(Section):
     skip_stale: bool = False
     """Slipstream (an approximation): watch the hot rows, and once the sampling phase has
     shown which of them barely change, leave out of forward and backward the inputs whose
-    lookups are such stale rows (--mode full or lookahead with a hot tier; one process)."""
+    lookups are such stale rows (--mode full or lookahead with a hot tier; one process). Its
+    checkpoints serve eval and export, but such a run cannot be resumed (the rows'
+    snapshots are not checkpointed)."""
     stale_start: int = 0
     """s: the step after which the hot rows are first snapshotted."""
     stale_sampling_share: float = 0.015
