@@ -84,8 +84,14 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
 
-    cfg = load_config(args.config, given(args, TrainConfig))
+    settings = given(args, TrainConfig)
+    cfg = load_config(args.config, settings)
     check_out_folders(cfg)
+    if not cfg.run.resume:  # before the run's lock is written into a user's folder
+        from bagpipe.train.resume import refuse_not_a_run
+
+        refuse_not_a_run(cfg.run.out)
+    recipe_rate_note(cfg, lr_given="lr" in settings or lr_in_file(args.config))
     check_summary_json(cfg)
     summary_json = cfg.run.summary_json
     from bagpipe.files import standard_fd
@@ -176,6 +182,41 @@ def final_checkpoint_lost(summary: dict, out: str) -> str | None:
         else f"{out} has no checkpoint: free some space and train it again"
     )
     return f"the final checkpoint (step {steps}) was not written ({failed[-1]['failed']}); {kept}"
+
+
+def lr_in_file(file) -> bool:
+    """Whether the TOML file ``file`` (None: no file) gives the learning rate."""
+    if not file:
+        return False
+    from bagpipe.config.options import flatten, read_toml
+    from bagpipe.config.train import TrainConfig
+
+    raw = read_toml(file)
+    if set(raw) == {"train"} and isinstance(raw["train"], dict):
+        raw = raw["train"]
+    return "lr" in flatten(TrainConfig, raw, str(file))
+
+
+def recipe_rate_note(cfg, *, lr_given: bool) -> None:
+    """One line on stderr when the run trains at the default --lr because its recipe's
+    rate, tuned for another optimizer, was dropped for the --optimizer given
+    (:func:`bagpipe.config.train.with_recipe_settings`)."""
+    import sys
+
+    from bagpipe.models.config import RECIPE_OPTIMIZER
+
+    known = RECIPE_OPTIMIZER.get(cfg.arch.recipe)
+    o = cfg.optim
+    if lr_given or not known or o.optimizer == known["optimizer"]:
+        return
+    usual = "; adam usually wants about 1e-3" if "adam" in o.optimizer else ""
+    print(
+        f"note: --optimizer {o.optimizer}: the {cfg.arch.recipe} recipe's rate ({known['optimizer']} "
+        f"{known['lr']:g}) does not apply, so the run trains at the default --lr {o.lr:g} (tuned for adagrad)"
+        f"{usual}: give --lr",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def check_out_folders(cfg) -> None:

@@ -31,7 +31,7 @@ from bagpipe.config.environ import env_int
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
-from bagpipe.files import atomic_write_text
+from bagpipe.files import RUN_FILES, atomic_write_text
 from bagpipe.phases import RESTART_ENV
 from bagpipe.train.rundir import RunDir
 
@@ -271,10 +271,54 @@ def records_of_a_run(run: RunDir) -> list[str]:
     return [f.name for f in (run.config_file, run.metrics_file, run.summary_file) if f.exists()]
 
 
+#: Every entry a run (and the local launcher of a distributed one) writes in its folder:
+#: anything else there is a user's own (:func:`not_its_own`).
+RUN_ENTRIES = RUN_FILES | {
+    "job.json",  # the launcher: the job's settings, read by each role
+    "roles.json",  # the launcher: its roles' pids and logs
+    "recovery.json",  # the launcher: a restart's phases
+    ".phases",  # each role's start-up marks
+    ".lock",  # RunLock
+    ".step",  # the heartbeat
+}
+
+
+def not_its_own(folder: Path) -> list[str]:
+    """The entries of ``folder`` that no run writes (a user's files and folders, ``name/``
+    for a folder), sorted; [] for a missing or empty folder or a run's own."""
+    try:
+        names = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [
+        f"{n}/" if (folder / n).is_dir() else n
+        for n in names
+        if n not in RUN_ENTRIES and not (n.startswith(".") and ".tmp-" in n) and not n.startswith(".bagpipe-probe-")
+    ]
+
+
+def refuse_not_a_run(path: str | os.PathLike) -> None:
+    """A new run refuses an existing ``--out`` that holds something no run writes and no
+    run's records or checkpoints (a user's folder: data sets, notes), before anything is
+    written there; an empty folder is taken."""
+    folder = Path(path)
+    others = not_its_own(folder)
+    run = RunDir(folder)
+    if not others or records_of_a_run(run) or (folder / "checkpoints").is_dir():
+        return
+    shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+    raise ConfigError(
+        f"--out {path} is not empty and is not a bagpipe run folder (it holds {shown}): give a new or empty folder"
+    )
+
+
 def refuse_overwrite(run: RunDir) -> None:
     """A new run (no --resume) refuses a folder that holds another run: its checkpoints, or
     only its records (a run with --no-final-checkpoint, or stopped before its first
-    checkpoint), which the new run would otherwise replace without a word."""
+    checkpoint), which the new run would otherwise replace without a word; and a folder
+    that is not a run's at all (:func:`refuse_not_a_run`). Removing the folder is offered
+    only when everything in it is the run's own."""
+    refuse_not_a_run(run.path)
     folder = CheckpointFolder(run.path)
     if (run.path / "checkpoints" / "LATEST").exists() or folder.complete():
         raise ConfigError(
@@ -282,6 +326,14 @@ def refuse_overwrite(run: RunDir) -> None:
         )
     records = records_of_a_run(run)
     if records:
+        others = not_its_own(run.path)
+        if others:
+            shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+            raise ConfigError(
+                f"{run.path} already holds the records of an earlier run ({', '.join(records)}) that saved no "
+                f"checkpoint to continue from, beside files that are not the run's ({shown}); choose another --out "
+                "(nothing in it was changed)"
+            )
         raise ConfigError(
             f"{run.path} already holds the records of an earlier run ({', '.join(records)}) that saved no "
             f"checkpoint to continue from; choose another --out, or remove that folder to start again there "

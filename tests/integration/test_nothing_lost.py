@@ -250,13 +250,10 @@ def test_train_leaves_foreign_files_alone_and_a_refused_resume_changes_nothing(
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    from bagpipe.train.step import STEPS
-
-    with monkeypatch.context() as m:  # a run into a folder of one's own files, interrupted midway
-        m.setitem(STEPS, "plain", STEPS["plain"])  # restored afterwards; Interrupt wraps it in place
-        Interrupt(m, STEPS, "plain", at=4)
-        rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, "--steps", 8, *COMMON)
-    assert rc == 130 and (out / "notes.txt").read_text() == "mine"
+    # a new run into a folder of one's own files is refused before anything is written there
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, "--steps", 8, *COMMON)
+    assert rc == 2 and "is not empty and is not a bagpipe run folder (it holds notes.txt)" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
     run = tmp_path / "run"
     shutil.copytree(finished[0], run)
     before = snapshot(run)
