@@ -89,9 +89,14 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.bench.harness.runner import TrainFailed
     from bagpipe.errors import BagpipeError
 
+    undo = mark_out(b.out)
     try:
         payload = s.run(b)
-    except TrainFailed as e:  # a run the scenario does not expect to fail: its own one line, not a traceback
+    except BaseException as e:
+        undo()  # a refusal before the scenario made anything leaves OUT as it was
+        if not isinstance(e, TrainFailed):
+            raise
+        # a run the scenario does not expect to fail: its own one line, not a traceback
         said = [ln for ln in e.stderr.splitlines() if ln.strip()]
         why = said[-1].removeprefix("bagpipe train: error: ") if said else f"exit code {e.returncode}"
         raise BagpipeError(f"bench {args.scenario}: its run {e.label} failed: {why}") from None
@@ -103,11 +108,71 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+MARK = ".bagpipe-bench.json"
+"""The file a bench writes in its --out before it runs: what the folders below are is a bench's."""
+
+DATA_SETS = ("data", "data-generated")
+"""OUT's entries a scenario (re)generates with ``bagpipe synth``: a data set there is replaced
+only when ``bagpipe synth`` made it."""
+
+WORK = ("data-criteo", "store", "store-template", "store-run", "runs")
+"""OUT's entries a scenario removes or replaces whole (its Criteo data, disk tables, runs)."""
+
+
+def foreign_data(folder) -> str | None:
+    """Why the data set folder ``folder`` is not one a bench may replace (None: ``bagpipe synth``
+    made it, so a bench may regenerate it)."""
+    import json
+
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        tool = (meta.get("source") or {}).get("tool") if isinstance(meta, dict) else None
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return "it is not a data set bagpipe generated"
+    if (folder / "vocab").exists():
+        return f"it is a data set with a vocabulary (made by {tool or 'bagpipe preprocess'})"
+    if tool not in ("bagpipe synth", "synth"):
+        return f"it is a data set made by {tool}" if tool else "it is a data set bagpipe synth did not make"
+    return None
+
+
+def mark_out(out):
+    """Write OUT/.bagpipe-bench.json (making OUT) unless it is there; returns a function that
+    removes what this call made again where the scenario then made nothing of its own."""
+    import json
+    from pathlib import Path
+
+    out = Path(out)
+    if (out / MARK).is_file():
+        return lambda: None
+    made = [p for p in (out, *out.parents) if not p.exists()]
+    had = {n for n in (*DATA_SETS, *WORK) if (out / n).exists()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARK).write_text(
+        json.dumps({"written_by": "bagpipe bench", "holds": "this folder's data, stores and runs are a bench's"}) + "\n"
+    )
+
+    def undo() -> None:
+        if {n for n in (*DATA_SETS, *WORK) if (out / n).exists()} != had:
+            return  # the scenario made its folders: they are a bench's, and the mark says so
+        (out / MARK).unlink(missing_ok=True)
+        for p in made:  # innermost first
+            try:
+                p.rmdir()
+            except OSError:
+                break
+
+    return undo
+
+
 def check_out(out, picture: str | None = None) -> None:
     """Refuse, in one line and before anything runs, an ``--out`` that is (or lies under) a
-    file, whose results.json / results.md are not an earlier bench's, or whose ``picture``
-    (the scenario's plot, NAME.png) is a file bagpipe did not write: they used to be
-    replaced without a word (a file there was a traceback naming OUT/data)."""
+    file, whose results.json / results.md are not an earlier bench's, whose ``picture``
+    (the scenario's plot, NAME.png) is a file bagpipe did not write, whose OUT/data (or
+    OUT/data-generated) is a data set ``bagpipe synth`` did not make (one preprocessed from
+    real logs, say), or which holds a folder a bench removes (OUT/store-template,
+    OUT/store-run, OUT/runs, ...) without being a bench's (no OUT/.bagpipe-bench.json, no
+    earlier bench's results.json): they used to be replaced without a word."""
     import json
     from pathlib import Path
 
@@ -134,6 +199,21 @@ def check_out(out, picture: str | None = None) -> None:
                 f"--out {out}: {out / name} exists and is not an earlier bench's results; it is not replaced: "
                 "choose another --out"
             )
+    for name in DATA_SETS:
+        why = foreign_data(out / name) if (out / name).exists() else None
+        if why is not None:
+            raise ConfigError(
+                f"--out {out}: {out / name} exists and {why}; a bench would replace it with generated data, "
+                "so it is not touched: move it away or choose another --out"
+            )
+    if not (ours or (out / MARK).is_file()):
+        for name in WORK:
+            if (out / name).exists():
+                raise ConfigError(
+                    f"--out {out}: {out / name} exists and is not a bench's (the folder has no {MARK} nor an "
+                    "earlier bench's results.json); a bench would remove it, so it is not touched: move it away "
+                    "or choose another --out"
+                )
     why = foreign_picture(out / picture, "png") if picture else None
     if why is not None:  # a user's photo of that name
         raise ConfigError(f"--out {out}: {out / picture}: {refusal(why)}: choose another --out")

@@ -1,0 +1,96 @@
+"""``bagpipe bench SCENARIO --out OUT`` replaces or removes only what a bench wrote.
+
+Newcomer round 15, finding 1 (DATA LOSS): a bench replaced any bagpipe data set in
+OUT/data with generated data (one preprocessed from real Criteo logs lost its vocab/) and
+removed OUT/store-template, OUT/store-run and OUT/runs/<mode>-<store>-<rep> whatever they
+held, exit 0. Now such an OUT is refused in one line before anything is written and left
+byte for byte as it was; a bench marks the OUT it uses (OUT/.bagpipe-bench.json), and a
+rerun into its own OUT works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+CRITEO = Path("/work/shared/data/criteo/kaggle_part0_100.tsv")
+MODES = ("bench", "modes", "--quick", "--profile", "tiny", "--modes", "full,lookahead", "--reps", "1")
+
+
+def snapshot(folder: Path) -> dict:
+    return {
+        str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def one_line_error(rc: int, err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0].removeprefix("bagpipe bench: error: ")
+
+
+@pytest.mark.skipif(not CRITEO.exists(), reason="no Criteo sample in /work/shared/data")
+def test_a_preprocessed_data_set_in_out_data_is_refused_and_kept(run_cli, tmp_path):
+    out = tmp_path / "proj"
+    rc, _, err = run_cli("preprocess", "criteo", "--input", CRITEO, "--out", out / "data")
+    assert rc == 0, err
+    assert (out / "data" / "vocab").is_dir()
+    before = snapshot(out)
+    for args in (
+        ("bench", "oracle", "--quick", "--profile", "tiny", "--batch-sizes", "256", "--lookaheads", "2"),
+        MODES,
+    ):
+        rc, _, err = run_cli(*args, "--out", out)
+        line = one_line_error(rc, err)
+        assert line.startswith(f"--out {out}: {out / 'data'} exists and it is a data set with a vocabulary"), line
+        assert "move it away or choose another --out" in line
+        assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("entry", ["store-template", "store-run", "runs/full-memory-0", "data-criteo"])
+def test_a_users_folder_where_a_bench_removes_one_is_refused_and_kept(run_cli, tmp_path, entry):
+    out = tmp_path / "proj"
+    (out / entry).mkdir(parents=True)
+    (out / entry / "mine.txt").write_text("mine\n")
+    before = snapshot(out)
+    rc, _, err = run_cli(*MODES, "--out", out)
+    top = entry.split("/")[0]
+    assert one_line_error(rc, err) == (
+        f"--out {out}: {out / top} exists and is not a bench's (the folder has no .bagpipe-bench.json nor an "
+        "earlier bench's results.json); a bench would remove it, so it is not touched: move it away or choose "
+        "another --out"
+    )
+    assert snapshot(out) == before
+
+
+def test_a_folder_without_a_data_set_at_out_data_is_refused(run_cli, tmp_path):
+    out = tmp_path / "proj"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "notes.txt").write_text("mine\n")
+    before = snapshot(out)
+    rc, _, err = run_cli(*MODES, "--out", out)
+    assert "it is not a data set bagpipe generated" in one_line_error(rc, err)
+    assert snapshot(out) == before
+
+
+def test_a_bench_reruns_into_its_own_out(run_cli, tmp_path):
+    out = tmp_path / "proj"
+    rc, _, err = run_cli(*MODES, "--out", out)
+    assert rc == 0, err
+    assert (out / ".bagpipe-bench.json").is_file() and (out / "runs").is_dir() and (out / "data").is_dir()
+    rc, _, err = run_cli(*MODES, "--out", out)
+    assert rc == 0, err
+    # an OUT from before the mark: recognised by its earlier bench's results.json
+    (out / ".bagpipe-bench.json").unlink()
+    rc, _, err = run_cli(*MODES, "--out", out)
+    assert rc == 0, err
+    # a preprocessed data set moved into a bench's OUT is still refused
+    (out / "data" / "vocab").mkdir()
+    rc, _, err = run_cli(*MODES, "--out", out)
+    assert "it is a data set with a vocabulary" in one_line_error(rc, err)
+    assert (out / "data" / "vocab").is_dir()
