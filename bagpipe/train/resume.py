@@ -86,7 +86,7 @@ def elastic_restart() -> bool:
 
 
 #: Settings whose change changes others that were not given (compared, and named, first).
-LEADING = ("model", "recipe", "optimizer")
+LEADING = ("model", "recipe", "optimizer", "lr_schedule")
 
 
 def _approximate_sync(value) -> bool:

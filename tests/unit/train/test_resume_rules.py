@@ -26,6 +26,11 @@ def test_the_setting_given_is_named_before_one_derived_from_it():
     recipe = old | {"recipe": "debug", "embedding_dim": 8}
     kaggle = recipe | {"recipe": "kaggle", "embedding_dim": 16, "lr": 0.002, "embedding_lr": 0.002}
     assert refused_change(recipe, kaggle) == ("recipe", "debug", "kaggle")  # not the lr it brought along
+    # the schedule left out: its terms fall to their defaults with it, and lr_schedule is named,
+    # not lr_decay_start (adding that back alone is refused for want of a schedule)
+    step = RUN | {"lr_schedule": "step", "lr_decay_start": 10, "lr_decay_steps": 5, "lr_gamma": 0.5}
+    constant = RUN | {"lr_schedule": "constant", "lr_decay_start": 0, "lr_decay_steps": 0, "lr_gamma": 0.1}
+    assert refused_change(step, constant) == ("lr_schedule", "step", "constant")
 
 
 @pytest.mark.parametrize(
