@@ -149,7 +149,11 @@ def mark_out(out):
     had = {n for n in (*DATA_SETS, *WORK) if (out / n).exists()}
     out.mkdir(parents=True, exist_ok=True)
     (out / MARK).write_text(
-        json.dumps({"written_by": "bagpipe bench", "holds": "this folder's data, stores and runs are a bench's"}) + "\n"
+        json.dumps(
+            {"written_by": "bagpipe bench", "holds": "this folder's data, stores and runs are a bench's"},
+            allow_nan=False,
+        )
+        + "\n"
     )
 
     def undo() -> None:
@@ -174,6 +178,7 @@ def check_out(out, picture: str | None = None) -> None:
     OUT/store-run, OUT/runs, ...) without being a bench's (no OUT/.bagpipe-bench.json, no
     earlier bench's results.json): they used to be replaced without a word."""
     import json
+    import os
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
@@ -198,6 +203,13 @@ def check_out(out, picture: str | None = None) -> None:
             raise ConfigError(
                 f"--out {out}: {out / name} exists and is not an earlier bench's results; it is not replaced: "
                 "choose another --out"
+            )
+    for name in (*DATA_SETS, *WORK, "results.json", "results.md", *([picture] if picture else [])):
+        if (out / name).is_symlink():  # a bench would write (or remove) through the link, outside OUT
+            raise ConfigError(
+                f"--out {out}: {out / name} is a symbolic link (to {os.readlink(out / name)}); a bench writes its "
+                "own files there and would write through it, so it is not touched: remove the link or choose "
+                "another --out"
             )
     for name in DATA_SETS:
         why = foreign_data(out / name) if (out / name).exists() else None

@@ -14,10 +14,11 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from repo import SHARED_DATA
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-CRITEO = Path("/work/shared/data/criteo/kaggle_part0_100.tsv")
+CRITEO = SHARED_DATA / "criteo" / "kaggle_part0_100.tsv"
 MODES = ("bench", "modes", "--quick", "--profile", "tiny", "--modes", "full,lookahead", "--reps", "1")
 
 
@@ -34,7 +35,7 @@ def one_line_error(rc: int, err: str) -> str:
     return lines[0].removeprefix("bagpipe bench: error: ")
 
 
-@pytest.mark.skipif(not CRITEO.exists(), reason="no Criteo sample in /work/shared/data")
+@pytest.mark.skipif(not CRITEO.exists(), reason="no Criteo sample in ../shared/data")
 def test_a_preprocessed_data_set_in_out_data_is_refused_and_kept(run_cli, tmp_path):
     out = tmp_path / "proj"
     rc, _, err = run_cli("preprocess", "criteo", "--input", CRITEO, "--out", out / "data")
@@ -66,6 +67,26 @@ def test_a_users_folder_where_a_bench_removes_one_is_refused_and_kept(run_cli, t
         "another --out"
     )
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("entry", ["data", "store-template", "runs"])
+def test_a_symbolic_link_in_out_is_refused_and_what_it_names_is_kept(run_cli, tmp_path, entry):
+    """OUT/data as a link to the user's data set elsewhere: a bench wrote its generated data
+    through it, replacing that data set (newcomer round 16); even in a bench's own OUT."""
+    users = tmp_path / "elsewhere"
+    users.mkdir()
+    (users / "mine.txt").write_text("mine\n")
+    out = tmp_path / "proj"
+    out.mkdir()
+    (out / ".bagpipe-bench.json").write_text("{}\n")  # a bench's OUT: the link is refused all the same
+    (out / entry).symlink_to(users, target_is_directory=True)
+    before, theirs = snapshot(out), snapshot(users)
+    rc, _, err = run_cli(*MODES, "--out", out)
+    assert one_line_error(rc, err) == (
+        f"--out {out}: {out / entry} is a symbolic link (to {users}); a bench writes its own files there and would "
+        "write through it, so it is not touched: remove the link or choose another --out"
+    )
+    assert snapshot(out) == before and snapshot(users) == theirs
 
 
 def test_a_folder_without_a_data_set_at_out_data_is_refused(run_cli, tmp_path):
