@@ -331,8 +331,11 @@ def refuse_inside_output(path: str | os.PathLike, flag: str, what: str) -> None:
     )
 
 
+#: A run's records, in the order refusals name them: written only by a run that got past its
+#: start (bagpipe.train.rundir.RunDir's config_file, metrics_file, summary_file).
+RUN_RECORDS = ("config.json", "metrics.jsonl", "summary.json")
 #: A run folder's own files and folders (a user's file beside them is theirs).
-RUN_FILES = frozenset({"config.json", "summary.json", "metrics.jsonl", "checkpoints", "logs", "store", "events"})
+RUN_FILES = frozenset({*RUN_RECORDS, "checkpoints", "logs", "store", "events"})
 #: An export's own files (bagpipe/export/write.py), besides its embeddings-*.safetensors.
 EXPORT_FILES = frozenset({"model.json", "model.safetensors.index.json", "dense.safetensors", "vocab"})
 

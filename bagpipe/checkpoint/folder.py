@@ -31,7 +31,7 @@ from bagpipe.checkpoint.format import DENSE, LATEST, MANIFEST, Kind, Manifest, s
 from bagpipe.checkpoint.reader import CheckpointReader
 from bagpipe.checkpoint.verify import FileSum, SummingFile, check_file, remember
 from bagpipe.errors import CheckpointError
-from bagpipe.files import atomic_write_text, fsync_dir
+from bagpipe.files import RUN_RECORDS, atomic_write_text, fsync_dir
 
 KEEP = 2
 
@@ -242,7 +242,7 @@ def where_to_continue(out: str) -> str:
     if name is None:
         # a run that got past its start left its records, and a new run refuses such a folder
         # (bagpipe.train.resume.refuse_overwrite): starting over means removing them first
-        if any((Path(out) / f).exists() for f in ("config.json", "metrics.jsonl", "summary.json")):
+        if any((Path(out) / f).exists() for f in RUN_RECORDS):
             return (
                 f"{out} has no checkpoint: to start over, remove it (rm -r {shlex.quote(str(out))}) and run the "
                 "command again, or give another --out"

@@ -31,7 +31,7 @@ from bagpipe.config.environ import env_int
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
-from bagpipe.files import RUN_FILES, atomic_write_text
+from bagpipe.files import RUN_FILES, RUN_RECORDS, atomic_write_text
 from bagpipe.phases import RESTART_ENV
 from bagpipe.train.rundir import RunDir
 
@@ -268,7 +268,7 @@ def records_of_a_run(run: RunDir) -> list[str]:
     """The names of a run's own records (config.json, metrics.jsonl, summary.json) that
     ``run`` holds: written only by a run that got past its start, so any of them means the
     folder is another run's."""
-    return [f.name for f in (run.config_file, run.metrics_file, run.summary_file) if f.exists()]
+    return [name for name in RUN_RECORDS if (run.path / name).exists()]
 
 
 #: Every entry a run (and the local launcher of a distributed one) writes in its folder:
