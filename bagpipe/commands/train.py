@@ -379,9 +379,10 @@ def summary_line(s: dict) -> str:
     """The one line a finished run prints (from summary.json too, where a figure that was
     not finite is null: n/a)."""
 
+    from bagpipe.train.evaluate import figure
+
     def fig(key: str, fmt: str = ".4f") -> str:
-        v = s.get(key)
-        return "n/a" if v is None or v != v else format(v, fmt)  # null, or NaN before it is written
+        return figure(s.get(key), fmt)
 
     digest = "not computed (--no-digest)" if s["params_sha256"] is None else s["params_sha256"][:16] + "…"
     return (

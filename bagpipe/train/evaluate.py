@@ -80,14 +80,19 @@ def evaluate(model: torch.nn.Module, lookup: Lookup, dataset: Dataset, batch_siz
     return scores(y, p)
 
 
+def figure(v, fmt: str = ".4f") -> str:
+    """A printed figure: ``n/a`` for one that is null in a run's files or NaN before it is
+    written (an eval split of one class has no AUC), else ``v`` in ``fmt``."""
+    return "n/a" if v is None or v != v else format(v, fmt)
+
+
 def eval_line(ev: dict) -> str:
     """One line of an evaluation's figures (the progress note, ``bagpipe eval``)."""
     if not ev.get("eval_samples"):
         return "no eval split"
 
     def fig(key: str, fmt: str = ".4f") -> str:
-        v = ev.get(key)
-        return "n/a" if v is None or v != v else format(v, fmt)  # an eval split of one class has no AUC
+        return figure(ev.get(key), fmt)
 
     return (
         f"eval logloss {fig('eval_logloss')}, eval AUC {fig('eval_auc')}, NE {fig('eval_ne')}, "
