@@ -156,6 +156,9 @@ class CheckpointWriter:
         self._full_next = False  # after a failed checkpoint: the rows it took are in no checkpoint
         self._no_space: list[int] = []  # steps not written for lack of space since the last one said
         self._abandon = threading.Event()
+        # the staging folder of a cut not yet handed to a finished write: a signal during the
+        # cut (between begin and submit) must not leave it behind (the write removes its own)
+        self._staged: Path | None = None
 
     @property
     def abandoned(self) -> threading.Event:
@@ -170,6 +173,7 @@ class CheckpointWriter:
             kind, base, chain = "full", None, 0
             self._full_next = False
         staging = self.folder.begin(step)
+        self._staged = staging
         return CutTarget(step, staging, kind, base, chain, self.folder.root)
 
     def submit(self, target: CutTarget, dense: dict, write_parts: Callable[[], list[Part]], cut_s: float) -> None:
@@ -209,6 +213,7 @@ class CheckpointWriter:
                 self._error = e
         finally:
             record.write_s = time.perf_counter() - t0
+            self._staged = None  # committed (renamed) or discarded
 
     def _count_unwritten(self, then: str) -> None:
         """Say how many checkpoints after the first said were not written for lack of space."""
@@ -242,6 +247,10 @@ class CheckpointWriter:
             # a signal can stop the run between the write's Thread() and its start(): nothing to wait for
             if self._thread is not None and self._thread.ident is not None:
                 self._thread.join(timeout=ABANDON_WAIT_S)
+            writing = self._thread is not None and self._thread.is_alive()
+            if self._staged is not None and not writing:  # the cut was stopped before its write began
+                self.folder.discard(self._staged)
+                self._staged = None
             self._count_unwritten("the run ends")
             return
         self.wait()

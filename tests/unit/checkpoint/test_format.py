@@ -456,3 +456,21 @@ def test_a_signal_between_the_writes_thread_and_its_start_leaves_nothing_to_wait
     w.close(abandon=True)  # returns: nothing was started
     w.wait()
     assert folder.latest_name() == "step-00000010"
+    assert not list(folder.root.glob(".tmp-*"))  # the staged folder is removed
+
+
+def test_a_signal_during_the_cut_leaves_no_staging_folder(tmp_path):
+    """SIGTERM can land while the cut copies its rows, after ``begin`` made the staging
+    folder and before ``submit``: the abandon path removes that folder (the CI run of
+    test_sigterm_says_where_to_continue found ``.tmp-step-00000020`` left there), and the
+    previous checkpoint stays the latest."""
+    st = stores(1)
+    folder = CheckpointFolder(tmp_path / "ckpts")
+    write_rows(st, np.array([1, 2]), 1.0)
+    checkpoint(folder, st, 10)
+    w = CheckpointWriter(folder, 3, SPACE, background=True)
+    target = w.begin(20)
+    assert target.staging.is_dir()
+    w.close(abandon=True)
+    assert not target.staging.exists() and folder.latest_name() == "step-00000010"
+    assert sorted(p.name for p in folder.root.iterdir()) == ["LATEST", "step-00000010"]
