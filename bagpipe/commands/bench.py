@@ -176,7 +176,8 @@ def check_out(out, picture: str | None = None) -> None:
     OUT/data-generated) is a data set ``bagpipe synth`` did not make (one preprocessed from
     real logs, say), or which holds a folder a bench removes (OUT/store-template,
     OUT/store-run, OUT/runs, ...) without being a bench's (no OUT/.bagpipe-bench.json, no
-    earlier bench's results.json): they used to be replaced without a word."""
+    earlier bench's results.json), or which holds anything at all without being a bench's: they used
+    to be replaced without a word, or the folder was marked a bench's with a user's files in it."""
     import json
     import os
     from pathlib import Path
@@ -229,3 +230,12 @@ def check_out(out, picture: str | None = None) -> None:
     why = foreign_picture(out / picture, "png") if picture else None
     if why is not None:  # a user's photo of that name
         raise ConfigError(f"--out {out}: {out / picture}: {refusal(why)}: choose another --out")
+    if out.is_dir() and not (ours or (out / MARK).is_file()):
+        held = sorted((p.name for p in out.iterdir()), key=lambda n: (n.startswith("."), n))  # hidden ones last
+        if held:  # a user's folder, a training run: a bench would mix its files in and mark the folder its own
+            shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+            raise ConfigError(
+                f"--out {out}: the folder is not empty ({shown}) and is not a bench's (no {MARK} nor an earlier "
+                "bench's results.json); a bench writes data, stores and runs there, so it is not used: give a new "
+                "or empty folder, e.g. --out bench-out/NAME"
+            )

@@ -115,3 +115,37 @@ def test_a_bench_reruns_into_its_own_out(run_cli, tmp_path):
     rc, _, err = run_cli(*MODES, "--out", out)
     assert "it is a data set with a vocabulary" in one_line_error(rc, err)
     assert (out / "data" / "vocab").is_dir()
+
+
+def test_a_users_folder_or_a_training_run_is_not_taken_as_a_benchs_out(run_cli, tmp_path, tiny_data):
+    """Newcomer round 16, finding 2: ``bench --out`` wrote into a folder of the user's and into
+    a finished training run, mixing in its data set, results and plots, and marked the folder
+    as a bench's (after which its stores and runs folders were a bench's to remove). A
+    non-empty OUT that is not a bench's is refused in one line and left as it was; an empty
+    one, a new one and a bench's own are used."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("hello\n")
+    run = tmp_path / "run"
+    rc, _, err = run_cli(
+        "train", "--data", tiny_data, "--steps", "2", "--batch-size", "64", "--out", run, "--no-progress"
+    )
+    assert rc == 0, err
+    for folder, held in (
+        (user, "notes.txt"),
+        (run, "checkpoints, config.json, metrics.jsonl, summary.json and 2 more"),
+    ):
+        before = snapshot(folder)
+        rc, stdout, err = run_cli("bench", "oracle", "--quick", "--profile", "tiny", "--batches", "5", "--out", folder)
+        assert one_line_error(rc, err) == (
+            f"--out {folder}: the folder is not empty ({held}) and is not a bench's (no .bagpipe-bench.json nor an "
+            "earlier bench's results.json); a bench writes data, stores and runs there, so it is not used: give a "
+            "new or empty folder, e.g. --out bench-out/NAME"
+        )
+        assert "[rep" not in stdout and snapshot(folder) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):  # an empty folder, then the bench's own on a rerun
+        rc, _, err = run_cli("bench", "oracle", "--quick", "--profile", "tiny", "--batches", "5", "--out", empty)
+        assert rc == 0, err
+    assert (empty / "results.json").is_file() and (empty / ".bagpipe-bench.json").is_file()

@@ -167,7 +167,7 @@ def test_bench_refuses_a_png_it_did_not_write_before_anything_runs(run_cli, tmp_
 
 
 def test_save_png_is_the_last_guard_and_replaces_its_own(tmp_path):
-    from bagpipe.commands.bench import check_out
+    from bagpipe.commands.bench import check_out, mark_out
     from bagpipe.errors import DataError
     from bagpipe.train.plot import has_mark, pyplot, save_png
 
@@ -178,9 +178,10 @@ def test_save_png_is_the_last_guard_and_replaces_its_own(tmp_path):
     with pytest.raises(DataError, match=re.escape(f"{photo}: the file exists and is not a picture bagpipe wrote")):
         save_png(plt.subplots()[0], photo)
     assert photo.read_bytes() == before
-    ours = tmp_path / "sweep.png"
+    ours = tmp_path / "bench" / "sweep.png"
     for _ in range(2):  # a rerun of a bench into its own --out
-        check_out(tmp_path, "sweep.png")
+        check_out(ours.parent, "sweep.png")
+        mark_out(ours.parent)
         save_png(plt.subplots()[0], ours)
         assert has_mark(ours, "png")
     assert plt.get_fignums() == []  # every figure closed, the refused one too

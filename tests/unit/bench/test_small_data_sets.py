@@ -39,6 +39,7 @@ from bagpipe.bench.harness.settings import cache_slots
 from bagpipe.bench.scenarios.hot_tiers import scenario as accel
 from bagpipe.bench.scenarios.hot_tiers.scenario import AccelBench, plan_budget
 from bagpipe.bench.scenarios.sweep.scenario import SweepBench, refuse_unmeasurable
+from bagpipe.commands.bench import mark_out
 from bagpipe.errors import ConfigError
 from bagpipe.train.plot import legend, pyplot
 
@@ -151,6 +152,7 @@ def test_accel_whose_budget_holds_every_row_is_refused_before_anything_is_made(r
     mine = tmp_path / "mine"
     ensure_synth(mine / "data", "tiny", 500, 0.01, seed=1, progress=False)
     (mine / "notes.txt").write_text("keep me\n")
+    mark_out(mine)  # an earlier bench's --out (its mark) with a note of the user's: a bench's own refusal
     before = snapshot(mine)
     rc, _, err = run_cli("bench", "accel", "--quick", "--profile", "tiny", "--reps", "1", "--out", mine)
     assert one_line_error(rc, err) == ACCEL_TINY
@@ -217,6 +219,7 @@ def test_accel_whose_budget_leaves_fae_no_hot_tier_is_refused_before_anything_is
     mine = tmp_path / "mine"  # an --out the user has: as it was
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me\n")
+    mark_out(mine)  # an earlier bench's --out (its mark) with a note of the user's: a bench's own refusal
     before = snapshot(mine)
     rc, _, err = run_cli("bench", "accel", "--quick", "--budget-mb", "0.001", "--out", mine)
     assert one_line_error(rc, err) == ACCEL_NO_HOT_TIER.replace("0.2 (5,825", "0.001 (29")
@@ -301,6 +304,7 @@ def test_a_refused_sweep_leaves_no_data_set_and_changes_nothing_of_the_users(run
     mine = tmp_path / "mine"
     ensure_synth(mine / "data", "tiny", 500, 0.01, seed=1, progress=False)
     (mine / "notes.txt").write_text("keep me\n")
+    mark_out(mine)  # an earlier bench's --out (its mark) with a note of the user's: a bench's own refusal
     before = snapshot(mine)
     rc, _, err = run_cli("bench", "sweep", "--quick", "--profile", "tiny", "--out", mine)
     assert one_line_error(rc, err) == SWEEP_TINY
