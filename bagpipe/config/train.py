@@ -391,6 +391,8 @@ def epoch_steps(data: DataConfig) -> int:
         train = json.loads(meta.read_text(encoding="utf-8"))["splits"]["train"]
         n = sum(int(x) for x in train["shard_sizes"])  # num_samples is derived from them; the data set checks both
     except FileNotFoundError:
+        if not Path(data.data).exists():  # the same words as with --steps (bagpipe.data.schema)
+            raise ConfigError(f"{data.data}: no such dataset directory") from None
         raise ConfigError(
             f"{data.data}: not a finished bagpipe dataset (no meta.json), so one epoch's steps are unknown"
         ) from None

@@ -327,6 +327,11 @@ def test_missing_and_unfinished_data(run_cli, tmp_path, unfinished_data):
     assert_one_line_error(rc, err, "meta.json", "not a finished")
     rc, _, err = run_cli("train", "--out", tmp_path / "r3", *COMMON, "--steps", 5)
     assert_one_line_error(rc, err, "--data is required")
+    # without --steps (one epoch, read from meta.json): the same reason, not "no meta.json" (newcomer round 16)
+    rc, _, err = run_cli("train", "--data", tmp_path / "nope", "--out", tmp_path / "r4", *COMMON)
+    assert_one_line_error(rc, err, f"{tmp_path / 'nope'}: no such dataset directory")
+    rc, _, err = run_cli("train", "--data", unfinished_data, "--out", tmp_path / "r5", *COMMON)
+    assert_one_line_error(rc, err, "not a finished bagpipe dataset (no meta.json), so one epoch's steps are unknown")
 
 
 def test_bad_config_files(run_cli, tiny_data, tmp_path):
