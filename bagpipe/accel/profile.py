@@ -203,6 +203,11 @@ class HotSet:
             "`bagpipe profile --out FILE` writes one, a NumPy .npz archive of the rows and their report; "
             "give --hot-rows such a file"
         )
+        if str(path) == "-":  # `profile --out -` writes one to standard output; an archive is read by seeking
+            raise ConfigError(
+                "-: a hot-row file is not read from standard input (a .npz archive is read by seeking); write it "
+                "to a file first (bagpipe profile ... --out hot.npz) and give --hot-rows hot.npz"
+            )
         try:
             with open(path, "rb") as raw:
                 if raw.read(4) != ZIP_MAGIC:  # np.load would take it for a pickle, and refuse it as one

@@ -75,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=count(1, 1 << 20),
         default=1024,
         metavar="KB",
-        help="input read and scored per batch, in KiB of text (default: 1024)",
+        help="input read and scored per batch, in KiB of text (default: 1024); a line's probability is computed "
+        "in its block's batch, so another size can change its last digits (float32 rounding)",
     )
 
 

@@ -91,6 +91,9 @@ def test_hot_row_file_round_trip_and_refusals(hand_data, tmp_path):
         HotSet.load(tmp_path / "hot.npz", [4, 3, 6])
     with pytest.raises(ConfigError, match="no such hot-row file"):
         HotSet.load(tmp_path / "missing.npz", [4, 3, 5])
+    # `profile --out -` writes one to standard output; `--hot-rows -` says to write it to a file (round 16)
+    with pytest.raises(ConfigError, match=r"^-: a hot-row file is not read from standard input .* --hot-rows hot.npz$"):
+        HotSet.load("-", [4, 3, 5])
     (tmp_path / "junk.npz").write_text("not a zip")
     with pytest.raises(ConfigError, match="not a hot-row file"):
         HotSet.load(tmp_path / "junk.npz", [4, 3, 5])
