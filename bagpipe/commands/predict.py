@@ -122,7 +122,8 @@ def refuse_stdout_is_input(out: str, given: str) -> None:
         return
     if (written.st_dev, written.st_ino) != (read.st_dev, read.st_ino):
         return
-    subject, shown = ("the file on standard input", "FILE") if given == "-" else (f"the input file {given}", given)
+    on_stdin = given == "-" or os.path.abspath(given) in ("/dev/stdin", "/dev/fd/0", "/proc/self/fd/0")
+    subject, shown = ("the file on standard input", "FILE") if on_stdin else (f"the input file {given}", given)
     stream = "standard output" if fd == 1 else "standard error"
     if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
         how = f" (>> {shown}?): writing it would destroy an input"
