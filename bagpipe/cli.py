@@ -282,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         rc = _stopped(command, e)
     if argv is None:
+        # the command is done and has said so: a Ctrl-C in the interpreter's teardown (joining
+        # threads, closing files) killed the process with status 130 and no word (newcomer
+        # round 16, a run whose summary and final checkpoint were written); ignored from here,
+        # and Python's finalization keeps an ignored SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         _leave_past_stuck_threads(rc)
     return rc
 

@@ -113,6 +113,28 @@ def test_sigint_inherited_ignored_is_restored_before_the_clis_imports():
     assert (r.returncode, r.stdout) == (0, "[True]\n"), r.stderr[-2000:]
 
 
+@pytest.mark.integration
+def test_ctrl_c_after_the_command_is_done_does_not_turn_it_into_an_interrupt():
+    """Newcomer round 16: a run whose summary and final checkpoint were written exited 130
+    with no word -- the Ctrl-C landed in the interpreter's teardown, after ``main`` had
+    returned. From there on SIGINT is ignored: the command's own exit code stands. (The
+    program's ``main``, argv from sys.argv -- plain ``bagpipe``: the help, exit code 2 --
+    then a SIGINT, then the interpreter's exit.)"""
+    code = textwrap.dedent(
+        """
+        import os, signal, sys
+        sys.argv = ["bagpipe"]
+        from bagpipe.cli import main
+        rc = main()
+        os.kill(os.getpid(), signal.SIGINT)
+        sys.exit(rc)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (2, ""), r.stderr[-2000:]
+    assert r.stdout.startswith("usage: bagpipe")
+
+
 # -- misspellings ------------------------------------------------------------------------------
 
 
