@@ -135,6 +135,8 @@ class RunShape:
         largest_table: rows of the largest table (the hot-row profiler counts per table).
         fetch_rows, evict_rows: the most rows one plan fetches / writes back
             (:func:`bagpipe.budget.shape.with_traffic`; None: U, the bound).
+        layout_bytes: a disk store's frequency layout (``--store-layout frequency``): its
+            count of the train split's rows at start-up and the packed rows it keeps.
     """
 
     spec: ModeSpec
@@ -155,6 +157,7 @@ class RunShape:
     largest_table: int = 0
     fetch_rows: int | None = None
     evict_rows: int | None = None
+    layout_bytes: int = 0
 
     @property
     def row_bytes(self) -> int:
@@ -299,6 +302,10 @@ def estimate(shape: RunShape, sizes: Sizes, role: str = "trainer") -> Estimate:
                 parts.append(Part("store", R * (rb + 1), "memory store: every row"))
             else:
                 parts.append(Part("store", 3 * ((R + 7) // 8), "presence bitmaps"))
+                if shape.layout_bytes:
+                    parts.append(
+                        Part("store layout", shape.layout_bytes, "the train split's rows counted, the packed rows kept")
+                    )
     pinned = 2 * shape.sample_bytes * B
     if s.store and shape.store == "disk" and not remote:
         pinned += (sizes.io.dirty_bytes or 64 * MIB) + min(sizes.io.hint_bytes, 4096 * (shape.unique + 1))

@@ -104,7 +104,17 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
         sample_bytes=4 + 4 * meta.num_dense + id_bytes,
         eval_batch=cfg.data.batch_size,
         largest_table=max(meta.table_sizes),
+        layout_bytes=layout_bytes(cfg, meta.total_rows, stream.num_samples * lookups // max(1, B)),
     )
+
+
+def layout_bytes(cfg: TrainConfig, num_rows: int, split_lookups: int) -> int:
+    """Memory of a frequency layout (:mod:`bagpipe.store.layout`): its count of the split's
+    rows (4 bytes a row of the tables, then 24 a row used) bounds the packed rows it keeps
+    (20 bytes each); 0 without one."""
+    if not (cfg.cache.spec.store and cfg.cache.store == "disk" and cfg.cache.store_layout == "frequency"):
+        return 0
+    return 4 * num_rows + 24 * min(num_rows, split_lookups)
 
 
 def with_traffic(shape: RunShape, stream: BatchStream, cache_rows: int, lookahead: int, steps: int) -> RunShape:

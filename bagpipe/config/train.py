@@ -183,7 +183,7 @@ DATA_PARALLEL_NOT_EXACT = (
 
 #: The settings only a store mode reads, and those only the disk store reads.
 STORE_SETTINGS = ("store",)
-DISK_SETTINGS = ("store_dir", "init_from_store")
+DISK_SETTINGS = ("store_dir", "init_from_store", "store_layout")
 #: The settings only a distributed run (--trainers/--servers) reads.
 DIST_SETTINGS = (
     "cache_sync",
@@ -270,6 +270,16 @@ def inapplicable(flat: dict) -> list[tuple[str, str]]:
         )
     elif v["store"] == "memory":
         add(DISK_SETTINGS, "needs --store disk (the memory store keeps no files)")
+    if spec.store and v["store"] == "disk" and (v["servers"] > 0 or v["trainers"] > 1):
+        add(
+            ("store_layout",),
+            "applies to a one-process run's disk store (an embedding server's shard keeps the identity layout)",
+        )
+    if spec.store and v["store"] == "disk" and v["init_from_store"]:
+        add(
+            ("store_layout",),
+            "applies to a store this run makes: the store of --init-from-store keeps the layout it was made with",
+        )
     if not (v["servers"] > 0 or v["trainers"] > 1):
         periodic = str(v["cache_sync"]).startswith("periodic")  # has its own message (it needs --trainers N >= 2)
         add(

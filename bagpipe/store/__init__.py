@@ -10,6 +10,7 @@ from bagpipe.files import RunLock
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.diskio import DiskIO
 from bagpipe.store.init import RowValues
+from bagpipe.store.layout import RowLayout
 
 LOCK = ".lock"  # the store directory's lock file (one run at a time)
 
@@ -28,7 +29,7 @@ def holds_store(directory: str | Path) -> bool:
 
 #: What a disk store writes in its directory (bagpipe/store/disk.py) -- anything else in a
 #: user's --store-dir is not a store's, and its rows.f32 would be overwritten without a word.
-STORE_FILES = frozenset({"header.json", "rows.f32", "present.u8", LOCK})
+STORE_FILES = frozenset({"header.json", "rows.f32", "present.u8", "layout.i64", LOCK})
 
 
 def _check_users_folder(path: Path, reuse: bool) -> None:
@@ -63,6 +64,7 @@ def open_store(
     owned: bool,
     reuse: bool = False,
     io: DiskIO | None = None,
+    layout: RowLayout | None = None,
 ) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
@@ -71,7 +73,9 @@ def open_store(
     ``--store-dir``) a directory that already holds a store is opened only when
     ``reuse`` says so: its rows then become the starting tables, which a run must ask
     for (``--init-from-store``), never get by accident. ``io``: the disk store's memory
-    settings (:class:`~bagpipe.store.diskio.DiskIO`; its defaults when None).
+    settings (:class:`~bagpipe.store.diskio.DiskIO`; its defaults when None). ``layout``:
+    the row layout of a disk store made here (:mod:`bagpipe.store.layout`); a store that
+    is reopened keeps its own.
     """
     if kind == "memory":
         from bagpipe.store.memory import MemoryStore
@@ -107,7 +111,7 @@ def open_store(
                 )
             if reuse and not holds_store(path):
                 raise ConfigError(f"--init-from-store: {path} holds no store to start from")
-        return DiskStore(init, state_dim, path, io=io, lock=lock)
+        return DiskStore(init, state_dim, path, io=io, lock=lock, layout=layout)
     except BaseException:
         lock.release()
         raise

@@ -164,6 +164,10 @@ class EmbeddingStore(ABC):
         """Like :meth:`read` but not counted as training traffic (evaluation, digests)."""
         return self._read(np.asarray(rows, dtype=np.int64))
 
+    def layout_summary(self) -> dict:
+        """Where the store keeps its rows, for a run's summary (a disk store's row layout)."""
+        return {}
+
     def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows [start, stop) for digests and export; does not count as training reads."""
         return self._read(np.arange(start, stop, dtype=np.int64))

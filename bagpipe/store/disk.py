@@ -10,6 +10,10 @@ Layout of the directory ``path`` (format version 2)::
     present.u8    one byte per row: 0 = never written (reads give the initial value
                   and zero state), 1 = rows.f32 holds the row; set by ``flush`` only
                   after the rows' values are durable
+    layout.i64    (format version 3 only) the K rows packed at the front of rows.f32,
+                  hottest first (:mod:`bagpipe.store.layout`): row g is then at slot
+                  i if it is the i-th of them, else at slot K + g, and rows.f32 holds
+                  num_rows + K slots; version 2 is the identity layout (slot g)
 
 A row's weights and state sit side by side, so a cold read of a row costs one page
 fault, not one per file (version 1 kept them in ``weights.f32`` and ``state.f32``,
@@ -93,12 +97,15 @@ from bagpipe.store.diskio import (
     pwrite_from,
 )
 from bagpipe.store.init import RowValues
+from bagpipe.store.layout import RowLayout
 
 FORMAT = "bagpipe.DiskStore"
 VERSION = 2  # 1: weights.f32 + state.f32; 2: rows.f32 (weights and state side by side)
+PACKED_VERSION = 3  # 2 with a row layout (layout.i64): what a version-2 reader must not open
 HEADER = "header.json"
 ROWS = "rows.f32"
 PRESENT = "present.u8"
+LAYOUT = "layout.i64"
 
 _MIN_ROWS_PER_TASK = 16  # below this a thread hand-off costs more than it hides
 _PAGE = mmap.PAGESIZE
@@ -126,6 +133,9 @@ class DiskStore(EmbeddingStore):
             flight, the dirty-page bound, the page-cache bound, chunk rows).
         lock: the lock on ``path`` its opener holds (:func:`bagpipe.store.open_store`),
             released when the store closes.
+        layout: where rows.f32 keeps each row (:class:`~bagpipe.store.layout.RowLayout`),
+            for a store created here (identity when None); a store reopened keeps the
+            layout it was made with (:attr:`layout`).
 
     Rows passed to :meth:`read` and :meth:`write` must be in [0, num_rows); rows of a
     write must be unique (a :class:`ValueError` otherwise). Thread safety is as in
@@ -142,6 +152,7 @@ class DiskStore(EmbeddingStore):
         create: bool = True,
         io: DiskIO | None = None,
         lock=None,
+        layout: RowLayout | None = None,
     ):
         super().__init__(init, state_dim)
         self.path = Path(path)
@@ -162,15 +173,20 @@ class DiskStore(EmbeddingStore):
         self._present_lock = threading.Lock()
         header = self._expected_header()
         if (self.path / HEADER).exists():
-            self._check_header(header)
+            self.layout = self._check_header(header)
             self._open_files(new=False)
         elif create:
+            self.layout = layout if layout is not None else RowLayout.identity()
+            self.layout.check(self.num_rows, f"{self.path}: the layout asked for")
             self.path.mkdir(parents=True, exist_ok=True)
             self._open_files(new=True)
         else:
             raise DataError(f"{self.path}: no DiskStore here (missing {HEADER})")
         try:
             if self._new:
+                if not self.layout.is_identity:  # before the header, which is written last
+                    self.layout.save(self.path / LAYOUT)
+                    header |= {"version": PACKED_VERSION, "layout": self._layout_header()}
                 self._write_header(header)
             self._bits = np.zeros((self.num_rows + 7) // 8, dtype=np.uint8)
             if not self._new:
@@ -199,10 +215,14 @@ class DiskStore(EmbeddingStore):
             "table_sizes": self.init.table_sizes,
         }
 
+    def _layout_header(self) -> dict:
+        return {"file": LAYOUT, "packed_rows": self.layout.num_packed, "crc32": self.layout.crc32()}
+
     def _write_header(self, header: dict) -> None:
         atomic_write_text(self.path / HEADER, json.dumps(header, indent=1, allow_nan=False) + "\n")
 
-    def _check_header(self, want: dict) -> None:
+    def _check_header(self, want: dict) -> RowLayout:
+        """Refuse a header that is not of a store like ``want``; the store's row layout."""
         hp = self.path / HEADER
         try:
             have = json.loads(hp.read_text())
@@ -210,22 +230,38 @@ class DiskStore(EmbeddingStore):
             raise DataError(f"{hp}: unreadable DiskStore header: {e}") from e
         if not isinstance(have, dict) or have.get("format") != FORMAT:
             raise DataError(f"{hp}: not a DiskStore header")
-        if have.get("version") != VERSION:
+        if have.get("version") not in (VERSION, PACKED_VERSION):
             raise DataError(
                 f"{hp}: DiskStore format version {have.get('version')!r}, this bagpipe reads only "
-                f"version {VERSION} (weights and state of a row side by side in {ROWS}; version 1 "
-                "kept them in weights.f32 and state.f32); recreate the store"
+                f"versions {VERSION} and {PACKED_VERSION} (weights and state of a row side by side in {ROWS}; "
+                "version 1 kept them in weights.f32 and state.f32); recreate the store"
             )
+        skip = ("table_sizes", "version")
         diffs = [
-            f"{k}={have.get(k)!r} (asked for {v!r})" for k, v in want.items() if k != "table_sizes" and have.get(k) != v
+            f"{k}={have.get(k)!r} (asked for {v!r})" for k, v in want.items() if k not in skip and have.get(k) != v
         ]
         if not diffs and have.get("table_sizes") != want["table_sizes"]:
             diffs.append(f"table_sizes={have.get('table_sizes')!r} (asked for {want['table_sizes']!r})")
         if diffs:
             raise DataError(f"{self.path}: existing DiskStore does not match: " + ", ".join(diffs))
+        if have["version"] == VERSION:
+            return RowLayout.identity()
+        lay = have.get("layout")
+        if not (
+            isinstance(lay, dict) and isinstance(lay.get("packed_rows"), int) and isinstance(lay.get("crc32"), str)
+        ):
+            raise DataError(f"{hp}: a version-{PACKED_VERSION} DiskStore header without its layout")
+        layout = RowLayout.load(self.path / LAYOUT, lay["packed_rows"], lay["crc32"])
+        layout.check(self.num_rows, self.path / LAYOUT)
+        return layout
 
     def _file_sizes(self) -> dict[str, int]:
-        return {ROWS: self.num_rows * self._cols * 4, PRESENT: self.num_rows}
+        return {ROWS: self._slot_count * self._cols * 4, PRESENT: self.num_rows}
+
+    @property
+    def _slot_count(self) -> int:
+        """Rows of rows.f32: num_rows + K (the layout's packed rows)."""
+        return self.layout.slot_count(self.num_rows)
 
     @property
     def _cols(self) -> int:
@@ -268,11 +304,11 @@ class DiskStore(EmbeddingStore):
         self._p = self._array(PRESENT, 0, np.uint8)
         self._reservers = {name: Reserver(fd) for name, fd in self._fds.items()}
         # pages of rows.f32 given their blocks by this process (a bit each: 1/32768 of the file)
-        self._reserved = np.zeros((-(-self.num_rows * self._cols * 4 // _PAGE) + 7) // 8, dtype=np.uint8)
+        self._reserved = np.zeros((-(-self._slot_count * self._cols * 4 // _PAGE) + 7) // 8, dtype=np.uint8)
 
     def _array(self, name: str, cols: int, dtype) -> np.ndarray:
         m = self._maps.get(name)
-        shape = (self.num_rows, cols) if cols else (self.num_rows,)
+        shape = (self._slot_count, cols) if cols else (self.num_rows,)
         if m is None:
             return np.zeros(shape, dtype=dtype)
         return np.frombuffer(m, dtype=dtype).reshape(shape)
@@ -407,6 +443,11 @@ class DiskStore(EmbeddingStore):
         prow = srows[p]
         # each sorted row on disk goes to dest[k] of the caller's order (None: in place)
         dest = None if (order is None and len(p) == n) else (p if order is None else order[p])
+        if not self.layout.is_identity:  # the rows' slots, sorted: the order of the pages
+            slots = self.layout.slots(prow)
+            by_slot = np.argsort(slots)
+            prow = slots[by_slot]
+            dest = by_slot if dest is None else dest[by_slot]
         buf = self._buffer(min(len(p), self._round))
         for lo, hi in self._rounds(len(p)):
             k = hi - lo
@@ -431,6 +472,12 @@ class DiskStore(EmbeddingStore):
         fd = self._fds[ROWS]
         row_bytes = self._cols * 4
         buf = self._buffer(min(n, self._round))
+        logical = srows  # the presence bitmap's rows; srows becomes their slots, sorted
+        if not self.layout.is_identity:
+            slots = self.layout.slots(srows)
+            by_slot = np.argsort(slots)
+            srows, logical = slots[by_slot], srows[by_slot]
+            order = by_slot if order is None else order[by_slot]
         for lo, hi in self._rounds(n):
             k = hi - lo
             r = srows[lo:hi]
@@ -450,7 +497,7 @@ class DiskStore(EmbeddingStore):
                     R[part] = buf[a:b]
 
             if ROWS in self._maps:
-                self._reserve_new(r)
+                self._reserve_new(r, logical[lo:hi])
                 self._hint(r)
             try:
                 self._run(self._write_pool, scatter, self._split(k))
@@ -462,15 +509,15 @@ class DiskStore(EmbeddingStore):
                 self._behind.wrote(pages * _PAGE)  # round by round: the dirty pages stay under io.dirty_bytes
             self._touch(pages)
         # present.u8 learns of these rows only in flush(), after their values are durable
-        masks = np.left_shift(np.uint8(1), (srows & 7).astype(np.uint8))
+        masks = np.left_shift(np.uint8(1), (logical & 7).astype(np.uint8))
         with self._present_lock:
-            np.bitwise_or.at(self._bits, srows >> 3, masks)
+            np.bitwise_or.at(self._bits, logical >> 3, masks)
 
-    def _reserve_new(self, srows: np.ndarray) -> None:
-        """Allocate the blocks of the rows of ``srows`` (sorted) never written before, so
-        that storing them through the map cannot meet a full disk (SIGBUS): a full disk is
-        a :class:`StoreFullError` here, before any of them is written."""
-        new = srows[~self._present(srows)]
+    def _reserve_new(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Allocate the blocks of the rows ``rows`` (at ``slots``, sorted) never written
+        before, so that storing them through the map cannot meet a full disk (SIGBUS): a
+        full disk is a :class:`StoreFullError` here, before any of them is written."""
+        new = slots[~self._present(rows)]
         if len(new) == 0:
             return
         rb = self._cols * 4
@@ -534,11 +581,17 @@ class DiskStore(EmbeddingStore):
         s = np.empty((n, self.state_dim), dtype=np.float32)
         buf = self._buffer(min(n, self._round))
         step = len(buf)
-        for lo in range(0, n, step):
+        k_packed = self.layout.num_packed
+        for lo in range(0, n, step):  # the range's own slots (K + g: a packed row's is a hole, replaced below)
             k = min(n, lo + step) - lo
-            pread_into(self._fds[ROWS], buf[:k], (start + lo) * self._cols * 4)
+            pread_into(self._fds[ROWS], buf[:k], (start + k_packed + lo) * self._cols * 4)
             w[lo : lo + k] = buf[:k, :d]
             s[lo : lo + k] = buf[:k, d:]
+        rows, slots = self.layout.packed_in(start, stop)
+        if len(rows):  # the range's packed rows, from the front of the file
+            got = self._r[slots]
+            w[rows - start] = got[:, :d]
+            s[rows - start] = got[:, d:]
         missing = np.flatnonzero(~self._present(np.arange(start, stop, dtype=np.int64)))
         if len(missing):
             w[missing] = self.init.rows(missing + start)
@@ -610,6 +663,10 @@ class DiskStore(EmbeddingStore):
             m.madvise(mmap.MADV_DONTNEED)
         for fd in self._fds.values():
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def layout_summary(self) -> dict:
+        packed = self.layout.num_packed
+        return {"layout": "frequency" if packed else "identity", "packed_rows": packed}
 
     def disk_usage(self) -> dict[str, int]:
         """Allocated bytes of each file (st_blocks * 512), for sparseness checks."""

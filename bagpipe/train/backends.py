@@ -384,7 +384,7 @@ class CachedBackend(Generic[S, P]):
             cache_rows=self.cold_rows,
             lookahead=self.lookahead,
             hot=hot_section(self.hot, self.store.dim, self.store.state_dim, hot) if self.hot is not None else None,
-            store=self.store.stats.as_dict(),
+            store=self.store.stats.as_dict() | self.store.layout_summary(),
             pipeline_s=self.phase_seconds(),
             autotune=self.autotune,
         )

@@ -194,7 +194,9 @@ class CacheStats:
     """The hot tier: its rows and MiB, what it served, the profile that chose it
     (:func:`bagpipe.accel.hot.hot_section`); None without one."""
     store: dict = field(default_factory=dict)
-    """The store's counters (reads, rows read, writes, rows written, ...: :class:`bagpipe.store.base.StoreStats`)."""
+    """The store's counters (reads, rows read, writes, rows written, ...: :class:`bagpipe.store.base.StoreStats`);
+    a disk store's also its row layout (`layout`: `identity` or `frequency`, `packed_rows`: the rows at the
+    front of its file, `--store-layout`)."""
     pipeline_s: dict = field(default_factory=dict)
     """Cumulative seconds of the executor's phases (:class:`bagpipe.cache.executor.PipelineTimes`);
     ``wait_plan`` / ``plan_waits``: how long and at how many steps the trainer waited for its plan."""

@@ -76,13 +76,13 @@ def cfg(data: str, out: str, **kw) -> TrainConfig:
 
 
 MATRIX = [
-    # model, optimizer, mode, store, lookahead
+    # model, optimizer, mode, store (disk-frequency: --store-layout frequency), lookahead
     ("dlrm", "adagrad", "lookahead", "memory", 1),
-    ("dlrm", "sgd", "lookahead", "disk", 8),
+    ("dlrm", "sgd", "lookahead", "disk-frequency", 8),
     ("deepfm", "adagrad", "lookahead", "disk", 2),
     ("wide_deep", "sgd", "lookahead", "memory", 64),
     ("dcn", "adagrad", "lookahead", "memory", 8),
-    ("dcn", "adagrad", "lru", "disk", 8),
+    ("dcn", "adagrad", "lru", "disk-frequency", 8),
     ("wide_deep", "sgd", "lru", "memory", 8),
     ("deepfm", "adagrad", "nocache", "memory", 8),
     ("dlrm", "sgd", "nocache", "disk", 8),
@@ -92,6 +92,7 @@ MATRIX = [
 @pytest.mark.parametrize("model,optimizer,mode,store,L", MATRIX)
 def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mode, store, L):
     ref = reference(model, optimizer)
+    store, _, layout = store.partition("-")
     got = trained(
         cfg(
             data,
@@ -102,9 +103,13 @@ def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mod
             store=store,
             lookahead=L,
             cache_rows=2000,
+            **({"store_layout": layout} if layout else {}),
         )
     )
     assert got["params_sha256"] == ref["params_sha256"]
+    if store == "disk":  # the row layout changes where rows lie in the file, never what is read
+        packed = got["cache"]["store"]["packed_rows"]
+        assert got["cache"]["store"]["layout"] == (layout or "identity") and (packed > 0) == bool(layout)
     assert got["eval_auc"] == ref["eval_auc"]
     c = got["cache"]
     assert c["hits"] + c["misses"] == c["unique_rows"]
@@ -218,13 +223,18 @@ def test_cache_of_exactly_one_batch(data, reference, tmp_path):
     assert got["params_sha256"] == ref["params_sha256"]
 
 
-def test_lookahead_resume_matches_uninterrupted(data, reference, tmp_path):
+@pytest.mark.parametrize("store", ["memory", "disk-frequency"])
+def test_lookahead_resume_matches_uninterrupted(data, reference, tmp_path, store):
     ref = reference("dlrm", "adagrad")
     run = str(tmp_path / "run")
-    half = trained(
-        cfg(data, run, mode="lookahead", lookahead=8, steps=STEPS // 2, cache_rows=1500, checkpoint_every=STEPS // 4)
+    store, _, layout = store.partition("-")
+    kw = dict(mode="lookahead", lookahead=8, cache_rows=1500, store=store) | (
+        {"store_layout": layout, "store_dir": str(tmp_path / "rows")} if layout else {}
     )
+    half = trained(cfg(data, run, steps=STEPS // 2, checkpoint_every=STEPS // 4, **kw))
     assert half["steps"] == STEPS // 2
-    resumed = trained(cfg(data, run, mode="lookahead", lookahead=8, cache_rows=1500, resume=True))
+    resumed = trained(cfg(data, run, resume=True, **kw))  # a --store-dir's store reopened with its own layout
     assert resumed["steps"] == STEPS and resumed["steps_this_run"] == STEPS // 2
     assert resumed["params_sha256"] == ref["params_sha256"]
+    if layout:
+        assert resumed["cache"]["store"]["layout"] == "frequency"

@@ -399,6 +399,9 @@ def test_non_finite_dense_values_and_labels_other_than_0_1_stop_training(
     assert str(f.parent) in line and "bagpipe check" in line and not (tmp_path / "r").exists()
 
 
+LAYOUT = ("--store-layout", "frequency")
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [
@@ -413,6 +416,18 @@ def test_non_finite_dense_values_and_labels_other_than_0_1_stop_training(
         ),
         (["--lr-min", 0.001], "--lr-min applies to --lr-schedule warmup-poly or step, not constant"),
         (["--mode", "lookahead", "--hot-sample-rate", 0.5], "--hot-sample-rate applies when the hot rows are profiled"),
+        (["--mode", "lookahead", "--store-layout", "frequency"], "--store-layout needs --store disk"),
+        (["--mode", "full", "--store-layout", "frequency"], "--store-layout does not apply to --mode full"),
+        (
+            ["--mode", "lookahead", "--store", "disk", *LAYOUT, "--trainers", 2, "--servers", 1],
+            "--store-layout applies to a one-process run's disk store (an embedding server's shard keeps the "
+            "identity layout)",
+        ),
+        (
+            ["--mode", "lru", "--store", "disk", "--store-dir", "s", "--init-from-store", *LAYOUT],
+            "--store-layout applies to a store this run makes: the store of --init-from-store keeps the layout it "
+            "was made with",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )

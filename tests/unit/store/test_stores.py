@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 from bagpipe.errors import DataError
 from bagpipe.store.disk import DiskStore
 from bagpipe.store.init import RowInitializer
+from bagpipe.store.layout import RowLayout
 from bagpipe.store.memory import MemoryStore
 
 pytestmark = pytest.mark.unit
@@ -53,13 +54,21 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.array_equal(bits(a), bits(b))
 
 
+def packed_layout(num_rows: int) -> RowLayout:
+    """A frequency layout's shape: a few hundred rows from all over the table, hottest first
+    (the first and last rows among them: the edges of read_range)."""
+    rows = np.random.default_rng(99).permutation(num_rows)[:300]
+    return RowLayout(np.concatenate([[num_rows - 1, 0], rows[(rows != 0) & (rows != num_rows - 1)]]))
+
+
 def make(kind: str, init: RowInitializer, state_dim: int, path) -> MemoryStore | DiskStore:
     if kind == "memory":
         return MemoryStore(init, state_dim)
-    return DiskStore(init, state_dim, path, threads=4)
+    layout = packed_layout(init.num_rows) if kind == "disk-packed" else None
+    return DiskStore(init, state_dim, path, threads=4, layout=layout)
 
 
-@pytest.fixture(params=["memory", "disk"])
+@pytest.fixture(params=["memory", "disk", "disk-packed"])
 def kind(request):
     return request.param
 
@@ -148,8 +157,15 @@ op = st.one_of(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(op, max_size=25), state_dim=st.sampled_from([0, 1, 2]), seed=st.integers(0, 3))
-def test_random_operations_agree_with_a_dict(ops, state_dim, seed):
+@given(
+    ops=st.lists(op, max_size=25),
+    state_dim=st.sampled_from([0, 1, 2]),
+    seed=st.integers(0, 3),
+    packed=st.lists(st.integers(0, N_SMALL - 1), min_size=1, max_size=N_SMALL, unique=True),
+)
+def test_random_operations_agree_with_a_dict(ops, state_dim, seed, packed):
+    """The memory store, the disk store and a disk store with a row layout (any rows
+    packed at the front of its file, in any order) against a dict, then reopened."""
     init = RowInitializer(SMALL, 4, seed)
     ref: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -166,8 +182,12 @@ def test_random_operations_agree_with_a_dict(ops, state_dim, seed):
         )
         return w.reshape(len(rows), 4), s.reshape(len(rows), state_dim)
 
-    with tempfile.TemporaryDirectory() as d:
-        stores = [MemoryStore(init, state_dim), DiskStore(init, state_dim, d, threads=3)]
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as d2:
+        stores = [
+            MemoryStore(init, state_dim),
+            DiskStore(init, state_dim, d, threads=3),
+            DiskStore(init, state_dim, d2, threads=3, layout=RowLayout(np.array(packed))),
+        ]
         try:
             for kind, arg, vseed in ops:
                 if kind == "write":
@@ -192,11 +212,15 @@ def test_random_operations_agree_with_a_dict(ops, state_dim, seed):
             for store in stores:
                 gw, gs = store.read_range(0, N_SMALL)
                 assert same_bits(gw, ew) and same_bits(gs, es)
-            stores[1].close()
-            reopened = DiskStore(init, state_dim, d, create=False, threads=2)
-            gw, gs = reopened.read_range(0, N_SMALL)
-            reopened.close()
-            assert same_bits(gw, ew) and same_bits(gs, es)
+            for i, path in ((1, d), (2, d2)):
+                stores[i].close()
+                reopened = DiskStore(init, state_dim, path, create=False, threads=2)  # its own layout
+                assert np.array_equal(reopened.layout.packed, (np.array(packed) if i == 2 else np.zeros(0)))
+                gw, gs = reopened.read_range(0, N_SMALL)
+                assert same_bits(gw, ew) and same_bits(gs, es)
+                gw, gs = reopened.read(np.arange(N_SMALL)[::-1].copy())
+                reopened.close()
+                assert same_bits(gw, ew[::-1]) and same_bits(gs, es[::-1])
         finally:
             for store in stores:
                 store.close()
@@ -299,6 +323,72 @@ def test_disk_old_layout_version_raises(tmp_path):
     # nothing was overwritten or created
     assert sorted(p.name for p in path.iterdir()) == ["header.json", "present.u8", "state.f32", "weights.f32"]
     assert json.loads((path / "header.json").read_text())["version"] == 1
+
+
+def test_a_packed_layout_puts_its_rows_at_the_front_of_the_file(tmp_path):
+    """Row layout (format version 3): the K packed rows at slots 0..K-1 in their order,
+    every other row g at slot K + g; the file has num_rows + K slots; layout.i64 holds
+    the packed rows and the header their count and CRC-32; a store without a layout
+    stays version 2 (what earlier bagpipes read)."""
+    init = RowInitializer(TABLES, D, seed=5)
+    R, S = init.num_rows, 1
+    packed = np.array([1999, 3, 1000, 7])
+    store = DiskStore(init, S, tmp_path / "st", layout=RowLayout(packed))
+    rng = np.random.default_rng(8)
+    rows = np.array([7, 3, 5, 1000, 1999, 1998])
+    w, s = values(rng, 6, D), values(rng, 6, S)
+    store.write(rows, w, s)
+    store.close()
+    raw = np.fromfile(tmp_path / "st" / "rows.f32", dtype=np.float32).reshape(R + 4, D + S)
+    slot = {1999: 0, 3: 1, 1000: 2, 7: 3, 5: 4 + 5, 1998: 4 + 1998}
+    for i, r in enumerate(rows.tolist()):
+        assert same_bits(raw[slot[r], :D], w[i]) and same_bits(raw[slot[r], D:], s[i])
+    assert not raw[4 + 1999].any() and not raw[4 + 3].any()  # a packed row's own slot: a hole
+    header = json.loads((tmp_path / "st" / "header.json").read_text())
+    assert header["version"] == 3 and header["layout"]["packed_rows"] == 4
+    assert np.array_equal(np.fromfile(tmp_path / "st" / "layout.i64", dtype="<i8"), packed)
+    back = DiskStore(init, S, tmp_path / "st", create=False)
+    assert np.array_equal(back.layout.packed, packed)
+    gw, gs = back.read(rows[::-1].copy())
+    back.close()
+    assert same_bits(gw, w[::-1]) and same_bits(gs, s[::-1])
+    DiskStore(init, S, tmp_path / "plain").close()
+    assert json.loads((tmp_path / "plain" / "header.json").read_text())["version"] == 2
+    assert not (tmp_path / "plain" / "layout.i64").exists()
+
+
+def test_a_damaged_or_missing_layout_file_is_refused_naming_it(tmp_path):
+    init = RowInitializer(TABLES, D, seed=5)
+    DiskStore(init, 0, tmp_path / "st", layout=RowLayout(np.array([5, 9, 2]))).close()
+    f = tmp_path / "st" / "layout.i64"
+    good = f.read_bytes()
+    f.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(DataError, match=rf"^{f}: its CRC-32 is [0-9a-f]{{8}}, the store's header says [0-9a-f]{{8}}"):
+        DiskStore(init, 0, tmp_path / "st")
+    f.write_bytes(good[:8])
+    with pytest.raises(DataError, match=rf"^{f}: DiskStore file is 8 bytes, expected 24$"):
+        DiskStore(init, 0, tmp_path / "st")
+    f.unlink()
+    with pytest.raises(DataError, match=rf"^{f}: DiskStore file missing"):
+        DiskStore(init, 0, tmp_path / "st")
+    with pytest.raises(DataError, match="packed row 2000 outside the table's 2,000 rows"):
+        DiskStore(init, 0, tmp_path / "new", layout=RowLayout(np.array([3, 2000])))
+    with pytest.raises(ValueError, match="packed rows must be unique"):
+        RowLayout(np.array([3, 4, 3]))
+
+
+def test_layout_slots_and_the_frequency_order():
+    from bagpipe.store.layout import frequency_layout
+
+    ident = RowLayout.identity()
+    rows = np.array([4, 0, 9])
+    assert ident.slots(rows) is rows and ident.slot_count(10) == 10
+    lay = frequency_layout(np.array([2, 5, 7, 8]), np.array([3, 9, 3, 1]), max_rows=3)
+    assert lay.packed.tolist() == [5, 2, 7]  # most used first; a tie: the lower row first; at most 3
+    assert lay.slots(np.array([7, 5, 0, 2, 8, 9])).tolist() == [2, 0, 3, 1, 11, 12]
+    assert lay.slot_count(10) == 13
+    got = lay.packed_in(2, 7)
+    assert got[0].tolist() == [2, 5] and got[1].tolist() == [1, 0]
 
 
 def test_disk_files_are_sparse(tmp_path):
