@@ -115,7 +115,7 @@ DATA_SETS = ("data", "data-generated")
 """OUT's entries a scenario (re)generates with ``bagpipe synth``: a data set there is replaced
 only when ``bagpipe synth`` made it."""
 
-WORK = ("data-criteo", "store", "store-template", "store-run", "runs")
+WORK = ("data-criteo", "store", "store-template", "store-template-frequency", "store-run", "runs")
 """OUT's entries a scenario removes or replaces whole (its Criteo data, disk tables, runs)."""
 
 

@@ -169,7 +169,8 @@ def prepare_checked(
         generate(cfg, staging, progress=progress)  # into the (empty) staging folder
         found = check(staging, DatasetMeta.load(staging))
         output.commit()
-    shutil.rmtree(out / "store-template", ignore_errors=True)  # rows of another data set
+    for template in ("store-template", "store-template-frequency"):  # rows of another data set
+        shutil.rmtree(out / template, ignore_errors=True)
     return out, data, DatasetMeta.load(data), found
 
 
@@ -183,7 +184,8 @@ def prepare(b, progress: bool = True):
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
     if make_data(b, data, progress):
-        shutil.rmtree(out / "store-template", ignore_errors=True)  # rows of another data set
+        for template in ("store-template", "store-template-frequency"):  # rows of another data set
+            shutil.rmtree(out / template, ignore_errors=True)
     return out, data, DatasetMeta.load(data)
 
 

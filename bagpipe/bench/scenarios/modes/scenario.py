@@ -39,7 +39,10 @@ from bagpipe.optim.names import row_state_dim
 from bagpipe.testbed.load import BackgroundLoad
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
-STORES = ("memory", "disk")
+STORES = ("memory", "disk", "disk-frequency")
+"""disk-frequency: the disk store with ``--store-layout frequency`` (its own template, made
+in that layout): the same modes on the same table file, its rows placed by use."""
+TEMPLATES = {"disk": "store-template", "disk-frequency": "store-template-frequency"}
 
 
 @dataclass(kw_only=True)
@@ -57,7 +60,8 @@ class ModesBench(OnDevice, Loaded, CachePoint, Throughput):
     modes: tuple[str, ...] = ALL_MODES
     """Modes to run: a comma-separated subset of full,nocache,lru,lookahead."""
     stores: tuple[str, ...] = STORES
-    """Stores the non-full modes run with: a comma-separated subset of memory,disk."""
+    """Stores the non-full modes run with: a comma-separated subset of memory,disk,disk-frequency
+    (the disk store with its rows placed by use, --store-layout frequency)."""
 
     def validate(self) -> None:
         super().validate()
@@ -69,9 +73,9 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
     """One ``bagpipe train --mode MODE --store STORE`` run (modes, peers); a disk store
     starts from a cold copy of OUT/store-template (:func:`fresh_cold_copy`)."""
     store_dir = None
-    if store == "disk" and mode_spec(mode).store:
+    if store in TEMPLATES and mode_spec(mode).store:
         store_dir = out / "store-run"
-        fresh_cold_copy(out / "store-template", store_dir)
+        fresh_cold_copy(out / TEMPLATES[store], store_dir)  # a frequency template: the store keeps its layout
     # the table file holds every row's initial value: the same starting tables as a fresh store
     return launch(
         b,
@@ -81,7 +85,7 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
         **only_applicable(
             dict(
                 mode=mode,
-                store=store,
+                store="memory" if store == "memory" else "disk",
                 cache_rows=cache_rows,
                 lookahead=b.lookahead,
                 store_dir=store_dir,
@@ -91,17 +95,36 @@ def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, sto
     )
 
 
-def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int) -> None:
-    """Write every row's initial value to a disk store once (the table as it would exist on disk)."""
+def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, seed: int, layout=None) -> None:
+    """Write every row's initial value to a disk store once (the table as it would exist on
+    disk), in the row layout ``layout`` (:class:`~bagpipe.store.layout.RowLayout`; None:
+    identity). A template of other tables or another layout is made again."""
+    import json
+
     from tqdm import tqdm
 
     from bagpipe.store.disk import DiskStore
     from bagpipe.store.init import RowInitializer
 
-    if (template / "header.json").exists():
-        return
     init = RowInitializer(data_meta.table_sizes, dim, seed)
-    store = DiskStore(init, state_dim, template)
+    if (template / "header.json").exists():
+        h = json.loads((template / "header.json").read_text())
+        want = (
+            {"packed_rows": layout.num_packed, "crc32": layout.crc32()}
+            if layout is not None and layout.num_packed
+            else None
+        )
+        have = {k: h["layout"][k] for k in ("packed_rows", "crc32")} if "layout" in h else None
+        same = (h.get("dim"), h.get("state_dim"), h.get("table_sizes"), h.get("seed")) == (
+            dim,
+            state_dim,
+            data_meta.table_sizes,
+            seed,
+        )
+        if same and want == have:
+            return
+        shutil.rmtree(template)
+    store = DiskStore(init, state_dim, template, layout=layout)
     chunk = 1 << 20
     for a in tqdm(range(0, init.num_rows, chunk), desc="writing table file", unit="Mi rows"):
         b = min(a + chunk, init.num_rows)
@@ -139,8 +162,15 @@ def run(b: ModesBench) -> dict:
     cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
     dim = recipe(b.model, b.recipe).embedding_dim
     state_dim = row_state_dim(b.optimizer, dim)
-    if "disk" in b.stores and any(m != "full" for m in b.modes):
-        materialise_disk_store(out / "store-template", meta, dim, state_dim, seed=0)
+    if any(m != "full" for m in b.modes):
+        if "disk" in b.stores:
+            materialise_disk_store(out / TEMPLATES["disk"], meta, dim, state_dim, seed=0)
+        if "disk-frequency" in b.stores:
+            from bagpipe.data.frequency import frequency_store_layout
+            from bagpipe.data.shards import Dataset
+
+            layout = frequency_store_layout(Dataset(data))
+            materialise_disk_store(out / TEMPLATES["disk-frequency"], meta, dim, state_dim, seed=0, layout=layout)
 
     configs = []
     for store in b.stores:

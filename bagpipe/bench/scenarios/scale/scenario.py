@@ -42,6 +42,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -51,6 +52,8 @@ from bagpipe.bench.harness.settings import CachePoint, Loaded, Throughput
 from bagpipe.bench.scenarios.modes.scenario import drop_cached, materialise_disk_store
 from bagpipe.bench.scenarios.scale.report import plot, summarise, thin
 from bagpipe.config.modes import MODES
+from bagpipe.data.frequency import frequency_store_layout
+from bagpipe.data.shards import Dataset
 from bagpipe.jsonout import json_text
 from bagpipe.optim.names import row_state_dim
 from bagpipe.testbed.load import BackgroundLoad
@@ -114,6 +117,9 @@ class ScaleBench(Loaded, CachePoint, Throughput):
     final_checkpoint: bool = False
     """Write each run's final checkpoint at its end, as a user's run does (its cut and write
     inside the memory limit); the table shows the step of each run's last checkpoint."""
+    store_layout: Literal["identity", "frequency"] = "identity"
+    """Row layout of the table file the cached configurations share (bagpipe train
+    --store-layout): identity, or frequency -- the rows the train split uses most at its front."""
 
     def validate(self) -> None:
         super().validate()
@@ -209,15 +215,18 @@ def run(b: ScaleBench) -> dict:
     cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
     store_dir = out / "store"
     header_file = store_dir / "header.json"
+    layout = frequency_store_layout(Dataset(data)) if b.store_layout == "frequency" else None
     if header_file.exists():
         h = json.loads(header_file.read_text())
         if (h.get("dim"), h.get("state_dim"), h.get("table_sizes")) != (dim, state_dim, meta.table_sizes):
             shutil.rmtree(store_dir)  # a table file of other tables
+        elif (h.get("layout") or {}).get("crc32") != (layout.crc32() if layout is not None else None):
+            shutil.rmtree(store_dir)  # a table file in another row layout
     touched_file = out / TOUCHED
     if header_file.exists() and not touched_file.exists():
         shutil.rmtree(store_dir)  # an earlier invocation's rows, which ones unknown: start over
     fresh = not header_file.exists()
-    materialise_disk_store(store_dir, meta, dim, state_dim, seed=SEED)
+    materialise_disk_store(store_dir, meta, dim, state_dim, seed=SEED, layout=layout)
     table_bytes = total * row_bytes
     limit = int(b.memory_limit_mb * 2**20)
     print(

@@ -1,0 +1,70 @@
+"""A disk store's frequency row layout (``--store-layout frequency``, issue 30): the rows
+a run uses lie in fewer pages, and nothing else changes.
+
+* The same run (lookahead, disk store) in both layouts ends with the same digest and the
+  same hit, miss, fetch and write-back counts, and the rows it wrote take fewer of the
+  table file's pages (its allocated blocks: a count, not a timing).
+* ``bench modes --stores disk,disk-frequency`` runs the same modes on both layouts side
+  by side with identical counts, the frequency template made once in its layout.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+RUN = (
+    "--mode",
+    "lookahead",
+    "--store",
+    "disk",
+    "--steps",
+    40,
+    "--batch-size",
+    128,
+    "--no-progress",
+    "--cache-rows",
+    2000,
+)
+
+
+def test_the_frequency_layout_trains_the_same_model_in_fewer_pages(run_cli, tiny_data, tmp_path):
+    got = {}
+    for layout in ("identity", "frequency"):
+        out = tmp_path / layout
+        rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, *RUN, "--store-layout", layout)
+        assert rc == 0, err
+        s = json.loads((out / "summary.json").read_text())
+        blocks = (out / "store" / "rows.f32").stat().st_blocks * 512
+        got[layout] = (s, blocks)
+    (a, blocks_a), (b, blocks_b) = got["identity"], got["frequency"]
+    assert a["params_sha256"] == b["params_sha256"]
+    counts = ("hits", "misses", "rows_fetched", "rows_written_back", "forced_evictions")
+    assert {k: a["cache"][k] for k in counts} == {k: b["cache"][k] for k in counts}
+    store_a, store_b = a["cache"]["store"], b["cache"]["store"]
+    assert (store_a["layout"], store_a["packed_rows"]) == ("identity", 0)
+    assert store_b["layout"] == "frequency" and store_b["packed_rows"] > 0
+    assert store_a["rows_written"] == store_b["rows_written"] > 0
+    # the same rows written: packed together they take fewer 4 KiB pages of the file
+    assert blocks_b < blocks_a, (blocks_a, blocks_b)
+    header = json.loads((tmp_path / "frequency" / "store" / "header.json").read_text())
+    assert header["version"] == 3 and header["layout"]["packed_rows"] == store_b["packed_rows"]
+
+
+def test_bench_modes_runs_both_layouts_side_by_side(run_cli, tmp_path):
+    out = tmp_path / "bench"
+    argv = ("bench", "modes", "--quick", "--profile", "tiny", "--modes", "full,lru,lookahead")
+    rc, stdout, err = run_cli(*argv, "--stores", "disk,disk-frequency", "--out", out)
+    assert rc == 0, err
+    res = json.loads((out / "results.json").read_text())["results"]
+    assert set(res) == {"full/memory", *(f"{m}/{s}" for m in ("lru", "lookahead") for s in ("disk", "disk-frequency"))}
+    counts = ("hits", "misses", "rows_fetched", "rows_written_back")
+    for mode in ("lru", "lookahead"):
+        plain, packed = res[f"{mode}/disk"]["cache"], res[f"{mode}/disk-frequency"]["cache"]
+        assert {k: plain[k] for k in counts} == {k: packed[k] for k in counts}
+        assert plain["store"]["layout"] == "identity" and packed["store"]["layout"] == "frequency"
+    template = json.loads((out / "store-template-frequency" / "header.json").read_text())
+    assert template["layout"]["packed_rows"] == res["lookahead/disk-frequency"]["cache"]["store"]["packed_rows"]
