@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import time
 import zipfile
 import zlib
@@ -209,6 +210,12 @@ class HotSet:
                 "to a file first (bagpipe profile ... --out hot.npz) and give --hot-rows hot.npz"
             )
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+                # opened twice (the magic, then the archive): a named pipe's second open waits for ever
+                raise ConfigError(
+                    f"{path}: a hot-row file is read by seeking (a .npz archive), so a pipe or a device cannot be "
+                    "read; write it to a file first (bagpipe profile ... --out hot.npz) and give --hot-rows hot.npz"
+                )
             with open(path, "rb") as raw:
                 if raw.read(4) != ZIP_MAGIC:  # np.load would take it for a pickle, and refuse it as one
                     raise ConfigError(f"{path}: not a hot-row file (not a .npz archive): {expected}")

@@ -263,6 +263,8 @@ def check_out_folders(cfg) -> None:
         refuse_inside_output(given, flag, "the run's files")
     if cfg.cache.store_dir:
         check_store_dir(cfg.cache.store_dir, cfg.run.out)
+    if cfg.run.tensorboard:
+        check_tensorboard_dir(cfg.run.tensorboard, cfg.run.out, cfg.cache.store_dir, cfg.data.data)
 
 
 #: The folders of a run whose files are all its own: a store there would mix with them.
@@ -311,6 +313,73 @@ def check_store_dir(given: str, out: str) -> None:
             raise ConfigError(
                 f"{flag} lies inside {folder / part[0]}, which holds only the run {folder}'s own files; "
                 "choose a folder of its own"
+            )
+
+
+TENSORBOARD_EVENTS = "events.out.tfevents."
+"""The name TensorBoard's event files start with: what a folder of TensorBoard logs holds."""
+
+
+def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str) -> None:
+    """Refuse, in one line and before anything is written, a ``--tensorboard`` folder that
+    is a file or lies under one, that is or lies inside the data set, another data set or
+    an export, that is this run's --out, its store or lies in its checkpoints/logs, that is
+    another run's folder or lies in its own folders, or that holds anything but TensorBoard
+    event files (a folder of the user's): TensorBoard's writer made its folders anywhere
+    and put its event file among any files (newcomer round 17; a file was a traceback
+    after the run had started). A folder of TensorBoard logs, a new folder and one of the
+    user's own inside a run folder (RUN/tb) are used."""
+    import os
+    from pathlib import Path
+
+    from bagpipe.errors import ConfigError
+    from bagpipe.files import RUN_FILES, refuse_inside_output
+    from bagpipe.output_dir import inside
+
+    flag = f"--tensorboard {given}"
+    example = f"e.g. --tensorboard {Path(out) / 'tb'}"
+    above = next((p for p in (Path(given), *Path(given).parents) if os.path.lexists(p)), None)
+    if above is not None and not Path(above).is_dir():
+        where = "is a file" if Path(above) == Path(given) else f"lies under the file {above}"
+        raise ConfigError(f"{flag} {where}: TensorBoard writes a folder of event files; give a folder ({example})")
+
+    def relation(folder: str) -> str:
+        return "is" if os.path.realpath(given) == os.path.realpath(folder) else "lies inside"
+
+    if inside(given, data):
+        raise ConfigError(
+            f"{flag} {relation(data)} --data {data}: the event files would be mixed with the data set's; {example}"
+        )
+    refuse_inside_output(given, "--tensorboard", "the event files")
+    own = [(f"this run's {sub}/", str(Path(out) / sub)) for sub in ("checkpoints", "logs", "store")]
+    own += [("this run's --store-dir", store_dir)] if store_dir else []
+    if os.path.realpath(given) == os.path.realpath(out):  # a folder of its own inside the run (RUN/tb) is fine
+        raise ConfigError(f"{flag} is this run's --out: the event files would be mixed with the run's files; {example}")
+    for what, folder in own:
+        if inside(given, folder):
+            raise ConfigError(
+                f"{flag} {relation(folder)} {what} ({folder}): the event files would be mixed with its files; {example}"
+            )
+    real = Path(os.path.realpath(given))
+    for folder in (real, *real.parents):
+        if not (folder / "config.json").is_file() or not any(
+            (folder / n).exists() for n in RUN_FILES - {"config.json"}
+        ):
+            continue  # not a run folder (a config.json of the user's own)
+        part = real.relative_to(folder).parts[:1]
+        if not part or part[0] in RUN_FILES:
+            where = "is the run folder" if not part else f"lies inside {folder / part[0]} of the run"
+            raise ConfigError(
+                f"{flag} {where} {folder if not part else ''}".rstrip()
+                + f": the event files would be mixed with that run's files; {example}"
+            )
+    if real.is_dir():
+        foreign = sorted(p.name for p in real.iterdir() if not p.name.startswith(TENSORBOARD_EVENTS))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise ConfigError(
+                f"{flag} holds files that are not TensorBoard event files ({shown}): the run's event file would be "
+                f"mixed with them; give a new or empty folder, or one of TensorBoard logs ({example})"
             )
 
 

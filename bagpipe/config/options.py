@@ -134,6 +134,11 @@ def read_toml(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"--config {path}: is a folder, not a file; give the TOML file of settings (e.g. run.toml)")
+    if str(path) == "-" or (path.exists() and not path.is_file()):  # a pipe, <(...), standard input, a device
+        raise ConfigError(
+            f"--config {path}: the settings are read more than once (and by every role of a job), so a pipe or "
+            "standard input cannot be used; write them to a file (e.g. run.toml) and give --config run.toml"
+        )
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     skip = 0

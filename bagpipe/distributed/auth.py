@@ -63,6 +63,14 @@ def read_secret_file(path: str | Path) -> bytes:
     path = Path(path)
     try:
         st = path.stat()
+    except OSError as e:
+        raise ConfigError(f"the job's secret file {path} cannot be read ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):  # /dev/null, a pipe: its mode bits are not the owner's to change
+        raise ConfigError(
+            f"the job's secret file {path} is not a regular file; give a file of its own, readable by its owner "
+            "only, e.g. `(umask 077; openssl rand -hex 32 > job.secret)` and --secret-file job.secret"
+        )
+    try:
         data = path.read_bytes().strip()
     except OSError as e:
         raise ConfigError(f"the job's secret file {path} cannot be read ({e.strerror})") from None

@@ -135,6 +135,12 @@ def export_run(
         raise CheckpointError(f"{run}: the run has no checkpoint to export")
     data_dir = Path(data or conf["train"]["data"]["data"])
     if not (data_dir / "meta.json").exists():
+        if data is None and not data_dir.is_absolute():  # config.json keeps --data as it was typed
+            raise DataError(
+                f"{data_dir}: the run's dataset (its --data, a path relative to the folder `bagpipe train` ran in) "
+                f"is not found from {Path.cwd()}; run export from that folder, or give --data DIR, a dataset with "
+                "the same tables"
+            )
         raise DataError(
             f"{data_dir}: the run's dataset is not there (moved?); give --data DIR, a dataset with the same tables"
         )

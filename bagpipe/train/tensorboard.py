@@ -30,7 +30,10 @@ class TensorBoardLog:
             raise ConfigError(
                 "--tensorboard needs the tensorboard package: pip install 'bagpipe[tensorboard]'"
             ) from None
-        self.writer = SummaryWriter(log_dir=directory)
+        try:
+            self.writer = SummaryWriter(log_dir=directory)
+        except OSError as e:  # checked before the run (commands/train.py): what is left, e.g. a read-only disk
+            raise ConfigError(f"--tensorboard {directory}: cannot write there ({e.strerror or e})") from None
 
     def write(self, step: int, **record) -> None:
         for key, value in record.items():
