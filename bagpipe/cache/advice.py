@@ -46,6 +46,18 @@ def plan_advice(spec: ModeSpec, store: str, remote: bool) -> str | None:
     return None
 
 
+def layout_advice(store: str, remote: bool, layout: str) -> str | None:
+    """The line ``bagpipe plan`` prints about a one-process run's disk store in the identity
+    row layout (:mod:`bagpipe.store.layout`); None: nothing to say."""
+    if store != "disk" or remote or layout != "identity":
+        return None
+    return (
+        "layout: the disk store keeps row g at slot g, so nearly every row read or written back is a page of its "
+        "own; --store-layout frequency packs the rows the train split uses most at the front of the table file, "
+        "where their pages stay in the page cache (the same model; docs/pipeline.md#row-layout)"
+    )
+
+
 def run_advice(
     spec: ModeSpec,
     slow: bool,

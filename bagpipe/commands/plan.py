@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from bagpipe.budget.job import job_overflow, job_total, launcher_estimate, shared_budget
     from bagpipe.budget.shape import run_shape
     from bagpipe.budget.sizing import MARGIN, plans
-    from bagpipe.cache.advice import plan_advice
+    from bagpipe.cache.advice import layout_advice, plan_advice
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, load_config
     from bagpipe.data.shards import Dataset
@@ -144,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
         advice = plan_advice(spec, cfg.cache.store, remote=cfg.distributed)
         if advice:
             print(advice)
+        if spec.store and not cfg.cache.init_from_store:
+            layout = layout_advice(cfg.cache.store, cfg.distributed, cfg.cache.store_layout)
+            if layout:
+                print(layout)
     if not checked.roles:
         print(f"estimate of {'each trainer' if cfg.dist.trainers > 1 else 'the trainer'}'s peak ({fit.estimate.role}):")
         print("\n".join(fit.estimate.lines()))

@@ -56,15 +56,14 @@ def test_the_frequency_layout_trains_the_same_model_in_fewer_pages(run_cli, tiny
 
 def test_bench_modes_runs_both_layouts_side_by_side(run_cli, tmp_path):
     out = tmp_path / "bench"
-    argv = ("bench", "modes", "--quick", "--profile", "tiny", "--modes", "full,lru,lookahead")
+    argv = ("bench", "modes", "--quick", "--profile", "tiny", "--modes", "full,lookahead")
     rc, stdout, err = run_cli(*argv, "--stores", "disk,disk-frequency", "--out", out)
     assert rc == 0, err
     res = json.loads((out / "results.json").read_text())["results"]
-    assert set(res) == {"full/memory", *(f"{m}/{s}" for m in ("lru", "lookahead") for s in ("disk", "disk-frequency"))}
+    assert set(res) == {"full/memory", "lookahead/disk", "lookahead/disk-frequency"}
     counts = ("hits", "misses", "rows_fetched", "rows_written_back")
-    for mode in ("lru", "lookahead"):
-        plain, packed = res[f"{mode}/disk"]["cache"], res[f"{mode}/disk-frequency"]["cache"]
-        assert {k: plain[k] for k in counts} == {k: packed[k] for k in counts}
-        assert plain["store"]["layout"] == "identity" and packed["store"]["layout"] == "frequency"
+    plain, packed = res["lookahead/disk"]["cache"], res["lookahead/disk-frequency"]["cache"]
+    assert {k: plain[k] for k in counts} == {k: packed[k] for k in counts}
+    assert plain["store"]["layout"] == "identity" and packed["store"]["layout"] == "frequency"
     template = json.loads((out / "store-template-frequency" / "header.json").read_text())
     assert template["layout"]["packed_rows"] == res["lookahead/disk-frequency"]["cache"]["store"]["packed_rows"]

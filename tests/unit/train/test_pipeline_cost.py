@@ -34,7 +34,7 @@ import numpy as np
 import psutil
 import pytest
 
-from bagpipe.cache.advice import plan_advice, run_advice
+from bagpipe.cache.advice import layout_advice, plan_advice, run_advice
 from bagpipe.config.modes import mode_spec
 from bagpipe.store import diskio
 from bagpipe.store.memory import COMMIT_BYTES, committed_zeros
@@ -245,6 +245,15 @@ def test_plan_advice_names_the_faster_or_cheaper_mode():
     assert remote is not None and "embedding servers" in remote
     assert plan_advice(lru, "memory", remote=False) is None
     assert plan_advice(full, "memory", remote=False) is None
+
+
+@pytest.mark.unit
+def test_plan_advice_names_the_frequency_layout_for_a_disk_store_in_the_identity_layout():
+    said = layout_advice("disk", remote=False, layout="identity")
+    assert said is not None and "--store-layout frequency packs the rows the train split uses most" in said
+    assert layout_advice("disk", remote=False, layout="frequency") is None
+    assert layout_advice("memory", remote=False, layout="identity") is None
+    assert layout_advice("disk", remote=True, layout="identity") is None  # a server's shard keeps the identity
 
 
 @pytest.mark.unit
