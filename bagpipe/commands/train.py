@@ -355,22 +355,20 @@ def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str
     own += [("this run's --store-dir", store_dir)] if store_dir else []
     if os.path.realpath(given) == os.path.realpath(out):  # a folder of its own inside the run (RUN/tb) is fine
         raise ConfigError(f"{flag} is this run's --out: the event files would be mixed with the run's files; {example}")
-    for what, folder in own:
-        if inside(given, folder):
+    for what, mine in own:
+        if inside(given, mine):
             raise ConfigError(
-                f"{flag} {relation(folder)} {what} ({folder}): the event files would be mixed with its files; {example}"
+                f"{flag} {relation(mine)} {what} ({mine}): the event files would be mixed with its files; {example}"
             )
     real = Path(os.path.realpath(given))
-    for folder in (real, *real.parents):
-        if not (folder / "config.json").is_file() or not any(
-            (folder / n).exists() for n in RUN_FILES - {"config.json"}
-        ):
+    for run in (real, *real.parents):
+        if not (run / "config.json").is_file() or not any((run / n).exists() for n in RUN_FILES - {"config.json"}):
             continue  # not a run folder (a config.json of the user's own)
-        part = real.relative_to(folder).parts[:1]
+        part = real.relative_to(run).parts[:1]
         if not part or part[0] in RUN_FILES:
-            where = "is the run folder" if not part else f"lies inside {folder / part[0]} of the run"
+            where = "is the run folder" if not part else f"lies inside {run / part[0]} of the run"
             raise ConfigError(
-                f"{flag} {where} {folder if not part else ''}".rstrip()
+                f"{flag} {where} {run if not part else ''}".rstrip()
                 + f": the event files would be mixed with that run's files; {example}"
             )
     if real.is_dir():
