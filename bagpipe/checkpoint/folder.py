@@ -243,9 +243,11 @@ def where_to_continue(out: str) -> str:
         # a run that got past its start left its records, and a new run refuses such a folder
         # (bagpipe.train.resume.refuse_overwrite): starting over means removing them first
         if any((Path(out) / f).exists() for f in RUN_RECORDS):
+            store = _store_it_made(Path(out))  # a --store-dir the run filled: a new run refuses it too
+            also = f" and the store it made (rm -r {shlex.quote(store)})" if store else ""
             return (
-                f"{out} has no checkpoint: to start over, remove it (rm -r {shlex.quote(str(out))}) and run the "
-                "command again, or give another --out"
+                f"{out} has no checkpoint: to start over, remove it (rm -r {shlex.quote(str(out))}){also} and run "
+                "the command again, or give another --out"
             )
         return f"{out} has no checkpoint: run the command again to start over"
     step = int(name.rsplit("-", 1)[-1]) if name.startswith("step-") else None
@@ -260,3 +262,18 @@ def stopped_by(e: KeyboardInterrupt) -> str:
 
     signum = getattr(e, "signum", None)
     return f"stopped by {signal.Signals(signum).name}" if signum is not None else "interrupted"
+
+
+def _store_it_made(out: Path) -> str | None:
+    """The ``--store-dir`` a run folder's config.json names, where the run made its store
+    (not one it started from, ``--init-from-store``) and a store is there; else None."""
+    import json
+
+    try:
+        cache = json.loads((out / "config.json").read_text())["train"]["cache"]
+        given, started_from = cache.get("store_dir"), cache.get("init_from_store")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not given or started_from or not (Path(given) / "header.json").is_file():
+        return None
+    return str(given)

@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         advice = plan_advice(spec, cfg.cache.store, remote=cfg.distributed)
         if advice:
             print(advice)
-        if spec.store and not cfg.cache.init_from_store:
+        if spec.store and not (cfg.cache.init_from_store or cfg.run.resume):  # a made store keeps its layout
             layout = layout_advice(cfg.cache.store, cfg.distributed, cfg.cache.store_layout)
             if layout:
                 print(layout)
@@ -185,6 +185,19 @@ def check_out(cfg) -> None:
     check_out_folders(cfg)
     if not (cfg.run.resume or elastic_restart()):
         refuse_overwrite(RunDir(cfg.run.out))  # RunDir(path) only names the folder: claim() makes it
+    c = cfg.cache
+    if c.spec.store and c.store == "disk" and c.store_dir and not cfg.distributed:
+        from pathlib import Path
+
+        from bagpipe.store import check_users_store_dir, holds_store
+        from bagpipe.store.disk import check_store_files
+
+        # train's open_store refusals, read-only (a resume's store is checked by check_resume_of)
+        check_users_store_dir(
+            Path(c.store_dir), reuse=c.init_from_store or cfg.run.resume, must_exist=c.init_from_store
+        )
+        if holds_store(c.store_dir):
+            check_store_files(c.store_dir)
 
 
 def check_resume_of(cfg, dataset) -> None:

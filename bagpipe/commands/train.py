@@ -264,7 +264,7 @@ def check_out_folders(cfg) -> None:
     if cfg.cache.store_dir:
         check_store_dir(cfg.cache.store_dir, cfg.run.out)
     if cfg.run.tensorboard:
-        check_tensorboard_dir(cfg.run.tensorboard, cfg.run.out, cfg.cache.store_dir, cfg.data.data)
+        check_tensorboard_dir(cfg.run.tensorboard, cfg.run.out, cfg.cache.store_dir, cfg.data.data, cfg.run.resume)
 
 
 #: The folders of a run whose files are all its own: a store there would mix with them.
@@ -320,7 +320,7 @@ TENSORBOARD_EVENTS = "events.out.tfevents."
 """The name TensorBoard's event files start with: what a folder of TensorBoard logs holds."""
 
 
-def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str) -> None:
+def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str, resume: bool = False) -> None:
     """Refuse, in one line and before anything is written, a ``--tensorboard`` folder that
     is a file or lies under one, that is or lies inside the data set, another data set or
     an export, that is this run's --out, its store or lies in its checkpoints/logs, that is
@@ -328,7 +328,10 @@ def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str
     event files (a folder of the user's): TensorBoard's writer made its folders anywhere
     and put its event file among any files (newcomer round 17; a file was a traceback
     after the run had started). A folder of TensorBoard logs, a new folder and one of the
-    user's own inside a run folder (RUN/tb) are used."""
+    user's own inside a run folder (RUN/tb) are used. A folder that already holds event
+    files is taken only by a resumed run (its own): TensorBoard shows the event files of one
+    folder as one run, so a second run's curves were drawn into the first's (round 18); a
+    folder inside a disk store, and a dangling symbolic link, are refused too."""
     import os
     from pathlib import Path
 
@@ -339,6 +342,11 @@ def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str
     flag = f"--tensorboard {given}"
     example = f"e.g. --tensorboard {Path(out) / 'tb'}"
     above = next((p for p in (Path(given), *Path(given).parents) if os.path.lexists(p)), None)
+    if above is not None and Path(above).is_symlink() and not Path(above).exists():
+        raise ConfigError(
+            f"{flag}: {above} is a symbolic link to {os.readlink(above)}, which does not exist; create that folder "
+            f"or give another --tensorboard ({example})"
+        )
     if above is not None and not Path(above).is_dir():
         where = "is a file" if Path(above) == Path(given) else f"lies under the file {above}"
         raise ConfigError(f"{flag} {where}: TensorBoard writes a folder of event files; give a folder ({example})")
@@ -361,6 +369,14 @@ def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str
                 f"{flag} {relation(mine)} {what} ({mine}): the event files would be mixed with its files; {example}"
             )
     real = Path(os.path.realpath(given))
+    from bagpipe.store import holds_store
+
+    store = next((f for f in (real, *real.parents) if holds_store(f)), None)
+    if store is not None:
+        raise ConfigError(
+            f"{flag} {relation(str(store))} the disk store {store}: the event files would be mixed with its files, "
+            f"and the store could not be opened again; {example}"
+        )
     for run in (real, *real.parents):
         if not (run / "config.json").is_file() or not any((run / n).exists() for n in RUN_FILES - {"config.json"}):
             continue  # not a run folder (a config.json of the user's own)
@@ -372,7 +388,20 @@ def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str
                 + f": the event files would be mixed with that run's files; {example}"
             )
     if real.is_dir():
-        foreign = sorted(p.name for p in real.iterdir() if not p.name.startswith(TENSORBOARD_EVENTS))
+        events = [p.name for p in real.iterdir() if p.name.startswith(TENSORBOARD_EVENTS)]
+        if events and not resume:
+            raise ConfigError(
+                f"{flag} already holds the event files of another run ({events[0]}): TensorBoard shows one folder's "
+                f"event files as one run, so the curves of both would be drawn as one; give each run a folder of "
+                f"its own (e.g. --tensorboard {Path(given) / Path(out).name})"
+            )
+
+        def runs_folder(p: Path) -> bool:  # a TensorBoard folder of several runs: one subfolder each
+            return p.is_dir() and all(q.name.startswith(TENSORBOARD_EVENTS) for q in p.iterdir())
+
+        foreign = sorted(
+            p.name for p in real.iterdir() if not p.name.startswith(TENSORBOARD_EVENTS) and not runs_folder(p)
+        )
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise ConfigError(

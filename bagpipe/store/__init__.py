@@ -27,14 +27,38 @@ def holds_store(directory: str | Path) -> bool:
     return isinstance(header, dict) and header.get("format") == "bagpipe.DiskStore"
 
 
+def damaged_header(directory: str | Path) -> str | None:
+    """Why ``directory``'s header.json is a damaged store header -- a header.json beside a
+    store's rows.f32 and present.u8 that is not readable JSON of a DiskStore -- or None."""
+    import json
+
+    d = Path(directory)
+    if not ((d / "header.json").is_file() and (d / "rows.f32").exists() and (d / "present.u8").exists()):
+        return None
+    try:
+        header = json.loads((d / "header.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"{d / 'header.json'}: the store's header is damaged ({str(e).splitlines()[0]}); its rows are kept: restore the header or give another --store-dir"
+    if not isinstance(header, dict) or header.get("format") != "bagpipe.DiskStore":
+        return f"{d / 'header.json'}: the store's header is damaged (not a DiskStore header); its rows are kept: restore the header or give another --store-dir"
+    return None
+
+
 #: What a disk store writes in its directory (bagpipe/store/disk.py) -- anything else in a
 #: user's --store-dir is not a store's, and its rows.f32 would be overwritten without a word.
 STORE_FILES = frozenset({"header.json", "rows.f32", "present.u8", "layout.i64", LOCK})
 
 
-def _check_users_folder(path: Path, reuse: bool) -> None:
-    """Refuse a user's ``--store-dir`` that holds anything but a bagpipe store, or a store
-    the run was not asked to start from, in one line, before anything is written there."""
+def check_users_store_dir(path: Path, reuse: bool, must_exist: bool = False) -> None:
+    """Refuse a user's ``--store-dir`` that holds anything but a bagpipe store, a damaged
+    store, or a store the run was not asked to start from (``reuse``: it may open one;
+    ``must_exist``: ``--init-from-store``, it must find one), in one line, before anything
+    is written there. Reads only: ``bagpipe plan`` refuses with it what ``train`` refuses."""
+    why = damaged_header(path)
+    if why is not None:
+        raise ConfigError(why)
+    if must_exist and not holds_store(path):
+        raise ConfigError(f"--init-from-store: {path} holds no store to start from")
     if not path.is_dir():
         return
     names = sorted(p.name for p in path.iterdir())
@@ -65,6 +89,7 @@ def open_store(
     reuse: bool = False,
     io: DiskIO | None = None,
     layout: RowLayout | None = None,
+    must_exist: bool = False,
 ) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
 
@@ -72,7 +97,8 @@ def open_store(
     run starts from the initial tables or from its checkpoint. Otherwise (a user's
     ``--store-dir``) a directory that already holds a store is opened only when
     ``reuse`` says so: its rows then become the starting tables, which a run must ask
-    for (``--init-from-store``), never get by accident. ``io``: the disk store's memory
+    for (``--init-from-store``: ``must_exist``, or a resume of the run that made it), never
+    get by accident. ``io``: the disk store's memory
     settings (:class:`~bagpipe.store.diskio.DiskIO`; its defaults when None). ``layout``:
     the row layout of a disk store made here (:mod:`bagpipe.store.layout`); a store that
     is reopened keeps its own.
@@ -86,10 +112,8 @@ def open_store(
     if directory is None:
         raise ValueError("a disk store needs a directory")
     path = Path(directory)
-    if not owned and reuse and not holds_store(path):  # said before a folder is made for it
-        raise ConfigError(f"--init-from-store: {path} holds no store to start from")
     if not owned:  # a user's folder: refused before anything (its lock included) is written in it
-        _check_users_folder(path, reuse)
+        check_users_store_dir(path, reuse, must_exist)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -109,7 +133,7 @@ def open_store(
                     f"--store-dir {path} already holds a store: its rows would become this run's starting tables; "
                     "pass --init-from-store to start from them, or give an empty directory"
                 )
-            if reuse and not holds_store(path):
+            if must_exist and not holds_store(path):
                 raise ConfigError(f"--init-from-store: {path} holds no store to start from")
         return DiskStore(init, state_dim, path, io=io, lock=lock, layout=layout)
     except BaseException:

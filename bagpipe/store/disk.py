@@ -244,16 +244,7 @@ class DiskStore(EmbeddingStore):
             diffs.append(f"table_sizes={have.get('table_sizes')!r} (asked for {want['table_sizes']!r})")
         if diffs:
             raise DataError(f"{self.path}: existing DiskStore does not match: " + ", ".join(diffs))
-        if have["version"] == VERSION:
-            return RowLayout.identity()
-        lay = have.get("layout")
-        if not (
-            isinstance(lay, dict) and isinstance(lay.get("packed_rows"), int) and isinstance(lay.get("crc32"), str)
-        ):
-            raise DataError(f"{hp}: a version-{PACKED_VERSION} DiskStore header without its layout")
-        layout = RowLayout.load(self.path / LAYOUT, lay["packed_rows"], lay["crc32"])
-        layout.check(self.num_rows, self.path / LAYOUT)
-        return layout
+        return layout_of(self.path, have)
 
     def _file_sizes(self) -> dict[str, int]:
         return {ROWS: self._slot_count * self._cols * 4, PRESENT: self.num_rows}
@@ -687,3 +678,43 @@ class DiskStore(EmbeddingStore):
             f"DiskStore({str(self.path)!r}, num_rows={self.num_rows}, dim={self.dim}, "
             f"state_dim={self.state_dim}{', closed' if self._closed else ''})"
         )
+
+
+def layout_of(path: Path, have: dict) -> RowLayout:
+    """The row layout of the store in ``path`` whose header.json says ``have`` (its format
+    and version checked): identity for version 2, else layout.i64 checked against the
+    header (its count, its CRC-32, its rows in range); a damaged one is a one-line
+    :class:`DataError` naming the file. Reads only (``bagpipe plan`` checks a store with it)."""
+    hp = path / HEADER
+    num_rows = have.get("num_rows")
+    lay = have.get("layout")
+    if have.get("version") == VERSION:
+        if lay is not None:  # a version-2 reader would read the packed rows at the wrong slots
+            raise DataError(f"{hp}: a version-{VERSION} DiskStore header with a layout: the header is damaged")
+        return RowLayout.identity()
+    if not isinstance(lay, dict):
+        raise DataError(f"{hp}: a version-{PACKED_VERSION} DiskStore header without its layout: the header is damaged")
+    k, crc = lay.get("packed_rows"), lay.get("crc32")
+    if not isinstance(num_rows, int) or not isinstance(k, int) or isinstance(k, bool) or not 0 < k <= num_rows:
+        raise DataError(
+            f"{hp}: layout.packed_rows is {k!r}, not a count of rows in [1, num_rows]: the header is damaged"
+        )
+    if not (isinstance(crc, str) and len(crc) == 8):
+        raise DataError(f"{hp}: layout.crc32 is {crc!r}, not 8 hex digits: the header is damaged")
+    layout = RowLayout.load(path / LAYOUT, k, crc)
+    layout.check(num_rows, path / LAYOUT)
+    return layout
+
+
+def check_store_files(path: str | Path) -> None:
+    """Read-only checks of an existing store's header and layout (:func:`layout_of`)."""
+    path = Path(path)
+    try:
+        have = json.loads((path / HEADER).read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path / HEADER}: unreadable DiskStore header: {e}") from e
+    if not isinstance(have, dict) or have.get("format") != FORMAT:
+        raise DataError(f"{path / HEADER}: not a DiskStore header")
+    if have.get("version") not in (VERSION, PACKED_VERSION):
+        raise DataError(f"{path / HEADER}: DiskStore format version {have.get('version')!r}; recreate the store")
+    layout_of(path, have)

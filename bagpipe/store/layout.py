@@ -118,12 +118,13 @@ class RowLayout:
             ) from None
         if len(raw) != 8 * num_packed:
             raise DataError(f"{path}: DiskStore file is {len(raw)} bytes, expected {8 * num_packed}")
-        layout = cls(np.frombuffer(raw, dtype="<i8").astype(np.int64))
-        if layout.crc32() != crc32:
-            raise DataError(
-                f"{path}: its CRC-32 is {layout.crc32()}, the store's header says {crc32}: the file is damaged"
-            )
-        return layout
+        got = f"{zlib.crc32(raw) & 0xFFFFFFFF:08x}"  # on the bytes, before they are read as rows
+        if got != crc32:
+            raise DataError(f"{path}: its CRC-32 is {got}, the store's header says {crc32}: the file is damaged")
+        try:
+            return cls(np.frombuffer(raw, dtype="<i8").astype(np.int64))
+        except ValueError as e:  # a layout written wrong, its CRC with it
+            raise DataError(f"{path}: {str(e).removeprefix('RowLayout: ')}: the file is damaged") from None
 
 
 def frequency_layout(counts_rows: np.ndarray, counts: np.ndarray, max_rows: int) -> RowLayout:

@@ -58,6 +58,7 @@ MAY_CHANGE = (
     "mode",
     "store",
     "store_dir",
+    "store_layout",
     "cache_rows",
     "lookahead",
     "cache_budget_mb",
@@ -179,6 +180,7 @@ def check_resume(
             f"cannot resume {run.path}: {key} was {was_value!r}, now {now_value!r} "
             f"(a resumed run keeps every setting that changes what is computed; see docs/runs.md)"
         )
+    _refuse_another_runs_store(run, before, cfg)
     was = before.get("dataset", {}).get("fingerprint")
     now = dataset.fingerprint()
     if was is not None and was != now:
@@ -187,6 +189,26 @@ def check_resume(
             f"(fingerprint {was[:12]}, now {now[:12]} for {dataset.dir})"
         )
     return ckpt
+
+
+def _refuse_another_runs_store(run: RunDir, before: dict, cfg: TrainConfig) -> None:
+    """A resume overwrites its store's rows with its checkpoint's: a ``--store-dir`` that
+    holds a store other than the one the run kept (another run's, a user's) is refused, as
+    a new run refuses it without ``--init-from-store`` (newcomer round 18: it was
+    overwritten, exit 0). The run's own store there, or none, is fine."""
+    from bagpipe.store import holds_store
+
+    given = cfg.cache.store_dir
+    if cfg.cache.store != "disk" or not cfg.cache.spec.store or not given or not holds_store(given):
+        return
+    kept = ((before.get("train") or {}).get("cache") or {}).get("store_dir") or str(Path(run.path) / "store")
+    if os.path.realpath(kept) == os.path.realpath(given):
+        return
+    raise ConfigError(
+        f"--store-dir {given} already holds a store, not the one {run.path} kept its rows in ({kept}): a resume "
+        "overwrites a store's rows with the checkpoint's; give an empty directory, the run's own store, or "
+        "leave --store-dir out"
+    )
 
 
 def _name_latest(folder: CheckpointFolder, ckpt: Checkpoint) -> None:

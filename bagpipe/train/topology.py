@@ -74,7 +74,8 @@ class SingleProcess:
             state_dim,
             store_dir,
             owned=not c.store_dir,
-            reuse=c.init_from_store or ckpt is not None,
+            reuse=c.init_from_store or ckpt is not None,  # a resume: check_resume refused another run's store
+            must_exist=c.init_from_store,
             io=setup.plan.fit.sizes.io if setup.plan.fit is not None else None,
             layout=frequency_store_layout(dataset)
             if c.store == "disk" and c.store_layout == "frequency" and made

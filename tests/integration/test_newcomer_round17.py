@@ -87,17 +87,21 @@ def test_tensorboard_takes_only_a_folder_of_its_own(run_cli, tiny_data, tmp_path
 
 
 def test_tensorboard_writes_a_new_folder_one_of_logs_and_one_of_its_own_inside_the_run(run_cli, tiny_data, tmp_path):
+    """A new folder (its parents made), a folder of TensorBoard logs with one subfolder a
+    run, and RUN/tb; a resumed run appends to its own folder (round 18: a second run's
+    event files beside another's are refused, tests/integration/test_newcomer_round18_store.py)."""
     pytest.importorskip("tensorboard", reason="the tensorboard package is an optional extra")
-    logs = tmp_path / "logs" / "tb"  # new (its parents too), then a folder of TensorBoard logs
-    for out, tb, files in (
-        (tmp_path / "a", logs, 1),
-        (tmp_path / "b", logs, 2),
-        (tmp_path / "c", tmp_path / "c" / "tb", 1),
-    ):
+    logs = tmp_path / "logs"
+    runs = ((tmp_path / "a", logs / "a"), (tmp_path / "b", logs / "b"), (tmp_path / "c", tmp_path / "c" / "tb"))
+    for out, tb in runs:
         rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, *RUN, "--tensorboard", tb)
         assert rc == 0, err
         names = sorted(p.name for p in tb.iterdir())
-        assert len(names) == files and all(n.startswith("events.out.tfevents.") for n in names)
+        assert len(names) == 1 and names[0].startswith("events.out.tfevents."), names
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", tmp_path / "a", "--steps", 4, "--batch-size", 64,
+                         "--no-progress", "--resume", "--tensorboard", logs / "a")  # fmt: skip
+    assert rc == 0, err
+    assert all(p.name.startswith("events.out.tfevents.") for p in (logs / "a").iterdir())
 
 
 def test_hot_rows_from_a_named_pipe_is_refused_at_once(run_cli, tiny_data, tmp_path):
