@@ -285,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         # the command is done and has said so: a Ctrl-C in the interpreter's teardown (joining
         # threads, closing files) killed the process with status 130 and no word (newcomer
         # round 16, a run whose summary and final checkpoint were written); ignored from here,
-        # and Python's finalization keeps an ignored SIGINT ignored
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # and Python's finalization keeps an ignored SIGINT ignored. SIGTERM and SIGHUP too: their
+        # default action there ended a finished run with status 143 and no word (round 18)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
         _leave_past_stuck_threads(rc)
     return rc
 

@@ -114,19 +114,21 @@ def test_sigint_inherited_ignored_is_restored_before_the_clis_imports():
 
 
 @pytest.mark.integration
-def test_ctrl_c_after_the_command_is_done_does_not_turn_it_into_an_interrupt():
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_after_the_command_is_done_does_not_turn_it_into_an_interrupt(signame):
     """Newcomer round 16: a run whose summary and final checkpoint were written exited 130
     with no word -- the Ctrl-C landed in the interpreter's teardown, after ``main`` had
-    returned. From there on SIGINT is ignored: the command's own exit code stands. (The
+    returned. From there on SIGINT is ignored: the command's own exit code stands. Round 18:
+    a SIGTERM there ended it with 143 and no word; SIGTERM and SIGHUP are ignored too. (The
     program's ``main``, argv from sys.argv -- plain ``bagpipe``: the help, exit code 2 --
-    then a SIGINT, then the interpreter's exit.)"""
+    then the signal, then the interpreter's exit.)"""
     code = textwrap.dedent(
-        """
+        f"""
         import os, signal, sys
         sys.argv = ["bagpipe"]
         from bagpipe.cli import main
         rc = main()
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.{signame})
         sys.exit(rc)
         """
     )
