@@ -28,15 +28,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` so that readers see either the old or the new content; a device, a
-    name in /dev or /proc, or this process's own stdout/stderr is written directly
-    (:func:`written_directly`: never a temporary file and a rename there)."""
+    """Write ``data`` so that readers see either the old or the new content; a device, a name in
+    /dev or /proc, this process's stdout/stderr directly (:func:`written_directly`); a link's target."""
     path = Path(path)
     direct = written_directly(path, "wb")
     if direct is not None:
         with direct as f:
             f.write(data)
         return
+    path = through_link(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -49,6 +49,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         name_the_target(e, path, tmp)
         raise
     fsync_dir(path.parent)
+
+
+def through_link(path: Path) -> Path:
+    """The file a write of ``path`` replaces: itself, or the file a symbolic link (dangling
+    too) names, as ``>`` writes; a rename onto the link replaced it (newcomer round 18)."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def standard_fd(path: str | os.PathLike) -> int | None:
@@ -119,8 +125,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w"):
         with direct as f:
             yield f
         return
-    if path.is_symlink():  # written through to the file it names, as `>` does; the link stays
-        path = Path(os.path.realpath(path))
+    path = through_link(path)  # written through to the file it names, as `>` does; the link stays
     remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     signals = stop_cleanly()  # SIGTERM/SIGHUP too remove the unfinished file, as Ctrl-C does

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from bagpipe.errors import ConfigError
-from bagpipe.files import FULL_ERRNOS, RunLock, atomic_write_text, written_directly
+from bagpipe.files import FULL_ERRNOS, RunLock, atomic_write_text, through_link, written_directly
 from bagpipe.jsonout import json_text
 from bagpipe.store.init import RowValues
 
@@ -206,9 +206,14 @@ class RunDir:
         """
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"--out {self.path}: exists and is not a directory")
+        # a dangling symbolic link: the folder it names is made, as `mkdir -p` through it would
+        # (mkdir on the link itself said "File exists"; newcomer round 18); the link stays
+        real = through_link(self.path)
+        if real.is_symlink():
+            raise ConfigError(f"--out {self.path} is a symbolic link that never reaches a folder (a loop)")
         try:
             self.created = not self.path.exists()
-            self.path.mkdir(parents=True, exist_ok=True)
+            real.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"--out {self.path}: cannot create the run directory ({e.strerror})") from None
         self._started = False
@@ -224,7 +229,7 @@ class RunDir:
         except BaseException:
             if self.created and not self._started:
                 self._release()
-                shutil.rmtree(self.path, ignore_errors=True)
+                shutil.rmtree(real, ignore_errors=True)  # a link's target it made: the link stays
             raise
         finally:
             self._release()
@@ -317,7 +322,7 @@ class RunDir:
             with direct as f:
                 f.write(text + "\n")
             return
-        target.parent.mkdir(parents=True, exist_ok=True)
+        through_link(target).parent.mkdir(parents=True, exist_ok=True)  # a link's target is written
         atomic_write_text(target, text)
 
 
