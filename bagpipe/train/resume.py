@@ -16,6 +16,7 @@ that checkpoint once every check has passed; the damaged one is left on disk.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
@@ -312,6 +313,10 @@ def not_its_own(folder: Path) -> list[str]:
         names = sorted(os.listdir(folder))
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a loop of symbolic links: no folder at its end
+            raise ConfigError(f"--out {folder} is a symbolic link that never reaches a folder (a loop)") from None
+        raise
     return [
         f"{n}/" if (folder / n).is_dir() else n
         for n in names

@@ -161,6 +161,19 @@ def test_a_link_loop_as_the_run_folder_is_refused_in_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
+def test_a_link_loop_as_out_is_one_line_from_train(run_cli, tiny_data, tmp_path):
+    """The same through ``bagpipe train``: the new-run check of --out listed the folder
+    first (ELOOP, a traceback)."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", tmp_path / "a", *RUN)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and lines == [
+        f"bagpipe train: error: --out {tmp_path / 'a'} is a symbolic link that never reaches a folder (a loop)"
+    ], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
 # -- bench scale's results.md ---------------------------------------------------------------------
 
 
