@@ -1,5 +1,9 @@
 """Durable files: a write either happens completely or not at all, and survives a crash;
-and :class:`RunLock`, one user of a folder at a time."""
+and :class:`RunLock`, one user of a folder at a time.
+
+The module is long because every output's guards live beside the writers they guard (what
+a whole output is, what replaces only its own, links followed), so that one reading shows
+every rule a write obeys."""
 
 from __future__ import annotations
 
@@ -297,22 +301,22 @@ def bagpipe_folder(path: Path) -> str | None:
 
 
 def whole_output(folder: Path) -> str | None:
-    """The kind of whole output ``folder`` is: "data set" (it holds meta.json), "export" (it
-    holds model.json) or None -- how every check tells the folders that
-    ``preprocess``/``synth`` and ``export`` write and replace as a whole."""
+    """The kind of whole output ``folder`` is: "data set" (meta.json), "export" (model.json),
+    "disk store" (header.json and rows.f32) or None: folders written and replaced as a whole."""
     if (folder / "meta.json").is_file():
         return "data set"
     if (folder / "model.json").is_file():
         return "export"
+    if (folder / "header.json").is_file() and (folder / "rows.f32").exists():
+        return "disk store"  # its folder holds a store's own files only (newcomer round 19)
     return None
 
 
 def enclosing_output(path: str | os.PathLike) -> tuple[str, Path] | None:
-    """The data set or export that ``path`` is or lies anywhere inside -- ("data set",
-    FOLDER) or ("export", FOLDER), the nearest -- or None. Walks up from ``path``
-    (symbolic links resolved; it need not exist yet) to the file system root, a few stat
-    calls. Nothing is written there: its files would be mixed with the output's, and
-    ``preprocess --overwrite`` / ``export --overwrite`` would then refuse to replace it."""
+    """The whole output (:func:`whole_output`: (kind, FOLDER), the nearest) that ``path`` is
+    or lies anywhere inside, or None. Walks up from ``path`` (links resolved; it need not
+    exist yet) to the root, a few stat calls. Nothing is written there: its files would be
+    mixed with the output's, and its own writer (``--overwrite``) would refuse it then."""
     real = Path(os.path.realpath(path))
     for folder in (real, *real.parents):
         kind = whole_output(folder)
@@ -322,17 +326,19 @@ def enclosing_output(path: str | os.PathLike) -> tuple[str, Path] | None:
 
 
 def refuse_inside_output(path: str | os.PathLike, flag: str, what: str) -> None:
-    """Refuse, in one line, an output ``path`` (given as ``flag``) that is a data set or
-    an export or lies anywhere inside one (:func:`enclosing_output`), naming it; ``what``
-    says what would be written there ("the run's files")."""
+    """Refuse, in one line, an output ``path`` (given as ``flag``) that is or lies inside a
+    whole output (:func:`enclosing_output`), naming it; ``what``: what would be written."""
     found = enclosing_output(path)
     if found is None:
         return
     kind, folder = found
     where = "is" if folder == Path(os.path.realpath(path)) else "lies inside"
+    then = (
+        "the store could not be opened again" if kind == "disk store" else "a later --overwrite of it would be refused"
+    )
     raise ConfigError(
-        f"{flag} {path} {where} the {kind} {folder}: {what} would be mixed with the {kind}'s, and a later "
-        f"--overwrite of it would be refused; choose a {flag} outside it"
+        f"{flag} {path} {where} the {kind} {folder}: {what} would be mixed with the {kind}'s, and {then}; "
+        f"choose a {flag} outside it"
     )
 
 

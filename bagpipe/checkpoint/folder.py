@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from bagpipe.checkpoint.format import DENSE, LATEST, MANIFEST, Kind, Manifest, step_name
+from bagpipe.checkpoint.format import DENSE, LATEST, MANIFEST, Kind, Manifest, is_step_name, step_name
 from bagpipe.checkpoint.reader import CheckpointReader
 from bagpipe.checkpoint.verify import FileSum, SummingFile, check_file, remember
 from bagpipe.errors import CheckpointError
@@ -112,7 +112,7 @@ class CheckpointFolder:
         """The complete checkpoints' folder names (those with a manifest), oldest first."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.glob("step-*") if (p / MANIFEST).exists())
+        return sorted(p.name for p in self.root.glob("step-*") if is_step_name(p.name) and (p / MANIFEST).exists())
 
     def verified(self, name: str) -> Checkpoint:
         """The checkpoint ``name``, every file it and its chain hold checked (a one-line
@@ -215,7 +215,7 @@ class CheckpointFolder:
     def prune(self, keep: int = KEEP) -> None:
         """Remove leftovers of unfinished checkpoints and checkpoints nothing needs."""
         latest = self.latest_name()
-        complete = sorted(p.name for p in self.root.glob("step-*") if (p / "MANIFEST.json").exists())
+        complete = self.complete()
         needed: set[str] = set()
         for top in complete[-keep:] + ([latest] if latest else []):
             name: str | None = top
@@ -226,8 +226,9 @@ class CheckpointFolder:
                 except CheckpointError:
                     break
         for p in self.root.iterdir():
-            stale_tmp = p.name.startswith(".tmp-")
-            if (p.name.startswith("step-") and p.name not in needed) or stale_tmp:
+            # only the names a checkpoint takes: a user's step-00000010.bak is theirs (newcomer round 19)
+            stale_tmp = p.name.startswith(".tmp-") and is_step_name(p.name.removeprefix(".tmp-"))
+            if (is_step_name(p.name) and p.name not in needed) or stale_tmp:
                 shutil.rmtree(p, ignore_errors=True)
 
 

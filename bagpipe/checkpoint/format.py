@@ -90,6 +90,13 @@ def step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def is_step_name(name: str) -> bool:
+    """Whether ``name`` is a checkpoint folder's name (:func:`step_name`): ``step-`` and 8 or
+    more digits, nothing else -- a user's ``step-00000010.bak`` beside them is not one."""
+    digits = name.removeprefix("step-")
+    return name.startswith("step-") and len(digits) >= 8 and digits.isascii() and digits.isdigit()
+
+
 @dataclass
 class Part:
     """One shard's rows in a checkpoint."""

@@ -231,7 +231,7 @@ def check_out_folders(cfg) -> None:
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
-    from bagpipe.files import refuse_inside_output
+    from bagpipe.files import enclosing_output, refuse_inside_output
     from bagpipe.output_dir import inside
 
     for flag, given in (("--out", cfg.run.out), ("--store-dir", cfg.cache.store_dir)):
@@ -260,7 +260,9 @@ def check_out_folders(cfg) -> None:
                 f"{flag} {given} holds an export (model.json): the run would write its files among the export's; "
                 f"choose another {flag}"
             )
-        refuse_inside_output(given, flag, "the run's files")
+        found = enclosing_output(given)
+        if not (flag == "--store-dir" and found is not None and found[1] == Path(os.path.realpath(given))):
+            refuse_inside_output(given, flag, "the run's files")  # a store's own folder is the --store-dir itself
     if cfg.cache.store_dir:
         check_store_dir(cfg.cache.store_dir, cfg.run.out)
     if cfg.run.tensorboard:

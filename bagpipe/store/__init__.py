@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -112,12 +113,18 @@ def open_store(
     if directory is None:
         raise ValueError("a disk store needs a directory")
     path = Path(directory)
+    flag = "--store-dir" if not owned else "the run's store folder"
     if not owned:  # a user's folder: refused before anything (its lock included) is written in it
         check_users_store_dir(path, reuse, must_exist)
+    elif path.is_symlink():  # the run's own store is emptied at start: never through a link (round 19)
+        raise ConfigError(
+            f"{path} is a symbolic link (to {os.readlink(path)}): the run's own store folder is emptied when a run "
+            "starts, so it is not followed; remove the link (or give the folder as --store-dir)"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"--store-dir {path}: cannot create the store's directory ({e.strerror})") from None
+        raise ConfigError(f"{flag} {path}: cannot create the store's directory ({e.strerror})") from None
     # one run per store, held for the run's life: a second run writing the same rows
     # file would silently change the first one's results
     lock = RunLock(path / LOCK, what=f"--store-dir {path}", hint="wait for it to end or give another --store-dir")

@@ -44,12 +44,24 @@ class StepGuard:
     """The loop's guard: after every step, :func:`check_step` (non-finite values) and the
     loss's explosion (above :data:`EXPLODED` for :data:`PATIENCE` steps in a row)."""
 
-    def __init__(self) -> None:
+    def __init__(self, started_from: str | None = None) -> None:
         self.above = 0  # steps in a row above EXPLODED
+        self.started_from = started_from  # --init-from-store's folder: its rows may be the cause
 
     def check(self, step: int, loss: float, model: torch.nn.Module | None = None, inp=None) -> None:
         """After step ``step`` (1-based: the steps done) with mean loss ``loss``; ``model``
         and ``inp`` (the step's input) for the gradients' and rows' check (None: the loss only)."""
+        try:
+            self._check(step, loss, model, inp)
+        except Diverged as e:
+            if self.started_from is None:
+                raise
+            raise Diverged(
+                f"{e}; the run started from the rows of {self.started_from} (--init-from-store): a NaN or infinite "
+                "value there makes the first step that uses it diverge"
+            ) from None
+
+    def _check(self, step: int, loss: float, model: torch.nn.Module | None, inp) -> None:
         if model is not None and inp is not None:
             check_step(step, loss, model, inp)
         elif not math.isfinite(loss):

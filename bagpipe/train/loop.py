@@ -303,7 +303,7 @@ class _Run(Generic[B]):
         run_step: StepFn = self.step
         if self.skipper is not None:  # Slipstream: the stale inputs are left out of the step
             run_step = self.skipper.wrap(run_step)
-        step, guard = p.start, StepGuard()
+        step, guard = p.start, StepGuard(cfg.cache.store_dir if cfg.cache.init_from_store else None)
         try:
             for inp in p.backend.steps(stream, p.start, rc.steps, before_evict=rows.before_evict):
                 # the rows' optimizer scales its own rate by inp.step

@@ -204,6 +204,12 @@ def _refuse_another_runs_store(run: RunDir, before: dict, cfg: TrainConfig) -> N
         return
     kept = ((before.get("train") or {}).get("cache") or {}).get("store_dir") or str(Path(run.path) / "store")
     if os.path.realpath(kept) == os.path.realpath(given):
+        if cfg.cache.store_layout == "frequency" and not (Path(given) / "layout.i64").exists():
+            raise ConfigError(  # it was silently kept identity while config.json said frequency (round 19)
+                f"--store-layout frequency: the store in {given} keeps the layout it was made with (identity), and a "
+                "resume reuses it; give an empty --store-dir to make one in the frequency layout, or leave "
+                "--store-layout out"
+            )
         return
     raise ConfigError(
         f"--store-dir {given} already holds a store, not the one {run.path} kept its rows in ({kept}): a resume "
