@@ -45,7 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--model", required=True, type=path, metavar="DIR", help="export directory written by bagpipe export"
     )
     p.add_argument(
-        "--input", required=True, type=path, metavar="FILE", help="raw log file (plain or gzip); - reads standard input"
+        "--input",
+        required=True,
+        type=path,
+        metavar="FILE",
+        action=GivenOnce,
+        help="raw log file (plain or gzip); - reads standard input",
     )
     p.add_argument(
         "--format", choices=list(FORMATS), help="raw format of --input (default: the model's training data's)"
@@ -78,6 +83,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="input read and scored per batch, in KiB of text (default: 1024); a line's probability is computed "
         "in its block's batch, so another size can change its last digits (float32 rounding)",
     )
+
+
+class GivenOnce(argparse.Action):
+    """An option that takes one value: a second one is an error, not silently the one used
+    (``predict --input A --input B`` scored only B; newcomer round 19)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None:
+            parser.error(
+                f"{option_string} given twice ({before} and {values}): predict scores one input; run it once per "
+                "file, or join them into one stream: cat A B | bagpipe predict ... --input -"
+            )
+        setattr(namespace, self.dest, values)
 
 
 def export_folder(given: str) -> str:

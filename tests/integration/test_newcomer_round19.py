@@ -179,3 +179,14 @@ def test_a_store_of_nan_rows_started_from_is_named(run_cli, tiny_data, tmp_path)
         f"; the run started from the rows of {store} (--init-from-store): a NaN or infinite value there makes the "
         "first step that uses it diverge"
     ), lines[-1]
+
+
+def test_predict_takes_one_input(run_cli, tmp_path):
+    rc, _, err = run_cli(
+        "predict", "--model", tmp_path / "m", "--input", tmp_path / "a.tsv", "--input", tmp_path / "b.tsv"
+    )
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and lines[-1].startswith(
+        f"bagpipe predict: error: --input given twice ({tmp_path / 'a.tsv'} and {tmp_path / 'b.tsv'}): predict scores "
+        "one input; run it once per file, or join them into one stream: cat A B | bagpipe predict ... --input -"
+    ), err
