@@ -92,6 +92,12 @@ class CheckpointFolder:
         checked against the manifest; its rows are checked when read: :meth:`Checkpoint.reader`)."""
         name = self.latest_name()
         if name is None:
+            done = self.complete()
+            if done:  # LATEST lost while checkpoints are there: no checkpoint would be a wrong answer (round 19)
+                raise CheckpointError(
+                    f"{self.root / LATEST} is missing, yet {len(done)} complete checkpoint(s) are there (the newest "
+                    f"{done[-1]}): restore it with `echo {done[-1]} > {shlex.quote(str(self.root / LATEST))}`"
+                )
             return None
         self.check_latest(name)
         path = self.root / name

@@ -190,3 +190,31 @@ def test_predict_takes_one_input(run_cli, tmp_path):
         f"bagpipe predict: error: --input given twice ({tmp_path / 'a.tsv'} and {tmp_path / 'b.tsv'}): predict scores "
         "one input; run it once per file, or join them into one stream: cat A B | bagpipe predict ... --input -"
     ), err
+
+
+def test_a_lost_latest_is_said_with_the_checkpoints_there(run_cli, tiny_data, tmp_path):
+    run = tmp_path / "run"
+    rc, _, err = run_cli(
+        "train",
+        "--data",
+        tiny_data,
+        "--batch-size",
+        64,
+        "--no-progress",
+        "--steps",
+        10,
+        "--checkpoint-every",
+        5,
+        "--out",
+        run,
+    )
+    assert rc == 0, err
+    (run / "checkpoints" / "LATEST").unlink()
+    rc, _, err = run_cli("export", "--run", run, "--out", tmp_path / "e")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    latest = run / "checkpoints" / "LATEST"
+    assert rc == 2 and lines == [
+        f"bagpipe export: error: {latest} is missing, yet 2 complete checkpoint(s) are there (the newest "
+        f"step-00000010): restore it with `echo step-00000010 > {latest}`"
+    ], err
+    assert not (tmp_path / "e").exists()
