@@ -218,3 +218,60 @@ def test_a_lost_latest_is_said_with_the_checkpoints_there(run_cli, tiny_data, tm
         f"step-00000010): restore it with `echo step-00000010 > {latest}`"
     ], err
     assert not (tmp_path / "e").exists()
+
+
+def test_no_output_inside_another_runs_checkpoints(run_cli, tiny_data, tmp_path):
+    """Newcomer round 20 (data loss): train --out, --summary-json, profile --out and predict
+    --out inside runA/checkpoints/step-N/ were written there, and runA's next pruning removed
+    them with the step folder. The run's checkpoints folder is a whole output now."""
+    a = tmp_path / "a"
+    rc, _, err = run_cli(
+        "train",
+        "--data",
+        tiny_data,
+        "--batch-size",
+        64,
+        "--no-progress",
+        "--steps",
+        10,
+        "--checkpoint-every",
+        5,
+        "--out",
+        a,
+    )
+    assert rc == 0, err
+    step = a / "checkpoints" / "step-00000005"
+    for argv, flag, target in (
+        (
+            ("train", "--data", tiny_data, "--batch-size", 64, "--no-progress", "--steps", 2, "--out"),
+            "--out",
+            step / "run",
+        ),
+        (
+            (
+                "train",
+                "--data",
+                tiny_data,
+                "--batch-size",
+                64,
+                "--no-progress",
+                "--steps",
+                2,
+                "--out",
+                tmp_path / "b",
+                "--summary-json",
+            ),
+            "--summary-json",
+            step / "s.json",
+        ),
+        (
+            ("profile", "--data", tiny_data, "--hot-budget-mb", 0.05, "--no-progress", "--out"),
+            "--out",
+            step / "hot.npz",
+        ),
+    ):
+        rc, _, err = run_cli(*argv, target)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+        assert f"{flag} {target} lies inside the run's checkpoints {a / 'checkpoints'}" in lines[0], lines[0]
+        assert not target.exists()
