@@ -161,10 +161,14 @@ class CheckpointFolder:
                 continue
         return None
 
+    def staging(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is staged (:meth:`begin` makes it)."""
+        return self.root / f".tmp-{step_name(step)}"
+
     def begin(self, step: int) -> Path:
         """An empty staging folder for the checkpoint of ``step``."""
         self.root.mkdir(parents=True, exist_ok=True)
-        staging = self.root / f".tmp-{step_name(step)}"
+        staging = self.staging(step)
         if staging.exists():
             shutil.rmtree(staging)
         staging.mkdir()

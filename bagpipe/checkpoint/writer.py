@@ -172,8 +172,8 @@ class CheckpointWriter:
         if self._full_next:
             kind, base, chain = "full", None, 0
             self._full_next = False
+        self._staged = self.folder.staging(step)  # named before it is made: a signal in between still finds it
         staging = self.folder.begin(step)
-        self._staged = staging
         return CutTarget(step, staging, kind, base, chain, self.folder.root)
 
     def submit(self, target: CutTarget, dense: dict, write_parts: Callable[[], list[Part]], cut_s: float) -> None:
