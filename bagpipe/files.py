@@ -302,7 +302,7 @@ def bagpipe_folder(path: Path) -> str | None:
 
 def whole_output(folder: Path) -> str | None:
     """The kind of whole output ``folder`` is: "data set" (meta.json), "export" (model.json),
-    "disk store" (header.json and rows.f32), "run's checkpoints" or None: folders written
+    "disk store" (header.json and rows.f32), "checkpoint" (a run's step-N) or None: folders written
     and replaced (or pruned) as a whole."""
     if (folder / "meta.json").is_file():
         return "data set"
@@ -310,8 +310,8 @@ def whole_output(folder: Path) -> str | None:
         return "export"
     if (folder / "header.json").is_file() and (folder / "rows.f32").exists():
         return "disk store"  # its folder holds a store's own files only (newcomer round 19)
-    if folder.name == "checkpoints" and ((folder / "LATEST").is_file() or any(folder.glob("step-*/MANIFEST.json"))):
-        return "run's checkpoints"  # pruned whole by their run: whatever lies in them goes too (round 20)
+    if folder.parent.name == "checkpoints" and folder.name[5:].isdigit() and (folder / "MANIFEST.json").is_file():
+        return "checkpoint"  # step-N: pruned whole by its run, with whatever lies in it (round 20)
     return None
 
 
@@ -338,12 +338,10 @@ def refuse_inside_output(path: str | os.PathLike, flag: str, what: str) -> None:
     where = "is" if folder == Path(os.path.realpath(path)) else "lies inside"
     then = {
         "disk store": "the store could not be opened again",
-        "run's checkpoints": "its run removes whatever lies in a checkpoint it prunes",
+        "checkpoint": "its run removes whatever lies in a checkpoint it prunes",
     }.get(kind, "a later --overwrite of it would be refused")
     raise ConfigError(
-        f"{flag} {path} {where} the {kind} {folder}: {what} would be mixed with "
-        + ("those checkpoints'" if kind == "run's checkpoints" else f"the {kind}'s")
-        + f", and {then}; "
+        f"{flag} {path} {where} the {kind} {folder}: {what} would be mixed with the {kind}'s, and {then}; "
         f"choose a {flag} outside it"
     )
 

@@ -261,7 +261,7 @@ def check_out_folders(cfg) -> None:
                 f"choose another {flag}"
             )
         found = enclosing_output(given)
-        own_words = found is not None and (found[1] == Path(os.path.realpath(given)) or found[0] == "run's checkpoints")
+        own_words = found is not None and (found[1] == Path(os.path.realpath(given)) or found[0] == "checkpoint")
         if not (flag == "--store-dir" and own_words):  # check_store_dir says those in its own words
             refuse_inside_output(given, flag, "the run's files")  # a store's own folder is the --store-dir itself
     if cfg.cache.store_dir:

@@ -223,7 +223,7 @@ def test_a_lost_latest_is_said_with_the_checkpoints_there(run_cli, tiny_data, tm
 def test_no_output_inside_another_runs_checkpoints(run_cli, tiny_data, tmp_path):
     """Newcomer round 20 (data loss): train --out, --summary-json, profile --out and predict
     --out inside runA/checkpoints/step-N/ were written there, and runA's next pruning removed
-    them with the step folder. The run's checkpoints folder is a whole output now."""
+    them with the step folder. A run's checkpoint folder is a whole output now."""
     a = tmp_path / "a"
     rc, _, err = run_cli(
         "train",
@@ -273,5 +273,5 @@ def test_no_output_inside_another_runs_checkpoints(run_cli, tiny_data, tmp_path)
         rc, _, err = run_cli(*argv, target)
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
-        assert f"{flag} {target} lies inside the run's checkpoints {a / 'checkpoints'}" in lines[0], lines[0]
+        assert f"{flag} {target} lies inside the checkpoint {step}" in lines[0], lines[0]
         assert not target.exists()

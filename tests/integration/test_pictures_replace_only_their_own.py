@@ -138,8 +138,13 @@ def test_plot_refuses_a_data_set_an_export_and_a_runs_own_folders(run_cli, a_run
     (export / "model.json").write_text("{}")  # what tells an export
     rc, _, err = run_cli("plot", a_run, "--out", export / "curves.png")
     assert f"lies inside the export {export.resolve()}" in one_line_error(rc, err, "plot")
-    checkpoint = next((a_run / "checkpoints").iterdir())
-    for inside in (checkpoint / "c.png", a_run / "checkpoints" / "c.png", a_run / "logs" / "new" / "c.png"):
+    checkpoint = next(p for p in (a_run / "checkpoints").iterdir() if p.name.startswith("step-"))
+    rc, _, err = run_cli("plot", a_run, "--out", checkpoint / "c.png")  # a checkpoint is a whole output (round 20)
+    assert one_line_error(rc, err, "plot") == (
+        f"--out {checkpoint / 'c.png'} lies inside the checkpoint {checkpoint.resolve()}: the picture would be mixed "
+        "with the checkpoint's, and its run removes whatever lies in a checkpoint it prunes; choose a --out outside it"
+    )
+    for inside in (a_run / "checkpoints" / "c.png", a_run / "logs" / "new" / "c.png"):
         rc, _, err = run_cli("plot", a_run, "--out", inside)
         assert one_line_error(rc, err, "plot") == (
             f"--out {inside} lies among the own files of the run {a_run.resolve()} (its checkpoints, store, "
