@@ -435,9 +435,7 @@ class DiskStore(EmbeddingStore):
         # each sorted row on disk goes to dest[k] of the caller's order (None: in place)
         dest = None if (order is None and len(p) == n) else (p if order is None else order[p])
         if not self.layout.is_identity:  # the rows' slots, sorted: the order of the pages
-            slots = self.layout.slots(prow)
-            by_slot = np.argsort(slots)
-            prow = slots[by_slot]
+            prow, by_slot = self.layout.in_slot_order(prow)
             dest = by_slot if dest is None else dest[by_slot]
         buf = self._buffer(min(len(p), self._round))
         for lo, hi in self._rounds(len(p)):
@@ -465,9 +463,8 @@ class DiskStore(EmbeddingStore):
         buf = self._buffer(min(n, self._round))
         logical = srows  # the presence bitmap's rows; srows becomes their slots, sorted
         if not self.layout.is_identity:
-            slots = self.layout.slots(srows)
-            by_slot = np.argsort(slots)
-            srows, logical = slots[by_slot], srows[by_slot]
+            slots, by_slot = self.layout.in_slot_order(srows)
+            srows, logical = slots, srows[by_slot]
             order = by_slot if order is None else order[by_slot]
         for lo, hi in self._rounds(n):
             k = hi - lo

@@ -95,8 +95,15 @@ class RowLayout:
         if self.num_packed and self._ids[-1] >= num_rows:
             raise DataError(f"{where}: packed row {int(self._ids[-1])} outside the table's {num_rows:,} rows")
 
+    def in_slot_order(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, by_slot): the slots of ``rows`` (n,) ascending -- the order of the file's
+        pages -- and the permutation of ``rows`` that gives them."""
+        slots = self.slots(rows)
+        by_slot = np.argsort(slots)
+        return slots[by_slot], by_slot
+
     def crc32(self) -> str:
-        return f"{zlib.crc32(self.packed.tobytes()) & 0xFFFFFFFF:08x}"
+        return _crc32(self.packed.astype("<i8").tobytes())
 
     def save(self, path: Path) -> None:
         """``packed`` as raw little-endian int64 (K * 8 bytes), fsynced."""
@@ -118,13 +125,18 @@ class RowLayout:
             ) from None
         if len(raw) != 8 * num_packed:
             raise DataError(f"{path}: DiskStore file is {len(raw)} bytes, expected {8 * num_packed}")
-        got = f"{zlib.crc32(raw) & 0xFFFFFFFF:08x}"  # on the bytes, before they are read as rows
+        got = _crc32(raw)  # on the bytes, before they are read as rows
         if got != crc32:
             raise DataError(f"{path}: its CRC-32 is {got}, the store's header says {crc32}: the file is damaged")
         try:
             return cls(np.frombuffer(raw, dtype="<i8").astype(np.int64))
         except ValueError as e:  # a layout written wrong, its CRC with it
             raise DataError(f"{path}: {str(e).removeprefix('RowLayout: ')}: the file is damaged") from None
+
+
+def _crc32(raw: bytes) -> str:
+    """The CRC-32 of layout.i64's bytes, as the header keeps it (8 hex digits)."""
+    return f"{zlib.crc32(raw) & 0xFFFFFFFF:08x}"
 
 
 def frequency_layout(counts_rows: np.ndarray, counts: np.ndarray, max_rows: int) -> RowLayout:
