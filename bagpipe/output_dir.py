@@ -100,6 +100,25 @@ def listing(folder: Path) -> list[str]:
     return sorted(p[2:] if p.startswith("./") else p for p in out)
 
 
+def name_outermost(paths: list[str], shown: int = 3) -> tuple[str, str]:
+    """Name the outermost of ``paths`` (as :func:`listing` writes them) for a message, each
+    folder with the files under it: ``("notes.txt and extra/ (2 files)", "are")``."""
+    folders = {p for p in paths if p.endswith("/")}
+    outer = [p for p in paths if not any(p != f and p.startswith(f) for f in folders)]
+
+    def name(p: str) -> str:
+        if not p.endswith("/"):
+            return p
+        n = sum(1 for q in paths if q.startswith(p) and not q.endswith("/"))
+        return f"{p} ({n:,} file{'' if n == 1 else 's'})"
+
+    named = [name(p) for p in outer[:shown]]
+    if len(outer) > shown:
+        named.append(f"{len(outer) - shown:,} more")
+    text = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    return text, "is" if len(outer) == 1 else "are"
+
+
 class OutputDir:
     """A whole output folder ``target`` of one ``kind`` ("dataset", "export"), finished
     when ``finished_file`` exists in it (see the module docstring).
@@ -180,10 +199,11 @@ class OutputDir:
             )
         foreign = self.foreign()
         if foreign:
-            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            names, verb = name_outermost(foreign)
             raise DataError(
-                f"{t}: --overwrite replaces only what bagpipe wrote there, and {foreign[0]}{more} is not "
-                f"part of the {self.kind}; move it out (or remove the folder yourself) and run again"
+                f"{t}: --overwrite replaces only what bagpipe wrote there, and {names} {verb} not "
+                f"part of the {self.kind}; move {'it' if verb == 'is' else 'them'} out (or remove the folder "
+                "yourself) and run again"
             )
 
     def empty_target(self) -> bool:
