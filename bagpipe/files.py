@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -351,6 +351,20 @@ def refuse_inside_output(path: str | os.PathLike, flag: str, what: str) -> None:
 RUN_RECORDS = ("config.json", "metrics.jsonl", "summary.json")
 #: A run folder's own files and folders (a user's file beside them is theirs).
 RUN_FILES = frozenset({*RUN_RECORDS, "checkpoints", "logs", "store", "events"})
+
+
+def runs_above(path: str | os.PathLike) -> Iterator[tuple[Path, str | None]]:
+    """Every run folder that ``path`` (links resolved; it need not exist) is or lies in,
+    nearest first, with the first part of ``path`` inside it (None: ``path`` is the run
+    folder). A run folder holds config.json and another of :data:`RUN_FILES`; a config.json
+    of the user's own alone is not one."""
+    real = Path(os.path.realpath(path))
+    for run in (real, *real.parents):
+        if (run / "config.json").is_file() and any((run / n).exists() for n in RUN_FILES - {"config.json"}):
+            parts = real.relative_to(run).parts
+            yield run, parts[0] if parts else None
+
+
 #: An export's own files (bagpipe/export/write.py), besides its embeddings-*.safetensors.
 EXPORT_FILES = frozenset({"model.json", "model.safetensors.index.json", "dense.safetensors", "vocab"})
 

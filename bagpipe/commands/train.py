@@ -284,7 +284,7 @@ def check_store_dir(given: str, out: str) -> None:
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
-    from bagpipe.files import RUN_FILES
+    from bagpipe.files import runs_above
     from bagpipe.output_dir import inside
 
     flag = f"--store-dir {given}"
@@ -300,21 +300,15 @@ def check_store_dir(given: str, out: str) -> None:
                 f"{flag} lies inside this run's {Path(out) / sub}, which holds only the run's own files; "
                 f"leave --store-dir out (the run keeps its store in {Path(out) / 'store'}) or choose a folder outside it"
             )
-    real = Path(os.path.realpath(given))
-    for folder in (real, *real.parents):
-        if not (folder / "config.json").is_file():
-            continue
-        if not any((folder / name).exists() for name in RUN_FILES - {"config.json"}):
-            continue  # a config.json of the user's own, not a run folder
-        part = real.relative_to(folder).parts[:1]
-        if not part:
+    for folder, part in runs_above(given):
+        if part is None:
             raise ConfigError(
                 f"{flag} is the run folder {folder} (config.json, checkpoints/): the store's files and lock would "
                 "be written among that run's; choose a folder of its own"
             )
-        if part[0] in RUN_OWN_FOLDERS:
+        if part in RUN_OWN_FOLDERS:
             raise ConfigError(
-                f"{flag} lies inside {folder / part[0]}, which holds only the run {folder}'s own files; "
+                f"{flag} lies inside {folder / part}, which holds only the run {folder}'s own files; "
                 "choose a folder of its own"
             )
 
@@ -339,7 +333,7 @@ def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
-    from bagpipe.files import RUN_FILES, refuse_inside_output
+    from bagpipe.files import RUN_FILES, refuse_inside_output, runs_above
     from bagpipe.output_dir import inside
 
     flag = f"--tensorboard {given}"
@@ -380,14 +374,11 @@ def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str
             f"{flag} {relation(str(store))} the disk store {store}: the event files would be mixed with its files, "
             f"and the store could not be opened again; {example}"
         )
-    for run in (real, *real.parents):
-        if not (run / "config.json").is_file() or not any((run / n).exists() for n in RUN_FILES - {"config.json"}):
-            continue  # not a run folder (a config.json of the user's own)
-        part = real.relative_to(run).parts[:1]
-        if not part or part[0] in RUN_FILES:
-            where = "is the run folder" if not part else f"lies inside {run / part[0]} of the run"
+    for run, part in runs_above(real):
+        if part is None or part in RUN_FILES:
+            where = "is the run folder" if part is None else f"lies inside {run / part} of the run"
             raise ConfigError(
-                f"{flag} {where} {run if not part else ''}".rstrip()
+                f"{flag} {where} {run if part is None else ''}".rstrip()
                 + f": the event files would be mixed with that run's files; {example}"
             )
     if real.is_dir():
