@@ -1,7 +1,7 @@
 """Helpers of the tests that train: what a one-process run returns and leaves, typed as
 the test knows it (``train`` returns None only on a data-parallel trainer that does not
 report; ``latest`` None only where a run has no checkpoint yet); and the processes of a
-job started by hand, stopped whatever the test's outcome."""
+job started by hand, stopped whatever the test's outcome; a command's one-line refusal."""
 
 from __future__ import annotations
 
@@ -53,3 +53,11 @@ def outputs(procs: list[subprocess.Popen], within: float, since: float, floor: f
     """Every process's (stdout, stderr), all due ``within`` seconds after ``since``
     (``time.monotonic()``), each given at least ``floor`` seconds."""
     return [p.communicate(timeout=max(floor, within - (time.monotonic() - since))) for p in procs]
+
+
+def one_line(rc: int, err: str, prog: str = "train") -> str:
+    """The message of a refusal: exit 2, one line on stderr, no traceback; without the
+    ``bagpipe PROG: error:`` prefix."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0].removeprefix(f"bagpipe {prog}: error: ")

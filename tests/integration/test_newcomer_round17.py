@@ -24,16 +24,11 @@ import os
 import threading
 
 import pytest
+from runs import one_line
 
 pytestmark = pytest.mark.integration
 
 RUN = ("--steps", 2, "--batch-size", 64, "--no-progress")
-
-
-def one_line(rc: int, err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0].removeprefix("bagpipe train: error: ")
 
 
 def snapshot(folder) -> dict:

@@ -26,16 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runs import one_line
 
 pytestmark = pytest.mark.integration
 
 RUN = ("--batch-size", 64, "--no-progress", "--mode", "lookahead", "--store", "disk")
-
-
-def one_line(rc: int, err: str, prog: str = "train") -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0].removeprefix(f"bagpipe {prog}: error: ")
 
 
 def digest(folder: Path) -> dict:

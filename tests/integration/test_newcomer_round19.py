@@ -22,16 +22,11 @@ import json
 
 import numpy as np
 import pytest
+from runs import one_line
 
 pytestmark = pytest.mark.integration
 
 DISK = ("--batch-size", 64, "--no-progress", "--mode", "lookahead", "--store", "disk")
-
-
-def one_line(rc: int, err: str, prog: str = "train") -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0].removeprefix(f"bagpipe {prog}: error: ")
 
 
 def test_the_runs_own_store_is_never_emptied_through_a_link(run_cli, tiny_data, tmp_path):
