@@ -134,14 +134,8 @@ def open_store(
             for child in path.iterdir():  # the run's own store starts empty (its lock stays)
                 if child.name != LOCK:
                     shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        else:
-            if holds_store(path) and not reuse:
-                raise ConfigError(
-                    f"--store-dir {path} already holds a store: its rows would become this run's starting tables; "
-                    "pass --init-from-store to start from them, or give an empty directory"
-                )
-            if must_exist and not holds_store(path):
-                raise ConfigError(f"--init-from-store: {path} holds no store to start from")
+        else:  # again under the lock: another run may have made a store there since the check
+            check_users_store_dir(path, reuse, must_exist)
         return DiskStore(init, state_dim, path, io=io, lock=lock, layout=layout)
     except BaseException:
         lock.release()
