@@ -11,22 +11,21 @@ import signal
 import sys
 
 
-def _restore_sigint() -> None:
-    """SIGINT back to Python's own handler (KeyboardInterrupt, which :func:`main` turns into
-    one line) where the process inherited it ignored -- ``cmd &`` in a script, a scheduler's
-    job -- so that Ctrl-C (``kill -INT``) stops any command from here on, also during the
-    imports below and the command's own (seconds: torch); a SIGINT before this, in the
-    interpreter's start-up, is lost. Later, :func:`bagpipe.lifeline.stop_cleanly` takes
-    SIGINT over where a run writes what must not be left half-written, as before."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        except ValueError:  # not the main thread (bagpipe.cli imported by a thread): not ours to set
-            pass
+def _take_sigint() -> None:
+    """SIGINT to :func:`bagpipe.interrupts.interrupt` (KeyboardInterrupt, which :func:`main`
+    turns into one line, never lost in the import machinery), also where the process
+    inherited it ignored -- ``cmd &`` in a script, a scheduler's job -- so that Ctrl-C
+    (``kill -INT``) stops any command from here on, also during the imports below and the
+    command's own (seconds: torch); a SIGINT before this, in the interpreter's start-up, is
+    lost. Later, :func:`bagpipe.lifeline.stop_cleanly` takes SIGINT over where a run writes
+    what must not be left half-written, as before."""
+    from bagpipe.interrupts import install
+
+    install()
 
 
 # First thing, before any import that takes time (and a SIGINT ignored meanwhile would be lost).
-_restore_sigint()
+_take_sigint()
 
 # Before torch loads OpenMP: idle OpenMP workers sleep instead of spinning. With the
 # prefetch pipeline's threads on the same cores, spinning workers starve them and a

@@ -28,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from bagpipe.interrupts import in_import_machinery, install, is_python_interrupt, send_again_later
+
 #: ``PID:START`` of the process that started this one (START: its start time in clock
 #: ticks after boot, 0 where /proc is not available).
 ENV = "BAGPIPE_PARENT"
@@ -116,10 +118,10 @@ def watch(what: str | None = None, *, on_gone: Callable[[str], None] | None = No
                 pass
         (on_gone or _end)(line)
 
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if threading.current_thread() is threading.main_thread():
         # started in the background by a shell (`cmd &` ignores SIGINT in its children), the
         # interrupt that lets the main thread clean up would be a no-op: restore Python's own
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        install(only_if_ignored=True)
     t = threading.Thread(target=loop, name="bagpipe-lifeline", daemon=True)
     t.start()
     return t
@@ -154,6 +156,9 @@ def stop_cleanly() -> dict | None:
     def stop(signum, frame):
         if fired:
             return  # cleaning up already
+        if in_import_machinery(frame):  # raised there, it would be lost: a moment later
+            send_again_later(signum)
+            return
         fired.append(signum)
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
@@ -161,7 +166,7 @@ def stop_cleanly() -> dict | None:
     for sig in (signal.SIGINT, *STOP_SIGNALS):
         old = signal.getsignal(sig)
         if sig == signal.SIGINT:
-            if old not in (signal.SIG_IGN, signal.default_int_handler):
+            if old is not signal.SIG_IGN and not is_python_interrupt(old):
                 continue  # someone's own handler
         elif old != signal.SIG_DFL:
             continue
