@@ -79,7 +79,10 @@ def test_a_stopped_synth_removes_its_staging_folder_and_lock(tmp_path, how):
     (tmp_path / "k" / "notes.txt").write_text("mine")
     kw = {"preexec_fn": _ignore_sigint} if how == "SIGINT-ignored" else {}
     proc = start(
-        ["synth", "--profile", "tiny", "--samples", "20000000", "--out", "k/syn", "--no-progress"], tmp_path, **kw
+        # 8M samples: seconds of writing to stop in, 0.66 GiB of free disk asked for (20M asked 1.64 GiB: red in CI on a full disk)
+        ["synth", "--profile", "tiny", "--samples", "8000000", "--out", "k/syn", "--no-progress"],
+        tmp_path,
+        **kw,
     )
     try:
         wait_for(".syn.partial-*/train/00000/labels.npy", tmp_path / "k", proc)
