@@ -144,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
         advice = plan_advice(spec, cfg.cache.store, remote=cfg.distributed)
         if advice:
             print(advice)
-        if spec.store and not (cfg.cache.init_from_store or cfg.run.resume):  # a made store keeps its layout
+        # a store a run starts from (--init-from-store, or its --store-dir on a resume) keeps its layout;
+        # a resume without --store-dir makes its RUN/store again, in the layout asked for
+        if spec.store and not (cfg.cache.init_from_store or (cfg.run.resume and cfg.cache.store_dir)):
             layout = layout_advice(cfg.cache.store, cfg.distributed, cfg.cache.store_layout)
             if layout:
                 print(layout)

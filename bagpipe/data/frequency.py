@@ -22,13 +22,22 @@ COUNT_BATCH = 1 << 16
 def row_use_counts(dataset: Dataset, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """(rows, counts): every row the split looks up, ascending (int64), and how many times
     (int64). One pass over the split in file order; 4 bytes a row of the tables while it
-    counts (uint32), then 16 bytes a row used."""
+    counts (uint32, saturating at 2^32 - 1: a Terabyte-sized split looks a low-cardinality
+    row up more often than that, and a wrapped count would rank it cold), then 16 bytes a
+    row used."""
     stream = BatchStream(dataset, split, COUNT_BATCH, shuffle=False, drop_last=False)
     counts = np.zeros(dataset.meta.total_rows, dtype=np.uint32)
     for batch in stream.batches():
-        np.add.at(counts, batch.rows.numpy(), np.uint32(1))
+        count_lookups(counts, batch.rows.numpy())
     rows = np.flatnonzero(counts)
     return rows, counts[rows].astype(np.int64)
+
+
+def count_lookups(counts: np.ndarray, rows: np.ndarray) -> None:
+    """Add the lookups ``rows`` (any shape, repeats counted) to ``counts`` (uint32, one a row),
+    saturating at 2^32 - 1."""
+    u, c = np.unique(rows, return_counts=True)
+    counts[u] = np.minimum(counts[u].astype(np.uint64) + c.astype(np.uint64), np.iinfo(np.uint32).max)
 
 
 def frequency_store_layout(dataset: Dataset, max_rows: int = LAYOUT_MAX_ROWS) -> RowLayout:

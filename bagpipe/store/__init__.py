@@ -65,13 +65,18 @@ def check_users_store_dir(path: Path, reuse: bool, must_exist: bool = False) -> 
     names = sorted(p.name for p in path.iterdir())
     ours = holds_store(path)
     foreign = [n for n in names if n not in STORE_FILES or (n == "header.json" and not ours)]
-    if foreign or (names and not set(names) <= {LOCK} and not ours):
-        shown = ", ".join((foreign or [n for n in names if n != LOCK])[:3])
-        more = len(foreign or names) - 3
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise ConfigError(
-            f"--store-dir {path} holds files that are not a bagpipe store's ({shown}{f' and {more} more' if more > 0 else ''}): "
-            "a store writes its rows.f32 and present.u8 there and would overwrite such files; give an empty or new "
-            "directory"
+            f"--store-dir {path} holds files that are not a bagpipe store's ({shown}): a store writes its rows.f32 "
+            "and present.u8 there and would overwrite such files; give an empty or new directory"
+        )
+    if not ours and not set(names) <= {LOCK}:  # a store's names without its header
+        raise ConfigError(
+            f"--store-dir {path} holds files that are not a bagpipe store's ({', '.join(n for n in names if n != LOCK)}"
+            ": a store's names but no header.json -- files of your own, or a store whose making was stopped): a "
+            "store writes its rows.f32 and present.u8 there and would overwrite them; remove them or give an empty "
+            "or new directory"
         )
     if ours and not reuse:
         raise ConfigError(

@@ -1,12 +1,12 @@
 """A store on disk for tables larger than RAM.
 
-Layout of the directory ``path`` (format version 2)::
+Layout of the directory ``path`` (format version 2, and 3 with a row layout)::
 
     header.json   shape, dtype, seed and format version of the store (written last,
                   atomically)
-    rows.f32      num_rows x (D + S) float32, row-major: row g is its D weights
+    rows.f32      slots x (D + S) float32, row-major: slot s holds a row's D weights
                   followed by its S optimizer-state values, at byte offset
-                  g * 4 * (D + S)
+                  s * 4 * (D + S); row g is at slot g in version 2 (the identity layout)
     present.u8    one byte per row: 0 = never written (reads give the initial value
                   and zero state), 1 = rows.f32 holds the row; set by ``flush`` only
                   after the rows' values are durable
@@ -53,18 +53,15 @@ The read path was chosen by measurement under a memory cgroup
 (``benchmarks/disk_read_paths.py``; the write path and the page-cache bounds by
 ``benchmarks/disk_write_paths.py``; figures in docs/beyond-memory.md): the hints
 reached the device's random-read rate from one thread as from eight, where faulting
-threads alone needed many threads competing with the trainer for the cores. A row's
-weights and state sit side by side (version 2): a cold row costs one page.
-
-This module is long because one class holds the files, the hinted read and write paths and the
-presence bitmap (its written rows and their reset for a restore), which share its locks.
+threads alone needed many threads competing with the trainer for the cores.
 
 Which rows are present is kept in memory as a bitmap (num_rows / 8 bytes), loaded
 from ``present.u8`` at open (only its allocated extents are read), so deciding
 which rows need I/O costs no I/O.
 
-The module is long because the file layout, the crash-safe flush and the bounded I/O
-path share the invariants of the store's files and are read together; the I/O settings,
+The module is long because one class holds the files, the hinted read and write paths,
+the crash-safe flush and the presence bitmap (its written rows and their reset for a
+restore), which share the store's locks and the invariants of its files; the I/O settings,
 the dirty-page bound and the raw ``pread``/``pwrite`` helpers are in
 :mod:`bagpipe.store.diskio`.
 """
@@ -109,7 +106,6 @@ LAYOUT = "layout.i64"
 
 _MIN_ROWS_PER_TASK = 16  # below this a thread hand-off costs more than it hides
 _PAGE = mmap.PAGESIZE
-DEFAULT_THREADS = DiskIO.threads
 
 
 class StoreFullError(BagpipeError):
@@ -187,6 +183,8 @@ class DiskStore(EmbeddingStore):
                 if not self.layout.is_identity:  # before the header, which is written last
                     self.layout.save(self.path / LAYOUT)
                     header |= {"version": PACKED_VERSION, "layout": self._layout_header()}
+                else:  # one left by a making that was stopped is not this store's
+                    (self.path / LAYOUT).unlink(missing_ok=True)
                 self._write_header(header)
             self._bits = np.zeros((self.num_rows + 7) // 8, dtype=np.uint8)
             if not self._new:
@@ -223,19 +221,7 @@ class DiskStore(EmbeddingStore):
 
     def _check_header(self, want: dict) -> RowLayout:
         """Refuse a header that is not of a store like ``want``; the store's row layout."""
-        hp = self.path / HEADER
-        try:
-            have = json.loads(hp.read_text())
-        except (OSError, ValueError) as e:
-            raise DataError(f"{hp}: unreadable DiskStore header: {e}") from e
-        if not isinstance(have, dict) or have.get("format") != FORMAT:
-            raise DataError(f"{hp}: not a DiskStore header")
-        if have.get("version") not in (VERSION, PACKED_VERSION):
-            raise DataError(
-                f"{hp}: DiskStore format version {have.get('version')!r}, this bagpipe reads only "
-                f"versions {VERSION} and {PACKED_VERSION} (weights and state of a row side by side in {ROWS}; "
-                "version 1 kept them in weights.f32 and state.f32); recreate the store"
-            )
+        have = read_header(self.path)
         skip = ("table_sizes", "version")
         diffs = [
             f"{k}={have.get(k)!r} (asked for {v!r})" for k, v in want.items() if k not in skip and have.get(k) != v
@@ -315,8 +301,9 @@ class DiskStore(EmbeddingStore):
                 start = os.lseek(fd, pos, os.SEEK_DATA)
             except OSError:  # ENXIO: no data after pos
                 break
+            start -= start % 8  # a byte of the bitmap holds 8 rows' flags (extents are block-aligned anyway)
             stop = min(size, os.lseek(fd, start, os.SEEK_HOLE))
-            for a in range(start, stop, chunk):  # extents start block-aligned: a % 8 == 0
+            for a in range(start, stop, chunk):
                 b = min(stop, a + chunk)
                 buf = np.empty(b - a, dtype=np.uint8)
                 pread_into(fd, buf, a)
@@ -352,7 +339,7 @@ class DiskStore(EmbeddingStore):
         if self._closed:
             raise ValueError(f"DiskStore {self.path} is closed")
         if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
-            order = np.argsort(rows)  # rows are unique, so stability is moot (stable: 8x slower)
+            order = np.argsort(rows)  # equal rows are read once (_read), so stability is moot (stable: 8x slower)
             srows = np.take(rows, order)
         else:
             order, srows = None, rows
@@ -375,11 +362,7 @@ class DiskStore(EmbeddingStore):
         first = srows * rb // _PAGE
         if not self._residency.cold(first):
             return
-        last = (srows * rb + rb - 1) // _PAGE
-        cut = np.flatnonzero(first[1:] > last[:-1] + 1) + 1
-        starts = first[np.concatenate([[0], cut])] * _PAGE
-        ends = (last[np.concatenate([cut - 1, [len(srows) - 1]])] + 1) * _PAGE
-        self._advisor.advise(starts, ends, mmap.MADV_WILLNEED)
+        self._advisor.advise(*page_runs(srows * rb, srows * rb + rb), mmap.MADV_WILLNEED)
 
     def _buffer(self, rows: int) -> np.ndarray:
         """This thread's reused (rows, D + S) buffer (grown once to a round's rows; a
@@ -422,6 +405,10 @@ class DiskStore(EmbeddingStore):
         n = len(rows)
         d = self.dim
         srows, order = self._sorted(rows)
+        if n > 1 and bool(np.any(srows[1:] == srows[:-1])):  # a row asked twice: read each once
+            u, inverse = np.unique(rows, return_inverse=True)  # (the gather takes sorted rows as unique)
+            w, s = self._read(u)
+            return w[inverse], s[inverse]
         pres = self._present(srows)
         w = np.empty((n, d), dtype=np.float32)
         s = np.empty((n, self.state_dim), dtype=np.float32)
@@ -600,6 +587,9 @@ class DiskStore(EmbeddingStore):
         """
         if self._closed:
             return
+        with self._present_lock:  # the rows written so far: only their flags are made durable below
+            new = np.flatnonzero(self._bits & ~self._durable)
+            fresh = self._bits[new] & ~self._durable[new]
         try:
             if ROWS in self._maps:
                 self._maps[ROWS].flush()
@@ -608,15 +598,13 @@ class DiskStore(EmbeddingStore):
             self._full(e, ROWS)
             raise
         with self._present_lock:
-            new = np.flatnonzero(self._bits & ~self._durable)
-            fresh = self._bits[new] & ~self._durable[new]
+            fresh &= self._bits[new]  # not those a reset() cleared meanwhile
             if len(new):  # their flags' pages get blocks first: a full disk is an error, not SIGBUS
                 self._reserve(PRESENT, *page_runs(new * 8, np.minimum(new * 8 + 8, self.num_rows)))
-            self._durable[new] |= fresh
-        if len(new):
-            self._p[bitmap_rows(fresh, self.num_rows, at=new)] = 1
-            self._maps[PRESENT].flush()
-        os.fsync(self._fds[PRESENT])
+                self._p[bitmap_rows(fresh, self.num_rows, at=new)] = 1
+                self._maps[PRESENT].flush()
+            os.fsync(self._fds[PRESENT])
+            self._durable[new] |= fresh  # last: a flush that failed is done again by the next
 
     def written_rows(self) -> np.ndarray:
         with self._present_lock:  # the presence bitmap: no I/O
@@ -703,15 +691,31 @@ def layout_of(path: Path, have: dict) -> RowLayout:
     return layout
 
 
+def read_header(path: str | Path) -> dict:
+    """The header.json of the store in ``path``, its format and version checked (a one-line
+    :class:`DataError` naming the file otherwise)."""
+    hp = Path(path) / HEADER
+    try:
+        have = json.loads(hp.read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{hp}: unreadable DiskStore header: {e}") from e
+    if not isinstance(have, dict) or have.get("format") != FORMAT:
+        raise DataError(f"{hp}: not a DiskStore header")
+    if have.get("version") not in (VERSION, PACKED_VERSION):
+        raise DataError(
+            f"{hp}: DiskStore format version {have.get('version')!r}, this bagpipe reads only "
+            f"versions {VERSION} and {PACKED_VERSION} (weights and state of a row side by side in {ROWS}; "
+            "version 1 kept them in weights.f32 and state.f32); recreate the store"
+        )
+    return have
+
+
+def layout_name(path: str | Path) -> str:
+    """The ``--store-layout`` the store in ``path`` was made with: "frequency" (a version-3
+    header, with layout.i64) or "identity"."""
+    return "frequency" if read_header(path).get("version") == PACKED_VERSION else "identity"
+
+
 def check_store_files(path: str | Path) -> None:
     """Read-only checks of an existing store's header and layout (:func:`layout_of`)."""
-    path = Path(path)
-    try:
-        have = json.loads((path / HEADER).read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path / HEADER}: unreadable DiskStore header: {e}") from e
-    if not isinstance(have, dict) or have.get("format") != FORMAT:
-        raise DataError(f"{path / HEADER}: not a DiskStore header")
-    if have.get("version") not in (VERSION, PACKED_VERSION):
-        raise DataError(f"{path / HEADER}: DiskStore format version {have.get('version')!r}; recreate the store")
-    layout_of(path, have)
+    layout_of(Path(path), read_header(path))

@@ -69,6 +69,14 @@ class DiskIO:
     page_cache_bytes: int | None = None
     chunk_rows: int = 1 << 16
 
+    def __post_init__(self) -> None:
+        for name in ("threads", "hint_bytes", "chunk_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DiskIO.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("dirty_bytes", "page_cache_bytes"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"DiskIO.{name} must be None or >= 1, got {getattr(self, name)}")
+
     def round_rows(self) -> int:
         """Rows per round of hints and gathers (a scattered row is about one page)."""
         return max(16, self.hint_bytes // PAGE)

@@ -35,7 +35,7 @@ import numpy as np
 from bagpipe.errors import DataError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: == over an array field would raise
 class RowLayout:
     """The slots of a store's rows: ``packed`` (K,) int64 are the rows of slots 0..K-1 (unique,
     in [0, num_rows)); every other row g is at slot K + g. ``RowLayout.identity()`` is K = 0."""
@@ -142,5 +142,7 @@ def _crc32(raw: bytes) -> str:
 def frequency_layout(counts_rows: np.ndarray, counts: np.ndarray, max_rows: int) -> RowLayout:
     """The frequency layout of rows used ``counts`` times (rows ``counts_rows``, counts > 0):
     the ``max_rows`` most used, most used first (ties: lower row first)."""
+    if max_rows < 0:
+        raise ValueError(f"frequency_layout: max_rows must be >= 0, got {max_rows}")
     order = np.lexsort((counts_rows, -counts.astype(np.int64)))[:max_rows]
     return RowLayout(counts_rows[order])

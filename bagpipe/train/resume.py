@@ -204,11 +204,14 @@ def _refuse_another_runs_store(run: RunDir, before: dict, cfg: TrainConfig) -> N
         return
     kept = ((before.get("train") or {}).get("cache") or {}).get("store_dir") or str(Path(run.path) / "store")
     if os.path.realpath(kept) == os.path.realpath(given):
-        if cfg.cache.store_layout == "frequency" and not (Path(given) / "layout.i64").exists():
-            raise ConfigError(  # it was silently kept identity while config.json said frequency (round 19)
-                f"--store-layout frequency: the store in {given} keeps the layout it was made with (identity), and a "
-                "resume reuses it; give an empty --store-dir to make one in the frequency layout, or leave "
-                "--store-layout out"
+        from bagpipe.store.disk import layout_name
+
+        made = layout_name(given)
+        if cfg.cache.store_layout != made:
+            raise ConfigError(  # it was silently kept while config.json said the other (round 19)
+                f"--store-layout {cfg.cache.store_layout}: the store in {given} keeps the layout it was made with "
+                f"({made}), and a resume reuses it; give an empty --store-dir to make one in the "
+                f"{cfg.cache.store_layout} layout, or leave --store-layout out"
             )
         return
     raise ConfigError(

@@ -117,17 +117,19 @@ def check_checkpoint_space(cfg: TrainConfig, dataset: Dataset, shape: RunShape) 
     return est
 
 
-def store_bytes(num_rows: int, row_bytes: int, lookups: int) -> int:
+def store_bytes(num_rows: int, row_bytes: int, lookups: int, packed: int = 0) -> int:
     """The most bytes of blocks a disk store of ``num_rows`` rows of ``row_bytes`` takes after
-    ``lookups`` row writes: the pages they span in rows.f32, a page of present.u8 each (each
-    never more than its whole file, page-rounded) and its header."""
+    ``lookups`` row writes: the pages they span in rows.f32 (num_rows + ``packed`` slots: a
+    frequency layout's packed rows), a page of present.u8 each (each never more than its
+    whole file, page-rounded) and its header."""
     from bagpipe.store.diskio import PAGE
 
     def pages(n: int) -> int:
         return -(-n // PAGE) * PAGE
 
     spans = (row_bytes + PAGE - 2) // PAGE + 1  # the most pages one row lies in
-    return min(pages(num_rows * row_bytes), lookups * spans * PAGE) + min(pages(num_rows), lookups * PAGE) + PAGE
+    rows_file = pages((num_rows + packed) * row_bytes)
+    return min(rows_file, lookups * spans * PAGE) + min(pages(num_rows), lookups * PAGE) + PAGE
 
 
 def _allocated(directory: Path) -> int:
@@ -153,7 +155,10 @@ def check_store_space(cfg: TrainConfig, shape: RunShape, checkpoints: Checkpoint
     directory = Path(given) if given else Path(cfg.run.out) / "store"
     trainers = cfg.dist.trainers if cfg.dist.distributed else 1
     lookups = cfg.run.steps * shape.lookups * trainers
-    need = store_bytes(shape.num_rows, 4 * (shape.dim + shape.state_dim), lookups)
+    from bagpipe.data.frequency import LAYOUT_MAX_ROWS
+
+    packed = min(LAYOUT_MAX_ROWS, shape.num_rows) if cfg.cache.store_layout == "frequency" else 0
+    need = store_bytes(shape.num_rows, 4 * (shape.dim + shape.state_dim), lookups, packed)
     where, free = free_bytes(directory)
     have = _allocated(directory)
     if given:

@@ -131,15 +131,16 @@ def test_an_output_inside_a_disk_store_is_refused(run_cli, tiny_data, tmp_path):
     assert rc == 0, err
 
 
-def test_a_resume_asking_for_another_layout_than_its_stores_is_refused(run_cli, tiny_data, tmp_path):
+@pytest.mark.parametrize("made, asked", [("identity", "frequency"), ("frequency", "identity")])
+def test_a_resume_asking_for_another_layout_than_its_stores_is_refused(run_cli, tiny_data, tmp_path, made, asked):
     run, store = tmp_path / "run", tmp_path / "st"
     argv = ("train", "--data", tiny_data, *DISK, "--store-dir", store, "--out", run, "--checkpoint-every", 5)
-    rc, _, err = run_cli(*argv, "--steps", 10)
+    rc, _, err = run_cli(*argv, "--steps", 10, "--store-layout", made)
     assert rc == 0, err
-    rc, _, err = run_cli(*argv, "--steps", 20, "--resume", "--store-layout", "frequency")
+    rc, _, err = run_cli(*argv, "--steps", 20, "--resume", "--store-layout", asked)
     assert one_line(rc, err) == (
-        f"--store-layout frequency: the store in {store} keeps the layout it was made with (identity), and a resume "
-        "reuses it; give an empty --store-dir to make one in the frequency layout, or leave --store-layout out"
+        f"--store-layout {asked}: the store in {store} keeps the layout it was made with ({made}), and a resume "
+        f"reuses it; give an empty --store-dir to make one in the {asked} layout, or leave --store-layout out"
     )
     assert json.loads((run / "summary.json").read_text())["steps"] == 10
 

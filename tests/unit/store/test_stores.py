@@ -114,6 +114,18 @@ def test_write_then_read_in_callers_order(store):
             assert not got_s[j].any()
 
 
+def test_a_row_asked_twice_reads_its_own_value_each_time(store):
+    """A sorted read of [4, 5, 5, 7] once passed the disk store's contiguous-run test (7 - 4 = 3
+    rows after 4) and gave the second 5 row 6's value."""
+    rng = np.random.default_rng(4)
+    rows = np.arange(3, 9)
+    w, s = values(rng, 6, D), values(rng, 6, store.state_dim)
+    store.write(rows, w, s)
+    for ask in ([4, 5, 5, 7], [7, 5, 4, 5], [5, 5], [8, 3, 3, 3, 8]):
+        got_w, got_s = store.read(np.array(ask))
+        assert same_bits(got_w, w[np.array(ask) - 3]) and same_bits(got_s, s[np.array(ask) - 3]), ask
+
+
 def test_stats_count_rows(store):
     rng = np.random.default_rng(2)
     store.read(np.array([5, 3, 9]))
@@ -151,7 +163,9 @@ op = st.one_of(
         st.lists(st.integers(0, N_SMALL - 1), min_size=1, max_size=40, unique=True),
         st.integers(0, 2**32 - 1),
     ),
-    st.tuples(st.just("read"), st.lists(st.integers(0, N_SMALL - 1), min_size=0, max_size=60, unique=True), st.just(0)),
+    st.tuples(
+        st.just("read"), st.lists(st.integers(0, N_SMALL - 1), min_size=0, max_size=60), st.just(0)
+    ),  # repeats too
     st.tuples(st.just("range"), st.tuples(st.integers(0, N_SMALL), st.integers(0, N_SMALL)), st.just(0)),
 )
 
@@ -389,6 +403,43 @@ def test_layout_slots_and_the_frequency_order():
     assert lay.slot_count(10) == 13
     got = lay.packed_in(2, 7)
     assert got[0].tolist() == [2, 5] and got[1].tolist() == [1, 0]
+
+
+def test_layout_and_io_settings_refuse_what_they_cannot_mean(tmp_path):
+    from bagpipe.store.diskio import DiskIO
+    from bagpipe.store.layout import frequency_layout
+
+    with pytest.raises(ValueError, match="max_rows must be >= 0"):
+        frequency_layout(np.array([1, 2]), np.array([5, 3]), max_rows=-1)
+    for bad in ({"chunk_rows": 0}, {"threads": 0}, {"hint_bytes": -1}, {"dirty_bytes": 0}, {"page_cache_bytes": -5}):
+        with pytest.raises(ValueError, match=f"DiskIO.{next(iter(bad))} must be"):
+            DiskIO(**bad)
+    a, b = RowLayout(np.array([3, 1])), RowLayout(np.array([3, 1]))
+    assert a == a and a != b and len({a, b}) == 2  # compared as objects: == over the array raised
+
+
+def test_lookup_counts_saturate_instead_of_wrapping():
+    from bagpipe.data.frequency import count_lookups
+
+    top = np.iinfo(np.uint32).max
+    counts = np.array([top - 1, 5, 0], dtype=np.uint32)
+    count_lookups(counts, np.array([[0, 0, 0], [1, 2, 0]]))
+    assert counts.tolist() == [top, 6, 1]  # row 0: 4 more lookups would have wrapped to 2
+
+
+def test_an_identity_store_made_where_a_stopped_making_left_a_layout_file_removes_it(tmp_path):
+    init = RowInitializer(TABLES, D, seed=1)
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / "layout.i64").write_bytes(b"\0" * 16)  # no header: a making that was stopped
+    with DiskStore(init, 0, tmp_path / "st") as store:
+        assert store.layout.is_identity
+    assert sorted(p.name for p in (tmp_path / "st").iterdir()) == ["header.json", "present.u8", "rows.f32"]
+    from bagpipe.store.disk import layout_name
+
+    assert layout_name(tmp_path / "st") == "identity"
+    with DiskStore(init, 0, tmp_path / "st2", layout=RowLayout(np.array([5, 2]))):
+        pass
+    assert layout_name(tmp_path / "st2") == "frequency"
 
 
 def test_disk_files_are_sparse(tmp_path):
