@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         from bagpipe.train.space import check_checkpoint_space, check_store_space
 
         check_store_space(cfg, shape, check_checkpoint_space(cfg, dataset, shape))
+        check_reused_store(cfg, dataset, shape)
     budget = _budget(cfg)
     gib = shape.num_rows * shape.row_bytes / 2**30
     where = f"a {cfg.cache.store} store" if spec.store else "the trainer's memory (--mode full)"
@@ -199,7 +200,20 @@ def check_out(cfg) -> None:
             Path(c.store_dir), reuse=c.init_from_store or cfg.run.resume, must_exist=c.init_from_store
         )
         if holds_store(c.store_dir):
-            check_store_files(c.store_dir)
+            check_store_files(c.store_dir)  # its header and layout; against the run's rows once its shape is known
+
+
+def check_reused_store(cfg, dataset, shape) -> None:
+    """Refuse, in train's words, a --store-dir store the run would start from that is not of
+    its rows (another dimension, optimizer state, seed or data set; files of other sizes)."""
+    from bagpipe.store import holds_store
+    from bagpipe.store.disk import check_store_files, expected_header
+
+    c = cfg.cache
+    if not (c.spec.store and c.store == "disk" and c.store_dir and not cfg.distributed and holds_store(c.store_dir)):
+        return
+    want = expected_header(shape.num_rows, shape.dim, shape.state_dim, cfg.run.seed, dataset.meta.table_sizes)
+    check_store_files(c.store_dir, want)
 
 
 def check_resume_of(cfg, dataset) -> None:

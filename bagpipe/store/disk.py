@@ -202,16 +202,7 @@ class DiskStore(EmbeddingStore):
 
     def _expected_header(self) -> dict:
         shard = getattr(self.init, "shard_label", None)  # a server's shard of the row space
-        return ({"shard": shard} if shard else {}) | {
-            "format": FORMAT,
-            "version": VERSION,
-            "dtype": "float32",
-            "num_rows": self.num_rows,
-            "dim": self.dim,
-            "state_dim": self.state_dim,
-            "seed": self.init.seed,
-            "table_sizes": self.init.table_sizes,
-        }
+        return expected_header(self.num_rows, self.dim, self.state_dim, self.init.seed, self.init.table_sizes, shard)
 
     def _layout_header(self) -> dict:
         return {"file": LAYOUT, "packed_rows": self.layout.num_packed, "crc32": self.layout.crc32()}
@@ -222,14 +213,7 @@ class DiskStore(EmbeddingStore):
     def _check_header(self, want: dict) -> RowLayout:
         """Refuse a header that is not of a store like ``want``; the store's row layout."""
         have = read_header(self.path)
-        skip = ("table_sizes", "version")
-        diffs = [
-            f"{k}={have.get(k)!r} (asked for {v!r})" for k, v in want.items() if k not in skip and have.get(k) != v
-        ]
-        if not diffs and have.get("table_sizes") != want["table_sizes"]:
-            diffs.append(f"table_sizes={have.get('table_sizes')!r} (asked for {want['table_sizes']!r})")
-        if diffs:
-            raise DataError(f"{self.path}: existing DiskStore does not match: " + ", ".join(diffs))
+        refuse_another_store(self.path, have, want)
         return layout_of(self.path, have)
 
     def _file_sizes(self) -> dict[str, int]:
@@ -261,9 +245,7 @@ class DiskStore(EmbeddingStore):
                     except FileNotFoundError as e:
                         raise DataError(f"{p}: DiskStore file missing") from e
                     self._fds[name] = fd
-                    have = os.fstat(fd).st_size
-                    if have != size:
-                        raise DataError(f"{p}: DiskStore file is {have} bytes, expected {size}")
+                    check_file_size(p, os.fstat(fd).st_size, size)
                 if size:
                     m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                     m.madvise(mmap.MADV_RANDOM)
@@ -691,6 +673,38 @@ def layout_of(path: Path, have: dict) -> RowLayout:
     return layout
 
 
+def expected_header(
+    num_rows: int, dim: int, state_dim: int, seed: int, table_sizes: list[int], shard: str | None = None
+) -> dict:
+    """The header.json of a store of these rows (version 2; a layout adds its own)."""
+    return ({"shard": shard} if shard else {}) | {
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": "float32",
+        "num_rows": num_rows,
+        "dim": dim,
+        "state_dim": state_dim,
+        "seed": seed,
+        "table_sizes": list(table_sizes),
+    }
+
+
+def refuse_another_store(path: Path, have: dict, want: dict) -> None:
+    """Refuse (one-line :class:`DataError`) a store whose header ``have`` is not of the rows
+    ``want`` (:func:`expected_header`) describes, naming every setting that differs."""
+    skip = ("table_sizes", "version")
+    diffs = [f"{k}={have.get(k)!r} (asked for {v!r})" for k, v in want.items() if k not in skip and have.get(k) != v]
+    if not diffs and have.get("table_sizes") != want["table_sizes"]:
+        diffs.append(f"table_sizes={have.get('table_sizes')!r} (asked for {want['table_sizes']!r})")
+    if diffs:
+        raise DataError(f"{path}: existing DiskStore does not match: " + ", ".join(diffs))
+
+
+def check_file_size(path: Path, have: int, want: int) -> None:
+    if have != want:
+        raise DataError(f"{path}: DiskStore file is {have} bytes, expected {want}")
+
+
 def read_header(path: str | Path) -> dict:
     """The header.json of the store in ``path``, its format and version checked (a one-line
     :class:`DataError` naming the file otherwise)."""
@@ -716,6 +730,22 @@ def layout_name(path: str | Path) -> str:
     return "frequency" if read_header(path).get("version") == PACKED_VERSION else "identity"
 
 
-def check_store_files(path: str | Path) -> None:
-    """Read-only checks of an existing store's header and layout (:func:`layout_of`)."""
-    layout_of(Path(path), read_header(path))
+def check_store_files(path: str | Path, want: dict | None = None) -> None:
+    """Read-only, what opening the store in ``path`` checks: its header (against ``want``,
+    :func:`expected_header`, where given), its layout (:func:`layout_of`) and, with
+    ``want``, its files' sizes. ``bagpipe plan`` refuses with it what ``train`` refuses."""
+    path = Path(path)
+    have = read_header(path)
+    if want is not None:
+        refuse_another_store(path, have, want)
+    layout = layout_of(path, have)
+    if want is None:
+        return
+    cols = want["dim"] + want["state_dim"]
+    sizes = {ROWS: layout.slot_count(want["num_rows"]) * cols * 4, PRESENT: want["num_rows"]}
+    for name, size in sizes.items():
+        try:
+            got = os.stat(path / name).st_size
+        except FileNotFoundError as e:
+            raise DataError(f"{path / name}: DiskStore file missing") from e
+        check_file_size(path / name, got, size)

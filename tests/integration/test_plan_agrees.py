@@ -169,3 +169,31 @@ def test_a_limit_too_small_to_import_torch_is_one_line_not_a_silent_kill(tiny_da
     line = refusal(r.stderr, command)
     assert line.startswith("this process's memory limit is 120 MiB") and f"starting `bagpipe {command}`" in line, line
     assert "needs about 160 MiB" in line and not out.exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("damage", ["another-dim", "another-seed", "short-rows"])
+def test_plan_refuses_a_store_to_start_from_that_train_refuses(tiny_data, tmp_path, run_cli, damage):
+    """A --store-dir store of other rows (another D, another seed) or a rows.f32 of another
+    size: plan said the run would start from it; train refused it on opening."""
+    store = tmp_path / "st"
+    made = ("--mode", "lookahead", "--store", "disk", "--store-dir", store, "--embedding-dim", "8")
+    rc, _, err = run_cli("train", "--data", tiny_data, *BASE, *made, "--out", tmp_path / "a")
+    assert rc == 0, err
+    asked = ["--mode", "lookahead", "--store", "disk", "--store-dir", store, "--init-from-store"]
+    asked += {"another-dim": ["--embedding-dim", "16"], "another-seed": ["--embedding-dim", "8", "--seed", "9"]}.get(
+        damage, ["--embedding-dim", "8"]
+    )
+    if damage == "short-rows":
+        with open(store / "rows.f32", "r+b") as f:
+            f.truncate(f.seek(0, 2) - 4)
+    before = {k: v for k, v in files_of(store).items() if not k.endswith(".lock")}  # (its opener's pid)
+    rc, _, err = run_cli("train", "--data", tiny_data, *BASE, *asked, "--out", tmp_path / "b")
+    assert rc == 2, err
+    said = refusal(err, "train")
+    want = {"another-dim": "dim=8 (asked for 16)", "another-seed": "seed=", "short-rows": "DiskStore file is"}[damage]
+    assert want in said, said
+    rc, stdout, err = run_cli("plan", "--data", tiny_data, *BASE, *asked, "--out", tmp_path / "c")
+    assert rc == 2 and refusal(err, "plan") == said, stdout + err
+    assert {k: v for k, v in files_of(store).items() if not k.endswith(".lock")} == before
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
