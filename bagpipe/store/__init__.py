@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from bagpipe.errors import ConfigError
@@ -94,7 +95,7 @@ def open_store(
     owned: bool,
     reuse: bool = False,
     io: DiskIO | None = None,
-    layout: RowLayout | None = None,
+    layout: RowLayout | Callable[[], RowLayout] | None = None,
     must_exist: bool = False,
 ) -> EmbeddingStore:
     """A ``memory`` or ``disk`` store of the rows ``init`` describes.
@@ -106,7 +107,8 @@ def open_store(
     for (``--init-from-store``: ``must_exist``, or a resume of the run that made it), never
     get by accident. ``io``: the disk store's memory
     settings (:class:`~bagpipe.store.diskio.DiskIO`; its defaults when None). ``layout``:
-    the row layout of a disk store made here (:mod:`bagpipe.store.layout`); a store that
+    the row layout of a disk store made here (:mod:`bagpipe.store.layout`), or what makes
+    it, called only if a store is made (after the lock is taken); a store that
     is reopened keeps its own.
     """
     if kind == "memory":

@@ -73,6 +73,7 @@ import json
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -130,8 +131,8 @@ class DiskStore(EmbeddingStore):
         lock: the lock on ``path`` its opener holds (:func:`bagpipe.store.open_store`),
             released when the store closes.
         layout: where rows.f32 keeps each row (:class:`~bagpipe.store.layout.RowLayout`),
-            for a store created here (identity when None); a store reopened keeps the
-            layout it was made with (:attr:`layout`).
+            for a store created here (identity when None), or a callable that makes it,
+            called only then; a store reopened keeps the layout it was made with (:attr:`layout`).
 
     Rows passed to :meth:`read` and :meth:`write` must be in [0, num_rows); rows of a
     write must be unique (a :class:`ValueError` otherwise). Thread safety is as in
@@ -148,7 +149,7 @@ class DiskStore(EmbeddingStore):
         create: bool = True,
         io: DiskIO | None = None,
         lock=None,
-        layout: RowLayout | None = None,
+        layout: RowLayout | Callable[[], RowLayout] | None = None,
     ):
         super().__init__(init, state_dim)
         self.path = Path(path)
@@ -172,6 +173,8 @@ class DiskStore(EmbeddingStore):
             self.layout = self._check_header(header)
             self._open_files(new=False)
         elif create:
+            if callable(layout):  # made only now, under the opener's lock (a frequency layout: a pass over a split)
+                layout = layout()
             self.layout = layout if layout is not None else RowLayout.identity()
             self.layout.check(self.num_rows, f"{self.path}: the layout asked for")
             self.path.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
 from bagpipe.optim.sparse import SparseOptimizer
-from bagpipe.store import holds_store, open_store
+from bagpipe.store import open_store
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import FullBackend, cached_backend
 from bagpipe.train.cut import local_cut
@@ -66,7 +66,6 @@ class SingleProcess:
         setup = memory.setup
         assert setup is not None  # a mode with a store
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
-        made = not c.store_dir or not holds_store(store_dir)  # a store reopened keeps its own layout
         # a resumed run overwrites every row with its checkpoint's: its own old store may stay
         store = open_store(
             c.store,
@@ -77,8 +76,9 @@ class SingleProcess:
             reuse=c.init_from_store or ckpt is not None,  # a resume: check_resume refused another run's store
             must_exist=c.init_from_store,
             io=setup.plan.fit.sizes.io if setup.plan.fit is not None else None,
-            layout=frequency_store_layout(dataset)
-            if c.store == "disk" and c.store_layout == "frequency" and made
+            # counted only if a store is made here (a store reopened keeps its own layout)
+            layout=(lambda: frequency_store_layout(dataset))
+            if c.store == "disk" and c.store_layout == "frequency"
             else None,
         )
         return cached_backend(setup.plan, store, LocalPlans(setup), self.device, spec.executor)

@@ -418,6 +418,23 @@ def test_layout_and_io_settings_refuse_what_they_cannot_mean(tmp_path):
     assert a == a and a != b and len({a, b}) == 2  # compared as objects: == over the array raised
 
 
+def test_a_layout_is_made_only_for_a_store_made_here(tmp_path):
+    """The frequency layout is a pass over the train split: made under the opener's lock, only
+    when a store is created (a reopened store keeps its own; a refused one costs nothing)."""
+    init = RowInitializer(TABLES, D, seed=1)
+    made: list[int] = []
+
+    def layout() -> RowLayout:
+        made.append(1)
+        return RowLayout(np.array([7, 3]))
+
+    with DiskStore(init, 0, tmp_path / "st", layout=layout) as store:
+        assert store.layout.packed.tolist() == [7, 3]
+    with DiskStore(init, 0, tmp_path / "st", layout=layout) as store:  # reopened: its own layout
+        assert store.layout.packed.tolist() == [7, 3]
+    assert made == [1]
+
+
 def test_lookup_counts_saturate_instead_of_wrapping():
     from bagpipe.data.frequency import count_lookups
 
