@@ -23,8 +23,8 @@ def row_use_counts(dataset: Dataset, split: str = "train") -> tuple[np.ndarray, 
     """(rows, counts): every row the split looks up, ascending (int64), and how many times
     (int64). One pass over the split in file order; 4 bytes a row of the tables while it
     counts (uint32, saturating at 2^32 - 1: a Terabyte-sized split looks a low-cardinality
-    row up more often than that, and a wrapped count would rank it cold), then 16 bytes a
-    row used."""
+    row up more often than that, and a wrapped count would rank it cold) and at most 20 a
+    row used, then 16 a row used (the two arrays returned)."""
     stream = BatchStream(dataset, split, COUNT_BATCH, shuffle=False, drop_last=False)
     counts = np.zeros(dataset.meta.total_rows, dtype=np.uint32)
     for batch in stream.batches():

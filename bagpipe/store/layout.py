@@ -141,8 +141,11 @@ def _crc32(raw: bytes) -> str:
 
 def frequency_layout(counts_rows: np.ndarray, counts: np.ndarray, max_rows: int) -> RowLayout:
     """The frequency layout of rows used ``counts`` times (rows ``counts_rows``, counts > 0):
-    the ``max_rows`` most used, most used first (ties: lower row first)."""
+    the ``max_rows`` most used, most used first (ties: lower row first). Peak memory, with
+    the two arguments' 16 bytes a row: 44 bytes a row given; the layout keeps 20 a packed row."""
     if max_rows < 0:
         raise ValueError(f"frequency_layout: max_rows must be >= 0, got {max_rows}")
-    order = np.lexsort((counts_rows, -counts.astype(np.int64)))[:max_rows]
-    return RowLayout(counts_rows[order])
+    order = np.lexsort((counts_rows, np.negative(counts, dtype=np.int64)))[:max_rows]
+    packed = counts_rows[order]
+    del order  # before RowLayout sorts its own copies: 28 bytes a row at the peak, not 36
+    return RowLayout(packed)

@@ -435,6 +435,35 @@ def test_a_layout_is_made_only_for_a_store_made_here(tmp_path):
     assert made == [1]
 
 
+def test_the_layouts_peak_memory_is_within_the_budgets_part(tiny_data):
+    """`plan`'s "store layout" part (budget.shape.layout_bytes) against the peak that counting
+    the split and ordering its rows allocate, measured (NumPy reports to tracemalloc)."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from bagpipe.budget.shape import layout_bytes
+    from bagpipe.data.frequency import row_use_counts
+    from bagpipe.data.shards import Dataset
+    from bagpipe.store.layout import frequency_layout
+
+    dataset = Dataset(tiny_data)
+    tracemalloc.start()
+    try:
+        rows, counts = row_use_counts(dataset)
+        counting = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        frequency_layout(rows, counts, max_rows=len(rows))
+        ordering = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    n, used = dataset.meta.total_rows, len(rows)
+    cache = SimpleNamespace(spec=SimpleNamespace(store=True), store="disk", store_layout="frequency")
+    per_sample = dataset.meta.num_features  # one-hot tiny: a lookup a feature
+    part = layout_bytes(SimpleNamespace(cache=cache), n, used, per_sample)  # type: ignore[arg-type]
+    assert counting <= part and ordering <= part, (counting, ordering, part)
+    assert counting >= part - (2 << 20) or ordering >= part - (2 << 20)  # not a wide guess either
+
+
 def test_lookup_counts_saturate_instead_of_wrapping():
     from bagpipe.data.frequency import count_lookups
 
