@@ -344,6 +344,10 @@ def _main(argv: list[str] | None) -> int:
     except OSError as e:
         from bagpipe.files import FULL_ERRNOS, WRITE_ERRNOS
 
+        said = _path_error(e)
+        if said is not None:  # a path no file system takes, wherever a check or a write met it
+            print(one_line(f"bagpipe {args.command}: error: {said}"), file=sys.stderr)
+            return 2
         if e.errno not in WRITE_ERRNOS:
             raise
         # a full disk or a volume made read-only under a write that nothing closer to it
@@ -358,6 +362,24 @@ def _main(argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+def _path_error(e: OSError) -> str | None:
+    """One line for a path that cannot name a file at all -- a name longer than the file
+    system takes, a loop of symbolic links -- or None (newcomer round 21: each was a
+    traceback from whichever check first looked at the path; the options a command
+    writes are refused before, :func:`bagpipe.files.refuse_unnamable`)."""
+    import errno
+
+    from bagpipe.files import TOO_LONG, shown_path
+
+    why = {
+        errno.ENAMETOOLONG: TOO_LONG,
+        errno.ELOOP: "its symbolic links form a loop (a link that leads back to itself)",
+    }.get(e.errno or 0)
+    if why is None:
+        return None
+    return f"{shown_path(e.filename) if e.filename is not None else 'a path given'}: {why}; give another path"
 
 
 #: The commands that import torch before they can check a memory budget.

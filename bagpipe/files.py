@@ -57,8 +57,50 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def through_link(path: Path) -> Path:
     """The file a write of ``path`` replaces: itself, or the file a symbolic link (dangling
-    too) names, as ``>`` writes; a rename onto the link replaced it (newcomer round 18)."""
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    too) names, as ``>`` writes; a rename onto the link replaced it (newcomer round 18).
+    A loop of links is an ``OSError`` (ELOOP) naming ``path``: it names no file to write
+    (the loop's link was replaced by a regular file; newcomer round 21)."""
+    if not path.is_symlink():
+        return path
+    if is_link_loop(path):
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+    return Path(os.path.realpath(path))
+
+
+def is_link_loop(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (or a folder above it) is a symbolic link that never reaches a file
+    or folder: its links lead back to themselves."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
+
+
+#: What a path may hold (Linux's NAME_MAX and PATH_MAX; most file systems take no more).
+NAME_MAX, PATH_MAX = 255, 4096
+TOO_LONG = "a name in it is longer than the file system takes (255 bytes a name, 4,096 a path)"
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` for a message, each name over 40 bytes shortened to its start and its size."""
+    return "/".join(
+        p if len(p.encode()) <= 40 else f"{p[:20]}...({len(p.encode()):,} bytes)" for p in str(path).split("/")
+    )
+
+
+def refuse_unnamable(path: str | os.PathLike, flag: str) -> None:
+    """Refuse, in one line and before anything is made, a ``flag`` path that can name no
+    file: its symbolic links form a loop, or a name in it is longer than a file system
+    takes (newcomer round 21: tracebacks, or the folders above it made and left)."""
+    if is_link_loop(path):
+        raise ConfigError(
+            f"{flag} {path} is a symbolic link that never reaches a file or folder (a loop); remove the link or "
+            f"give another {flag.split()[0]}"
+        )
+    text = os.fsencode(path)
+    if len(text) >= PATH_MAX or any(len(name) > NAME_MAX for name in text.split(b"/")):
+        raise ConfigError(f"{flag} {shown_path(path)}: {TOO_LONG}; give another {flag.split()[0]}")
 
 
 def standard_fd(path: str | os.PathLike) -> int | None:
@@ -216,6 +258,7 @@ def check_out_file(
     path = Path(path)
     if is_standard_stream(path):
         return path
+    refuse_unnamable(path, flag)
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory; give the file to write")
     parent = path.parent

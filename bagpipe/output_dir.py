@@ -65,6 +65,7 @@ from bagpipe.files import (
     check_can_write_in,
     enclosing_output,
     fsync_dir,
+    refuse_unnamable,
     write_refused,
 )
 from bagpipe.lifeline import restore, stop_cleanly
@@ -155,6 +156,7 @@ class OutputDir:
         a = f"a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind}"
         if str(t) == "-":  # predict --out - is standard output; a folder cannot be
             raise ConfigError(f"{flag} -: {a} is written as a folder, not to standard output; give the folder to write")
+        refuse_unnamable(t, flag)
         if t.exists() and not t.is_dir():
             raise DataError(f"{flag} {t}: exists and is not a directory")
         owner = bagpipe_folder(t)  # a data set (or run, export) the target would sit among the files of

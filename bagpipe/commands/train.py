@@ -231,7 +231,7 @@ def check_out_folders(cfg) -> None:
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
-    from bagpipe.files import enclosing_output, refuse_inside_output
+    from bagpipe.files import enclosing_output, refuse_inside_output, refuse_unnamable
     from bagpipe.output_dir import inside
 
     for flag, given in (("--out", cfg.run.out), ("--store-dir", cfg.cache.store_dir)):
@@ -244,6 +244,7 @@ def check_out_folders(cfg) -> None:
                 if flag == "--out"
                 else "--store-dir -: the disk store is a folder, not standard output; give a folder or leave it out"
             )
+        refuse_unnamable(given, flag)
         if inside(given, cfg.data.data):
             what = "is" if os.path.realpath(given) == os.path.realpath(cfg.data.data) else "lies inside"
             raise ConfigError(
@@ -333,11 +334,12 @@ def check_tensorboard_dir(given: str, out: str, store_dir: str | None, data: str
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
-    from bagpipe.files import RUN_FILES, refuse_inside_output, runs_above
+    from bagpipe.files import RUN_FILES, refuse_inside_output, refuse_unnamable, runs_above
     from bagpipe.output_dir import inside
 
     flag = f"--tensorboard {given}"
     example = f"e.g. --tensorboard {Path(out) / 'tb'}"
+    refuse_unnamable(given, "--tensorboard")
     above = next((p for p in (Path(given), *Path(given).parents) if os.path.lexists(p)), None)
     if above is not None and Path(above).is_symlink() and not Path(above).exists():
         raise ConfigError(
@@ -418,7 +420,7 @@ def check_summary_json(cfg) -> None:
     from pathlib import Path
 
     from bagpipe.errors import ConfigError
-    from bagpipe.files import check_can_write_in, refuse_inside_output
+    from bagpipe.files import check_can_write_in, refuse_inside_output, refuse_unnamable
     from bagpipe.output_dir import inside
     from bagpipe.train.resume import elastic_restart
 
@@ -427,6 +429,7 @@ def check_summary_json(cfg) -> None:
         return
     path = Path(given)
     flag = f"--summary-json {given}"
+    refuse_unnamable(given, "--summary-json")
     if path.is_dir():
         raise ConfigError(f"{flag}: is a directory; give the file to write (e.g. {path / 'summary.json'})")
     refuse_inside_output(given, "--summary-json", "the summary")  # --data too: a data set

@@ -12,7 +12,14 @@ import json
 from pathlib import Path
 
 from bagpipe.errors import DataError
-from bagpipe.files import bagpipe_folder, dash_is_stdout, is_standard_stream, refuse_inside_output, standard_fd
+from bagpipe.files import (
+    bagpipe_folder,
+    dash_is_stdout,
+    is_standard_stream,
+    refuse_inside_output,
+    refuse_unnamable,
+    standard_fd,
+)
 
 
 def pyplot():
@@ -248,6 +255,7 @@ def plot_target(given: str | Path) -> tuple[Path, str]:
         )
     if out.is_dir():
         raise DataError(f"--out {given}: is a directory; give the picture file to write (e.g. {out / 'curves.png'})")
+    refuse_unnamable(out, "--out")
     above = next((p for p in out.parents if p.exists()), None)
     if above is not None and not above.is_dir():
         raise DataError(f"--out {given}: {above} is a file, not a folder; choose another --out")

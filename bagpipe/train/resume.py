@@ -32,7 +32,7 @@ from bagpipe.config.environ import env_int
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.errors import CheckpointError, ConfigError
-from bagpipe.files import RUN_FILES, RUN_RECORDS, atomic_write_text
+from bagpipe.files import RUN_FILES, RUN_RECORDS, atomic_write_text, refuse_unnamable
 from bagpipe.phases import RESTART_ENV
 from bagpipe.train.rundir import RunDir
 
@@ -324,7 +324,7 @@ def not_its_own(folder: Path) -> list[str]:
         return []
     except OSError as e:
         if e.errno == errno.ELOOP:  # a loop of symbolic links: no folder at its end
-            raise ConfigError(f"--out {folder} is a symbolic link that never reaches a folder (a loop)") from None
+            refuse_unnamable(folder, "--out")
         raise
     return [
         f"{n}/" if (folder / n).is_dir() else n

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from bagpipe.errors import ConfigError
-from bagpipe.files import FULL_ERRNOS, RunLock, atomic_write_text, through_link, written_directly
+from bagpipe.files import FULL_ERRNOS, RunLock, atomic_write_text, refuse_unnamable, through_link, written_directly
 from bagpipe.jsonout import json_text
 from bagpipe.store.init import RowValues
 
@@ -208,9 +208,8 @@ class RunDir:
             raise ConfigError(f"--out {self.path}: exists and is not a directory")
         # a dangling symbolic link: the folder it names is made, as `mkdir -p` through it would
         # (mkdir on the link itself said "File exists"; newcomer round 18); the link stays
+        refuse_unnamable(self.path, "--out")  # a loop of links names no folder to make
         real = through_link(self.path)
-        if real.is_symlink():
-            raise ConfigError(f"--out {self.path} is a symbolic link that never reaches a folder (a loop)")
         try:
             self.created = not self.path.exists()
             real.mkdir(parents=True, exist_ok=True)

@@ -155,7 +155,7 @@ def test_a_link_loop_as_the_run_folder_is_refused_in_one_line(tmp_path):
 
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
-    with pytest.raises(ConfigError, match="is a symbolic link that never reaches a folder"):
+    with pytest.raises(ConfigError, match="is a symbolic link that never reaches a file or folder"):
         with RunDir(tmp_path / "a").claim():
             pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
@@ -169,7 +169,8 @@ def test_a_link_loop_as_out_is_one_line_from_train(run_cli, tiny_data, tmp_path)
     rc, _, err = run_cli("train", "--data", tiny_data, "--out", tmp_path / "a", *RUN)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and lines == [
-        f"bagpipe train: error: --out {tmp_path / 'a'} is a symbolic link that never reaches a folder (a loop)"
+        f"bagpipe train: error: --out {tmp_path / 'a'} is a symbolic link that never reaches a file or folder (a "
+        "loop); remove the link or give another --out"
     ], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 

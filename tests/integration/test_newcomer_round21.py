@@ -1,0 +1,96 @@
+"""The 21st newcomer round's findings (issue 32), each one line with nothing of the user's
+changed:
+
+* a path with a name longer than the file system takes (ENAMETOOLONG), given to any of a
+  command's path options, was a traceback from whichever check first looked at it;
+* an output that is a loop of symbolic links was a traceback (synth, export: the staging
+  folder's rename) or had its link replaced by a regular file (profile --out,
+  --summary-json); --tensorboard said the other half of the loop did not exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from runs import one_line
+
+pytestmark = pytest.mark.integration
+
+LONG = "x" * 300
+TOO_LONG = "a name in it is longer than the file system takes (255 bytes a name, 4,096 a path); give another "
+RUN = ("--steps", 2, "--batch-size", 64, "--no-progress")
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("synth", "--profile", "tiny", "--samples", 100, "--out", "{tmp}/" + LONG),
+        ("train", "--data", "{data}", *RUN, "--out", "{tmp}/runs/" + LONG),
+        ("train", "--data", "{tmp}/" + LONG, *RUN, "--out", "{tmp}/r"),
+        ("train", "--data", "{data}", *RUN, "--out", "{tmp}/r", "--summary-json", "{tmp}/" + LONG),
+        ("check", "{tmp}/" + LONG),
+        ("eval", "--run", "{tmp}/" + LONG, "--data", "{data}"),
+        ("plot", "--out", "{tmp}/" + LONG + ".png", "{tmp}/r"),
+        ("profile", "--data", "{tmp}/" + LONG, "--hot-budget-mb", 1, "--out", "{tmp}/h.npz"),
+    ],
+    ids=["synth-out", "train-out", "train-data", "summary-json", "check", "eval-run", "plot-out", "profile-data"],
+)
+def test_a_name_too_long_for_the_file_system_is_one_line(run_cli, tiny_data, tmp_path, argv):
+    args = [str(a).format(tmp=tmp_path, data=tiny_data) for a in argv]
+    before = listing(tmp_path)
+    rc, _, err = run_cli(*args)
+    line = one_line(rc, err, args[0])
+    assert TOO_LONG in line and re.search(r"x{20}\.\.\.\(30\d bytes\)", line), line  # the long name shortened
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (("synth", "--profile", "tiny", "--samples", 100, "--out", "{loop}"), "--out"),
+        (("export", "--run", "{run}", "--out", "{loop}"), "--out"),
+        (("profile", "--data", "{data}", "--hot-budget-mb", 0.01, "--out", "{loop}"), "--out"),
+        (("train", "--data", "{data}", *RUN, "--out", "{tmp}/r2", "--summary-json", "{loop}"), "--summary-json"),
+        (("train", "--data", "{data}", *RUN, "--out", "{tmp}/r2", "--tensorboard", "{loop}"), "--tensorboard"),
+        (
+            (
+                "train",
+                "--data",
+                "{data}",
+                *RUN,
+                "--out",
+                "{tmp}/r2",
+                "--mode",
+                "lookahead",
+                "--store",
+                "disk",
+                "--store-dir",
+                "{loop}",
+            ),
+            "--store-dir",
+        ),
+    ],  # fmt: skip
+    ids=["synth", "export", "profile", "summary-json", "tensorboard", "store-dir"],
+)
+def test_an_output_that_is_a_loop_of_links_is_one_line_and_the_links_stay(run_cli, tiny_data, tmp_path, argv, flag):
+    rc, _, err = run_cli("train", "--data", tiny_data, *RUN, "--out", tmp_path / "run")
+    assert rc == 0, err
+    loop = tmp_path / "loopa"
+    loop.symlink_to("loopb")
+    (tmp_path / "loopb").symlink_to("loopa")
+    before = listing(tmp_path)
+    args = [str(a).format(tmp=tmp_path, data=tiny_data, run=tmp_path / "run", loop=loop) for a in argv]
+    rc, _, err = run_cli(*args)
+    assert one_line(rc, err, args[0]) == (
+        f"{flag} {loop} is a symbolic link that never reaches a file or folder (a loop); remove the link or give "
+        f"another {flag}"
+    )
+    assert listing(tmp_path) == before
+    assert os.readlink(loop) == "loopb" and os.readlink(tmp_path / "loopb") == "loopa"
