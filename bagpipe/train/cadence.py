@@ -186,7 +186,7 @@ class RunReporter:
 
     def open(self, start: int) -> None:
         self.start = start
-        self.metrics = with_tensorboard(self.run.metrics(since=start), self.cfg.run.tensorboard)
+        self.metrics = with_tensorboard(self.run.metrics(since=start), self.cfg.run.tensorboard, since=start)
 
     def stepped(self, step: int) -> None:
         self.run.heartbeat(step)

@@ -21,9 +21,14 @@ def tag(key: str) -> str:
 
 
 class TensorBoardLog:
-    """Writes metrics.jsonl-style records as TensorBoard scalars into ``directory``."""
+    """Writes metrics.jsonl-style records as TensorBoard scalars into ``directory``.
 
-    def __init__(self, directory: str):
+    ``since``: the step a resumed run continues from; the scalars an earlier run of it wrote
+    past that step (after its last checkpoint, before it stopped) are purged, as
+    metrics.jsonl's records are (newcomer round 21: TensorBoard drew each such step twice,
+    with two samples/s)."""
+
+    def __init__(self, directory: str, since: int = 0):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -31,7 +36,7 @@ class TensorBoardLog:
                 "--tensorboard needs the tensorboard package: pip install 'bagpipe[tensorboard]'"
             ) from None
         try:
-            self.writer = SummaryWriter(log_dir=directory)
+            self.writer = SummaryWriter(log_dir=directory, purge_step=since + 1 if since > 0 else None)
         except OSError as e:  # checked before the run (commands/train.py): what is left, e.g. a read-only disk
             raise ConfigError(f"--tensorboard {directory}: cannot write there ({e.strerror or e})") from None
 
@@ -65,6 +70,7 @@ class Logs:
             log.close()
 
 
-def with_tensorboard(log, directory: str | None):
-    """``log`` alone, or with a :class:`TensorBoardLog` into ``directory`` beside it."""
-    return log if directory is None else Logs(log, TensorBoardLog(directory))
+def with_tensorboard(log, directory: str | None, since: int = 0):
+    """``log`` alone, or with a :class:`TensorBoardLog` into ``directory`` beside it (a run
+    continued from step ``since``)."""
+    return log if directory is None else Logs(log, TensorBoardLog(directory, since))

@@ -94,3 +94,22 @@ def test_an_output_that_is_a_loop_of_links_is_one_line_and_the_links_stay(run_cl
     )
     assert listing(tmp_path) == before
     assert os.readlink(loop) == "loopb" and os.readlink(tmp_path / "loopb") == "loopa"
+
+
+def test_a_resumed_runs_tensorboard_drops_the_steps_after_its_checkpoint(run_cli, tiny_data, tmp_path):
+    """Steps an earlier run logged past its last checkpoint are trained again by the resume:
+    TensorBoard drew each twice (two samples/s); metrics.jsonl keeps them once."""
+    pytest.importorskip("tensorboard", reason="the tensorboard package is an optional extra")
+    from tensorboard.backend.event_processing import event_accumulator
+
+    tb, out = tmp_path / "tb", tmp_path / "run"
+    common = ("--data", tiny_data, "--batch-size", 64, "--no-progress", "--out", out, "--tensorboard", tb)
+    rc, _, err = run_cli("train", *common, "--steps", 30, "--checkpoint-every", 20, "--no-final-checkpoint")
+    assert rc == 0, err
+    rc, _, err = run_cli("train", *common, "--steps", 40, "--checkpoint-every", 20, "--resume")
+    assert rc == 0, err
+    acc = event_accumulator.EventAccumulator(str(tb))
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("train/loss")]
+    assert steps == sorted(set(steps)) and 30 in steps and 40 in steps, steps
+    assert all(e.value > 0 for e in acc.Scalars("train/samples_per_s"))
