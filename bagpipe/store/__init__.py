@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from bagpipe.errors import ConfigError
+from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.files import RunLock
 from bagpipe.store.base import EmbeddingStore
 from bagpipe.store.diskio import DiskIO
@@ -15,6 +16,8 @@ from bagpipe.store.init import RowValues
 from bagpipe.store.layout import RowLayout
 
 LOCK = ".lock"  # the store directory's lock file (one run at a time)
+
+log = logging.getLogger(__name__)
 
 
 def holds_store(directory: str | Path) -> bool:
@@ -84,6 +87,39 @@ def check_users_store_dir(path: Path, reuse: bool, must_exist: bool = False) -> 
             f"--store-dir {path} already holds a store: its rows would become this run's starting tables; "
             "pass --init-from-store to start from them, or give an empty directory"
         )
+
+
+def drop_unused_store(path: Path, used: str | Path | None) -> None:
+    """Remove the store a run kept in its own folder ``path`` (RUN/store) when the run now
+    keeps its rows elsewhere (``used``: its --store-dir, or None: the memory store or no
+    store): a resume to another store left it there, stale -- hundreds of MB to GB -- while
+    the run's checkpoints hold its rows (newcomer round 21). Only a store's own files go
+    (its lock too, when no process holds it); anything else in the folder stays."""
+    if not path.is_dir() or path.is_symlink() or not holds_store(path):
+        return
+    if used is not None and os.path.realpath(used) == os.path.realpath(path):
+        return
+    lock = RunLock(path / LOCK, what=f"the run's old store {path}", hint="")
+    try:
+        lock.acquire()
+    except BagpipeError:  # another process holds it: not ours to remove
+        return
+    try:
+        gone = 0
+        for name in sorted(STORE_FILES - {LOCK}):
+            f = path / name
+            if f.is_file() and not f.is_symlink():
+                gone += f.stat().st_blocks * 512
+                f.unlink()
+    finally:
+        lock.release()
+    (path / LOCK).unlink(missing_ok=True)
+    if not any(path.iterdir()):
+        path.rmdir()
+    log.info(
+        f"removed {path} ({gone / 2**20:,.0f} MB on disk): this run keeps its rows "
+        f"{f'in {used}' if used else 'in memory'}, and its checkpoints hold them"
+    )
 
 
 def open_store(

@@ -24,7 +24,7 @@ from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device, HostDevice
 from bagpipe.optim.sparse import SparseOptimizer
-from bagpipe.store import open_store
+from bagpipe.store import drop_unused_store, open_store
 from bagpipe.store.init import RowInitializer
 from bagpipe.train.backends import FullBackend, cached_backend
 from bagpipe.train.cut import local_cut
@@ -61,6 +61,8 @@ class SingleProcess:
         c, spec = cfg.cache, cfg.cache.spec
         if memory is None:  # the pre-flight's checks set up and fitted the cache already, else here
             memory = memory_checks(cfg, dataset, stream, shape)  # the shape the loop measured
+        if not (spec.store and c.store == "disk" and not c.store_dir):  # RUN/store is not this run's store
+            drop_unused_store(Path(cfg.run.out) / "store", c.store_dir if spec.store and c.store == "disk" else None)
         if not spec.store:
             return FullBackend(init, state_dim, self.device, fit=memory.fit)
         setup = memory.setup

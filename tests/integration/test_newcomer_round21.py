@@ -113,3 +113,25 @@ def test_a_resumed_runs_tensorboard_drops_the_steps_after_its_checkpoint(run_cli
     steps = [e.step for e in acc.Scalars("train/loss")]
     assert steps == sorted(set(steps)) and 30 in steps and 40 in steps, steps
     assert all(e.value > 0 for e in acc.Scalars("train/samples_per_s"))
+
+
+@pytest.mark.parametrize("moved", [("--store", "memory"), ("--mode", "full"), ("--store-dir", "{tmp}/elsewhere")])
+def test_a_resume_that_keeps_its_rows_elsewhere_removes_its_old_store(run_cli, tiny_data, tmp_path, caplog, moved):
+    """RUN/store stayed behind, stale, after a resume to the memory store, to --mode full or
+    to a --store-dir (290 MB in the round); the checkpoints hold the rows. Only a store's
+    own files go."""
+    run = tmp_path / "run"
+    disk = ("--data", tiny_data, "--batch-size", 64, "--no-progress", "--out", run, "--checkpoint-every", 5)
+    rc, _, err = run_cli("train", *disk, "--steps", 10, "--mode", "lookahead", "--store", "disk")
+    assert rc == 0, err
+    assert (run / "store" / "rows.f32").exists()
+    (run / "store" / "notes.txt").write_text("mine")
+    args = [str(a).format(tmp=tmp_path) for a in moved]
+    if "--mode" not in args:
+        args += ["--mode", "lookahead"] + (["--store", "disk"] if "--store-dir" in args else [])
+    caplog.set_level("INFO")
+    rc, _, err = run_cli("train", *disk, "--steps", 15, "--resume", *args)
+    assert rc == 0, err
+    assert sorted(p.name for p in (run / "store").iterdir()) == ["notes.txt"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"removed {run / 'store'}")]
+    assert len(said) == 1 and "its checkpoints hold them" in said[0], said
