@@ -211,10 +211,26 @@ def _smallest(shape: RunShape, wanted: Wanted, io: DiskIO) -> Sizes:
     )
 
 
-def _most(shape: RunShape, sizes: Sizes, usable: int, part: str, per_row: int) -> int:
-    """How many rows of ``part`` fit: what the rest of the estimate leaves, per row."""
-    rest = estimate(shape, sizes).total - estimate(shape, sizes).part(part)
-    return max(0, (usable - rest) // per_row)
+def _most(shape: RunShape, sizes: Sizes, usable: int, field: str, role: str = "trainer") -> int:
+    """The most rows of ``field`` (``cache_rows``, ``hot_rows``) at which the whole estimate,
+    every other part at that size too, fits ``usable``; 0 when none does. By bisection:
+    the parts that grow with the cache (the oracle's retained slots, the staging) made the
+    rest-of-the-estimate answer depend on the size asked for (newcomer round 21: "at most"
+    0 to 835,425 rows for one budget, where 800,000 fit)."""
+
+    def fits(n: int) -> bool:
+        return estimate(shape, dataclasses.replace(sizes, **{field: n}), role).total <= usable
+
+    lo, hi = 0, getattr(sizes, field)
+    if fits(hi):
+        return hi
+    while lo < hi:  # fits(lo) or lo == 0; not fits(hi + 1)
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo if fits(lo) else 0
 
 
 def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") -> Fit:
@@ -237,7 +253,7 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
             what, fixes = [], []
             if smallest.cache_rows > floor.cache_rows:
                 what.append(f"the cache of {smallest.cache_rows:,} rows")
-                most = _most(shape, dataclasses.replace(smallest, hot_rows=0), usable, "cache", shape.row_bytes + 32)
+                most = _most(shape, dataclasses.replace(smallest, hot_rows=0), usable, "cache_rows", role)
                 fixes.append(f"lower --cache-rows / --cache-budget-mb to at most {most:,} rows")
             if smallest.hot_rows:
                 what.append(f"the hot tier of {smallest.hot_rows:,} rows")
@@ -274,19 +290,18 @@ def fit(budget: Budget, shape: RunShape, wanted: Wanted, role: str = "trainer") 
     if estimate(shape, sizes, role).total > usable and sizes.io != smallest_io(sizes.io):
         sizes = dataclasses.replace(sizes, io=smallest_io(sizes.io))
         changes.append("the smallest I/O bounds (4 MiB of pages in flight, 8 MiB of dirty pages)")
-    rb = shape.row_bytes
     if estimate(shape, sizes, role).total > usable and sizes.hot_rows and not wanted.hot_fixed:
-        h = min(sizes.hot_rows, _most(shape, sizes, usable, "hot tier", rb + 8))
+        h = _most(shape, sizes, usable, "hot_rows", role)
         changes.append(f"a hot tier of {h:,} rows instead of {sizes.hot_rows:,}")
         sizes = dataclasses.replace(sizes, hot_rows=h)
     if estimate(shape, sizes, role).total > usable and not wanted.cache_fixed:
-        c = max(wanted.minimum_cache, min(sizes.cache_rows, _most(shape, sizes, usable, "cache", rb + 32)))
+        c = max(wanted.minimum_cache, _most(shape, sizes, usable, "cache_rows", role))
         changes.append(f"a cache of {c:,} rows instead of {sizes.cache_rows:,}")
         sizes = dataclasses.replace(sizes, cache_rows=c)
     est = estimate(shape, sizes, role)
     if est.total > usable:  # what the user set does not fit; the smallest configuration does
         if wanted.cache_fixed:
-            c = _most(shape, sizes, usable, "cache", rb + 32)
+            c = _most(shape, dataclasses.replace(sizes, io=smallest_io(sizes.io), staged=1), usable, "cache_rows", role)
             raise BudgetError(
                 f"memory budget {budget.mib:,.0f} MiB ({budget.source}) does not hold this run's cache of "
                 f"{sizes.cache_rows:,} rows (the run needs {est.mib:,.0f} MiB, {MARGIN:.0%} kept free): "

@@ -147,6 +147,29 @@ def test_a_tight_budget_lowers_the_defaults_and_keeps_what_was_set():
 
 
 @pytest.mark.unit
+def test_the_most_cache_named_is_one_answer_that_fits_whatever_was_asked():
+    """Newcomer round 21: for one budget "at most" said 0, 115,425 or 835,425 rows as the
+    cache asked for grew (the other parts were sized at the size asked for)."""
+    import re
+
+    low = estimate(shape(), Sizes(2048 * 26, 0, 20, 1, smallest_io(DiskIO()))).total
+    b = Budget(int((low + 40 * MIB) / (1 - MARGIN)), "test")
+    named = set()
+    for asked in (1_000_000, 3_000_000, 6_000_000):
+        with pytest.raises(BudgetError) as e:
+            fit(b, shape(), wanted(cache_rows=asked, cache_fixed=True))
+        found = re.search(r"to at most ([\d,]+) rows", str(e.value))
+        assert found is not None, str(e.value)
+        named.add(int(found.group(1).replace(",", "")))
+    assert len(named) == 1, named
+    most = named.pop()
+    assert most > 2048 * 26
+    assert fit(b, shape(), wanted(cache_rows=most, cache_fixed=True)).fits  # it fits, one more does not
+    with pytest.raises(BudgetError):
+        fit(b, shape(), wanted(cache_rows=most + 1, cache_fixed=True))
+
+
+@pytest.mark.unit
 def test_a_default_hot_tier_gives_way_before_the_cache():
     w = wanted(hot_rows=1_000_000)
     big = fit(Budget(None, "none"), shape("fae"), w).estimate.total
