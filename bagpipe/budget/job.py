@@ -15,7 +15,10 @@ that process's own. ``bagpipe plan --trainers N --servers S`` makes the same che
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bagpipe.budget.estimate import MIB, Estimate, Part
@@ -78,13 +81,37 @@ def job_overflow(roles: tuple[RoleShare, ...], budget: Budget) -> str:
     )
 
 
-def check_job(roles: tuple[RoleShare, ...], budget: Budget, *, off: bool = False) -> None:
+def smallest_job_budget(total: int, budget: Budget, at: Callable[[Budget], tuple[RoleShare, ...] | None]) -> int:
+    """The smallest budget in MiB (of ``budget``'s kind) that holds the job, each role sized
+    at it as it would be (``at``: the roles at a budget, None where a role alone does not
+    fit): a role's estimate grows with its budget (the disk I/O bounds, the default cache
+    given back), so the sum at the refused budget named one that was refused in turn
+    (newcomer round 21: 1,436, then 1,489, then 1,490 MiB)."""
+    mib = need_mib(total)
+    for _ in range(16):
+        trial = dataclasses.replace(budget, bytes=mib * MIB, note=None)
+        roles = at(trial)
+        need = None if roles is None else job_total(roles)
+        if need is not None and trial.usable is not None and need <= trial.usable:
+            return mib
+        mib = max(mib + 1, need_mib(need) if need is not None else math.ceil(mib * 1.02))
+    return mib
+
+
+def check_job(
+    roles: tuple[RoleShare, ...],
+    budget: Budget,
+    *,
+    off: bool = False,
+    at: Callable[[Budget], tuple[RoleShare, ...] | None] | None = None,
+) -> None:
     """Refuse, in one line naming each role's share, a local job whose roles together
     (the launcher's own memory included) do not fit the ``budget`` they share
     (:func:`shared_budget`: the memory cgroup's limit or an explicit
     ``--memory-budget-mb``, whichever is smaller). ``off`` (``--memory-budget-mb 0``: the
     user turned budgets off): never refuse, but warn in one line that the roles may not
-    fit the cgroup's limit."""
+    fit the cgroup's limit. ``at``: the roles sized at another budget, for the smallest
+    budget the refusal names (:func:`smallest_job_budget`; without it, the sum here)."""
     usable = budget.usable
     total = job_total(roles)
     if usable is None or total <= usable:
@@ -92,12 +119,13 @@ def check_job(roles: tuple[RoleShare, ...], budget: Budget, *, off: bool = False
     if off:
         log.warning(job_overflow(roles, budget))
         return
+    named = need_mib(total) if at is None else smallest_job_budget(total, budget, at)
     shares = [f"launcher {launcher_estimate().mib:,.0f}"] + [
         f"{r.name} {r.estimate.mib:,.0f}" + (f" x {r.count}" if r.count > 1 else "") for r in roles
     ]
     raise BudgetError(
         f"memory budget {budget.mib:,.0f} MiB ({budget.source}) is shared by every role of this local job and "
         f"does not hold them: {' + '.join(shares)} = {total / MIB:,.0f} MiB, so the smallest budget that works is "
-        f"{need_mib(total):,} MiB ({MARGIN:.0%} kept free); {budget.more()}, use fewer trainers or servers, "
+        f"{named:,} MiB ({MARGIN:.0%} kept free, each role sized to it); {budget.more()}, use fewer trainers or servers, "
         "or start the roles on machines of their own (torchrun and `bagpipe worker`, docs/distributed.md)"
     )

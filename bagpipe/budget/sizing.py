@@ -219,7 +219,12 @@ def _most(shape: RunShape, sizes: Sizes, usable: int, field: str, role: str = "t
     0 to 835,425 rows for one budget, where 800,000 fit)."""
 
     def fits(n: int) -> bool:
-        return estimate(shape, dataclasses.replace(sizes, **{field: n}), role).total <= usable
+        at = (
+            dataclasses.replace(sizes, cache_rows=n)
+            if field == "cache_rows"
+            else dataclasses.replace(sizes, hot_rows=n)
+        )
+        return estimate(shape, at, role).total <= usable
 
     lo, hi = 0, getattr(sizes, field)
     if fits(hi):

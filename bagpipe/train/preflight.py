@@ -28,7 +28,7 @@ from bagpipe.budget import MemoryPlan
 from bagpipe.budget.estimate import RunShape
 from bagpipe.budget.job import RoleShare
 from bagpipe.budget.shape import run_shape
-from bagpipe.budget.sizing import Fit
+from bagpipe.budget.sizing import Budget, BudgetError, Fit
 from bagpipe.cache.setup import CacheSetup
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.config.train import TrainConfig
@@ -124,11 +124,21 @@ def memory_checks(
         from bagpipe.optim.names import row_state_dim
 
         dim = cfg.arch.model_config().embedding_dim
-        roles = _job_roles(cfg, dataset, stream, setup.plan.fit, dim, row_state_dim(cfg.optim.optimizer, dim))
+        state_dim = row_state_dim(cfg.optim.optimizer, dim)
+        roles = _job_roles(cfg, dataset, stream, setup.plan.fit, dim, state_dim)
         if together:
             from bagpipe.budget.job import check_job, shared_budget
 
-            check_job(roles, shared_budget(cfg.memory.memory_budget_mb), off=cfg.memory.memory_budget_mb == 0)
+            def at(budget: Budget) -> tuple[RoleShare, ...] | None:  # the roles sized at another budget
+                try:
+                    fitted = cache_setup(cfg, dataset, stream, MemoryPlan(budget, memory.shape, role=memory.role))
+                    assert fitted.plan.fit is not None
+                    server = budget if cfg.memory.server_memory_budget_mb is None else None
+                    return _job_roles(cfg, dataset, stream, fitted.plan.fit, dim, state_dim, server, quiet=True)
+                except BudgetError:
+                    return None
+
+            check_job(roles, shared_budget(cfg.memory.memory_budget_mb), off=cfg.memory.memory_budget_mb == 0, at=at)
     return MemoryCheck(setup.plan.fit, setup, roles)
 
 
@@ -148,17 +158,26 @@ def _batches_fit(setup: CacheSetup, stream: BatchStream, steps: int) -> None:
 
 
 def _job_roles(
-    cfg: TrainConfig, dataset: Dataset, stream: BatchStream, trainer: Fit, dim: int, state_dim: int
+    cfg: TrainConfig,
+    dataset: Dataset,
+    stream: BatchStream,
+    trainer: Fit,
+    dim: int,
+    state_dim: int,
+    server_budget: Budget | None = None,
+    quiet: bool = False,
 ) -> tuple[RoleShare, ...]:
-    """Each role of a distributed job with its estimate; an embedding server's budget is
-    checked here (:func:`bagpipe.budget.server_fit`, as each server checks it) before any
-    role starts. Server 0 holds the most rows."""
-    from bagpipe.budget import Budget, estimate, server_fit
+    """Each role of a distributed job with its estimate; an embedding server's budget
+    (``server_budget``, else its options') is checked here (:func:`bagpipe.budget.server_fit`,
+    as each server checks it) before any role starts. Server 0 holds the most rows."""
+    from bagpipe.budget import estimate, server_fit
     from bagpipe.budget.job import server_request_rows
 
     n, s = cfg.dist.trainers, cfg.dist.servers
-    budget = Budget.of(cfg.memory.server_memory_budget_mb, option="--server-memory-budget-mb")
-    if budget.note:  # above the cgroup's limit: said once, by plan and train alike (as --memory-budget-mb)
+    budget = server_budget or Budget.of(cfg.memory.server_memory_budget_mb, option="--server-memory-budget-mb")
+    if (
+        budget.note and not quiet
+    ):  # above the cgroup's limit: said once, by plan and train alike (as --memory-budget-mb)
         log.warning(budget.note)
     rows = -(-dataset.meta.total_rows // s)  # server 0's shard: rows r with r % S == 0
     _, server = server_fit(budget, rows, dim, state_dim, cfg.cache.store, server_request_rows(cfg.data.batch_size, s))

@@ -111,6 +111,16 @@ def test_a_local_jobs_roles_share_one_cgroup(tiny_data, tmp_path):
     ), said
     assert "[launcher]" not in train.stdout + train.stderr  # refused before any role started
     assert not out.exists() and files_of(tiny_data) == data_before
+    # the budget named holds the job, each role sized to it (it named one refused in turn: round 21)
+    named = re.search(r"the smallest budget that works is ([\d,]+) MiB", said)
+    assert named is not None
+    need = int(named.group(1).replace(",", ""))
+    with memory_group(need) as group:
+        at = bagpipe_in(group, "plan", *job)
+    with memory_group(need - 1) as group:
+        below = bagpipe_in(group, "plan", *job)
+    assert at.returncode == 0 and "fits: yes" in at.stdout, at.stdout + at.stderr
+    assert below.returncode == 2, below.stdout
 
 
 @pytest.mark.integration

@@ -344,8 +344,8 @@ def test_a_local_jobs_memory_budget_mb_holds_every_role_together(monkeypatch):
     assert str(e.value) == (
         "memory budget 900 MiB (--memory-budget-mb 900) is shared by every role of this local job and does not "
         "hold them: launcher 245 + each trainer 225 x 2 + the embedding server 160 + the oracle 157 = 1,012 MiB, "
-        "so the smallest budget that works is 1,191 MiB (15% kept free); raise --memory-budget-mb, use fewer "
-        "trainers or servers, or start the roles on machines of their own (torchrun and `bagpipe worker`, "
+        "so the smallest budget that works is 1,191 MiB (15% kept free, each role sized to it); raise --memory-budget-mb, "
+        "use fewer trainers or servers, or start the roles on machines of their own (torchrun and `bagpipe worker`, "
         "docs/distributed.md)"
     )
     check_job(local_job(), shared_budget(1191))  # the budget named holds them
@@ -441,7 +441,7 @@ def test_plan_and_train_refuse_a_local_job_over_memory_budget_mb_alike(tiny_data
     assert re.fullmatch(
         r"memory budget 900 MiB \(--memory-budget-mb 900\) is shared by every role of this local job and does not "
         r"hold them: launcher 245 \+ each trainer \d+ x 2 \+ the embedding server \d+ \+ the oracle \d+ = "
-        r"([\d,]+) MiB, so the smallest budget that works is ([\d,]+) MiB \(15% kept free\); raise "
+        r"([\d,]+) MiB, so the smallest budget that works is ([\d,]+) MiB \(15% kept free, each role sized to it\); raise "
         r"--memory-budget-mb, .*",
         said,
     ), said
