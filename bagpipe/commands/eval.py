@@ -10,8 +10,9 @@ Evaluate a finished (or checkpointed) run on a dataset's eval split: log loss, R
 normalized entropy (log loss / entropy of the observed CTR), calibration (mean predicted
 CTR / observed CTR) and accuracy (threshold 0.5).
 
-The run's latest checkpoint holds every embedding row in global row order, so a run
-trained in any mode evaluates the same way.
+The run's latest checkpoint holds every row written since the start (each other row is
+its initial value, made again from the run's seed), whichever mode or store trained it, so
+a run trained in any mode evaluates the same way.
 
 Example:
   bagpipe eval --run runs/a --data data/tiny

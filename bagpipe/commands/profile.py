@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         type=real(0, lo_open=True),
         metavar="M",
-        help="memory for the hot rows and their optimizer state, in MiB (FAE's default: 256)",
+        help="memory for the hot rows and their optimizer state, in MiB (required; FAE's paper used 256)",
     )
     p.add_argument(
         "--sample-rate",
