@@ -17,7 +17,9 @@ interleaved over repetitions, and the results land in OUT as results.json,
 results.md (a table with ratios) and PNG plots.
 
 `bagpipe bench SCENARIO --help` explains a scenario and lists its options with its
-defaults; --quick shrinks any scenario to under a minute (tables at 1% size, few steps).
+defaults; --quick shrinks any scenario to a small size (tables at 1% size, few steps):
+seconds to about two minutes on a 2-core machine (recovery and approx take the longest:
+95 s each measured for recovery --quick and approx --quick: recovery restarts fresh processes).
 
 Examples:
   bagpipe bench modes --out bench-out/modes
@@ -53,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             help=s.about,
             formatter_class=argparse.RawDescriptionHelpFormatter,
             description=f"bagpipe bench {name}: {s.about}.\n\n{inspect.cleandoc(cls.__doc__ or '')}\n\n"
-            f"--quick runs it in under a minute: {quick}",
+            f"--quick runs it at a small size (seconds to about two minutes on 2 cores): {quick}",
         )
         sp.add_argument("--quick", action="store_true", help="the small size of this scenario (see above)")
         own = cls.own_fields()

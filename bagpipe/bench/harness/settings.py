@@ -69,7 +69,8 @@ class BenchConfig(Checked):
     name: ClassVar[str] = ""
     """The scenario's name (``bagpipe bench NAME``); subclasses set it."""
     QUICK: ClassVar[dict[str, Any]] = {}
-    """The scenario's ``--quick`` size: settings that replace the defaults (under a minute)."""
+    """The scenario's ``--quick`` size: settings that replace the defaults (seconds to about
+    two minutes on 2 cores)."""
 
     out: str | None = None
     """Output folder: results.json, results.md, the PNG plots and the generated data (default bench-out/SCENARIO)."""
