@@ -34,6 +34,21 @@ def bitmap_rows(bits: np.ndarray, num_rows: int, at: np.ndarray | None = None) -
     return rows[rows < num_rows]
 
 
+def bits_test(bits: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Whether bit ``idx`` (int64 array) is set in the little-endian bitmap ``bits`` (uint8): bool array."""
+    return ((bits[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1).astype(bool)
+
+
+def bits_set(bits: np.ndarray, idx: np.ndarray) -> None:
+    """Set bits ``idx`` (repeats allowed) of the little-endian bitmap ``bits`` in place."""
+    np.bitwise_or.at(bits, idx >> 3, np.left_shift(np.uint8(1), (idx & 7).astype(np.uint8)))
+
+
+def bits_clear(bits: np.ndarray, idx: np.ndarray) -> None:
+    """Clear bits ``idx`` (repeats allowed) of the little-endian bitmap ``bits`` in place."""
+    np.bitwise_and.at(bits, idx >> 3, ~np.left_shift(np.uint8(1), (idx & 7).astype(np.uint8)))
+
+
 @dataclass
 class StoreStats:
     """Counters every store keeps (rows, not bytes; see ``row_bytes``)."""
@@ -105,7 +120,7 @@ class EmbeddingStore(ABC):
             if self.tracks_writes:
                 if self._dirty is None:
                     self._dirty = np.zeros((self.num_rows + 7) // 8, dtype=np.uint8)
-                np.bitwise_or.at(self._dirty, rows >> 3, np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8)))
+                bits_set(self._dirty, rows)
 
     def load(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
         """Restore rows from a checkpoint: a write that the next incremental checkpoint
@@ -135,7 +150,7 @@ class EmbeddingStore(ABC):
         """:meth:`written_rows` as a fresh little-endian bitmap (R/8 bytes)."""
         bits = np.zeros((self.num_rows + 7) // 8, dtype=np.uint8)
         rows = self.written_rows()
-        np.bitwise_or.at(bits, rows >> 3, np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8)))
+        bits_set(bits, rows)
         return bits
 
     def written_rows(self) -> np.ndarray:

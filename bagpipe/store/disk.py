@@ -81,8 +81,9 @@ import numpy as np
 
 from bagpipe.errors import BagpipeError, DataError
 from bagpipe.files import FULL_ERRNOS, atomic_write_text
-from bagpipe.store.base import EmbeddingStore, bitmap_rows
+from bagpipe.store.base import EmbeddingStore, bitmap_rows, bits_clear, bits_set, bits_test
 from bagpipe.store.diskio import (
+    PAGE,
     Advisor,
     DiskIO,
     Reserver,
@@ -106,7 +107,7 @@ PRESENT = "present.u8"
 LAYOUT = "layout.i64"
 
 _MIN_ROWS_PER_TASK = 16  # below this a thread hand-off costs more than it hides
-_PAGE = mmap.PAGESIZE
+_PAGE = PAGE  # the one page size of the store's I/O (diskio's)
 
 
 class StoreFullError(BagpipeError):
@@ -317,7 +318,7 @@ class DiskStore(EmbeddingStore):
     # ------------------------------------------------------------------ rows
 
     def _present(self, rows: np.ndarray) -> np.ndarray:
-        return ((self._bits[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1).astype(bool)
+        return bits_test(self._bits, rows)
 
     def _sorted(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Rows sorted by offset and the permutation that sorted them (None if already sorted)."""
@@ -469,9 +470,8 @@ class DiskStore(EmbeddingStore):
                 self._behind.wrote(pages * _PAGE)  # round by round: the dirty pages stay under io.dirty_bytes
             self._touch(pages)
         # present.u8 learns of these rows only in flush(), after their values are durable
-        masks = np.left_shift(np.uint8(1), (logical & 7).astype(np.uint8))
         with self._present_lock:
-            np.bitwise_or.at(self._bits, logical >> 3, masks)
+            bits_set(self._bits, logical)
 
     def _reserve_new(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """Allocate the blocks of the rows ``rows`` (at ``slots``, sorted) never written
@@ -487,10 +487,10 @@ class DiskStore(EmbeddingStore):
         # a row lies in its first and last page: only pages not reserved before are asked
         # for (one call per page spared for every new row sharing a page with an older one)
         pages = np.unique(np.concatenate([new * rb // _PAGE, (new * rb + rb - 1) // _PAGE]))
-        pages = pages[((self._reserved[pages >> 3] >> (pages & 7).astype(np.uint8)) & 1) == 0]
+        pages = pages[~bits_test(self._reserved, pages)]
         if len(pages):
             self._reserve(ROWS, *page_runs(pages * _PAGE, pages * _PAGE + _PAGE))
-            np.bitwise_or.at(self._reserved, pages >> 3, np.left_shift(np.uint8(1), (pages & 7).astype(np.uint8)))
+            bits_set(self._reserved, pages)
 
     def _reserve(self, name: str, starts: np.ndarray, ends: np.ndarray) -> None:
         try:
@@ -602,10 +602,9 @@ class DiskStore(EmbeddingStore):
     def reset(self, rows: np.ndarray) -> None:
         """Clear ``rows``' presence flags, durably (their old values stay in rows.f32, unread)."""
         rows = np.unique(np.asarray(rows, dtype=np.int64))
-        keep = ~np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8))
         with self._present_lock:
-            np.bitwise_and.at(self._bits, rows >> 3, keep)
-            np.bitwise_and.at(self._durable, rows >> 3, keep)
+            bits_clear(self._bits, rows)
+            bits_clear(self._durable, rows)
             if len(rows):
                 self._reserve(PRESENT, *page_runs(rows, rows + 1))
             self._p[rows] = 0

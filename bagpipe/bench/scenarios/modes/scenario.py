@@ -99,22 +99,25 @@ def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, 
     """Write every row's initial value to a disk store once (the table as it would exist on
     disk), in the row layout ``layout`` (:class:`~bagpipe.store.layout.RowLayout`; None:
     identity). A template of other tables or another layout is made again."""
-    import json
-
     from tqdm import tqdm
 
-    from bagpipe.store.disk import DiskStore
+    from bagpipe.errors import DataError
+    from bagpipe.store.disk import DiskStore, read_header
     from bagpipe.store.init import RowInitializer
 
     init = RowInitializer(data_meta.table_sizes, dim, seed)
-    if (template / "header.json").exists():
-        h = json.loads((template / "header.json").read_text())
+    try:  # a damaged template (an interrupted bench) is made again, not a traceback
+        h = read_header(template) if (template / "header.json").exists() else None
+    except DataError:
+        h = None
+    if h is not None:
         want = (
             {"packed_rows": layout.num_packed, "crc32": layout.crc32()}
             if layout is not None and layout.num_packed
             else None
         )
-        have = {k: h["layout"][k] for k in ("packed_rows", "crc32")} if "layout" in h else None
+        lay = h.get("layout")
+        have = {k: lay.get(k) for k in ("packed_rows", "crc32")} if isinstance(lay, dict) else None
         same = (h.get("dim"), h.get("state_dim"), h.get("table_sizes"), h.get("seed")) == (
             dim,
             state_dim,
@@ -123,6 +126,7 @@ def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, 
         )
         if same and want == have:
             return
+    if template.exists():
         shutil.rmtree(template)
     store = DiskStore(init, state_dim, template, layout=layout)
     chunk = 1 << 20
