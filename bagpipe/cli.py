@@ -336,7 +336,7 @@ def _main(argv: list[str] | None) -> int:
         with _children_end_with_bench(args.command == "bench"):
             return int(args._run(args) or 0)
     except BagpipeError as e:
-        print(one_line(f"bagpipe {args.command}: error: {e}"), file=sys.stderr)
+        print(one_line(f"bagpipe {args.command}: error: {e}{_from_config(args, str(e))}"), file=sys.stderr)
         return 2
     except BrokenPipeError:  # `bagpipe ... | head`: the reader left; nothing to report
         sys.stderr.close()
@@ -362,6 +362,18 @@ def _main(argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+def _from_config(args: argparse.Namespace, message: str) -> str:
+    """Where a refusal names an option whose value came from ``--config`` (train, plan,
+    worker), the note that says so (:func:`bagpipe.config.train.file_setting_note`)."""
+    file = getattr(args, "config", None)
+    if not file or args.command not in ("train", "plan", "worker"):
+        return ""
+    from bagpipe.config import given
+    from bagpipe.config.train import TrainConfig, file_setting_note
+
+    return file_setting_note(message, file, given(args, TrainConfig))
 
 
 def _path_error(e: OSError) -> str | None:

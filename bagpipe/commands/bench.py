@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{opt} does not apply to the {args.scenario} scenario (it is an option of {', '.join(has)})")
     values = given(args, s.config)
     b = s.config.quick(**values) if args.quick else s.config(**values)
-    check_out(b.out, f"{args.scenario}.png")
+    check_out(b.out, f"{args.scenario}.png", args.scenario)
     from bagpipe.bench.harness.runner import TrainFailed
     from bagpipe.errors import BagpipeError
 
@@ -171,7 +171,7 @@ def mark_out(out):
     return undo
 
 
-def check_out(out, picture: str | None = None) -> None:
+def check_out(out, picture: str | None = None, scenario: str | None = None) -> None:
     """Refuse, in one line and before anything runs, an ``--out`` that is (or lies under) a
     file, whose results.json / results.md are not an earlier bench's, whose ``picture``
     (the scenario's plot, NAME.png) is a file bagpipe did not write, whose OUT/data (or
@@ -179,7 +179,9 @@ def check_out(out, picture: str | None = None) -> None:
     real logs, say), or which holds a folder a bench removes (OUT/store-template,
     OUT/store-run, OUT/runs, ...) without being a bench's (no OUT/.bagpipe-bench.json, no
     earlier bench's results.json), or which holds anything at all without being a bench's: they used
-    to be replaced without a word, or the folder was marked a bench's with a user's files in it."""
+    to be replaced without a word, or the folder was marked a bench's with a user's files in it.
+    An earlier bench's results are replaced only by the same ``scenario`` (another scenario's
+    replaced them and left their picture beside: newcomer round 22)."""
     import json
     import os
     from pathlib import Path
@@ -201,6 +203,11 @@ def check_out(out, picture: str | None = None) -> None:
         ours = isinstance(earlier, dict) and "scenario" in earlier
     except (OSError, ValueError, UnicodeDecodeError):
         ours = False
+    if ours and scenario is not None and earlier["scenario"] != scenario:
+        raise ConfigError(
+            f"--out {out} holds the results of bench {earlier['scenario']}; bench {scenario} would replace them: "
+            f"choose another --out (bench {earlier['scenario']} run there again replaces them)"
+        )
     for name in ("results.json", "results.md"):
         if (out / name).is_file() and not ours:
             raise ConfigError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from bagpipe.config.sections import (
     RunConfig,
 )
 from bagpipe.config.typed import need
-from bagpipe.errors import ConfigError
+from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.models.config import RECIPE_OPTIMIZER
 
 
@@ -357,6 +358,36 @@ def load_config(file: str | None, overrides: dict, defaults: dict | None = None)
     if "data" in from_file and "data" not in given:
         _toml_data_exists(cfg.data.data, str(file))
     return with_run_length(cfg, values)
+
+
+def file_setting_note(message: str, file: str, overrides: dict) -> str:
+    """The note for a refusal ``message`` that names an option (``--store does not apply to
+    --mode full``) whose value came from the config ``file``, not the command line
+    (``overrides``): the user typed no such option (newcomer round 22); "" for none. The
+    command line adds it to every refusal of train, plan and worker."""
+    try:
+        raw = read_toml(file)
+        if set(raw) == {"train"} and isinstance(raw["train"], dict):
+            raw = raw["train"]
+        from_file = flatten(TrainConfig, raw, str(file))
+    except BagpipeError:
+        return ""
+    given = {k for k, v in overrides.items() if v is not None}
+    named = []  # (where the message names it first, key, value): the earliest is what it is about
+    for key, value in from_file.items():
+        found = re.search(rf"(?<![\w-]){re.escape('--' + key.replace('_', '-'))}(?![\w-])", message)
+        if key not in given and found:
+            named.append((found.start(), key, value))
+    for _, key, value in sorted(named, key=lambda n: n[0])[:1]:
+        flag = "--" + key.replace("_", "-")
+        shown = json.dumps(value, allow_nan=False) if isinstance(value, (str, int, float, bool)) else repr(value)
+        instead = (
+            f"give {flag} another value"
+            if not isinstance(value, bool)
+            else f"give {flag if not value else '--no-' + flag[2:]}"
+        )
+        return f" ({key} = {shown} is from {file}, not the command line: change it there, or {instead} on the command line)"
+    return ""
 
 
 def _toml_data_exists(data: str, file: str) -> None:

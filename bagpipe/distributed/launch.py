@@ -517,6 +517,13 @@ def _run_job(cfg: TrainConfig, run: RunDir, placement: Placement | None) -> dict
                     spares.fill_when_training(time.time())
                 Launcher(attempt, restart=restarts, spares=spares if spares.count else None, placement=placement).run()
                 break
+            except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: after the job's end there is nothing to continue
+                if not (finished(run, cfg.run.steps) and _stamp(summary) != before):
+                    raise
+                log.info(  # it said "stopped ... run the same command with --resume", which was then refused
+                    f"[launcher] {stopped_by(e)} after the run had ended; its summary and final checkpoint are written"
+                )
+                break
             except RoleFailed as failure:
                 if finished(run, cfg.run.steps) and _stamp(summary) != before:  # a role died after the job's end
                     log.info(

@@ -58,7 +58,8 @@ def save_figure(fig, path: Path, fmt: str) -> None:
         why = foreign_picture(path, fmt)
         if why is not None:
             raise DataError(f"{path}: {refusal(why)}")
-        fig.tight_layout()
+        if fig.get_layout_engine() is None:  # a figure laid out as it is drawn (constrained) keeps its own
+            fig.tight_layout()
         with atomic_file(path, "wb") as f:
             fig.savefig(f, dpi=110, format=fmt, **mark_options(fmt))
     finally:
@@ -274,6 +275,15 @@ def plot_target(given: str | Path) -> tuple[Path, str]:
     return out, picture_format(out, str(given))
 
 
+#: Line styles a run's colour is combined with: tab10's ten colours x these four tell 40 runs apart.
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def run_style(i: int) -> dict:
+    """The colour and line style of the ``i``-th run of a plot: no two of the first 40 alike."""
+    return {"color": f"C{i % 10}", "linestyle": LINE_STYLES[(i // 10) % len(LINE_STYLES)]}
+
+
 def plot_runs(
     runs: list[str | Path], out: str | Path, labels: list[str] | None = None, title: str | None = None
 ) -> Path:
@@ -287,16 +297,22 @@ def plot_runs(
     out, fmt = plot_target(out)
     data = [read_metrics(r) for r in runs]
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for label, (train, evals) in zip(labels, data):
-        axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label=label)
-        axes[1].plot([r["step"] for r in evals], [r["eval_auc"] for r in evals], marker="o", label=label)
-        axes[2].plot([r["step"] for r in evals], [r["eval_logloss"] for r in evals], marker="o", label=label)
+    columns = min(len(runs), 4)
+    rows = -(-len(runs) // columns) if runs else 0
+    # one legend below the panels, as tall as its rows (one in each panel hid the curves
+    # past ten runs, and was cut off at forty: newcomer round 22)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2 + 0.2 * rows), layout="constrained")
+    for i, (label, (train, evals)) in enumerate(zip(labels, data)):
+        style = run_style(i)
+        axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label=label, **style)
+        axes[1].plot([r["step"] for r in evals], [r["eval_auc"] for r in evals], marker="o", **style)
+        axes[2].plot([r["step"] for r in evals], [r["eval_logloss"] for r in evals], marker="o", **style)
     for ax, name in zip(axes, ("training log loss", "eval AUC", "eval log loss")):
         ax.set_xlabel("step")
         ax.set_title(name)
         ax.grid(alpha=0.3)
-        legend(ax, fontsize=8)
+    if runs:
+        fig.legend(loc="outside lower center", ncols=columns, fontsize=8)
     if title:
         fig.suptitle(title)
     try:
