@@ -49,10 +49,16 @@ NO_OUT = "(not written)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config import add_options
-    from bagpipe.config.argtypes import path
+    from bagpipe.config.argtypes import given_once, path
     from bagpipe.config.train import TrainConfig
 
-    p.add_argument("--config", type=path, metavar="FILE", help="TOML file with settings (command-line options win)")
+    p.add_argument(
+        "--config",
+        type=path,
+        action=given_once("one settings file is read; merge them into one (command-line options win over it)"),
+        metavar="FILE",
+        help="TOML file with settings (command-line options win)",
+    )
     add_options(p, TrainConfig)
     # the run folder is not written: --out is optional, taken so that a train command line can be pasted
     out = next(a for a in p._actions if a.dest == "out")

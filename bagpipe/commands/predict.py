@@ -38,7 +38,7 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bagpipe.config.argtypes import count, path
+    from bagpipe.config.argtypes import count, given_once, path
     from bagpipe.preprocess.registry import FORMATS
 
     p.add_argument(
@@ -49,7 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         type=path,
         metavar="FILE",
-        action=GivenOnce,
+        action=given_once(
+            "predict scores one input; run it once per file, or join them into one stream: cat A B | bagpipe "
+            "predict ... --input -"
+        ),
         help="raw log file (plain or gzip); - reads standard input",
     )
     p.add_argument(
@@ -83,20 +86,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="input read and scored per batch, in KiB of text (default: 1024); a line's probability is computed "
         "in its block's batch, so another size can change its last digits (float32 rounding)",
     )
-
-
-class GivenOnce(argparse.Action):
-    """An option that takes one value: a second one is an error, not silently the one used
-    (``predict --input A --input B`` scored only B; newcomer round 19)."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        before = getattr(namespace, self.dest, None)
-        if before is not None:
-            parser.error(
-                f"{option_string} given twice ({before} and {values}): predict scores one input; run it once per "
-                "file, or join them into one stream: cat A B | bagpipe predict ... --input -"
-            )
-        setattr(namespace, self.dest, values)
 
 
 def export_folder(given: str) -> str:

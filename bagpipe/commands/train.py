@@ -67,12 +67,13 @@ Examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bagpipe.config import add_options
-    from bagpipe.config.argtypes import path
+    from bagpipe.config.argtypes import given_once, path
     from bagpipe.config.train import TrainConfig
 
     p.add_argument(
         "--config",
         type=path,
+        action=given_once("one settings file is read; merge them into one (command-line options win over it)"),
         metavar="FILE",
         help="TOML file with settings (command-line options win); its relative paths (data, out, ...) are "
         "relative to the working directory, not to the file's folder",

@@ -69,3 +69,19 @@ def text(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("empty")
     return value
+
+
+def given_once(why: str) -> type[argparse.Action]:
+    """An option's action that takes one value: a second is a usage error saying ``why``
+    (after "given twice (A and B): "), not silently the one used (``predict --input A
+    --input B`` scored only B, round 19; ``train --config a.toml --config b.toml`` read only
+    b.toml, round 22)."""
+
+    class GivenOnce(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None) -> None:
+            before = getattr(namespace, self.dest, None)
+            if before is not None:
+                parser.error(f"{option_string} given twice ({before} and {values}): {why}")
+            setattr(namespace, self.dest, values)
+
+    return GivenOnce

@@ -118,3 +118,13 @@ def test_a_local_job_stopped_after_its_end_has_ended(run_cli, tiny_data, tmp_pat
         "are written"
         for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_config_given_twice_is_refused(run_cli, tmp_path, command):
+    """`--config a.toml --config b.toml` read only b.toml without a word."""
+    rc, _, err = run_cli(command, "--config", tmp_path / "a.toml", "--config", tmp_path / "b.toml")
+    assert one_line(rc, err, command) == (
+        f"--config given twice ({tmp_path / 'a.toml'} and {tmp_path / 'b.toml'}): one settings file is read; merge "
+        f"them into one (command-line options win over it) (see bagpipe {command} --help)"
+    )
