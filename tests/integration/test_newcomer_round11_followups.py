@@ -68,7 +68,8 @@ def test_plan_refuses_an_out_train_refuses_in_trains_words(run_cli, tiny_data, t
     toml = tmp_path / "run.toml"
     toml.write_text(f'data = "{tiny_data}"\nout = "{inside}"\nbatch_size = 64\n')
     rc, _, err = run_cli("plan", "--config", toml)
-    one_line_error(rc, err, "plan", said)
+    from_file = f' (out = "{inside}" is from {toml}, not the command line: change it there, or give --out another value'
+    one_line_error(rc, err, "plan", said + from_file + " on the command line)")  # the option the user did not type
 
 
 @pytest.mark.integration
