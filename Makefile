@@ -36,9 +36,10 @@ demo: setup
 	$(DEMO_DIST) --mode lookahead --cache-rows 1400 --lookahead 8 --trainers 2 --servers 2 --out $(DEMO_DIR)/distributed
 	$(BIN)/python tools/compare_runs.py $(DEMO_DIR)/distributed $(DEMO_DIR)/full-sgd --tolerance 1e-5
 
-# Everything that runs on a CPU machine, in under 10 minutes on 2 cores (tests/README.md).
+# Everything that runs on a CPU machine, in under 10 minutes on 2 cores (tests/README.md); the 15
+# slowest tests are listed at the end, to keep it so.
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15 tests
 
 # The checks the test suite also runs (tests/unit/test_codebase.py): ruff's lint and format and
 # mypy (check_untyped_defs; its files in pyproject.toml), all on the package, the tests, the
