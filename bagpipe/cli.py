@@ -373,7 +373,10 @@ def _from_config(args: argparse.Namespace, message: str) -> str:
     from bagpipe.config import given
     from bagpipe.config.train import TrainConfig, file_setting_note
 
-    return file_setting_note(message, file, given(args, TrainConfig))
+    try:
+        return file_setting_note(message, file, given(args, TrainConfig))
+    except Exception:  # noqa: BLE001 - a note never turns a one-line refusal into a traceback
+        return ""
 
 
 def _path_error(e: OSError) -> str | None:

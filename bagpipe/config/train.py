@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -375,12 +376,18 @@ def file_setting_note(message: str, file: str, overrides: dict) -> str:
     given = {k for k, v in overrides.items() if v is not None}
     named = []  # (where the message names it first, key, value): the earliest is what it is about
     for key, value in from_file.items():
-        found = re.search(rf"(?<![\w-]){re.escape('--' + key.replace('_', '-'))}(?![\w-])", message)
+        flag = re.escape("--" + key.replace("_", "-"))  # --lr ..., or a range error's "lr must be ..."
+        found = re.search(rf"(?<![\w-]){flag}(?![\w-])|^{re.escape(key)}(?= )", message)
         if key not in given and found:
             named.append((found.start(), key, value))
     for _, key, value in sorted(named, key=lambda n: n[0])[:1]:
         flag = "--" + key.replace("_", "-")
-        shown = json.dumps(value, allow_nan=False) if isinstance(value, (str, int, float, bool)) else repr(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            shown = str(value)  # TOML's own spelling: inf, -inf, nan
+        elif isinstance(value, (str, int, float, bool)):
+            shown = json.dumps(value, allow_nan=False)
+        else:
+            shown = repr(value)
         instead = (
             f"give {flag} another value"
             if not isinstance(value, bool)

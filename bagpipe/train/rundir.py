@@ -210,6 +210,7 @@ class RunDir:
         # (mkdir on the link itself said "File exists"; newcomer round 18); the link stays
         refuse_unnamable(self.path, "--out")  # a loop of links names no folder to make
         real = through_link(self.path)
+        made = [q for q in (real.parent, *real.parent.parents) if not q.exists()]  # deepest first
         try:
             self.created = not self.path.exists()
             real.mkdir(parents=True, exist_ok=True)
@@ -229,6 +230,11 @@ class RunDir:
             if self.created and not self._started:
                 self._release()
                 shutil.rmtree(real, ignore_errors=True)  # a link's target it made: the link stays
+                for q in made:  # and the folders above it that it made (round 23: left empty)
+                    try:
+                        q.rmdir()
+                    except OSError:
+                        break
             raise
         finally:
             self._release()

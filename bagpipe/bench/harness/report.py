@@ -100,6 +100,14 @@ def fixed(v, digits: int = 4) -> str:
     return f"{v:.{digits}f}"
 
 
+def times(v) -> str:
+    """``v`` (a ratio) as ``1.23x``, or "n/a" where there is none (NaN, None, infinite: a
+    ratio to a configuration that did not run)."""
+    if v is None or v != v or v in (float("inf"), float("-inf")):
+        return "n/a"
+    return f"{v:.2f}x"
+
+
 def percent(v) -> str:
     """``v`` (a spread, a share) as a whole percentage, or "n/a" where there is none: one
     repetition's spread, a figure results.json holds as null, NaN."""

@@ -29,6 +29,7 @@ from bagpipe.bench.harness.report import (
     stacked_step_times,
     step_times,
     throughput,
+    times,
     write_results,
 )
 from bagpipe.bench.harness.runner import launch, prepare
@@ -254,13 +255,13 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
                 key,
                 sps,
                 percent(spread),
-                f"{sps / full_sps:.2f}x",
+                times(sps / full_sps),
                 anon,
-                f"{anon / full_rss:.0%}",
+                percent(anon / full_rss),
                 peak,
                 "-" if hit != hit else f"{hit:.1%}",
                 cache.get("forced_evictions", "-"),
-                f"{fb / full_fb:.2f}x",
+                times(fb / full_fb),
                 f"{outside:.1f}",
                 f"{pcpu:.1f} ({share:.0%})",
             ]

@@ -1,0 +1,46 @@
+"""The 23rd newcomer round's findings (issue 32), each with nothing of the user's changed:
+
+* a run that fails at start-up removed its run folder but left the folders above it that
+  it had made, empty;
+* a range error of a value from `--config` (`lr = inf`) named neither the file nor the key;
+* `bench modes` without `full` printed `nanx` and `nan%` where a ratio has no reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+from runs import one_line
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [("--batch-size", 99999), ("--mode", "lookahead", "--cache-rows", 3), ("--resume",)],
+    ids=["batch-too-big", "cache-too-small", "resume-nothing"],
+)
+def test_a_run_failing_at_start_up_leaves_no_folder_it_made(run_cli, tiny_data, tmp_path, extra):
+    rc, _, err = run_cli("train", "--data", tiny_data, "--batch-size", 64, "--steps", 3, "--no-progress",
+                         "--out", tmp_path / "a" / "b" / "run", *extra)  # fmt: skip
+    assert rc == 2, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("line, says", [("lr = inf", "lr must be a finite number, got inf"),
+                                        ("seed = -1", "seed must be >= 0, got -1")])  # fmt: skip
+def test_a_range_error_from_the_config_file_names_it(run_cli, tiny_data, tmp_path, line, says):
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'data = "{tiny_data}"\n{line}\n')
+    rc, _, err = run_cli("train", "--config", toml, "--steps", 5, "--out", tmp_path / "r")
+    key = line.split(" = ")[0]
+    assert one_line(rc, err) == (
+        f"{says} ({line} is from {toml}, not the command line: change it there, or give --{key} another value on "
+        "the command line)"
+    )
+
+
+def test_bench_modes_without_full_says_n_a_for_its_ratios(run_cli, tmp_path):
+    rc, _, err = run_cli("bench", "modes", "--quick", "--modes", "lru", "--stores", "memory", "--out", tmp_path / "b")
+    assert rc == 0, err
+    [row] = [ln for ln in (tmp_path / "b" / "results.md").read_text().splitlines() if ln.startswith("| lru/memory")]
+    assert "nan" not in row and row.count("n/a") >= 3, row
