@@ -17,6 +17,7 @@ that checkpoint once every check has passed; the damaged one is left on disk.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shlex
@@ -142,6 +143,15 @@ def _resume_from(cfg: TrainConfig) -> str | None:
     return None if elastic_restart() else cfg.run.resume_from
 
 
+def _summary_steps(run: RunDir) -> int | None:
+    """The step a finished run trained to, from its summary.json (None: none, or unreadable)."""
+    try:
+        steps = json.loads(run.summary_file.read_text()).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 def check_resume(
     run: RunDir, cfg: TrainConfig, dataset: Dataset, required: bool = True, complete_ok: bool = False
 ) -> Checkpoint | None:
@@ -168,6 +178,16 @@ def check_resume(
         raise ConfigError(
             f"{run.path} is complete: its checkpoint is at step {ckpt.step} and {length}; "
             f"give a larger {larger} to train further"
+        )
+    ended = _summary_steps(run)
+    if ended is not None and ckpt.step < ended and ended >= cfg.run.steps and not complete_ok and spec is None:
+        # its last steps after the latest checkpoint (--no-final-checkpoint): trained again, they replaced
+        # the finished run's summary figures without a word (newcomer round 23)
+        raise ConfigError(
+            f"{run.path} is complete: it trained to step {ended:,} (summary.json; its latest checkpoint is step "
+            f"{ckpt.step:,}, --no-final-checkpoint) and --steps is {cfg.run.steps:,}; give a larger --steps (or "
+            f"--epochs) to train further, or --resume-from {ckpt.step} to train steps {ckpt.step + 1:,}-{ended:,} "
+            "again (its summary is then replaced)"
         )
     if not run.config_file.exists():
         raise CheckpointError(f"{run.path}: has a checkpoint but no config.json to check the resumed run against")

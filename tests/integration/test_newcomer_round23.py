@@ -44,3 +44,23 @@ def test_bench_modes_without_full_says_n_a_for_its_ratios(run_cli, tmp_path):
     assert rc == 0, err
     [row] = [ln for ln in (tmp_path / "b" / "results.md").read_text().splitlines() if ln.startswith("| lru/memory")]
     assert "nan" not in row and row.count("n/a") >= 3, row
+
+
+def test_a_finished_run_without_a_final_checkpoint_is_complete(run_cli, tiny_data, tmp_path):
+    """`--resume` of a finished `--no-final-checkpoint` run trained its last steps again and
+    replaced its summary's figures; it is complete, and `--resume-from` says how to do it."""
+    run = tmp_path / "run"
+    argv = ("train", "--data", tiny_data, "--batch-size", 64, "--steps", 20, "--checkpoint-every", 15,
+            "--no-final-checkpoint", "--no-progress", "--out", run)  # fmt: skip
+    rc, _, err = run_cli(*argv)
+    assert rc == 0, err
+    before = (run / "summary.json").read_bytes()
+    rc, _, err = run_cli(*argv, "--resume")
+    assert one_line(rc, err) == (
+        f"{run} is complete: it trained to step 20 (summary.json; its latest checkpoint is step 15, "
+        "--no-final-checkpoint) and --steps is 20; give a larger --steps (or --epochs) to train further, or "
+        "--resume-from 15 to train steps 16-20 again (its summary is then replaced)"
+    )
+    assert (run / "summary.json").read_bytes() == before
+    rc, _, err = run_cli(*argv, "--resume", "--steps", 25)  # the last --steps wins: further is fine
+    assert rc == 0, err
