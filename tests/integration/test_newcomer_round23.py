@@ -64,3 +64,16 @@ def test_a_finished_run_without_a_final_checkpoint_is_complete(run_cli, tiny_dat
     assert (run / "summary.json").read_bytes() == before
     rc, _, err = run_cli(*argv, "--resume", "--steps", 25)  # the last --steps wins: further is fine
     assert rc == 0, err
+
+
+def test_an_unknown_option_is_never_offered_an_option_the_scenario_refuses(run_cli, tmp_path):
+    """`bench sweep --cache-budget-mb` offered `--hot-budget-mb`, another scenario's option
+    that sweep then refused."""
+    rc, _, err = run_cli("bench", "sweep", "--quick", "--cache-budget-mb", 1, "--out", tmp_path / "b")
+    assert one_line(rc, err, "bench sweep") == (
+        "unrecognized arguments: --cache-budget-mb 1 (see bagpipe bench sweep --help)"
+    )
+    rc, _, err = run_cli("bench", "oracle", "--quick", "--hot-budgte-mb", 1, "--out", tmp_path / "b")
+    assert one_line(rc, err, "bench oracle").endswith(
+        "; did you mean --hot-budget-mb? (see bagpipe bench oracle --help)"
+    )
