@@ -485,6 +485,12 @@ def _launch(cfg: TrainConfig, placement: Placement | None) -> dict:
         load_secret(
             cfg.dist.secret_file
         )  # a missing or readable-by-others secret file: one line, before any role starts
+    if cfg.device.device == "cuda" and placement is None:  # the roles run here: what each trainer would refuse
+        from bagpipe.device.cuda import cuda_unavailable_reason
+
+        reason = cuda_unavailable_reason()
+        if reason is not None:  # (every role started, a trainer refused it, the job restarted on it: round 23)
+            raise ConfigError(f"--device cuda: {reason}; use --device cpu")
     if cfg.cache.store == "disk" and cfg.cache.store_dir and not cfg.cache.init_from_store and not cfg.run.resume:
         for k in range(cfg.dist.servers):  # what each server would refuse, said once and before any role starts
             shard = Path(cfg.cache.store_dir) / f"shard-{k}-of-{cfg.dist.servers}"
@@ -530,6 +536,11 @@ def _run_job(cfg: TrainConfig, run: RunDir, placement: Placement | None) -> dict
                         f"[launcher] {failure.name} failed after the run had ended; its summary and final checkpoint are written"
                     )
                     break
+                if failure.code == 2 and failure.reason and CheckpointFolder(run.path).latest_name() is None:
+                    # a role refused a setting before the first checkpoint: restarts would meet the same
+                    # refusal, and "run the command again" too (round 23: restarted twice, then said so)
+                    failure.args = (f"{failure}; change that setting and run the command again",)
+                    raise
                 if restarts >= cfg.dist.max_restarts:  # the job ends: say where it can continue, as a signal does
                     again = "" if cfg.dist.max_restarts else " (--max-restarts N restarts a failed role by itself)"
                     failure.args = (f"{failure}; {where_to_continue(cfg.run.out)}{again}",)

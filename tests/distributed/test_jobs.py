@@ -703,3 +703,17 @@ def test_serve_rejects_a_non_server_rank_and_unknown_address(run_cli):
     assert rc == 2 and "no network interface" in err
     rc, _, err = run_cli("serve", "--rank", "0", "--trainers", "1", "--servers", "1")
     assert rc == 2 and "not a server" in err
+
+
+def test_a_role_refusing_a_setting_before_the_first_checkpoint_is_not_restarted(tiny_data, tmp_path, run_cli):
+    """Newcomer round 23: a trainer's refusal at start-up (exit 2, one line) was met by
+    --max-restarts 2 restarting every role twice on the same refusal; it ends the job at
+    once, saying to change the setting."""
+    out = tmp_path / "job"
+    rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, "--steps", 4, "--batch-size", 64, "--threads", 1,
+                         "--mode", "lookahead", "--trainers", 2, "--servers", 1, "--max-restarts", 2,
+                         "--rendezvous-timeout", 0.001, "--no-progress")  # fmt: skip
+    lines = [ln for ln in err.splitlines() if ln.startswith("bagpipe train: error: ")]
+    assert rc == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].endswith("; change that setting and run the command again"), lines[0]
+    assert "restarting" not in err and "restart 1 of 2" not in err

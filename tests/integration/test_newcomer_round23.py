@@ -77,3 +77,16 @@ def test_an_unknown_option_is_never_offered_an_option_the_scenario_refuses(run_c
     assert one_line(rc, err, "bench oracle").endswith(
         "; did you mean --hot-budget-mb? (see bagpipe bench oracle --help)"
     )
+
+
+def test_a_local_job_refuses_cuda_without_one_before_any_role_starts(run_cli, tiny_data, tmp_path):
+    """It started every role, a trainer refused, the folder stayed half-made (and with
+    --max-restarts the job restarted on it); one process refused at once."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU: --device cuda is not refused here")
+    rc, _, err = run_cli("train", "--data", tiny_data, "--batch-size", 64, "--steps", 4, "--mode", "lookahead",
+                         "--device", "cuda", "--trainers", 2, "--servers", 1, "--out", tmp_path / "job")  # fmt: skip
+    assert one_line(rc, err).startswith("--device cuda: this torch (") and "use --device cpu" in err
+    assert list(tmp_path.iterdir()) == []
