@@ -247,6 +247,7 @@ class Dataset:
 
     def __init__(self, directory: str | os.PathLike):
         self.dir = Path(directory)
+        self._stamp = self._meta_stamp()
         self.meta = DatasetMeta.load(self.dir)
         self._cache: dict[tuple[str, int], _Shard] = {}
         self._checked: set[tuple[str, int, int]] = set()
@@ -255,6 +256,26 @@ class Dataset:
                 problems = shard_file_problems(self.dir, self.meta, split, i)
                 if problems:
                     raise DataError(f"{problems[0]} ({self.check_command} checks every file)")
+
+    def _meta_stamp(self) -> tuple | None:
+        try:
+            st = (self.dir / META_FILE).stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def _damaged(self, problem: str) -> DataError:
+        """The error for a damaged file of this data set -- or, where its meta.json is not
+        the one this object read, for a data set replaced while it was read (a
+        ``synth``/``preprocess --overwrite`` of it: the run was told its file was damaged
+        and ``bagpipe check`` found none; newcomer round 23)."""
+        if self._meta_stamp() != self._stamp:
+            return DataError(
+                f"{self.dir} was replaced while this run read it (its {META_FILE} is not the one the run started "
+                f"with: a synth or preprocess --overwrite of it, say); the run cannot go on with another data set: "
+                f"train again on the new one, or keep data sets a run reads in place until it ends"
+            )
+        return DataError(f"{problem} ({self.check_command} checks every file)")
 
     @property
     def check_command(self) -> str:
@@ -303,10 +324,10 @@ class Dataset:
                     multihot=mh,
                 )
             except FileNotFoundError as e:
-                raise DataError(f"{d}: shard file missing ({Path(e.filename).name})") from None
+                raise self._damaged(f"{d}: shard file missing ({Path(e.filename).name})") from None
             sums = sum_problems(self.dir, self.meta, split, index)
             if sums:
-                raise DataError(f"{sums[0]} ({self.check_command} checks every file)")
+                raise self._damaged(sums[0])
             expected = self.meta.splits[split].shard_sizes[index]
             if len(shard.labels) != expected:
                 raise DataError(f"{d}: holds {len(shard.labels)} samples, meta.json says {expected}")

@@ -90,3 +90,23 @@ def test_a_local_job_refuses_cuda_without_one_before_any_role_starts(run_cli, ti
                          "--device", "cuda", "--trainers", 2, "--servers", 1, "--out", tmp_path / "job")  # fmt: skip
     assert one_line(rc, err).startswith("--device cuda: this torch (") and "use --device cpu" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_data_set_replaced_while_a_run_reads_it_is_said_so_not_damaged(run_cli, tmp_path):
+    """`synth`/`preprocess --overwrite` of a data set a run was training on: the run ended
+    "damaged data set file ... (truncated)" and `bagpipe check` found nothing damaged."""
+    from bagpipe.data.shards import Dataset
+    from bagpipe.errors import DataError
+
+    data = tmp_path / "d"
+    rc, _, err = run_cli("synth", "--profile", "tiny", "--samples", 3000, "--out", data, "--no-progress")
+    assert rc == 0, err
+    ds = Dataset(data)  # as a run opens it at its start
+    ds.shard("train", 0)
+    rc, _, err = run_cli("synth", "--profile", "tiny", "--samples", 500, "--out", data, "--overwrite", "--no-progress")
+    assert rc == 0, err
+    with pytest.raises(DataError) as e:
+        ds.shard("eval", 0)  # read only now: the new data set's file
+    assert str(e.value).startswith(f"{data} was replaced while this run read it (its meta.json is not the one")
+    rc, out, _ = run_cli("check", data)
+    assert rc == 0  # the new data set is whole
