@@ -19,7 +19,8 @@ from repo import SHARED_DATA
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 CRITEO = SHARED_DATA / "criteo" / "kaggle_part0_100.tsv"
-MODES = ("bench", "modes", "--quick", "--profile", "tiny", "--modes", "full,lookahead", "--reps", "1")
+MODES = ("bench", "modes", "--quick", "--profile", "tiny", "--modes", "full", "--reps", "1", "--stores", "memory",
+         "--steps", "6", "--warmup", "2")  # fmt: skip
 
 
 def snapshot(folder: Path) -> dict:
