@@ -29,6 +29,13 @@ pytestmark = pytest.mark.integration
 DISK = ("--batch-size", 64, "--no-progress", "--mode", "lookahead", "--store", "disk")
 
 
+def checkpointed(run_cli, data, out, steps: int, *extra) -> None:
+    """A run of this round: ``steps`` steps of batch 64, a checkpoint every 5; it must succeed."""
+    rc, _, err = run_cli("train", "--data", data, "--batch-size", 64, "--no-progress", "--steps", steps,
+                         "--checkpoint-every", 5, "--out", out, *extra)  # fmt: skip
+    assert rc == 0, err
+
+
 def test_the_runs_own_store_is_never_emptied_through_a_link(run_cli, tiny_data, tmp_path):
     run = tmp_path / "run"
     rc, _, err = run_cli("train", "--data", tiny_data, *DISK, "--steps", 10, "--checkpoint-every", 5, "--out", run)
@@ -59,40 +66,11 @@ def test_a_users_copy_beside_the_checkpoints_is_not_a_checkpoint(run_cli, tiny_d
     from bagpipe.checkpoint.folder import CheckpointFolder
 
     run = tmp_path / "run"
-    rc, _, err = run_cli(
-        "train",
-        "--data",
-        tiny_data,
-        "--batch-size",
-        64,
-        "--no-progress",
-        "--steps",
-        10,
-        "--checkpoint-every",
-        5,
-        "--out",
-        run,
-    )
-    assert rc == 0, err
+    checkpointed(run_cli, tiny_data, run, 10)
     backup = run / "checkpoints" / "step-00000005.bak"
     shutil.copytree(run / "checkpoints" / "step-00000010", backup)
     (run / "checkpoints" / ".tmp-notes").mkdir()  # a hidden folder of the user's, not a staging folder
-    rc, _, err = run_cli(
-        "train",
-        "--data",
-        tiny_data,
-        "--batch-size",
-        64,
-        "--no-progress",
-        "--steps",
-        40,
-        "--checkpoint-every",
-        5,
-        "--out",
-        run,
-        "--resume",
-    )
-    assert rc == 0, err  # six more checkpoints written, the older ones pruned
+    checkpointed(run_cli, tiny_data, run, 40, "--resume")  # six more checkpoints written, the older ones pruned
     assert backup.is_dir() and (backup / "MANIFEST.json").is_file() and (run / "checkpoints" / ".tmp-notes").is_dir()
     assert "step-00000005.bak" not in CheckpointFolder(run).complete()
 
@@ -190,21 +168,7 @@ def test_predict_takes_one_input(run_cli, tmp_path):
 
 def test_a_lost_latest_is_said_with_the_checkpoints_there(run_cli, tiny_data, tmp_path):
     run = tmp_path / "run"
-    rc, _, err = run_cli(
-        "train",
-        "--data",
-        tiny_data,
-        "--batch-size",
-        64,
-        "--no-progress",
-        "--steps",
-        10,
-        "--checkpoint-every",
-        5,
-        "--out",
-        run,
-    )
-    assert rc == 0, err
+    checkpointed(run_cli, tiny_data, run, 10)
     (run / "checkpoints" / "LATEST").unlink()
     rc, _, err = run_cli("export", "--run", run, "--out", tmp_path / "e")
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -221,21 +185,7 @@ def test_no_output_inside_another_runs_checkpoints(run_cli, tiny_data, tmp_path)
     --out inside runA/checkpoints/step-N/ were written there, and runA's next pruning removed
     them with the step folder. A run's checkpoint folder is a whole output now."""
     a = tmp_path / "a"
-    rc, _, err = run_cli(
-        "train",
-        "--data",
-        tiny_data,
-        "--batch-size",
-        64,
-        "--no-progress",
-        "--steps",
-        10,
-        "--checkpoint-every",
-        5,
-        "--out",
-        a,
-    )
-    assert rc == 0, err
+    checkpointed(run_cli, tiny_data, a, 10)
     step = a / "checkpoints" / "step-00000005"
     for argv, flag, target in (
         (
