@@ -51,7 +51,7 @@ def damaged_header(directory: str | Path) -> str | None:
 
 #: What a disk store writes in its directory (bagpipe/store/disk.py) -- anything else in a
 #: user's --store-dir is not a store's, and its rows.f32 would be overwritten without a word.
-STORE_FILES = frozenset({"header.json", "rows.f32", "present.u8", "layout.i64", LOCK})
+STORE_FILES = frozenset({"header.json", "rows.f32", "present.u8", "layout.i64", "log.i32", LOCK})
 
 
 def check_users_store_dir(path: Path, reuse: bool, must_exist: bool = False) -> None:

@@ -127,9 +127,14 @@ class EmbeddingStore(ABC):
         need not repeat (the checkpoint it came from holds it)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows):
-            self._write(
+            self._load(
                 rows, np.asarray(weights, np.float32), np.asarray(state, np.float32).reshape(len(rows), self.state_dim)
             )
+
+    def _load(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
+        """A bulk write (:meth:`load`); a store that places rows by how they are written
+        back (the disk store's row log) puts these at their home."""
+        self._write(rows, weights, state)
 
     def take_dirty(self) -> np.ndarray:
         """Rows written since the last call (ascending), and forget them."""

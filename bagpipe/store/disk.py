@@ -97,6 +97,7 @@ from bagpipe.store.diskio import (
 )
 from bagpipe.store.init import RowValues
 from bagpipe.store.layout import RowLayout
+from bagpipe.store.rowlog import SEGMENTS, RowLog, log_slots
 
 FORMAT = "bagpipe.DiskStore"
 VERSION = 2  # 1: weights.f32 + state.f32; 2: rows.f32 (weights and state side by side)
@@ -105,6 +106,7 @@ HEADER = "header.json"
 ROWS = "rows.f32"
 PRESENT = "present.u8"
 LAYOUT = "layout.i64"
+LOG = "log.i32"
 
 _MIN_ROWS_PER_TASK = 16  # below this a thread hand-off costs more than it hides
 _PAGE = PAGE  # the one page size of the store's I/O (diskio's)
@@ -169,15 +171,19 @@ class DiskStore(EmbeddingStore):
         self._fds: dict[str, int] = {}
         self._maps: dict[str, mmap.mmap] = {}
         self._present_lock = threading.Lock()
+        self._log_lock = threading.Lock()  # a read's slots and gather against a segment's rows moving home
+        self._flush_lock = threading.Lock()  # a flush against a segment's preparation (rowlog module)
+        self._log: RowLog | None = None
         header = self._expected_header()
         if (self.path / HEADER).exists():
-            self.layout = self._check_header(header)
+            self.layout, self._log_slots = self._check_header(header)
             self._open_files(new=False)
         elif create:
             if callable(layout):  # made only now, under the opener's lock (a frequency layout: a pass over a split)
                 layout = layout()
             self.layout = layout if layout is not None else RowLayout.identity()
             self.layout.check(self.num_rows, f"{self.path}: the layout asked for")
+            self._log_slots = log_slots(self.layout.num_packed)
             self.path.mkdir(parents=True, exist_ok=True)
             self._open_files(new=True)
         else:
@@ -194,6 +200,8 @@ class DiskStore(EmbeddingStore):
             if not self._new:
                 self._load_present()
             self._durable = self._bits.copy()  # what present.u8 on disk says
+            if self._log_slots:
+                self._log = self._open_log()
         except BaseException:
             self._release()
             raise
@@ -204,28 +212,49 @@ class DiskStore(EmbeddingStore):
 
     # ------------------------------------------------------------------ files
 
+    def _open_log(self) -> RowLog:
+        """The row log's index as log.i32 says (position + 1 a packed row, 0: at home)."""
+        self._lg = self._array(LOG, 0, np.int32)
+        try:
+            return RowLog(self.layout.num_packed, self._log_slots, self._lg.astype(np.int32) - 1)
+        except ValueError as e:  # an index naming slots it cannot
+            raise DataError(f"{self.path / LOG}: {str(e).removeprefix('RowLog: ')}: the file is damaged") from None
+
     def _expected_header(self) -> dict:
         shard = getattr(self.init, "shard_label", None)  # a server's shard of the row space
         return expected_header(self.num_rows, self.dim, self.state_dim, self.init.seed, self.init.table_sizes, shard)
 
     def _layout_header(self) -> dict:
-        return {"file": LAYOUT, "packed_rows": self.layout.num_packed, "crc32": self.layout.crc32()}
+        return {
+            "file": LAYOUT,
+            "packed_rows": self.layout.num_packed,
+            "crc32": self.layout.crc32(),
+            "log_file": LOG,
+            "log_slots": self._log_slots,
+        }
 
     def _write_header(self, header: dict) -> None:
         atomic_write_text(self.path / HEADER, json.dumps(header, indent=1, allow_nan=False) + "\n")
 
-    def _check_header(self, want: dict) -> RowLayout:
-        """Refuse a header that is not of a store like ``want``; the store's row layout."""
+    def _check_header(self, want: dict) -> tuple[RowLayout, int]:
+        """Refuse a header that is not of a store like ``want``; the store's row layout and
+        its row log's slots."""
         have = read_header(self.path)
         refuse_another_store(self.path, have, want)
-        return layout_of(self.path, have)
+        layout = layout_of(self.path, have)
+        return layout, log_slots_of(self.path, have)
 
     def _file_sizes(self) -> dict[str, int]:
-        return {ROWS: self._slot_count * self._cols * 4, PRESENT: self.num_rows}
+        return file_sizes(self.num_rows, self._cols, self.layout, self._log_slots)
 
     @property
     def _slot_count(self) -> int:
-        """Rows of rows.f32: num_rows + K (the layout's packed rows)."""
+        """Rows of rows.f32: num_rows + K (the layout's packed rows) + E (the row log's)."""
+        return self.layout.slot_count(self.num_rows) + self._log_slots
+
+    @property
+    def _log_base(self) -> int:
+        """The slot of rows.f32 where the row log begins."""
         return self.layout.slot_count(self.num_rows)
 
     @property
@@ -271,7 +300,7 @@ class DiskStore(EmbeddingStore):
 
     def _array(self, name: str, cols: int, dtype) -> np.ndarray:
         m = self._maps.get(name)
-        shape = (self._slot_count, cols) if cols else (self.num_rows,)
+        shape = (self._slot_count, cols) if cols else (self._file_sizes()[name] // np.dtype(dtype).itemsize,)
         if m is None:
             return np.zeros(shape, dtype=dtype)
         return np.frombuffer(m, dtype=dtype).reshape(shape)
@@ -299,7 +328,7 @@ class DiskStore(EmbeddingStore):
 
     def _release(self) -> None:
         # drop the maps' last references (the store is closed: nothing reads them again)
-        self._r = self._p = None  # type: ignore[assignment]
+        self._r = self._p = self._lg = None  # type: ignore[assignment]
         advisor = getattr(self, "_advisor", None)
         if advisor is not None:
             advisor.close()
@@ -407,48 +436,90 @@ class DiskStore(EmbeddingStore):
         prow = srows[p]
         # each sorted row on disk goes to dest[k] of the caller's order (None: in place)
         dest = None if (order is None and len(p) == n) else (p if order is None else order[p])
-        if not self.layout.is_identity:  # the rows' slots, sorted: the order of the pages
-            prow, by_slot = self.layout.in_slot_order(prow)
-            dest = by_slot if dest is None else dest[by_slot]
-        buf = self._buffer(min(len(p), self._round))
-        for lo, hi in self._rounds(len(p)):
+        with self._log_lock:  # no row of this read moves home meanwhile (rowlog module)
+            if not self.layout.is_identity:  # the rows' slots, sorted: the order of the pages
+                prow, by_slot = self._slot_order(prow)
+                dest = by_slot if dest is None else dest[by_slot]
+            self._gather_sorted(prow, dest, w, s)
+        self._touch(pages_spanned(prow, self._cols * 4))
+        return w, s
+
+    def _slot_order(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, by_slot): where the latest values of ``rows`` lie -- the layout's slot, or
+        the row log's -- ascending, and the permutation of ``rows`` that gives them."""
+        slots = self.layout.slots(rows)
+        if self._log is not None:
+            slots = self._log.redirect(slots, self._log_base)
+        by_slot = np.argsort(slots)
+        return slots[by_slot], by_slot
+
+    def _gather_sorted(self, slots: np.ndarray, dest: np.ndarray | None, w: np.ndarray, s: np.ndarray) -> None:
+        """Slots ``slots`` (sorted, unique) into ``w[dest]`` / ``s[dest]`` (in order: None), round by round."""
+        d = self.dim
+        buf = self._buffer(min(len(slots), self._round))
+        for lo, hi in self._rounds(len(slots)):
             k = hi - lo
-            self._gather_round(prow[lo:hi], buf)
+            self._gather_round(slots[lo:hi], buf)
             if dest is None:
                 w[lo:hi] = buf[:k, :d]
                 s[lo:hi] = buf[:k, d:]
             else:
                 w[dest[lo:hi]] = buf[:k, :d]
                 s[dest[lo:hi]] = buf[:k, d:]
-        self._touch(pages_spanned(prow, self._cols * 4))
-        return w, s
 
-    def _write(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
+    def _load(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray) -> None:
+        self._write(rows, weights, state, home=True)
+
+    def _write(self, rows: np.ndarray, weights: np.ndarray, state: np.ndarray, home: bool = False) -> None:
+        """``home``: every row at its home slot, none to the row log (a bulk write: a table
+        made or restored whole); a packed row's copy in the log is dropped."""
         n = len(rows)
-        d = self.dim
-        weights = weights.reshape(n, d)
+        weights = weights.reshape(n, self.dim)
         srows, order = self._sorted(rows)
         if n > 1 and bool(np.any(srows[1:] == srows[:-1])):
             raise ValueError("DiskStore.write: rows must be unique")
+        if self.layout.is_identity:
+            self._scatter(srows, weights, state, order, ~self._present(srows))
+        else:
+            slots = self.layout.slots(srows)
+            src = np.arange(n) if order is None else order  # caller's index of each sorted row
+            logged = slots < self.layout.num_packed if self._log is not None and not home else np.zeros(n, dtype=bool)
+            placed = np.flatnonzero(~logged)
+            if len(placed):  # in place, in slot order
+                by_slot = np.argsort(slots[placed])
+                at = placed[by_slot]
+                self._scatter(slots[at], weights, state, src[at], ~self._present(srows[at]))
+                if home and self._log is not None:  # their copies in the log are stale now
+                    with self._log_lock:
+                        self._log.send_home(slots[slots < self.layout.num_packed])
+            if logged.any():  # appended to the row log
+                at = np.flatnonzero(logged)
+                self._append(slots[at], weights, state, src[at])
+        # present.u8 learns of these rows only in flush(), after their values are durable
+        with self._present_lock:
+            bits_set(self._bits, srows)
+
+    def _scatter(
+        self, slots: np.ndarray, weights: np.ndarray, state: np.ndarray, src: np.ndarray | None, fresh: np.ndarray
+    ) -> None:
+        """Rows ``weights[src]`` / ``state[src]`` (in order: None) to ``slots`` (sorted,
+        unique) of rows.f32, round by round; ``fresh``: the slots whose pages may be holes
+        (they get their blocks first)."""
+        d = self.dim
         R = self._r
         fd = self._fds[ROWS]
         row_bytes = self._cols * 4
-        buf = self._buffer(min(n, self._round))
-        logical = srows  # the presence bitmap's rows; srows becomes their slots, sorted
-        if not self.layout.is_identity:
-            slots, by_slot = self.layout.in_slot_order(srows)
-            srows, logical = slots, srows[by_slot]
-            order = by_slot if order is None else order[by_slot]
-        for lo, hi in self._rounds(n):
+        buf = self._buffer(min(len(slots), self._round))
+        for lo, hi in self._rounds(len(slots)):
             k = hi - lo
-            r = srows[lo:hi]
+            r = slots[lo:hi]
             # whole rows in sorted order: weights then state, as laid out in rows.f32
-            if order is None:
+            if src is None:
                 buf[:k, :d] = weights[lo:hi]
                 buf[:k, d:] = state[lo:hi]
             else:
-                buf[:k, :d] = weights[order[lo:hi]]
-                buf[:k, d:] = state[order[lo:hi]]
+                buf[:k, :d] = weights[src[lo:hi]]
+                buf[:k, d:] = state[src[lo:hi]]
 
             def scatter(a: int, b: int, r=r) -> None:
                 part = r[a:b]
@@ -458,26 +529,72 @@ class DiskStore(EmbeddingStore):
                     R[part] = buf[a:b]
 
             if ROWS in self._maps:
-                self._reserve_new(r, logical[lo:hi])
+                self._reserve_slots(r[fresh[lo:hi]])
                 self._hint(r)
             try:
                 self._run(self._write_pool, scatter, self._split(k))
             except OSError as e:  # pwrite of a contiguous run
                 self._full(e, ROWS)
                 raise
-            pages = pages_spanned(r, row_bytes)
-            if self._behind is not None:
-                self._behind.wrote(pages * _PAGE)  # round by round: the dirty pages stay under io.dirty_bytes
-            self._touch(pages)
-        # present.u8 learns of these rows only in flush(), after their values are durable
-        with self._present_lock:
-            bits_set(self._bits, logical)
+            self._wrote_pages(pages_spanned(r, row_bytes))
 
-    def _reserve_new(self, slots: np.ndarray, rows: np.ndarray) -> None:
-        """Allocate the blocks of the rows ``rows`` (at ``slots``, sorted) never written
-        before, so that storing them through the map cannot meet a full disk (SIGBUS): a
-        full disk is a :class:`StoreFullError` here, before any of them is written."""
-        new = slots[~self._present(rows)]
+    def _wrote_pages(self, pages: int) -> None:
+        if self._behind is not None:
+            self._behind.wrote(pages * _PAGE)  # round by round: the dirty pages stay under io.dirty_bytes
+        self._touch(pages)
+
+    def _append(self, homes: np.ndarray, weights: np.ndarray, state: np.ndarray, src: np.ndarray) -> None:
+        """Packed rows (home slots ``homes``) appended to the row log: whole pages, one
+        ``pwrite`` a round, after the segments they take are prepared (rowlog module)."""
+        log = self._log
+        assert log is not None
+        pos, todo = log.take(len(homes))
+        for a, b in todo:
+            self._prepare(a, b)
+        d = self.dim
+        fd = self._fds[ROWS]
+        row_bytes = self._cols * 4
+        buf = self._buffer(min(len(pos), self._round))
+        cuts = [0, *(np.flatnonzero(pos[1:] < pos[:-1]) + 1).tolist(), len(pos)]  # where the ring wraps
+        for c0, c1 in zip(cuts[:-1], cuts[1:]):
+            for lo in range(c0, c1, len(buf)):
+                hi = min(c1, lo + len(buf))
+                k = hi - lo
+                buf[:k, :d] = weights[src[lo:hi]]
+                buf[:k, d:] = state[src[lo:hi]]
+                first = self._log_base + int(pos[lo])
+                try:
+                    pwrite_from(fd, buf[:k], first * row_bytes)
+                except OSError as e:
+                    self._full(e, ROWS)
+                    raise
+                self._wrote_pages(((first + k) * row_bytes - 1) // _PAGE - first * row_bytes // _PAGE + 1)
+        log.commit(homes, pos)  # read from the log from now on
+
+    def _prepare(self, a: int, b: int) -> None:
+        """Free log slots [a, b) for a write: their live rows copied home, and a flush
+        first if the durable index names one of them (rowlog module)."""
+        log = self._log
+        assert log is not None
+        with self._flush_lock:
+            rows, pos = log.live_in(a, b)
+            if len(rows):
+                w = np.empty((len(rows), self.dim), dtype=np.float32)
+                s = np.empty((len(rows), self.state_dim), dtype=np.float32)
+                self._gather_sorted(self._log_base + pos, None, w, s)  # pos ascending; only this thread writes them
+                by_home = np.argsort(rows)
+                # a row's home page may never have been written (a hole): its blocks first
+                self._scatter(rows[by_home], w, s, by_home, np.ones(len(rows), dtype=bool))
+                with self._log_lock:  # a read in flight finishes on the log's copy first
+                    log.send_home(rows)
+            if log.durably_named(a, b):
+                self._flush_locked()
+
+    def _reserve_slots(self, new: np.ndarray) -> None:
+        """Allocate the blocks of slots ``new`` (sorted) whose pages may be holes -- rows
+        never written before -- so that storing them through the map cannot meet a full
+        disk (SIGBUS): a full disk is a :class:`StoreFullError` here, before any of them
+        is written."""
         if len(new) == 0:
             return
         rb = self._cols * 4
@@ -548,8 +665,11 @@ class DiskStore(EmbeddingStore):
             w[lo : lo + k] = buf[:k, :d]
             s[lo : lo + k] = buf[:k, d:]
         rows, slots = self.layout.packed_in(start, stop)
-        if len(rows):  # the range's packed rows, from the front of the file
-            got = self._r[slots]
+        if len(rows):  # the range's packed rows, from the front of the file (or the row log)
+            with self._log_lock:
+                if self._log is not None:
+                    slots = self._log.redirect(slots, self._log_base)
+                got = self._r[slots]
             w[rows - start] = got[:, :d]
             s[rows - start] = got[:, d:]
         missing = np.flatnonzero(~self._present(np.arange(start, stop, dtype=np.int64)))
@@ -568,13 +688,19 @@ class DiskStore(EmbeddingStore):
         only then the flags of the rows written since the last flush (present.u8, msync
         + fsync). A flag therefore never says a row is present before its value is on
         disk; a crash between flushes loses those rows' updates (they read as before),
-        never mixes a flag with a value that did not land.
+        never mixes a flag with a value that did not land. The row log's index (log.i32)
+        is written last, after the values it names are durable.
         """
         if self._closed:
             return
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         with self._present_lock:  # the rows written so far: only their flags are made durable below
             new = np.flatnonzero(self._bits & ~self._durable)
             fresh = self._bits[new] & ~self._durable[new]
+        snap = self._log.snapshot() if self._log is not None else None  # values already in the page cache
         try:
             if ROWS in self._maps:
                 self._maps[ROWS].flush()
@@ -590,6 +716,19 @@ class DiskStore(EmbeddingStore):
                 self._maps[PRESENT].flush()
             os.fsync(self._fds[PRESENT])
             self._durable[new] |= fresh  # last: a flush that failed is done again by the next
+        if snap is not None:
+            self._flush_log(snap)
+
+    def _flush_log(self, snap: np.ndarray) -> None:
+        """The row log's index ``snap`` (whose values are durable now) into log.i32, durably."""
+        assert self._log is not None
+        changed = self._log.changed(snap)
+        if len(changed):  # their pages get blocks first: a full disk is an error, not SIGBUS
+            self._reserve(LOG, *page_runs(changed * 4, changed * 4 + 4))
+            self._lg[changed] = snap[changed] + 1
+            self._maps[LOG].flush()
+        os.fsync(self._fds[LOG])
+        self._log.made_durable(snap)
 
     def written_rows(self) -> np.ndarray:
         with self._present_lock:  # the presence bitmap: no I/O
@@ -626,7 +765,10 @@ class DiskStore(EmbeddingStore):
 
     def layout_summary(self) -> dict:
         packed = self.layout.num_packed
-        return {"layout": "frequency" if packed else "identity", "packed_rows": packed}
+        out = {"layout": "frequency" if packed else "identity", "packed_rows": packed}
+        if self._log is not None:
+            out |= {"log_slots": self._log_slots, "logged_rows": self._log.logged()}
+        return out
 
     def disk_usage(self) -> dict[str, int]:
         """Allocated bytes of each file (st_blocks * 512), for sparseness checks."""
@@ -673,6 +815,29 @@ def layout_of(path: Path, have: dict) -> RowLayout:
     layout = RowLayout.load(path / LAYOUT, k, crc)
     layout.check(num_rows, path / LAYOUT)
     return layout
+
+
+def log_slots_of(path: Path, have: dict) -> int:
+    """E, the row log's slots of the store whose header.json says ``have`` (0: none -- a
+    version-2 store, or a version-3 store made before the log); a value that is not a
+    whole number of the log's segments is a one-line :class:`DataError` naming the file."""
+    lay = have.get("layout")
+    e = lay.get("log_slots", 0) if isinstance(lay, dict) else 0
+    if not isinstance(e, int) or isinstance(e, bool) or e < 0 or e % SEGMENTS or e >= 2**31:
+        raise DataError(
+            f"{path / HEADER}: layout.log_slots is {e!r}, not a count of slots in whole segments of {SEGMENTS}: "
+            "the header is damaged"
+        )
+    return e
+
+
+def file_sizes(num_rows: int, cols: int, layout: RowLayout, log_slots: int) -> dict[str, int]:
+    """Bytes of each file of a store: rows.f32 (num_rows + K + E slots of ``cols``
+    floats), present.u8, and log.i32 (4 bytes a packed row) with a row log."""
+    sizes = {ROWS: (layout.slot_count(num_rows) + log_slots) * cols * 4, PRESENT: num_rows}
+    if log_slots:
+        sizes[LOG] = 4 * layout.num_packed
+    return sizes
 
 
 def expected_header(
@@ -741,10 +906,10 @@ def check_store_files(path: str | Path, want: dict | None = None) -> None:
     if want is not None:
         refuse_another_store(path, have, want)
     layout = layout_of(path, have)
+    slots = log_slots_of(path, have)
     if want is None:
         return
-    cols = want["dim"] + want["state_dim"]
-    sizes = {ROWS: layout.slot_count(want["num_rows"]) * cols * 4, PRESENT: want["num_rows"]}
+    sizes = file_sizes(want["num_rows"], want["dim"] + want["state_dim"], layout, slots)
     for name, size in sizes.items():
         try:
             got = os.stat(path / name).st_size

@@ -120,24 +120,30 @@ def check_checkpoint_space(cfg: TrainConfig, dataset: Dataset, shape: RunShape) 
 def store_bytes(num_rows: int, row_bytes: int, lookups: int, packed: int = 0) -> int:
     """The most bytes of blocks a disk store of ``num_rows`` rows of ``row_bytes`` takes after
     ``lookups`` row writes: the pages they span in rows.f32 (num_rows + ``packed`` slots: a
-    frequency layout's packed rows), a page of present.u8 each (each never more than its
-    whole file, page-rounded) and its header."""
+    frequency layout's packed rows, and its row log's slots, a row each), a page of
+    present.u8 each (each never more than its whole file, page-rounded), the row log's
+    index and the header."""
     from bagpipe.store.diskio import PAGE
 
     def pages(n: int) -> int:
         return -(-n // PAGE) * PAGE
 
+    from bagpipe.store.rowlog import log_slots
+
     spans = (row_bytes + PAGE - 2) // PAGE + 1  # the most pages one row lies in
-    rows_file = pages((num_rows + packed) * row_bytes)
-    return min(rows_file, lookups * spans * PAGE) + min(pages(num_rows), lookups * PAGE) + PAGE
+    slots = log_slots(packed)  # a frequency layout's row log: its rows go there whole pages at a time
+    rows_file = pages((num_rows + packed + slots) * row_bytes)
+    written = lookups * spans * PAGE + min(slots * row_bytes, lookups * row_bytes + PAGE)
+    log_file = pages(4 * packed) if packed else 0
+    return min(rows_file, written) + min(pages(num_rows), lookups * PAGE) + log_file + PAGE
 
 
 def _allocated(directory: Path) -> int:
     """Bytes of blocks the store files in ``directory`` hold now (0: none there)."""
-    from bagpipe.store.disk import PRESENT, ROWS
+    from bagpipe.store.disk import LOG, PRESENT, ROWS
 
     total = 0
-    for name in (ROWS, PRESENT):
+    for name in (ROWS, PRESENT, LOG):
         try:
             total += os.stat(directory / name).st_blocks * 512
         except OSError:

@@ -39,6 +39,7 @@ from bagpipe.store.disk import DiskStore
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.layout import RowLayout
 from bagpipe.store.memory import MemoryStore
+from bagpipe.store.rowlog import SEGMENTS, log_slots
 
 pytestmark = pytest.mark.unit
 
@@ -340,10 +341,12 @@ def test_disk_old_layout_version_raises(tmp_path):
 
 
 def test_a_packed_layout_puts_its_rows_at_the_front_of_the_file(tmp_path):
-    """Row layout (format version 3): the K packed rows at slots 0..K-1 in their order,
-    every other row g at slot K + g; the file has num_rows + K slots; layout.i64 holds
-    the packed rows and the header their count and CRC-32; a store without a layout
-    stays version 2 (what earlier bagpipes read)."""
+    """Row layout (format version 3): the K packed rows have their home at slots 0..K-1 in
+    their order, every other row g is at slot K + g; a packed row written goes to the row
+    log behind them (slots num_rows + K + p, p from log.i32 as p + 1, written by the
+    flush), whole rows in the order written; the file has num_rows + K + E slots;
+    layout.i64 holds the packed rows and the header their count, CRC-32 and E; a store
+    without a layout stays version 2 (what earlier bagpipes read)."""
     init = RowInitializer(TABLES, D, seed=5)
     R, S = init.num_rows, 1
     packed = np.array([1999, 3, 1000, 7])
@@ -353,12 +356,19 @@ def test_a_packed_layout_puts_its_rows_at_the_front_of_the_file(tmp_path):
     w, s = values(rng, 6, D), values(rng, 6, S)
     store.write(rows, w, s)
     store.close()
-    raw = np.fromfile(tmp_path / "st" / "rows.f32", dtype=np.float32).reshape(R + 4, D + S)
-    slot = {1999: 0, 3: 1, 1000: 2, 7: 3, 5: 4 + 5, 1998: 4 + 1998}
+    header = json.loads((tmp_path / "st" / "header.json").read_text())
+    E = header["layout"]["log_slots"]
+    assert E == log_slots(4) and E % SEGMENTS == 0 and E >= 4
+    raw = np.fromfile(tmp_path / "st" / "rows.f32", dtype=np.float32).reshape(R + 4 + E, D + S)
+    at = np.fromfile(tmp_path / "st" / "log.i32", dtype="<i4")
+    # packed rows 7, 3, 1000, 1999 (their home slots 3, 1, 2, 0) were written in row order
+    # (3, 7, 1000, 1999) to log positions 0..3
+    assert at.tolist() == [4, 1, 3, 2]
+    slot = {3: R + 4 + 0, 7: R + 4 + 1, 1000: R + 4 + 2, 1999: R + 4 + 3, 5: 4 + 5, 1998: 4 + 1998}
     for i, r in enumerate(rows.tolist()):
         assert same_bits(raw[slot[r], :D], w[i]) and same_bits(raw[slot[r], D:], s[i])
+    assert not raw[:4].any()  # the packed rows' homes: not written yet (the log holds them)
     assert not raw[4 + 1999].any() and not raw[4 + 3].any()  # a packed row's own slot: a hole
-    header = json.loads((tmp_path / "st" / "header.json").read_text())
     assert header["version"] == 3 and header["layout"]["packed_rows"] == 4
     assert np.array_equal(np.fromfile(tmp_path / "st" / "layout.i64", dtype="<i8"), packed)
     back = DiskStore(init, S, tmp_path / "st", create=False)

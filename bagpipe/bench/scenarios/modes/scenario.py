@@ -105,6 +105,7 @@ def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, 
     from bagpipe.errors import DataError
     from bagpipe.store.disk import DiskStore, read_header
     from bagpipe.store.init import RowInitializer
+    from bagpipe.store.rowlog import log_slots
 
     init = RowInitializer(data_meta.table_sizes, dim, seed)
     try:  # a damaged template (an interrupted bench) is made again, not a traceback
@@ -113,12 +114,12 @@ def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, 
         h = None
     if h is not None:
         want = (
-            {"packed_rows": layout.num_packed, "crc32": layout.crc32()}
+            {"packed_rows": layout.num_packed, "crc32": layout.crc32(), "log_slots": log_slots(layout.num_packed)}
             if layout is not None and layout.num_packed
             else None
         )
         lay = h.get("layout")
-        have = {k: lay.get(k) for k in ("packed_rows", "crc32")} if isinstance(lay, dict) else None
+        have = {k: lay.get(k) for k in ("packed_rows", "crc32", "log_slots")} if isinstance(lay, dict) else None
         same = (h.get("dim"), h.get("state_dim"), h.get("table_sizes"), h.get("seed")) == (
             dim,
             state_dim,
@@ -134,7 +135,7 @@ def materialise_disk_store(template: Path, data_meta, dim: int, state_dim: int, 
     for a in tqdm(range(0, init.num_rows, chunk), desc="writing table file", unit="Mi rows"):
         b = min(a + chunk, init.num_rows)
         rows = np.arange(a, b, dtype=np.int64)
-        store.write(rows, init.rows(rows), np.zeros((b - a, state_dim), np.float32))
+        store.load(rows, init.rows(rows), np.zeros((b - a, state_dim), np.float32))  # every row at its home
     store.close()
 
 

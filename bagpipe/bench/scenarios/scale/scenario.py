@@ -145,8 +145,8 @@ def touched_rows(data: Path, batch_size: int, steps: int, seed: int) -> np.ndarr
 
 
 def restore_rows(store_dir: Path, meta, dim: int, state_dim: int, rows: np.ndarray) -> None:
-    """Rewrite ``rows`` of the table file to their initial values and zero state, then
-    drop the file from the page cache."""
+    """Rewrite ``rows`` of the table file to their initial values and zero state, at their
+    home slots (the row log then holds none of them), then drop the file from the page cache."""
     from bagpipe.store.disk import DiskStore
     from bagpipe.store.init import RowInitializer
 
@@ -154,7 +154,7 @@ def restore_rows(store_dir: Path, meta, dim: int, state_dim: int, rows: np.ndarr
     with DiskStore(init, state_dim, store_dir, create=False) as store:
         for a in range(0, len(rows), 1 << 18):
             r = rows[a : a + (1 << 18)]
-            store.write(r, init.rows(r), np.zeros((len(r), state_dim), np.float32))
+            store.load(r, init.rows(r), np.zeros((len(r), state_dim), np.float32))  # at home, out of the row log
         store.drop_page_cache()
 
 
