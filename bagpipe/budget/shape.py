@@ -116,7 +116,8 @@ def layout_bytes(cfg: TrainConfig, num_rows: int, split_lookups: int, sample_loo
     rows twice (:func:`bagpipe.data.frequency.row_use_counts`: ``sample_lookups`` int64 a
     sample, and their sorted copy), then 44 a row used while they are ordered
     (:func:`bagpipe.store.layout.frequency_layout`); what it keeps, 20 bytes a packed row,
-    is less. Plus 1 MiB for the constant part (the sort's and the stream's own). Measured
+    and the store's row log beside it (:mod:`bagpipe.store.rowlog`: 12 bytes a packed
+    row, 4 more for a flush's snapshot), 36 in all, is less. Plus 1 MiB for the constant part (the sort's and the stream's own). Measured
     against ``tracemalloc`` in tests/unit/store/test_stores.py. 0 without one."""
     if not (cfg.cache.spec.store and cfg.cache.store == "disk" and cfg.cache.store_layout == "frequency"):
         return 0

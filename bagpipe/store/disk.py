@@ -14,6 +14,12 @@ Layout of the directory ``path`` (format version 2, and 3 with a row layout)::
                   hottest first (:mod:`bagpipe.store.layout`): row g is then at slot
                   i if it is the i-th of them, else at slot K + g, and rows.f32 holds
                   num_rows + K slots; version 2 is the identity layout (slot g)
+    log.i32       (version 3, with ``layout.log_slots`` = E > 0 in the header) the row
+                  log's index: for each packed row i, p + 1 if its latest value is at
+                  slot num_rows + K + p of rows.f32 (the E slots of the log behind the
+                  table, :mod:`bagpipe.store.rowlog`), 0 if at its home slot i; written
+                  by ``flush`` only after the values it names are durable. A version-3
+                  store made before the log (no ``log_slots``) writes in place
 
 A row's weights and state sit side by side, so a cold read of a row costs one page
 fault, not one per file (version 1 kept them in ``weights.f32`` and ``state.f32``,
@@ -59,8 +65,14 @@ Which rows are present is kept in memory as a bitmap (num_rows / 8 bytes), loade
 from ``present.u8`` at open (only its allocated extents are read), so deciding
 which rows need I/O costs no I/O.
 
+Packed rows written back (the frequency layout's hot rows) are appended to the row log,
+whole pages in one ``pwrite`` a round, instead of dirtying a page each in place: under a
+memory limit the dirty-page bound otherwise writes the same hot pages to the device again
+and again (:mod:`bagpipe.store.rowlog`). A bulk write (:meth:`load`: a checkpoint's
+restore, a table made whole) puts rows at their home slots.
+
 The module is long because one class holds the files, the hinted read and write paths,
-the crash-safe flush and the presence bitmap (its written rows and their reset for a
+the row log's appends and segment preparation, the crash-safe flush and the presence bitmap (its written rows and their reset for a
 restore), which share the store's locks and the invariants of its files; the I/O settings,
 the dirty-page bound and the raw ``pread``/``pwrite`` helpers are in
 :mod:`bagpipe.store.diskio`.

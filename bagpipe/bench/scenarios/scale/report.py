@@ -101,6 +101,10 @@ def _config(b, key: str, runs: list[dict], full_digest, bitwise: dict[str, bool]
         "hot_lookup_share": ((ok[0].get("cache") or {}).get("hot") or {}).get("lookup_share") if ok else None,
         "pipeline_cpu_ms": median_spread([pipeline_cpu(r) for r in ok])[0],
         "pipeline_cpu_share": median_spread([r.get("pipeline_cpu_share") or 0.0 for r in ok])[0],
+        # each run's CPU per thread (summary.json's threads_per_step_ms) and its store's
+        # counters and layout (the row log's slots and rows in it at the end)
+        "threads_per_step_ms": [r.get("threads_per_step_ms") for r in ok],
+        "store": [r.get("store") for r in ok],
         "params_sha256": digests,
         "same_digest_as_full": (
             None if not (b.digest and ok and full_digest and key != "full") else digests == full_digest
