@@ -563,6 +563,7 @@ class DiskStore(EmbeddingStore):
         pos, todo = log.take(len(homes))
         for a, b in todo:
             self._prepare(a, b)
+            log.prepared()  # only now: a preparation that failed is done again by the next write
         d = self.dim
         fd = self._fds[ROWS]
         row_bytes = self._cols * 4
@@ -701,7 +702,8 @@ class DiskStore(EmbeddingStore):
         + fsync). A flag therefore never says a row is present before its value is on
         disk; a crash between flushes loses those rows' updates (they read as before),
         never mixes a flag with a value that did not land. The row log's index (log.i32)
-        is written last, after the values it names are durable.
+        goes between the two: after the values it names are durable, before a flag can
+        say a row is present whose only value is in the log (its home slot a hole).
         """
         if self._closed:
             return
@@ -720,6 +722,8 @@ class DiskStore(EmbeddingStore):
         except OSError as e:
             self._full(e, ROWS)
             raise
+        if snap is not None:
+            self._flush_log(snap)
         with self._present_lock:
             fresh &= self._bits[new]  # not those a reset() cleared meanwhile
             if len(new):  # their flags' pages get blocks first: a full disk is an error, not SIGBUS
@@ -728,8 +732,6 @@ class DiskStore(EmbeddingStore):
                 self._maps[PRESENT].flush()
             os.fsync(self._fds[PRESENT])
             self._durable[new] |= fresh  # last: a flush that failed is done again by the next
-        if snap is not None:
-            self._flush_log(snap)
 
     def _flush_log(self, snap: np.ndarray) -> None:
         """The row log's index ``snap`` (whose values are durable now) into log.i32, durably."""
@@ -737,9 +739,14 @@ class DiskStore(EmbeddingStore):
         changed = self._log.changed(snap)
         if len(changed):  # their pages get blocks first: a full disk is an error, not SIGBUS
             self._reserve(LOG, *page_runs(changed * 4, changed * 4 + 4))
+            self._log.in_doubt(changed)  # from here the file may hold either entry, until the fsync
             self._lg[changed] = snap[changed] + 1
+        try:
             self._maps[LOG].flush()
-        os.fsync(self._fds[LOG])
+            os.fsync(self._fds[LOG])
+        except OSError as e:
+            self._full(e, LOG)
+            raise
         self._log.made_durable(snap)
 
     def written_rows(self) -> np.ndarray:
@@ -839,6 +846,11 @@ def log_slots_of(path: Path, have: dict) -> int:
         raise DataError(
             f"{path / HEADER}: layout.log_slots is {e!r}, not a count of slots in whole segments of {SEGMENTS}: "
             "the header is damaged"
+        )
+    k = lay.get("packed_rows") if isinstance(lay, dict) else None
+    if e and isinstance(k, int) and e < k:  # a write may append every packed row at once
+        raise DataError(
+            f"{path / HEADER}: layout.log_slots is {e:,}, fewer than its {k:,} packed rows: the header is damaged"
         )
     return e
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 SEGMENTS = 8  # the ring's segments: a turn of the ring prepares (and may flush) this many times
+IN_DOUBT = -2  # a durable entry a failed flush may or may not have written
 MIN_SEGMENT_SLOTS = 4096  # a few packed rows still get segments of whole pages (a flush per 4,096 rows at most)
 
 
@@ -75,6 +76,7 @@ class RowLog:
             raise ValueError("RowLog: two packed rows at one log slot")
         self.held[self.at[logged]] = logged
         self.durable = self.at.copy()
+        self.doubt = False  # a flush of the index failed: see in_doubt
         self.head = 0  # the next position handed out (counts up; the slot is head % capacity)
         self.ready = 0  # positions [head, ready) are prepared (at open: none, the index may name any)
 
@@ -96,17 +98,23 @@ class RowLog:
     def take(self, n: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """``n`` positions for a write (ascending slots of the ring, wrapping at most once
         per turn) and the segments ``[a, b)`` (ring slots) to prepare, in order, before any
-        of them is written. The positions are the caller's from now on."""
+        of them is written, each followed by :meth:`prepared`. Nothing changes until then:
+        a write that fails before :meth:`commit` leaves the ring as it was (a segment
+        prepared stays prepared)."""
         if n > self.capacity:
             raise ValueError(f"RowLog.take: {n} rows, more than the log's {self.capacity} slots")
         todo: list[tuple[int, int]] = []
-        while self.ready < self.head + n:
-            a = self.ready % self.capacity
+        ready = self.ready
+        while ready < self.head + n:
+            a = ready % self.capacity
             todo.append((a, a + self.segment))
-            self.ready += self.segment
+            ready += self.segment
         pos = (self.head + np.arange(n, dtype=np.int64)) % self.capacity
-        self.head += n
         return pos, todo
+
+    def prepared(self) -> None:
+        """The next segment :meth:`take` named is prepared: its slots may be handed out."""
+        self.ready += self.segment
 
     def live_in(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, positions): the packed rows whose latest value is at a position in [a, b)."""
@@ -123,15 +131,19 @@ class RowLog:
 
     def durably_named(self, a: int, b: int) -> bool:
         """Whether the durable index names a position in [a, b): the segment may not be
-        overwritten before a flush."""
+        overwritten before a flush. True while a failed flush left entries in doubt."""
+        if self.doubt:
+            return True
         rows = self.held[a:b]
         has = rows >= 0
         return bool(np.any(self.durable[rows[has]] == np.arange(a, b, dtype=np.int32)[has]))
 
     def commit(self, rows: np.ndarray, pos: np.ndarray) -> None:
-        """Rows ``rows`` (packed) were written at log positions ``pos``: read from there."""
+        """Rows ``rows`` (packed) were written at the positions ``pos`` :meth:`take` gave:
+        read from there; the ring's head moves past them."""
         self.at[rows] = pos
         self.held[pos] = rows
+        self.head += len(pos)
 
     # ------------------------------------------------------------------ durability
 
@@ -139,10 +151,18 @@ class RowLog:
         """The index now (taken before a flush makes the rows' values durable)."""
         return self.at.copy()
 
+    def in_doubt(self, changed: np.ndarray) -> None:
+        """Entries ``changed`` are being written to the index file: until :meth:`made_durable`,
+        the file may hold the old or the new one. They differ from any snapshot (so the next
+        flush writes them again), and every segment counts as named by the durable index."""
+        self.durable[changed] = IN_DOUBT
+        self.doubt = True
+
     def made_durable(self, snap: np.ndarray) -> np.ndarray:
         """``snap`` is on disk now; the entries that changed (packed rows, ascending)."""
         changed = np.flatnonzero(snap != self.durable)
         self.durable[changed] = snap[changed]
+        self.doubt = False
         return changed
 
     def changed(self, snap: np.ndarray) -> np.ndarray:

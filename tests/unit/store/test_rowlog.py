@@ -8,6 +8,7 @@ it turns many times; a dict of the latest values is the reference.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import threading
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from bagpipe.errors import DataError
 from bagpipe.store import rowlog
-from bagpipe.store.disk import DiskStore
+from bagpipe.store.disk import DiskStore, StoreFullError
 from bagpipe.store.init import RowInitializer
 from bagpipe.store.layout import RowLayout
 from bagpipe.store.rowlog import SEGMENTS, RowLog
@@ -222,6 +223,11 @@ def test_take_prepares_each_segment_once_before_its_slots_are_handed_out():
     log = RowLog(4, 8)  # segments of one slot
     pos, todo = log.take(3)
     assert pos.tolist() == [0, 1, 2] and todo == [(0, 1), (1, 2), (2, 3)]
+    log.prepared()  # one of three: a write that failed now is taken again from slot 0
+    pos, todo = log.take(3)
+    assert pos.tolist() == [0, 1, 2] and todo == [(1, 2), (2, 3)]
+    log.prepared()
+    log.prepared()
     log.commit(np.array([0, 1, 2]), pos)
     pos, todo = log.take(6)  # wraps: slots 3..7 then 0
     assert pos.tolist() == [3, 4, 5, 6, 7, 0] and todo == [(3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (0, 1)]
@@ -254,3 +260,99 @@ def test_a_bulk_load_puts_rows_at_home_and_drops_their_log_copies(tmp_path, smal
     want_w, want_s = ref.expect(PACKED)
     assert same(got_w, want_w) and same(got_s, want_s)
     store.close()
+
+
+class _FailingMap:
+    """A memory map whose msync fails (EIO): a flush that dies at that point."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def flush(self):
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def put(store, rows, v: float) -> None:
+    rows = np.asarray(rows, dtype=np.int64)
+    store.write(rows, np.full((len(rows), D), v, np.float32), np.full((len(rows), S), v, np.float32))
+
+
+@pytest.mark.parametrize("dies_at", ["log.i32", "present.u8"])
+def test_a_flush_that_dies_midway_leaves_a_first_written_row_readable(tmp_path, small_ring, dies_at):
+    """A packed row written for the first time lives only in the log (its home a hole): a
+    crash after its present flag but before the index would read zeros, a value it never
+    had. log.i32 is made durable before present.u8, so a crash at either msync reads the
+    row as its initial or its written value (review of the row log, finding 1)."""
+    store, init = make(tmp_path)
+    put(store, [17], 7.0)
+    real = store._maps[dies_at]
+    store._maps[dies_at] = _FailingMap(real)
+    with pytest.raises(OSError):
+        store.flush()
+    store._maps[dies_at] = real
+    shutil.copytree(tmp_path / "st", tmp_path / "after")
+    back = DiskStore(init, S, tmp_path / "after", create=False)
+    w, s = back.read(np.array([17]))
+    back.close()
+    store.close()
+    assert same(w[0], np.full(D, 7.0, np.float32)) or same(w[0], init.rows(np.array([17]))[0])
+
+
+def test_a_write_whose_segment_could_not_be_prepared_prepares_it_again(tmp_path, small_ring):
+    """A full disk while a segment's live rows are copied home fails that write (a
+    StoreFullError); the next write must not take the segment's slots unprepared, which
+    would overwrite a live row (finding 2)."""
+    store, _ = make(tmp_path)
+    E = store._log.capacity
+    put(store, [3], 1.0)
+    put(store, [17], 2.0)  # log position 1: the row watched
+    put(store, [499], 3.0)
+    for k in range(E - 3):  # the head to E: segment 0 (17's) is next
+        put(store, [7], 100.0 + k)
+    real = store._reservers["rows.f32"].reserve
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    store._reservers["rows.f32"].reserve = full  # 17's home page is a hole: it needs blocks
+    with pytest.raises(StoreFullError):
+        put(store, [5], 50.0)
+    store._reservers["rows.f32"].reserve = real
+    put(store, [42, 11], 60.0)
+    w, _ = store.read(np.array([17]))
+    store.close()
+    assert same(w[0], np.full(D, 2.0, np.float32))
+
+
+def test_a_failed_flush_of_the_index_is_written_again_and_guards_the_ring(tmp_path, small_ring):
+    """The index's msync fails after its entries were stored in the map (the kernel may
+    still write them): those entries are in doubt -- the next flush writes them again and
+    no segment is reused before it -- so a row the file may name is not overwritten and a
+    clean close reads every row right (finding 3)."""
+    store, init = make(tmp_path)
+    put(store, [17], 2.0)  # log position 0
+    real = store._maps["log.i32"]
+    store._maps["log.i32"] = _FailingMap(real)
+    with pytest.raises(OSError):
+        store.flush()
+    store._maps["log.i32"] = real
+    for k in range(40):  # 17 goes home when the ring comes round to position 0
+        put(store, [3], 10.0 + k)
+        if k >= 30 and k % 5 == 0:
+            store.flush()
+    store.close()
+    back = DiskStore(init, S, tmp_path / "st", create=False)
+    w, _ = back.read(np.array([17, 3]))
+    back.close()
+    assert same(w[0], np.full(D, 2.0, np.float32)) and same(w[1], np.full(D, 49.0, np.float32))
+
+
+def test_a_header_with_fewer_log_slots_than_packed_rows_is_refused(tmp_path, small_ring):
+    store, init = make(tmp_path)
+    store.close()
+    h = tmp_path / "st" / "header.json"
+    header = json.loads(h.read_text())
+    header["layout"]["log_slots"] = 16  # whole segments, but fewer than the 20 packed rows
+    h.write_text(json.dumps(header))
+    with pytest.raises(DataError, match=rf"^{h}: layout.log_slots is 16, fewer than its 20 packed rows"):
+        DiskStore(init, S, tmp_path / "st", create=False)
