@@ -342,6 +342,19 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:  # `bagpipe ... | head`: the reader left; nothing to report
         sys.stderr.close()
         return 0
+    except ValueError as e:
+        if "embedded null byte" not in str(e):
+            raise
+        # a NUL byte in a path (a config file's "\u0000"; argv from a shell cannot hold one):
+        # the first system call that met it raised, wherever that was
+        print(
+            one_line(
+                f"bagpipe {args.command}: error: a path given holds a NUL byte (\\0), which no file name can; "
+                "give another path"
+            ),
+            file=sys.stderr,
+        )
+        return 2
     except OSError as e:
         from bagpipe.files import FULL_ERRNOS, WRITE_ERRNOS
 

@@ -92,7 +92,12 @@ def shown_path(path: str | os.PathLike) -> str:
 def refuse_unnamable(path: str | os.PathLike, flag: str) -> None:
     """Refuse, in one line and before anything is made, a ``flag`` path that can name no
     file: its symbolic links form a loop, or a name in it is longer than a file system
-    takes (newcomer round 21: tracebacks, or the folders above it made and left)."""
+    takes (newcomer round 21: tracebacks, or the folders above it made and left), or it
+    holds a NUL byte, which no file name can (a traceback from the first system call)."""
+    if "\0" in os.fsdecode(path):
+        raise ConfigError(
+            f"{flag} {os.fsdecode(path)!r}: a path cannot hold a NUL byte (\\0); give another {flag.split()[0]}"
+        )
     if is_link_loop(path):
         raise ConfigError(
             f"{flag} {path} is a symbolic link that never reaches a file or folder (a loop); remove the link or "

@@ -338,6 +338,16 @@ def test_config_file_mistakes_are_one_line_naming_what_is_wrong(guarded, world, 
         assert "c.toml: mode must be one of 'full', " in err, err
 
 
+@pytest.mark.parametrize("opt", ["--summary-json", "--out", "--tensorboard", "--data"])
+def test_a_nul_byte_in_a_path_is_one_line(guarded, world, tmp_path, opt):
+    """A NUL byte in a path (a config file's "\\u0000"; hypothesis found it in
+    --summary-json): a traceback from the first system call that met it, now one line."""
+    base = ["train", "--data", world["data"], "--out", str(tmp_path / "o"), "--steps", "2", "--no-progress"]
+    outcome, rc, err = guarded([*base, f"{opt}=a\0b"])
+    assert outcome == "exit" and one_line(rc, err), err
+    assert "NUL byte" in err and ("give another" in err), err
+
+
 def test_a_misspelt_choice_built_in_python_gets_the_same_suggestion():
     from bagpipe.config.sections import CacheConfig
     from bagpipe.errors import ConfigError
