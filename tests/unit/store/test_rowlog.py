@@ -356,3 +356,39 @@ def test_a_header_with_fewer_log_slots_than_packed_rows_is_refused(tmp_path, sma
     h.write_text(json.dumps(header))
     with pytest.raises(DataError, match=rf"^{h}: layout.log_slots is 16, fewer than its 20 packed rows"):
         DiskStore(init, S, tmp_path / "st", create=False)
+
+
+def test_a_row_moving_home_waits_for_a_read_that_found_it_in_the_log(tmp_path, small_ring):
+    """The reader holds the log's lock from finding a row's slot to gathering it: a writer
+    preparing that slot's segment (copying the row home, then overwriting the slot) waits
+    for it. Made deterministic: the read stops between the two until the writer has had
+    half a second; without the lock the writer overwrites the slot first and the read
+    returns another row's value."""
+    store, _ = make(tmp_path)
+    E = store._log.capacity
+    put(store, [17], 2.0)  # log position 0
+    for k in range(E - 1):  # the head to E: the next write prepares segment 0
+        put(store, [7], 100.0 + k)
+    found, go = threading.Event(), threading.Event()
+    gather = store._gather_sorted
+    reader = None
+
+    def stalled(*args):
+        if threading.current_thread() is reader:
+            found.set()
+            go.wait(10)
+        return gather(*args)
+
+    store._gather_sorted = stalled
+    got = {}
+    reader = threading.Thread(target=lambda: got.setdefault("w", store.read(np.array([17]))[0]))
+    reader.start()
+    assert found.wait(10)
+    writer = threading.Thread(target=lambda: put(store, [3, 42, 11], 60.0))  # takes slots 0..2
+    writer.start()
+    writer.join(0.5)
+    go.set()
+    reader.join(10)
+    writer.join(10)
+    store.close()
+    assert same(got["w"][0], np.full(D, 2.0, np.float32))
