@@ -6,11 +6,18 @@ a run uses lie in fewer pages, and nothing else changes.
   table file's pages (its allocated blocks: a count, not a timing).
 * ``bench modes --stores disk,disk-frequency`` runs the same modes on both layouts side
   by side with identical counts, the frequency template made once in its layout.
+* A run on the frequency layout killed with SIGKILL after a checkpoint -- its row log
+  holding rows written back since the store's last flush -- resumes to ``--mode full``'s
+  digest.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -67,3 +74,36 @@ def test_bench_modes_runs_both_layouts_side_by_side(run_cli, tmp_path):
     assert plain["store"]["layout"] == "identity" and packed["store"]["layout"] == "frequency"
     template = json.loads((out / "store-template-frequency" / "header.json").read_text())
     assert template["layout"]["packed_rows"] == res["lookahead/disk-frequency"]["cache"]["store"]["packed_rows"]
+
+
+def test_a_run_killed_with_its_row_log_in_use_resumes_to_the_reference(run_cli, tiny_data, tmp_path):
+    args = ["--data", tiny_data, "--steps", 300, "--batch-size", 128, "--no-progress", "--checkpoint-every", 20]
+    rc, _, err = run_cli("train", *args, "--out", tmp_path / "full", "--mode", "full")
+    assert rc == 0, err
+    want = json.loads((tmp_path / "full" / "summary.json").read_text())["params_sha256"]
+    out = tmp_path / "killed"
+    cached = [*args, "--out", out, *RUN[:4], "--cache-rows", 2000, "--store-layout", "frequency"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bagpipe.cli", "train", *map(str, cached)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latest = out / "checkpoints" / "LATEST"
+    try:
+        deadline = time.monotonic() + 120
+        while not (latest.exists() and int(latest.read_text().strip().split("-")[-1]) >= 60):
+            assert proc.poll() is None, "the run ended before it was killed"
+            assert time.monotonic() < deadline, "no checkpoint at step 60 in time"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    header = json.loads((out / "store" / "header.json").read_text())
+    assert header["layout"]["log_slots"] > 0  # the store the run made has a row log
+    rc, _, err = run_cli("train", *cached, "--resume")
+    assert rc == 0, err
+    got = json.loads((out / "summary.json").read_text())
+    assert got["cache"]["store"]["logged_rows"] > 0  # packed rows were in the log at the end
+    assert got["params_sha256"] == want

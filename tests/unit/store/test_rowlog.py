@@ -380,7 +380,7 @@ def test_a_row_moving_home_waits_for_a_read_that_found_it_in_the_log(tmp_path, s
         return gather(*args)
 
     store._gather_sorted = stalled
-    got = {}
+    got: dict[str, np.ndarray] = {}
     reader = threading.Thread(target=lambda: got.setdefault("w", store.read(np.array([17]))[0]))
     reader.start()
     assert found.wait(10)
