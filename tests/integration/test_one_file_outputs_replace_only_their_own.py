@@ -184,13 +184,18 @@ def test_predict_standard_output_into_its_own_input_is_refused(model, tmp_path, 
         )
 
     error = "bagpipe predict: error: standard output is "
-    for redirect in (">> t5.tsv", "--out - >> t5.tsv", "--out /dev/stdout >> t5.tsv"):
+    # --on-error skip is what grew the input forever: its case is the plain `>> f`; every
+    # other redirect runs once, with fail (each a process start: ~1.4 s on 2 cores)
+    redirects = (">> t5.tsv", "--out - >> t5.tsv", "--out /dev/stdout >> t5.tsv")
+    for redirect in redirects[:1] if on_error == "skip" else redirects:
         done = shell(f"{bagpipe} --input t5.tsv --on-error {on_error} {redirect}")
         assert done.returncode == 2 and done.stderr == (
             f"{error}the input file t5.tsv (>> t5.tsv?): writing it would destroy an input; "
             "redirect the output to another file, or give --out\n"
         ), done.stderr
         assert source.read_bytes() == kept
+    if on_error == "skip":
+        return
     for stdin in ("-", "/dev/stdin"):  # not "the input file /dev/stdin (>> /dev/stdin?)" (round 16)
         done = shell(f"{bagpipe} --input {stdin} --on-error {on_error} < t5.tsv >> t5.tsv")
         assert done.returncode == 2 and done.stderr.startswith(f"{error}the file on standard input (>> FILE?)")
