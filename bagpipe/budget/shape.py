@@ -117,8 +117,9 @@ def layout_bytes(cfg: TrainConfig, num_rows: int, split_lookups: int, sample_loo
     sample, and their sorted copy), then 44 a row used while they are ordered
     (:func:`bagpipe.store.layout.frequency_layout`); what it keeps, 20 bytes a packed row,
     and the store's row log beside it (:mod:`bagpipe.store.rowlog`: 12 bytes a packed
-    row, 4 more for a flush's snapshot), 36 in all, is less. Plus 1 MiB for the constant part (the sort's and the stream's own). Measured
-    against ``tracemalloc`` in tests/unit/store/test_stores.py. 0 without one."""
+    row, 4 more for a flush's snapshot), 36 in all, is less. Plus 1 MiB for the constant
+    part (the sort's and the stream's own). Measured against ``tracemalloc`` in
+    tests/unit/store/test_stores.py. 0 without one."""
     if not (cfg.cache.spec.store and cfg.cache.store == "disk" and cfg.cache.store_layout == "frequency"):
         return 0
     from bagpipe.data.frequency import COUNT_BATCH

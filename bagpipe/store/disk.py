@@ -72,8 +72,8 @@ and again (:mod:`bagpipe.store.rowlog`). A bulk write (:meth:`load`: a checkpoin
 restore, a table made whole) puts rows at their home slots.
 
 The module is long because one class holds the files, the hinted read and write paths,
-the row log's appends and segment preparation, the crash-safe flush and the presence bitmap (its written rows and their reset for a
-restore), which share the store's locks and the invariants of its files; the I/O settings,
+the row log's appends and segment preparation, the crash-safe flush and the presence
+bitmap (its written rows and their reset for a restore), which share the store's locks and the invariants of its files; the I/O settings,
 the dirty-page bound and the raw ``pread``/``pwrite`` helpers are in
 :mod:`bagpipe.store.diskio`.
 """
@@ -747,7 +747,7 @@ class DiskStore(EmbeddingStore):
         except OSError as e:
             self._full(e, LOG)
             raise
-        self._log.made_durable(snap)
+        self._log.made_durable(snap, changed)
 
     def written_rows(self) -> np.ndarray:
         with self._present_lock:  # the presence bitmap: no I/O

@@ -95,13 +95,6 @@ class RowLayout:
         if self.num_packed and self._ids[-1] >= num_rows:
             raise DataError(f"{where}: packed row {int(self._ids[-1])} outside the table's {num_rows:,} rows")
 
-    def in_slot_order(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, by_slot): the slots of ``rows`` (n,) ascending -- the order of the file's
-        pages -- and the permutation of ``rows`` that gives them."""
-        slots = self.slots(rows)
-        by_slot = np.argsort(slots)
-        return slots[by_slot], by_slot
-
     def crc32(self) -> str:
         return _crc32(self.packed.astype("<i8").tobytes())
 

@@ -158,12 +158,11 @@ class RowLog:
         self.durable[changed] = IN_DOUBT
         self.doubt = True
 
-    def made_durable(self, snap: np.ndarray) -> np.ndarray:
-        """``snap`` is on disk now; the entries that changed (packed rows, ascending)."""
-        changed = np.flatnonzero(snap != self.durable)
+    def made_durable(self, snap: np.ndarray, changed: np.ndarray) -> None:
+        """``snap`` is on disk now; ``changed``: its entries :meth:`changed` named (the
+        others the durable index held already)."""
         self.durable[changed] = snap[changed]
         self.doubt = False
-        return changed
 
     def changed(self, snap: np.ndarray) -> np.ndarray:
         """Entries of ``snap`` that the durable index does not hold yet."""

@@ -234,7 +234,8 @@ def test_take_prepares_each_segment_once_before_its_slots_are_handed_out():
     rows, at = log.live_in(0, 1)
     assert rows.tolist() == [0] and at.tolist() == [0]
     assert not log.durably_named(0, 1)
-    log.made_durable(log.snapshot())
+    snap = log.snapshot()
+    log.made_durable(snap, log.changed(snap))
     assert log.durably_named(0, 1)
     with pytest.raises(ValueError, match="more than the log's 8 slots"):
         log.take(9)
