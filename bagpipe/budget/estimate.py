@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from bagpipe.config.modes import ModeSpec
 from bagpipe.store.diskio import DiskIO
+from bagpipe.store.layout import LayoutChoice
 
 MIB = 1 << 20
 
@@ -138,8 +139,9 @@ class RunShape:
         largest_table: rows of the largest table (the hot-row profiler counts per table).
         fetch_rows, evict_rows: the most rows one plan fetches / writes back
             (:func:`bagpipe.budget.shape.with_traffic`; None: U, the bound).
-        layout_bytes: a disk store's frequency layout (``--store-layout frequency``): its
-            count of the train split's rows at start-up and the packed rows it keeps.
+        layout_bytes: a disk store's frequency layout: its count of the train split's rows
+            at start-up (a store made here) and the packed rows it keeps.
+        layout: the row layout of the run's disk store and why (None without one).
     """
 
     spec: ModeSpec
@@ -161,6 +163,7 @@ class RunShape:
     fetch_rows: int | None = None
     evict_rows: int | None = None
     layout_bytes: int = 0
+    layout: LayoutChoice | None = None
 
     @property
     def row_bytes(self) -> int:

@@ -25,10 +25,13 @@ from bagpipe.budget.estimate import RunShape, Sizes, _oracle
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream
-from bagpipe.errors import CapacityError
+from bagpipe.errors import CapacityError, DataError
 from bagpipe.oracle.planners import build_planner
 from bagpipe.oracle.sizing import lookups_per_batch
+from bagpipe.store import holds_store
+from bagpipe.store.disk import layout_name, read_header
 from bagpipe.store.diskio import DiskIO
+from bagpipe.store.layout import LayoutChoice
 
 #: Batches of the stream whose unique rows are counted.
 SAMPLED_BATCHES = 4
@@ -87,6 +90,7 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
     one = stream.batch(0)
     batch_bytes = sum(t.numel() * t.element_size() for t in (one.labels, one.dense, one.rows, one.offsets))
     id_bytes = one.rows.element_size() * max(1, len(one.rows) // max(1, len(one.labels)))
+    layout = choose_layout(cfg, stream.batches_per_epoch)
     return RunShape(
         spec=cfg.cache.spec,
         store=cfg.cache.store,
@@ -105,25 +109,95 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
         eval_batch=cfg.data.batch_size,
         largest_table=max(meta.table_sizes),
         layout_bytes=layout_bytes(
-            cfg, meta.total_rows, stream.num_samples * lookups // max(1, B), lookups // max(1, B)
+            layout, meta.total_rows, stream.num_samples * lookups // max(1, B), lookups // max(1, B)
         ),
+        layout=layout,
     )
 
 
-def layout_bytes(cfg: TrainConfig, num_rows: int, split_lookups: int, sample_lookups: int = 1) -> int:
-    """Peak memory of making a frequency layout (:mod:`bagpipe.store.layout`): while the
-    split is counted 4 bytes a row of the tables and 20 a row used, and a counting batch's
-    rows twice (:func:`bagpipe.data.frequency.row_use_counts`: ``sample_lookups`` int64 a
-    sample, and their sorted copy), then 44 a row used while they are ordered
-    (:func:`bagpipe.store.layout.frequency_layout`); what it keeps, 20 bytes a packed row,
-    and the store's row log beside it (:mod:`bagpipe.store.rowlog`: 12 bytes a packed
-    row, 4 more for a flush's snapshot), 36 in all, is less. Plus 1 MiB for the constant
-    part (the sort's and the stream's own). Measured against ``tracemalloc`` in
-    tests/unit/store/test_stores.py. 0 without one."""
-    if not (cfg.cache.spec.store and cfg.cache.store == "disk" and cfg.cache.store_layout == "frequency"):
+#: ``--store-layout auto`` counts the train split for a frequency layout when the run trains
+#: at least this many epochs of it: the count is one pass over the split's ids, several times
+#: faster than training over them (docs/pipeline.md#the-default-layout), and the packed pages
+#: save a page of kernel work per row fetched or written back for the whole run.
+AUTO_MIN_EPOCHS = 0.5
+
+
+def choose_layout(cfg: TrainConfig, batches_per_epoch: int) -> LayoutChoice | None:
+    """The row layout of the run ``cfg``'s disk store (None: the run has none), with why:
+    a store the run reopens (``--init-from-store``, a resume's store) keeps its own; a
+    data-parallel job's servers keep the identity layout; ``--store-layout identity`` or
+    ``frequency`` is taken as given; ``auto`` (the default) picks the frequency layout when
+    the run trains at least :data:`AUTO_MIN_EPOCHS` of the split (its ``--steps`` against
+    ``batches_per_epoch``), else the identity layout. A memory budget that does not hold
+    the count turns ``auto``'s frequency into identity (:func:`bagpipe.train.preflight.memory_checks`)."""
+    c = cfg.cache
+    if not (c.spec.store and c.store == "disk"):
+        return None
+    if cfg.distributed:
+        return LayoutChoice("identity", "an embedding server's shard keeps the identity layout")
+    # RUN/store is emptied at start; a --store-dir's store is reopened by --init-from-store or a resume
+    if c.store_dir and (c.init_from_store or (cfg.run.resume and holds_store(c.store_dir))):
+        try:
+            name, packed = layout_name(c.store_dir), int((read_header(c.store_dir).get("layout") or {})["packed_rows"])
+        except (
+            OSError,
+            DataError,
+            KeyError,
+            TypeError,
+            ValueError,
+        ):  # the run's own checks say what is wrong, in their words
+            name, packed = "identity", 0
+        why = f"the store in {c.store_dir} keeps the layout it was made with"
+        return LayoutChoice(name, why, made=False, packed_rows=packed if name == "frequency" else 0)
+    if c.store_layout != "auto":
+        return LayoutChoice(c.store_layout, f"--store-layout {c.store_layout}")
+    return auto_layout(cfg.run.steps, batches_per_epoch)
+
+
+def auto_layout(steps: int, batches_per_epoch: int) -> LayoutChoice:
+    """``--store-layout auto``'s rule for a store a run of ``steps`` makes over a split of
+    ``batches_per_epoch`` batches (:func:`choose_layout`; the benchmarks' default store too)."""
+    epochs = steps / max(1, batches_per_epoch)
+    trains = f"{epochs:.2g} of an epoch" if epochs < 1 else f"{epochs:.2g} epoch{'' if epochs == 1 else 's'}"
+    if epochs >= AUTO_MIN_EPOCHS:
+        return LayoutChoice(
+            "frequency",
+            f"--store-layout auto: the run trains {trains} of the train split, so the rows it uses most "
+            "are counted (one pass over the split) and packed at the front of the table file",
+            auto=True,
+        )
+    return LayoutChoice(
+        "identity",
+        f"--store-layout auto: the run trains {trains}, under {AUTO_MIN_EPOCHS:g}: counting the "
+        "whole split would cost more than it saves (--store-layout frequency counts it anyway)",
+        auto=True,
+    )
+
+
+def without_count(shape: RunShape, why: str) -> RunShape:
+    """``shape`` with ``auto``'s frequency layout turned into identity (a budget does not hold its count)."""
+    assert shape.layout is not None
+    plain = LayoutChoice("identity", f"--store-layout auto: {why}", auto=True)
+    return dataclasses.replace(shape, layout=plain, layout_bytes=0)
+
+
+def layout_bytes(choice: LayoutChoice | None, num_rows: int, split_lookups: int, sample_lookups: int = 1) -> int:
+    """Peak memory of a disk store's frequency layout (:mod:`bagpipe.store.layout`) made
+    here: while the split is counted 4 bytes a row of the tables and 20 a row used, and a
+    counting batch's rows twice (:func:`bagpipe.data.frequency.row_use_counts`:
+    ``sample_lookups`` int64 a sample, and their sorted copy), then 44 a row used while
+    they are ordered (:func:`bagpipe.store.layout.frequency_layout`); what it keeps, 20
+    bytes a packed row, and the store's row log beside it (:mod:`bagpipe.store.rowlog`: 12
+    bytes a packed row, 4 more for a flush's snapshot), 36 in all, is less. Plus 1 MiB for
+    the constant part (the sort's and the stream's own). A reopened store keeps only the
+    36 bytes a packed row (its header's count).
+    Measured against ``tracemalloc`` in tests/unit/store/test_stores.py. 0 without one."""
+    if choice is None or choice.name != "frequency":
         return 0
     from bagpipe.data.frequency import COUNT_BATCH
 
+    if not choice.made:
+        return 36 * choice.packed_rows + (1 << 20)
     used = min(num_rows, split_lookups)
     counting = 4 * num_rows + 20 * used + 16 * COUNT_BATCH * sample_lookups
     return max(counting, 44 * used) + (1 << 20)

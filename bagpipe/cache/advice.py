@@ -52,7 +52,7 @@ def layout_advice(store: str, remote: bool, layout: str) -> str | None:
     if store != "disk" or remote or layout != "identity":
         return None
     return (
-        "layout: the disk store keeps row g at slot g, so nearly every row read or written back is a page of its "
+        "the identity layout keeps row g at slot g, so nearly every row read or written back is a page of its "
         "own; --store-layout frequency packs the rows the train split uses most at the front of the table file, "
         "where their pages stay in the page cache (the same model; docs/pipeline.md#row-layout)"
     )

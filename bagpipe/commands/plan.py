@@ -151,12 +151,15 @@ def run(args: argparse.Namespace) -> int:
         advice = plan_advice(spec, cfg.cache.store, remote=cfg.distributed)
         if advice:
             print(advice)
-        # a store a run starts from (--init-from-store, or its --store-dir on a resume) keeps its layout;
-        # a resume without --store-dir makes its RUN/store again, in the layout asked for
-        if spec.store and not (cfg.cache.init_from_store or (cfg.run.resume and cfg.cache.store_dir)):
-            layout = layout_advice(cfg.cache.store, cfg.distributed, cfg.cache.store_layout)
-            if layout:
-                print(layout + _layout_room(cfg, dataset, stream))
+        lay = (checked.shape or shape).layout  # as the run chooses it (bagpipe.budget.shape.choose_layout)
+        if lay is not None and not cfg.distributed:
+            line = f"layout: {lay.name} ({lay.why})"
+            # a store reopened keeps its layout; auto's count that the budget does not hold is said in `why`
+            fell_back = shape.layout is not None and shape.layout.name != lay.name
+            advice = layout_advice(cfg.cache.store, cfg.distributed, lay.name) if lay.made and not fell_back else None
+            if advice:
+                line += f"; {advice}" + _layout_room(cfg, dataset, stream)
+            print(line)
     if not checked.roles:
         print(f"estimate of {'each trainer' if cfg.dist.trainers > 1 else 'the trainer'}'s peak ({fit.estimate.role}):")
         print("\n".join(fit.estimate.lines()))

@@ -212,12 +212,14 @@ class CacheConfig(Section):
     init_from_store: bool = False
     """Start from the rows --store-dir already holds instead of the initial tables (the
     run is then no longer comparable with --mode full)."""
-    store_layout: Literal["identity", "frequency"] = "identity"
+    store_layout: Literal["auto", "identity", "frequency"] = "auto"
     """Where the disk store this run makes keeps each row in its file: identity (row g at
     slot g), or frequency -- the rows the train split uses most (counted over the whole
     split before training, at most 4M of them) packed at the front of the file, so that
     the pages of the rows a run reads and writes back hold many such rows and stay in the
-    page cache (docs/pipeline.md#row-layout). The trained model is the same."""
+    page cache (docs/pipeline.md#row-layout). auto: frequency when the run trains at least
+    half an epoch and its memory budget holds the count, else identity; the summary says
+    which and why. The trained model is the same."""
     cache_rows: int = 0
     """C, slots of the trainer's cache (lru, lookahead); 0 picks 5% of all rows, at least
     one batch's worth."""

@@ -78,6 +78,9 @@ class EmbeddingStore(ABC):
     tracks_writes = True
     #: Rows per chunk of :meth:`chunks` (a disk store's is sized by its memory budget).
     chunk_rows = EXPORT_CHUNK_ROWS
+    #: Why the store has its row layout (the run's ``--store-layout`` choice), for the
+    #: summary; None: not said (a store opened outside a run).
+    layout_choice: str | None = None
 
     def __init__(self, init: RowValues, state_dim: int):
         self.init = init

@@ -88,6 +88,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -785,6 +786,8 @@ class DiskStore(EmbeddingStore):
     def layout_summary(self) -> dict:
         packed = self.layout.num_packed
         out = {"layout": "frequency" if packed else "identity", "packed_rows": packed}
+        if self.layout_choice is not None:
+            out["layout_choice"] = self.layout_choice
         if self._log is not None:
             out |= {"log_slots": self._log_slots, "logged_rows": self._log.logged()}
         return out
@@ -915,7 +918,7 @@ def read_header(path: str | Path) -> dict:
     return have
 
 
-def layout_name(path: str | Path) -> str:
+def layout_name(path: str | Path) -> Literal["identity", "frequency"]:
     """The ``--store-layout`` the store in ``path`` was made with: "frequency" (a version-3
     header, with layout.i64) or "identity"."""
     return "frequency" if read_header(path).get("version") == PACKED_VERSION else "identity"

@@ -29,10 +29,29 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from bagpipe.errors import DataError
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """The row layout a run's disk store has, and why (``--store-layout``, default ``auto``:
+    :func:`bagpipe.budget.shape.choose_layout`); the summary's ``store.layout_choice``."""
+
+    name: Literal["identity", "frequency"]
+    why: str
+    """One line: the option given, the rule ``auto`` applied, or the store reopened."""
+    made: bool = True
+    """The run makes the store here (a frequency layout then counts the train split at
+    start-up); False: it reopens one, which keeps the layout it was made with."""
+    packed_rows: int = 0
+    """A reopened store's packed rows (its header's); 0 for a store made here (counted then)."""
+    auto: bool = False
+    """Chosen by ``--store-layout auto`` (which falls back to identity where a memory budget
+    does not hold the count)."""
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: == over an array field would raise

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from bagpipe.budget import MemoryPlan
 from bagpipe.budget.estimate import RunShape
 from bagpipe.budget.job import RoleShare
-from bagpipe.budget.shape import run_shape
+from bagpipe.budget.shape import run_shape, without_count
 from bagpipe.budget.sizing import Budget, BudgetError, Fit
 from bagpipe.cache.setup import CacheSetup
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
@@ -69,6 +69,9 @@ class MemoryCheck:
     """The cache as the run sets it up (None: ``--mode full``)."""
     roles: tuple[RoleShare, ...] = ()
     """A distributed job's roles (each trainer, each server, the oracle); () for one process."""
+    shape: RunShape | None = None
+    """The shape the checks fitted: the one given, or -- where a memory budget does not hold
+    ``--store-layout auto``'s count of the split -- the same with the identity layout."""
 
 
 def preflight(cfg: TrainConfig, run: RunDir, *, checks: bool = True) -> Preflight:
@@ -95,6 +98,7 @@ def preflight(cfg: TrainConfig, run: RunDir, *, checks: bool = True) -> Prefligh
         check_store_space(cfg, shape, est)  # ... nor a disk store that could fill its disk (SIGBUS, not an error)
         if not cfg.dist.distributed:  # a job's roles are checked together by its launcher
             memory = memory_checks(cfg, dataset, stream, shape)
+            shape = memory.shape or shape
     return Preflight(dataset=dataset, stream=stream, shape=shape, share=share, ckpt=ckpt, memory=memory)
 
 
@@ -105,6 +109,23 @@ def memory_checks(
     :func:`preflight` measures it); raises one line, the words the run itself would stop
     with. ``together``: a distributed job's roles share this process's memory cgroup (a
     local job), and their sum is held against its limit too."""
+    try:
+        return _memory_checks(cfg, dataset, stream, shape, together)
+    except BudgetError:
+        lay = shape.layout
+        if lay is None or not (lay.auto and lay.name == "frequency"):
+            raise
+        # the default layout's count does not fit: the run goes on in the identity layout, said in the summary
+        need = f"{shape.layout_bytes / 2**20:,.0f} MiB"
+        plain = without_count(
+            shape, f"the memory budget does not hold the frequency layout's count of the split ({need})"
+        )
+        return _memory_checks(cfg, dataset, stream, plain, together)
+
+
+def _memory_checks(
+    cfg: TrainConfig, dataset: Dataset, stream: BatchStream, shape: RunShape, together: bool
+) -> MemoryCheck:
     from bagpipe.budget import memory_plan
     from bagpipe.budget.sizing import full_tables_fit
 
@@ -115,7 +136,7 @@ def memory_checks(
     if memory.budget.note:  # --memory-budget-mb above the cgroup's limit: said once, by plan and train alike
         log.warning(memory.budget.note)
     if not spec.store:
-        return MemoryCheck(full_tables_fit(memory.budget, memory.shape), None)
+        return MemoryCheck(full_tables_fit(memory.budget, memory.shape), None, shape=shape)
     setup = cache_setup(cfg, dataset, stream, memory)
     assert setup.plan.fit is not None  # sized: a memory plan was given
     _batches_fit(setup, stream, cfg.run.steps)
@@ -139,7 +160,7 @@ def memory_checks(
                     return None
 
             check_job(roles, shared_budget(cfg.memory.memory_budget_mb), off=cfg.memory.memory_budget_mb == 0, at=at)
-    return MemoryCheck(setup.plan.fit, setup, roles)
+    return MemoryCheck(setup.plan.fit, setup, roles, shape=shape)
 
 
 def _batches_fit(setup: CacheSetup, stream: BatchStream, steps: int) -> None:

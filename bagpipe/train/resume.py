@@ -227,7 +227,7 @@ def _refuse_another_runs_store(run: RunDir, before: dict, cfg: TrainConfig) -> N
         from bagpipe.store.disk import layout_name
 
         made = layout_name(given)
-        if cfg.cache.store_layout != made:
+        if cfg.cache.store_layout not in ("auto", made):
             raise ConfigError(  # it was silently kept while config.json said the other (round 19)
                 f"--store-layout {cfg.cache.store_layout}: the store in {given} keeps the layout it was made with "
                 f"({made}), and a resume reuses it; give an empty --store-dir to make one in the "

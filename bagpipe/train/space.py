@@ -163,7 +163,8 @@ def check_store_space(cfg: TrainConfig, shape: RunShape, checkpoints: Checkpoint
     lookups = cfg.run.steps * shape.lookups * trainers
     from bagpipe.data.frequency import LAYOUT_MAX_ROWS
 
-    packed = min(LAYOUT_MAX_ROWS, shape.num_rows) if cfg.cache.store_layout == "frequency" else 0
+    frequency = shape.layout is not None and shape.layout.name == "frequency"
+    packed = min(LAYOUT_MAX_ROWS, shape.num_rows) if frequency else 0
     need = store_bytes(shape.num_rows, 4 * (shape.dim + shape.state_dim), lookups, packed)
     where, free = free_bytes(directory)
     have = _allocated(directory)

@@ -196,7 +196,8 @@ class CacheStats:
     store: dict = field(default_factory=dict)
     """The store's counters (reads, rows read, writes, rows written, ...: :class:`bagpipe.store.base.StoreStats`);
     a disk store's also its row layout (`layout`: `identity` or `frequency`, `packed_rows`: the rows at the
-    front of its file, `--store-layout`; with the frequency layout `log_slots`, the slots of its row log, and
+    front of its file, `layout_choice`: why it has that layout -- `--store-layout` as given, the rule of
+    `auto`, or a reopened store's own; with the frequency layout `log_slots`, the slots of its row log, and
     `logged_rows`, the packed rows whose latest value is in the log at the end)."""
     pipeline_s: dict = field(default_factory=dict)
     """Cumulative seconds of the executor's phases (:class:`bagpipe.cache.executor.PipelineTimes`);

@@ -9,6 +9,7 @@ is averaged over trainers, and whether this process writes the run's files.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from bagpipe.train.preflight import MemoryCheck, memory_checks
 from bagpipe.train.progress import ProgressKind
 from bagpipe.train.protocols import Backend, PartsWriter, RowUpdate
 from bagpipe.train.step import LocalRowUpdate
+
+log = logging.getLogger(__name__)
 
 
 class SingleProcess:
@@ -67,6 +70,9 @@ class SingleProcess:
             return FullBackend(init, state_dim, self.device, fit=memory.fit)
         setup = memory.setup
         assert setup is not None  # a mode with a store
+        lay = (memory.shape or shape).layout  # a budget may have turned auto's frequency layout into identity
+        if lay is not None and lay.auto:
+            log.info(f"store layout: {lay.name} ({lay.why})")
         store_dir = Path(c.store_dir) if c.store_dir else Path(cfg.run.out) / "store"
         # a resumed run overwrites every row with its checkpoint's: its own old store may stay
         store = open_store(
@@ -79,10 +85,10 @@ class SingleProcess:
             must_exist=c.init_from_store,
             io=setup.plan.fit.sizes.io if setup.plan.fit is not None else None,
             # counted only if a store is made here (a store reopened keeps its own layout)
-            layout=(lambda: frequency_store_layout(dataset))
-            if c.store == "disk" and c.store_layout == "frequency"
-            else None,
+            layout=(lambda: frequency_store_layout(dataset)) if lay is not None and lay.name == "frequency" else None,
         )
+        if lay is not None:
+            store.layout_choice = lay.why
         return cached_backend(setup.plan, store, LocalPlans(setup), self.device, spec.executor)
 
     def restore_rows(self, ckpt: Checkpoint, backend: Backend) -> None:

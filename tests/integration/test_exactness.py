@@ -76,10 +76,10 @@ def cfg(data: str, out: str, **kw) -> TrainConfig:
 
 
 MATRIX = [
-    # model, optimizer, mode, store (disk-frequency: --store-layout frequency), lookahead
+    # model, optimizer, mode, store (disk-LAYOUT: --store-layout LAYOUT; disk: the default, auto), lookahead
     ("dlrm", "adagrad", "lookahead", "memory", 1),
     ("dlrm", "sgd", "lookahead", "disk-frequency", 8),
-    ("deepfm", "adagrad", "lookahead", "disk", 2),
+    ("deepfm", "adagrad", "lookahead", "disk-identity", 2),
     ("wide_deep", "sgd", "lookahead", "memory", 64),
     ("dcn", "adagrad", "lookahead", "memory", 8),
     ("dcn", "adagrad", "lru", "disk-frequency", 8),
@@ -108,8 +108,10 @@ def test_mode_matches_reference(data, reference, tmp_path, model, optimizer, mod
     )
     assert got["params_sha256"] == ref["params_sha256"]
     if store == "disk":  # the row layout changes where rows lie in the file, never what is read
-        packed = got["cache"]["store"]["packed_rows"]
-        assert got["cache"]["store"]["layout"] == (layout or "identity") and (packed > 0) == bool(layout)
+        s = got["cache"]["store"]
+        want = layout or "frequency"  # auto: 200 steps of 64 samples are 0.89 of the split's epoch
+        assert s["layout"] == want and (s["packed_rows"] > 0) == (want == "frequency")
+        assert s["layout_choice"] == f"--store-layout {layout}" if layout else "auto" in s["layout_choice"]
     assert got["eval_auc"] == ref["eval_auc"]
     c = got["cache"]
     assert c["hits"] + c["misses"] == c["unique_rows"]

@@ -139,18 +139,30 @@ def test_a_resume_that_keeps_its_rows_elsewhere_removes_its_old_store(run_cli, t
 
 def test_plan_suggests_the_frequency_layout_saying_where_the_budget_does_not_hold_it(run_cli, tmp_path):
     """Plan suggested `--store-layout frequency` in a budget where the run with it was
-    refused (its count of the split: 4 bytes a table row and a counting batch)."""
+    refused (its count of the split: 4 bytes a table row and a counting batch). The
+    default, ``auto``, turns to the identity layout in such a budget, and says so."""
     data = tmp_path / "ck"
     rc, _, err = run_cli("synth", "--profile", "criteo-kaggle", "--scale", 0.05, "--samples", 4000, "--out", data,
                          "--no-progress")  # fmt: skip
     assert rc == 0, err
     job = ("plan", "--data", data, "--mode", "lookahead", "--store", "disk", "--cache-rows", 60000, "--steps", 10)
-    rc, out, err = run_cli(*job, "--memory-budget-mb", 360)
+    rc, out, err = run_cli(*job, "--memory-budget-mb", 360, "--store-layout", "identity")
     assert rc == 0 and "fits: yes" in out, out + err
     [line] = [ln for ln in out.splitlines() if ln.startswith("layout: ")]
+    assert line.startswith("layout: identity (--store-layout identity); the identity layout keeps row g")
     assert "; but not in this budget: with it, memory budget 360 MiB (--memory-budget-mb 360) is too small" in line
     assert "store layout" in line and "the smallest budget that works is" in line
     rc, with_it, err = run_cli(*job, "--memory-budget-mb", 360, "--store-layout", "frequency")
     assert rc == 2 and line.split("with it, ")[1] in with_it + err  # the words plan gives the run with it
-    rc, out, err = run_cli(*job, "--memory-budget-mb", 2000)
+    rc, out, err = run_cli(*job, "--memory-budget-mb", 2000, "--store-layout", "identity")
     assert rc == 0 and "but not in this budget" not in out and "--store-layout frequency packs" in out, out
+    # the default (auto) counts the split for a run of 10 epochs -- unless the budget does not hold the count
+    rc, out, err = run_cli(*job, "--memory-budget-mb", 2000)
+    [line] = [ln for ln in out.splitlines() if ln.startswith("layout: ")]
+    assert rc == 0 and line.startswith("layout: frequency (--store-layout auto: the run trains 10 epochs"), out
+    rc, out, err = run_cli(*job, "--memory-budget-mb", 360)
+    assert rc == 0 and "fits: yes" in out, out + err
+    [line] = [ln for ln in out.splitlines() if ln.startswith("layout: ")]
+    assert line.startswith(
+        "layout: identity (--store-layout auto: the memory budget does not hold the frequency layout's count"
+    ), line

@@ -3,9 +3,10 @@ a run uses lie in fewer pages, and nothing else changes.
 
 * The same run (lookahead, disk store) in both layouts ends with the same digest and the
   same hit, miss, fetch and write-back counts, and the rows it wrote take fewer of the
-  table file's pages (its allocated blocks: a count, not a timing).
-* ``bench modes --stores disk,disk-frequency`` runs the same modes on both layouts side
-  by side with identical counts, the frequency template made once in its layout.
+  table file's pages (its allocated blocks: a count, not a timing); the summary says why
+  each store has its layout (the default, ``auto``, keeps a quarter-epoch run's identity).
+* ``bench modes --stores disk-identity,disk`` runs the same modes on both layouts side by
+  side with identical counts, ``disk`` in the layout train's default picks for its runs.
 * A run on the frequency layout killed with SIGKILL after a checkpoint -- its row log
   holding rows written back since the store's last flush -- resumes to ``--mode full``'s
   digest.
@@ -42,7 +43,9 @@ def test_the_frequency_layout_trains_the_same_model_in_fewer_pages(run_cli, tiny
     got = {}
     for layout in ("identity", "frequency"):
         out = tmp_path / layout
-        rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, *RUN, "--store-layout", layout)
+        # identity: the default's choice for 40 steps, a quarter of tiny's epoch (--store-layout auto)
+        given = ("--store-layout", layout) if layout == "frequency" else ()
+        rc, _, err = run_cli("train", "--data", tiny_data, "--out", out, *RUN, *given)
         assert rc == 0, err
         s = json.loads((out / "summary.json").read_text())
         blocks = (out / "store" / "rows.f32").stat().st_blocks * 512
@@ -53,7 +56,9 @@ def test_the_frequency_layout_trains_the_same_model_in_fewer_pages(run_cli, tiny
     assert {k: a["cache"][k] for k in counts} == {k: b["cache"][k] for k in counts}
     store_a, store_b = a["cache"]["store"], b["cache"]["store"]
     assert (store_a["layout"], store_a["packed_rows"]) == ("identity", 0)
+    assert store_a["layout_choice"].startswith("--store-layout auto: the run trains 0.24 of an epoch")
     assert store_b["layout"] == "frequency" and store_b["packed_rows"] > 0
+    assert store_b["layout_choice"] == "--store-layout frequency"
     assert store_a["rows_written"] == store_b["rows_written"] > 0
     # the same rows written: packed together they take fewer 4 KiB pages of the file
     assert blocks_b < blocks_a, (blocks_a, blocks_b)
@@ -62,18 +67,23 @@ def test_the_frequency_layout_trains_the_same_model_in_fewer_pages(run_cli, tiny
 
 
 def test_bench_modes_runs_both_layouts_side_by_side(run_cli, tmp_path):
+    """``disk`` is in the layout train's default picks for the bench's runs (the frequency
+    layout: --quick's 8 steps cover its generated split); ``disk-identity`` names its own."""
     out = tmp_path / "bench"
     argv = ("bench", "modes", "--quick", "--profile", "tiny", "--modes", "full,lookahead")
-    rc, stdout, err = run_cli(*argv, "--stores", "disk,disk-frequency", "--out", out)
+    rc, stdout, err = run_cli(*argv, "--stores", "disk-identity,disk", "--out", out)
     assert rc == 0, err
-    res = json.loads((out / "results.json").read_text())["results"]
-    assert set(res) == {"full/memory", "lookahead/disk", "lookahead/disk-frequency"}
+    payload = json.loads((out / "results.json").read_text())
+    res = payload["results"]
+    assert set(res) == {"full/memory", "lookahead/disk", "lookahead/disk-identity"}
     counts = ("hits", "misses", "rows_fetched", "rows_written_back")
-    plain, packed = res["lookahead/disk"]["cache"], res["lookahead/disk-frequency"]["cache"]
+    plain, packed = res["lookahead/disk-identity"]["cache"], res["lookahead/disk"]["cache"]
     assert {k: plain[k] for k in counts} == {k: packed[k] for k in counts}
     assert plain["store"]["layout"] == "identity" and packed["store"]["layout"] == "frequency"
+    assert payload["store_layouts"] == {"disk": "frequency", "disk-identity": "identity"}
+    assert "Row layouts of the disk stores' table files: disk frequency, disk-identity identity." in stdout
     template = json.loads((out / "store-template-frequency" / "header.json").read_text())
-    assert template["layout"]["packed_rows"] == res["lookahead/disk-frequency"]["cache"]["store"]["packed_rows"]
+    assert template["layout"]["packed_rows"] == res["lookahead/disk"]["cache"]["store"]["packed_rows"]
 
 
 def test_a_run_killed_with_its_row_log_in_use_resumes_to_the_reference(run_cli, tiny_data, tmp_path):

@@ -449,12 +449,11 @@ def test_the_layouts_peak_memory_is_within_the_budgets_part(tiny_data):
     """`plan`'s "store layout" part (budget.shape.layout_bytes) against the peak that counting
     the split and ordering its rows allocate, measured (NumPy reports to tracemalloc)."""
     import tracemalloc
-    from types import SimpleNamespace
 
     from bagpipe.budget.shape import layout_bytes
     from bagpipe.data.frequency import row_use_counts
     from bagpipe.data.shards import Dataset
-    from bagpipe.store.layout import frequency_layout
+    from bagpipe.store.layout import LayoutChoice, frequency_layout
 
     dataset = Dataset(tiny_data)
     tracemalloc.start()
@@ -467,9 +466,8 @@ def test_the_layouts_peak_memory_is_within_the_budgets_part(tiny_data):
     finally:
         tracemalloc.stop()
     n, used = dataset.meta.total_rows, len(rows)
-    cache = SimpleNamespace(spec=SimpleNamespace(store=True), store="disk", store_layout="frequency")
     per_sample = dataset.meta.num_features  # one-hot tiny: a lookup a feature
-    part = layout_bytes(SimpleNamespace(cache=cache), n, used, per_sample)  # type: ignore[arg-type]
+    part = layout_bytes(LayoutChoice("frequency", "made here"), n, used, per_sample)
     assert counting <= part and ordering <= part, (counting, ordering, part)
     assert counting >= part - (2 << 20) or ordering >= part - (2 << 20)  # not a wide guess either
 

@@ -40,10 +40,11 @@ from bagpipe.optim.names import row_state_dim
 from bagpipe.testbed.load import BackgroundLoad
 
 ALL_MODES = ("full", "nocache", "lru", "lookahead")
-STORES = ("memory", "disk", "disk-frequency")
-"""disk-frequency: the disk store with ``--store-layout frequency`` (its own template, made
-in that layout): the same modes on the same table file, its rows placed by use."""
-TEMPLATES = {"disk": "store-template", "disk-frequency": "store-template-frequency"}
+STORES = ("memory", "disk", "disk-identity", "disk-frequency")
+"""disk: the disk store in the row layout ``bagpipe train``'s default (``--store-layout auto``)
+gives these runs; disk-identity and disk-frequency: in the layout named (each layout its own
+template): the same modes on the same table file, its rows placed by slot or by use."""
+TEMPLATES = {"identity": "store-template", "frequency": "store-template-frequency"}
 
 
 @dataclass(kw_only=True)
@@ -60,9 +61,10 @@ class ModesBench(OnDevice, Loaded, CachePoint, Throughput):
 
     modes: tuple[str, ...] = ALL_MODES
     """Modes to run: a comma-separated subset of full,nocache,lru,lookahead."""
-    stores: tuple[str, ...] = STORES
-    """Stores the non-full modes run with: a comma-separated subset of memory,disk,disk-frequency
-    (the disk store with its rows placed by use, --store-layout frequency)."""
+    stores: tuple[str, ...] = ("memory", "disk")
+    """Stores the non-full modes run with: a comma-separated subset of memory,disk,disk-identity,
+    disk-frequency (disk: in the row layout train's default --store-layout auto picks for these
+    runs; the others in the layout they name)."""
 
     def validate(self) -> None:
         super().validate()
@@ -70,13 +72,15 @@ class ModesBench(OnDevice, Loaded, CachePoint, Throughput):
         self.check_subset("stores", STORES)
 
 
-def run_mode(b: CachePoint, data: Path, out: Path, run_dir: Path, mode: str, store: str, cache_rows: int) -> dict:
+def run_mode(b, data: Path, out: Path, run_dir: Path, mode: str, store: str, cache_rows: int) -> dict:
     """One ``bagpipe train --mode MODE --store STORE`` run (modes, peers); a disk store
     starts from a cold copy of OUT/store-template (:func:`fresh_cold_copy`)."""
     store_dir = None
-    if store in TEMPLATES and mode_spec(mode).store:
+    if store != "memory" and mode_spec(mode).store:
         store_dir = out / "store-run"
-        fresh_cold_copy(out / TEMPLATES[store], store_dir)  # a frequency template: the store keeps its layout
+        fresh_cold_copy(
+            out / TEMPLATES[layout_of(store, b.steps, b.batch_size, data)], store_dir
+        )  # the store keeps the template's layout
     # the table file holds every row's initial value: the same starting tables as a fresh store
     return launch(
         b,
@@ -149,6 +153,34 @@ def fresh_cold_copy(template: Path, dest: Path) -> None:
     drop_cached(template)
 
 
+def layout_of(store: str, steps: int, batch_size: int, data: Path) -> str:
+    """The row layout of a disk store of the table: ``disk-identity``, ``disk-frequency``
+    name theirs; ``disk`` is in the one ``bagpipe train --store-layout auto`` picks for a run
+    of ``steps`` batches of ``batch_size`` over the train split in ``data``
+    (:func:`bagpipe.budget.shape.auto_layout`)."""
+    if store != "disk":
+        return store.removeprefix("disk-")
+    from bagpipe.budget.shape import auto_layout
+    from bagpipe.data.schema import DatasetMeta
+
+    return auto_layout(steps, DatasetMeta.load(data).num_samples() // batch_size).name
+
+
+def make_templates(
+    stores, steps: int, batch_size: int, out: Path, data: Path, meta, dim: int, state_dim: int, seed: int
+) -> None:
+    """Write the table file of each row layout the disk ``stores`` need (:func:`layout_of`:
+    OUT/store-template, OUT/store-template-frequency), once (:func:`materialise_disk_store`)."""
+    for name in sorted({layout_of(s, steps, batch_size, data) for s in stores if s != "memory"}, reverse=True):
+        layout = None
+        if name == "frequency":
+            from bagpipe.data.frequency import frequency_store_layout
+            from bagpipe.data.shards import Dataset
+
+            layout = frequency_store_layout(Dataset(data))
+        materialise_disk_store(out / TEMPLATES[name], meta, dim, state_dim, seed=seed, layout=layout)
+
+
 def drop_cached(store_dir: Path) -> None:
     """fsync every file of the store and drop it from the page cache."""
     for f in store_dir.iterdir():
@@ -169,14 +201,7 @@ def run(b: ModesBench) -> dict:
     dim = recipe(b.model, b.recipe).embedding_dim
     state_dim = row_state_dim(b.optimizer, dim)
     if any(m != "full" for m in b.modes):
-        if "disk" in b.stores:
-            materialise_disk_store(out / TEMPLATES["disk"], meta, dim, state_dim, seed=0)
-        if "disk-frequency" in b.stores:
-            from bagpipe.data.frequency import frequency_store_layout
-            from bagpipe.data.shards import Dataset
-
-            layout = frequency_store_layout(Dataset(data))
-            materialise_disk_store(out / TEMPLATES["disk-frequency"], meta, dim, state_dim, seed=0, layout=layout)
+        make_templates(b.stores, b.steps, b.batch_size, out, data, meta, dim, state_dim, seed=0)
 
     configs = []
     for store in b.stores:
@@ -284,8 +309,18 @@ def summarise(b: ModesBench, results: dict[str, list[dict]], total_rows: int, ca
     table = markdown_table(headers, rows)
     if b.background_load:
         table = f"With {b.background_load} CPU-bound background process(es) running.\n\n" + table
+    # each disk store's row layout, as its runs' summaries report it (disk: train's default picked it)
+    layouts = {
+        key.split("/")[1]: ((runs[0].get("cache") or {}).get("store") or {}).get("layout")
+        for key, runs in results.items()
+        if runs and key.split("/")[1] != "memory"
+    }
+    if layouts:
+        said = ", ".join(f"{store} {name}" for store, name in sorted(layouts.items()))
+        table += f"\n\nRow layouts of the disk stores' table files: {said}."
     return {
         **header(b),
+        "store_layouts": layouts,
         "total_rows": total_rows,
         "cache_rows": cache_rows,
         "cache_fraction_of_rows": cache_rows / total_rows,

@@ -36,6 +36,7 @@ and targets: :mod:`bagpipe.bench.scenarios.scale.report`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -117,9 +118,11 @@ class ScaleBench(Loaded, CachePoint, Throughput):
     final_checkpoint: bool = False
     """Write each run's final checkpoint at its end, as a user's run does (its cut and write
     inside the memory limit); the table shows the step of each run's last checkpoint."""
-    store_layout: Literal["identity", "frequency"] = "identity"
+    store_layout: Literal["auto", "identity", "frequency"] = "auto"
     """Row layout of the table file the cached configurations share (bagpipe train
-    --store-layout): identity, or frequency -- the rows the train split uses most at its front."""
+    --store-layout): identity, or frequency -- the rows the train split uses most at its front;
+    auto: the one bagpipe train's default picks for a run of --steps over the generated split
+    (results.json's config says which)."""
 
     def validate(self) -> None:
         super().validate()
@@ -215,6 +218,10 @@ def run(b: ScaleBench) -> dict:
     cache_rows = b.cache_rows(total, b.batch_size * meta.num_features)
     store_dir = out / "store"
     header_file = store_dir / "header.json"
+    if b.store_layout == "auto":  # as bagpipe train's default picks it (the table and results.json name it)
+        from bagpipe.budget.shape import auto_layout
+
+        b = dataclasses.replace(b, store_layout=auto_layout(b.steps, meta.num_samples() // b.batch_size).name)
     layout = frequency_store_layout(Dataset(data)) if b.store_layout == "frequency" else None
     if header_file.exists():
         h = json.loads(header_file.read_text())
