@@ -117,7 +117,7 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
 
 #: ``--store-layout auto`` counts the train split for a frequency layout when the run trains
 #: at least this many epochs of it: the count is one pass over the split's ids, several times
-#: faster than training over them (docs/pipeline.md#the-default-layout), and the packed pages
+#: faster than training over them (docs/pipeline.md#the-default-layout---store-layout-auto), and the packed pages
 #: save a page of kernel work per row fetched or written back for the whole run.
 AUTO_MIN_EPOCHS = 0.5
 
