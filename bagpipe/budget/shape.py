@@ -90,7 +90,7 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
     one = stream.batch(0)
     batch_bytes = sum(t.numel() * t.element_size() for t in (one.labels, one.dense, one.rows, one.offsets))
     id_bytes = one.rows.element_size() * max(1, len(one.rows) // max(1, len(one.labels)))
-    layout = choose_layout(cfg, stream.batches_per_epoch)
+    layout = choose_layout(cfg, stream.batches_per_epoch, meta.total_rows)
     return RunShape(
         spec=cfg.cache.spec,
         store=cfg.cache.store,
@@ -116,20 +116,23 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
 
 
 #: ``--store-layout auto`` counts the train split for a frequency layout when the run trains
-#: at least this many epochs of it: the count is one pass over the split's ids, several times
-#: faster than training over them (docs/pipeline.md#the-default-layout---store-layout-auto), and the packed pages
-#: save a page of kernel work per row fetched or written back for the whole run.
+#: at least this many epochs of it: the count is one pass over the split's ids, 50-100 times
+#: faster than training over them (docs/pipeline.md#the-default-layout---store-layout-auto),
+#: and the packed pages save a page of kernel work per row fetched or written back.
 AUTO_MIN_EPOCHS = 0.5
+#: ... and when the count's array (4 bytes a row of the tables) is at most this: a table of
+#: MLPerf's size (204M rows: 816 MB) is not counted unless asked for (--store-layout frequency).
+AUTO_MAX_COUNT_BYTES = 256 << 20
 
 
-def choose_layout(cfg: TrainConfig, batches_per_epoch: int) -> LayoutChoice | None:
+def choose_layout(cfg: TrainConfig, batches_per_epoch: int, num_rows: int = 0) -> LayoutChoice | None:
     """The row layout of the run ``cfg``'s disk store (None: the run has none), with why:
     a store the run reopens (``--init-from-store``, a resume's store) keeps its own; a
     data-parallel job's servers keep the identity layout; ``--store-layout identity`` or
-    ``frequency`` is taken as given; ``auto`` (the default) picks the frequency layout when
-    the run trains at least :data:`AUTO_MIN_EPOCHS` of the split (its ``--steps`` against
-    ``batches_per_epoch``), else the identity layout. A memory budget that does not hold
-    the count turns ``auto``'s frequency into identity (:func:`bagpipe.train.preflight.memory_checks`)."""
+    ``frequency`` is taken as given; ``auto`` (the default) applies :func:`auto_layout` to
+    the run's ``--steps``, the split's ``batches_per_epoch`` and the tables' ``num_rows``. A
+    memory budget that does not hold the count turns ``auto``'s frequency into identity
+    (:func:`bagpipe.train.preflight.memory_checks`)."""
     c = cfg.cache
     if not (c.spec.store and c.store == "disk"):
         return None
@@ -138,28 +141,35 @@ def choose_layout(cfg: TrainConfig, batches_per_epoch: int) -> LayoutChoice | No
     # RUN/store is emptied at start; a --store-dir's store is reopened by --init-from-store or a resume
     if c.store_dir and (c.init_from_store or (cfg.run.resume and holds_store(c.store_dir))):
         try:
-            name, packed = layout_name(c.store_dir), int((read_header(c.store_dir).get("layout") or {})["packed_rows"])
-        except (
-            OSError,
-            DataError,
-            KeyError,
-            TypeError,
-            ValueError,
-        ):  # the run's own checks say what is wrong, in their words
+            name = layout_name(c.store_dir)
+            packed = int((read_header(c.store_dir).get("layout") or {}).get("packed_rows", 0))
+        except (OSError, DataError, TypeError, ValueError):  # the run's own checks say what is wrong
             name, packed = "identity", 0
         why = f"the store in {c.store_dir} keeps the layout it was made with"
         return LayoutChoice(name, why, made=False, packed_rows=packed if name == "frequency" else 0)
     if c.store_layout != "auto":
         return LayoutChoice(c.store_layout, f"--store-layout {c.store_layout}")
-    return auto_layout(cfg.run.steps, batches_per_epoch)
+    return auto_layout(cfg.run.steps, batches_per_epoch, num_rows)
 
 
-def auto_layout(steps: int, batches_per_epoch: int) -> LayoutChoice:
+def auto_layout(steps: int, batches_per_epoch: int, num_rows: int = 0) -> LayoutChoice:
     """``--store-layout auto``'s rule for a store a run of ``steps`` makes over a split of
-    ``batches_per_epoch`` batches (:func:`choose_layout`; the benchmarks' default store too)."""
+    ``batches_per_epoch`` batches, of tables of ``num_rows`` rows (:func:`choose_layout`;
+    the benchmarks' default store too): the frequency layout from :data:`AUTO_MIN_EPOCHS`
+    of training on, when the count's array is at most :data:`AUTO_MAX_COUNT_BYTES`."""
     epochs = steps / max(1, batches_per_epoch)
     trains = f"{epochs:.2g} of an epoch" if epochs < 1 else f"{epochs:.2g} epoch{'' if epochs == 1 else 's'}"
-    if epochs >= AUTO_MIN_EPOCHS:
+    if epochs < AUTO_MIN_EPOCHS:
+        why = (
+            f"the run trains {trains}, under {AUTO_MIN_EPOCHS:g}: counting the whole split would cost more "
+            "than it saves"
+        )
+    elif 4 * num_rows > AUTO_MAX_COUNT_BYTES:
+        why = (
+            f"counting the uses of {num_rows:,} rows takes {4 * num_rows / 2**20:,.0f} MiB (4 bytes a row), "
+            f"more than the {AUTO_MAX_COUNT_BYTES >> 20} MiB auto spends on it"
+        )
+    else:
         return LayoutChoice(
             "frequency",
             f"--store-layout auto: the run trains {trains} of the train split, so the rows it uses most "
@@ -167,10 +177,7 @@ def auto_layout(steps: int, batches_per_epoch: int) -> LayoutChoice:
             auto=True,
         )
     return LayoutChoice(
-        "identity",
-        f"--store-layout auto: the run trains {trains}, under {AUTO_MIN_EPOCHS:g}: counting the "
-        "whole split would cost more than it saves (--store-layout frequency counts it anyway)",
-        auto=True,
+        "identity", f"--store-layout auto: {why} (--store-layout frequency counts it anyway)", auto=True
     )
 
 

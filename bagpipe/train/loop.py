@@ -393,4 +393,5 @@ class _Run(Generic[B]):
             memory=MemoryReport.of(p.backend.fit, watch, watch.stop()),
             spec=cfg.cache.spec,
             slow_store=slow_store(cfg.cache.store, cfg.distributed),
+            remote_store=cfg.distributed,
         ).to_json()

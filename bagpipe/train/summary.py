@@ -538,6 +538,7 @@ class Summary:
         memory: MemoryReport | None = None,
         spec: ModeSpec | None = None,
         slow_store: bool = False,
+        remote_store: bool = False,
         not_exact: list[str] | None = None,
     ) -> Summary:
         """The summary of a run: ``timing`` from :meth:`StepMeter.result`, ``evaluation`` from
@@ -584,7 +585,9 @@ class Summary:
             checkpoints=checkpoints,
             end_of_run_s=end_of_run_s,
             memory=memory,
-            advice=None if cache is None or spec is None else _advice(spec, slow_store, batch_size, timing, cache),
+            advice=None
+            if cache is None or spec is None
+            else _advice(spec, slow_store, remote_store, batch_size, timing, cache),
         )
 
     def to_json(self) -> dict:
@@ -592,7 +595,10 @@ class Summary:
         return asdict(self)
 
 
-def _advice(spec: ModeSpec, slow_store: bool, batch_size: int, timing: Timing, cache: CacheStats) -> str | None:
+def _advice(
+    spec: ModeSpec, slow_store: bool, remote: bool, batch_size: int, timing: Timing, cache: CacheStats
+) -> str | None:
     """The summary's ``advice`` (:func:`bagpipe.cache.advice.run_advice`) for a run with a store."""
     ms = 1000 * batch_size / timing.samples_per_s if timing.samples_per_s > 0 else 0.0
-    return run_advice(spec, slow_store, ms, asdict(timing.time_per_step_ms), cache.pipeline_s, cache.steps)
+    times = asdict(timing.time_per_step_ms)
+    return run_advice(spec, slow_store, ms, times, cache.pipeline_s, cache.steps, remote=remote)

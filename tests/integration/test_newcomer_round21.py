@@ -10,6 +10,7 @@ changed:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -166,3 +167,9 @@ def test_plan_suggests_the_frequency_layout_saying_where_the_budget_does_not_hol
     assert line.startswith(
         "layout: identity (--store-layout auto: the memory budget does not hold the frequency layout's count"
     ), line
+    # and the run does what plan says: identity, the reason in its summary
+    run = ("train", *job[1:-2], "--memory-budget-mb", 360, "--out", tmp_path / "run", "--no-progress", "--no-digest")
+    rc, _, err = run_cli(*run, "--steps", 3, "--eval-samples", 256)
+    assert rc == 0, err
+    store = json.loads((tmp_path / "run" / "summary.json").read_text())["cache"]["store"]
+    assert store["layout"] == "identity" and "does not hold the frequency layout's count" in store["layout_choice"]

@@ -2,7 +2,8 @@
 :func:`bagpipe.budget.shape.choose_layout`), and what its memory estimate counts for it.
 
 * ``auto`` picks the frequency layout from half an epoch of training on, the identity
-  layout below, and says why in one line;
+  layout below and for tables whose count would take more than 256 MiB, and says why in
+  one line;
 * a value given is taken; a data-parallel job's servers keep the identity layout; a store
   the run reopens (``--init-from-store``) keeps its own, and the estimate then counts what
   it keeps (its packed rows and row log), not a count of the split it does not make --
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bagpipe.budget.shape import AUTO_MIN_EPOCHS, auto_layout, choose_layout, layout_bytes
+from bagpipe.budget.shape import AUTO_MAX_COUNT_BYTES, AUTO_MIN_EPOCHS, auto_layout, choose_layout, layout_bytes
 from bagpipe.config.train import TrainConfig
 from bagpipe.store.layout import LayoutChoice, RowLayout
 
@@ -32,12 +33,17 @@ def test_auto_counts_the_split_from_half_an_epoch_on():
     assert "trains 1 epoch of" in auto_layout(100, 100).why and "trains 2.5 epochs of" in auto_layout(250, 100).why
     assert below.name == "identity" and "0.49 of an epoch" in below.why and "--store-layout frequency" in below.why
     assert auto_layout(1, 0).name == "frequency"  # a split shorter than a batch: one pass is one batch
+    # a table whose count would take more than 256 MiB (MLPerf's 204M rows: 816 MB) is not counted unasked
+    assert auto_layout(100, 10, num_rows=AUTO_MAX_COUNT_BYTES // 4).name == "frequency"
+    big = auto_layout(100, 10, num_rows=204_000_000)
+    assert big.name == "identity" and "counting the uses of 204,000,000 rows takes 778 MiB" in big.why
 
 
 def test_the_choice_follows_the_options():
     assert choose_layout(TrainConfig.of(data="d", out="o", mode="full", steps=10), 10) is None  # no store
     assert choose_layout(TrainConfig.of(**(DISK | {"store": "memory"}), steps=100), 10) is None
-    assert choose_layout(TrainConfig.of(**DISK, steps=100), 10) == auto_layout(100, 10)
+    assert choose_layout(TrainConfig.of(**DISK, steps=100), 10, 1000) == auto_layout(100, 10, 1000)
+    assert choose_layout(TrainConfig.of(**DISK, steps=100), 10, 10**9).name == "identity"  # its count: 3.7 GiB
     assert choose_layout(TrainConfig.of(**DISK, steps=2), 10) == auto_layout(2, 10)
     given = choose_layout(TrainConfig.of(**DISK, steps=100, store_layout="identity"), 10)
     assert given == LayoutChoice("identity", "--store-layout identity")

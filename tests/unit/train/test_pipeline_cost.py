@@ -264,7 +264,13 @@ def test_run_advice_from_what_a_run_measured():
     assert said is not None and said.startswith(
         "the store is process memory: its reads and writes took 2.0 ms a step (4% of 50 ms)"
     )
-    assert run_advice(la, True, 50.0, {}, quiet, 50) is None  # a disk store: the pipeline hides it
+    # a disk store whose reads and writes took 2 ms of a 50 ms step: its pages stayed cached, lru is as fast
+    cached = run_advice(la, True, 50.0, {}, quiet, 50)
+    assert cached is not None and cached.startswith("the disk store's reads and writes took 2.0 ms a step (4% of 50")
+    assert "--mode lru would train about as fast here" in cached
+    slow = {"fetch_busy": 0.5, "writeback_busy": 0.0}  # 10 ms a step: the pipeline hides it
+    assert run_advice(la, True, 50.0, {}, slow, 50) is None
+    assert run_advice(la, True, 50.0, {}, quiet, 50, remote=True) is None  # servers: latency, not only busy time
     waited = run_advice(lru, True, 50.0, {"wait_embeddings": 15.0, "writeback": 0.0}, {}, 50)
     assert waited is not None and waited.startswith("the step waited 15.0 ms (30% of 50 ms) for the store")
     assert run_advice(lru, True, 50.0, {"wait_embeddings": 2.0}, {}, 50) is None

@@ -163,7 +163,8 @@ def layout_of(store: str, steps: int, batch_size: int, data: Path) -> str:
     from bagpipe.budget.shape import auto_layout
     from bagpipe.data.schema import DatasetMeta
 
-    return auto_layout(steps, DatasetMeta.load(data).num_samples() // batch_size).name
+    meta = DatasetMeta.load(data)
+    return auto_layout(steps, meta.num_samples() // batch_size, meta.total_rows).name
 
 
 def make_templates(

@@ -221,7 +221,8 @@ def run(b: ScaleBench) -> dict:
     if b.store_layout == "auto":  # as bagpipe train's default picks it (the table and results.json name it)
         from bagpipe.budget.shape import auto_layout
 
-        b = dataclasses.replace(b, store_layout=auto_layout(b.steps, meta.num_samples() // b.batch_size).name)
+        chosen = auto_layout(b.steps, meta.num_samples() // b.batch_size, meta.total_rows)
+        b = dataclasses.replace(b, store_layout=chosen.name)
     layout = frequency_store_layout(Dataset(data)) if b.store_layout == "frequency" else None
     if header_file.exists():
         h = json.loads(header_file.read_text())
