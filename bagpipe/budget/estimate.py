@@ -309,9 +309,11 @@ def estimate(shape: RunShape, sizes: Sizes, role: str = "trainer") -> Estimate:
             else:
                 parts.append(Part("store", 3 * ((R + 7) // 8), "presence bitmaps"))
                 if shape.layout_bytes:
-                    parts.append(
-                        Part("store layout", shape.layout_bytes, "the train split's rows counted, the packed rows kept")
+                    made = shape.layout is None or shape.layout.made
+                    what = (
+                        "the train split's rows counted, the packed rows kept" if made else "its packed rows (reopened)"
                     )
+                    parts.append(Part("store layout", shape.layout_bytes, what))
     pinned = 2 * shape.sample_bytes * B
     if s.store and shape.store == "disk" and not remote:
         pinned += (sizes.io.dirty_bytes or 64 * MIB) + min(sizes.io.hint_bytes, 4096 * (shape.unique + 1))

@@ -90,7 +90,9 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
     one = stream.batch(0)
     batch_bytes = sum(t.numel() * t.element_size() for t in (one.labels, one.dense, one.rows, one.offsets))
     id_bytes = one.rows.element_size() * max(1, len(one.rows) // max(1, len(one.labels)))
-    layout = choose_layout(cfg, stream.batches_per_epoch, meta.total_rows)
+    split_lookups, sample_lookups = stream.num_samples * lookups // max(1, B), lookups // max(1, B)
+    making = frequency_peak(meta.total_rows, split_lookups, sample_lookups)
+    layout = choose_layout(cfg, stream.batches_per_epoch, making)
     return RunShape(
         spec=cfg.cache.spec,
         store=cfg.cache.store,
@@ -108,9 +110,7 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
         sample_bytes=4 + 4 * meta.num_dense + id_bytes,
         eval_batch=cfg.data.batch_size,
         largest_table=max(meta.table_sizes),
-        layout_bytes=layout_bytes(
-            layout, meta.total_rows, stream.num_samples * lookups // max(1, B), lookups // max(1, B)
-        ),
+        layout_bytes=layout_bytes(layout, meta.total_rows, split_lookups, sample_lookups),
         layout=layout,
     )
 
@@ -120,19 +120,22 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
 #: faster than training over them (docs/pipeline.md#the-default-layout---store-layout-auto),
 #: and the packed pages save a page of kernel work per row fetched or written back.
 AUTO_MIN_EPOCHS = 0.5
-#: ... and when the count's array (4 bytes a row of the tables) is at most this: a table of
-#: MLPerf's size (204M rows: 816 MB) is not counted unless asked for (--store-layout frequency).
-AUTO_MAX_COUNT_BYTES = 256 << 20
+#: ... and when making the layout peaks at most this (:func:`layout_bytes`: 4 bytes a table
+#: row and 20 a row used while counting, 44 a row used while ordering): Criteo-Kaggle's 33.8M
+#: rows fit (1.4 GiB if its split uses every row); a table of MLPerf's size (204M rows) is not
+#: counted unless asked for (--store-layout frequency).
+AUTO_MAX_LAYOUT_BYTES = 2 << 30
 
 
-def choose_layout(cfg: TrainConfig, batches_per_epoch: int, num_rows: int = 0) -> LayoutChoice | None:
+def choose_layout(cfg: TrainConfig, batches_per_epoch: int, making: int = 0) -> LayoutChoice | None:
     """The row layout of the run ``cfg``'s disk store (None: the run has none), with why:
     a store the run reopens (``--init-from-store``, a resume's store) keeps its own; a
     data-parallel job's servers keep the identity layout; ``--store-layout identity`` or
     ``frequency`` is taken as given; ``auto`` (the default) applies :func:`auto_layout` to
-    the run's ``--steps``, the split's ``batches_per_epoch`` and the tables' ``num_rows``. A
-    memory budget that does not hold the count turns ``auto``'s frequency into identity
-    (:func:`bagpipe.train.preflight.memory_checks`)."""
+    the run's ``--steps``, the split's ``batches_per_epoch`` and ``making``, the peak of making
+    the frequency layout (:func:`frequency_peak`). A memory budget that does not hold it, or
+    holds it only by shrinking the run's cache or read-ahead, and a disk that does not hold
+    its row log, turn ``auto``'s frequency into identity (:mod:`bagpipe.train.preflight`)."""
     c = cfg.cache
     if not (c.spec.store and c.store == "disk"):
         return None
@@ -149,14 +152,15 @@ def choose_layout(cfg: TrainConfig, batches_per_epoch: int, num_rows: int = 0) -
         return LayoutChoice(name, why, made=False, packed_rows=packed if name == "frequency" else 0)
     if c.store_layout != "auto":
         return LayoutChoice(c.store_layout, f"--store-layout {c.store_layout}")
-    return auto_layout(cfg.run.steps, batches_per_epoch, num_rows)
+    return auto_layout(cfg.run.steps, batches_per_epoch, making)
 
 
-def auto_layout(steps: int, batches_per_epoch: int, num_rows: int = 0) -> LayoutChoice:
+def auto_layout(steps: int, batches_per_epoch: int, making: int = 0) -> LayoutChoice:
     """``--store-layout auto``'s rule for a store a run of ``steps`` makes over a split of
-    ``batches_per_epoch`` batches, of tables of ``num_rows`` rows (:func:`choose_layout`;
-    the benchmarks' default store too): the frequency layout from :data:`AUTO_MIN_EPOCHS`
-    of training on, when the count's array is at most :data:`AUTO_MAX_COUNT_BYTES`."""
+    ``batches_per_epoch`` batches, whose frequency layout would take ``making`` bytes at its
+    peak (:func:`frequency_peak`; :func:`choose_layout`, and the benchmarks' default store):
+    the frequency layout from :data:`AUTO_MIN_EPOCHS` of training on, when ``making`` is at
+    most :data:`AUTO_MAX_LAYOUT_BYTES`."""
     epochs = steps / max(1, batches_per_epoch)
     trains = f"{epochs:.2g} of an epoch" if epochs < 1 else f"{epochs:.2g} epoch{'' if epochs == 1 else 's'}"
     if epochs < AUTO_MIN_EPOCHS:
@@ -164,10 +168,10 @@ def auto_layout(steps: int, batches_per_epoch: int, num_rows: int = 0) -> Layout
             f"the run trains {trains}, under {AUTO_MIN_EPOCHS:g}: counting the whole split would cost more "
             "than it saves"
         )
-    elif 4 * num_rows > AUTO_MAX_COUNT_BYTES:
+    elif making > AUTO_MAX_LAYOUT_BYTES:
         why = (
-            f"counting the uses of {num_rows:,} rows takes {4 * num_rows / 2**20:,.0f} MiB (4 bytes a row), "
-            f"more than the {AUTO_MAX_COUNT_BYTES >> 20} MiB auto spends on it"
+            f"counting and ordering the split's rows could take {making / 2**20:,.0f} MiB, more than the "
+            f"{AUTO_MAX_LAYOUT_BYTES >> 20:,} MiB auto spends on it"
         )
     else:
         return LayoutChoice(
@@ -179,6 +183,11 @@ def auto_layout(steps: int, batches_per_epoch: int, num_rows: int = 0) -> Layout
     return LayoutChoice(
         "identity", f"--store-layout auto: {why} (--store-layout frequency counts it anyway)", auto=True
     )
+
+
+def frequency_peak(num_rows: int, split_lookups: int, sample_lookups: int = 1) -> int:
+    """Bytes at the peak of making a frequency layout here (:func:`layout_bytes`)."""
+    return layout_bytes(LayoutChoice("frequency", "made here"), num_rows, split_lookups, sample_lookups)
 
 
 def without_count(shape: RunShape, why: str) -> RunShape:

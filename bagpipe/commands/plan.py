@@ -94,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
     share = stream.batch_size // cfg.dist.trainers if cfg.distributed else None
     shape = run_shape(cfg, dataset, stream, share)
     if cfg.run.out != NO_OUT:  # train's disk checks, in its order: checkpoints, then a disk store (read-only)
-        from bagpipe.train.space import check_checkpoint_space, check_store_space
+        from bagpipe.train.preflight import store_space
+        from bagpipe.train.space import check_checkpoint_space
 
-        check_store_space(cfg, shape, check_checkpoint_space(cfg, dataset, shape))
+        shape = store_space(cfg, shape, check_checkpoint_space(cfg, dataset, shape))
         check_reused_store(cfg, dataset, shape)
     budget = _budget(cfg)
     gib = shape.num_rows * shape.row_bytes / 2**30
@@ -154,9 +155,9 @@ def run(args: argparse.Namespace) -> int:
         lay = (checked.shape or shape).layout  # as the run chooses it (bagpipe.budget.shape.choose_layout)
         if lay is not None and not cfg.distributed:
             line = f"layout: {lay.name} ({lay.why})"
-            # a store reopened keeps its layout; auto's count that the budget does not hold is said in `why`
-            fell_back = shape.layout is not None and shape.layout.name != lay.name
-            advice = layout_advice(cfg.cache.store, cfg.distributed, lay.name) if lay.made and not fell_back else None
+            # only for --store-layout identity: auto's own choice says why in `why` (and names the option)
+            asked = lay.made and not lay.auto
+            advice = layout_advice(cfg.cache.store, cfg.distributed, lay.name) if asked else None
             if advice:
                 line += f"; {advice}" + _layout_room(cfg, dataset, stream)
             print(line)

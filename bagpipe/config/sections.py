@@ -218,8 +218,9 @@ class CacheConfig(Section):
     split before training, at most 4M of them) packed at the front of the file, so that
     the pages of the rows a run reads and writes back hold many such rows and stay in the
     page cache (docs/pipeline.md#row-layout). auto: frequency when the run trains at least
-    half an epoch, the count takes at most 256 MiB (4 bytes a table row: up to 64M rows) and
-    the memory budget holds it, else identity; plan and the summary say which and why. The
+    half an epoch, making the layout takes at most 2 GiB at its peak (Criteo Kaggle's tables:
+    1.4 GiB), the memory budget holds it without shrinking the cache or read-ahead and the
+    disk holds its row log, else identity; plan and the summary say which and why. The
     trained model is the same."""
     cache_rows: int = 0
     """C, slots of the trainer's cache (lru, lookahead); 0 picks 5% of all rows, at least

@@ -169,7 +169,12 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, values: dict, source: str = "config.json") -> TrainConfig:
-        return build(cls, flatten(cls, values, source), source)
+        flat = flatten(cls, values, source)
+        # a run's config.json from before --store-layout auto says "identity" (the default then)
+        # whatever its store: where the setting does not apply, it was the default, not a choice
+        if flat.get("store_layout") == "identity" and "store_layout" in dict(inapplicable(flat)):
+            flat["store_layout"] = "auto"
+        return build(cls, flat, source)
 
 
 #: The summary's ``not_exact`` lines of the runs that are not approximations yet do not end
@@ -238,6 +243,8 @@ def _refuse_inapplicable(cfg: TrainConfig) -> None:
     defaults = _defaults()
     for name, why in inapplicable(flat):
         value = flat[name]
+        if name == "store_layout" and value == "identity" and not flat.get("init_from_store"):
+            continue  # the layout every store but a one-process run's own disk store has (a file may say so)
         # a switch turned off is spelt --no-NAME on the command line
         flag = f"--{'no-' if value is False and defaults[name] is True else ''}{name.replace('_', '-')}"
         need(value == defaults[name], f"{flag} {why}")

@@ -22,6 +22,8 @@ cgroup they share (:mod:`bagpipe.budget.job`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from bagpipe.budget import MemoryPlan
@@ -34,6 +36,7 @@ from bagpipe.checkpoint import Checkpoint, CheckpointFolder
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
+from bagpipe.errors import ConfigError
 from bagpipe.train.resume import elastic_restart, refuse_overwrite, resume_point
 from bagpipe.train.rundir import RunDir
 from bagpipe.train.space import check_checkpoint_space, check_store_space
@@ -95,11 +98,31 @@ def preflight(cfg: TrainConfig, run: RunDir, *, checks: bool = True) -> Prefligh
     memory = None
     if checks:
         est = check_checkpoint_space(cfg, dataset, shape)  # before anything is trained: refuse what could not be saved
-        check_store_space(cfg, shape, est)  # ... nor a disk store that could fill its disk (SIGBUS, not an error)
+        shape = store_space(cfg, shape, est)  # ... nor a disk store that could fill its disk (SIGBUS, not an error)
         if not cfg.dist.distributed:  # a job's roles are checked together by its launcher
             memory = memory_checks(cfg, dataset, stream, shape)
             shape = memory.shape or shape
     return Preflight(dataset=dataset, stream=stream, shape=shape, share=share, ckpt=ckpt, memory=memory)
+
+
+def _auto_frequency(shape: RunShape) -> bool:
+    """``--store-layout auto`` chose the frequency layout (which it may still give up)."""
+    return shape.layout is not None and shape.layout.auto and shape.layout.name == "frequency"
+
+
+def store_space(cfg: TrainConfig, shape: RunShape, checkpoints) -> RunShape:
+    """:func:`~bagpipe.train.space.check_store_space` for ``shape``; where the disk does not
+    hold ``--store-layout auto``'s frequency layout (its packed rows and row log) but holds
+    the identity layout, the shape with the identity layout (said in the summary)."""
+    try:
+        check_store_space(cfg, shape, checkpoints)
+        return shape
+    except ConfigError:
+        if not _auto_frequency(shape):
+            raise
+    plain = without_count(shape, "the disk does not hold the frequency layout's packed rows and row log")
+    check_store_space(cfg, plain, checkpoints)
+    return plain
 
 
 def memory_checks(
@@ -108,19 +131,49 @@ def memory_checks(
     """Every memory refusal of the run ``cfg`` before it trains (``shape``: as
     :func:`preflight` measures it); raises one line, the words the run itself would stop
     with. ``together``: a distributed job's roles share this process's memory cgroup (a
-    local job), and their sum is held against its limit too."""
-    try:
+    local job), and their sum is held against its limit too. ``--store-layout auto``'s
+    frequency layout is given up for the identity layout where the budget does not hold
+    its count, or holds it only with a smaller cache or read-ahead than without it."""
+    if not _auto_frequency(shape):
         return _memory_checks(cfg, dataset, stream, shape, together)
-    except BudgetError:
-        lay = shape.layout
-        if lay is None or not (lay.auto and lay.name == "frequency"):
-            raise
-        # the default layout's count does not fit: the run goes on in the identity layout, said in the summary
-        need = f"{shape.layout_bytes / 2**20:,.0f} MiB"
-        plain = without_count(
-            shape, f"the memory budget does not hold the frequency layout's count of the split ({need})"
-        )
-        return _memory_checks(cfg, dataset, stream, plain, together)
+    need = f"{shape.layout_bytes / 2**20:,.0f} MiB"
+    with held_logs() as held:  # the trial's own lines (its fit) are said only if it is kept
+        try:
+            packed = _memory_checks(cfg, dataset, stream, shape, together)
+        except BudgetError:
+            packed = None
+    if packed is None:
+        why = f"the memory budget does not hold the frequency layout's count of the split ({need})"
+        return _memory_checks(cfg, dataset, stream, without_count(shape, why), together)
+    if packed.fit.changes:  # the budget shrank something to hold the count: without it, does it?
+        why = f"the memory budget would hold the frequency layout's count ({need}) only with a smaller cache or read-ahead"
+        plain = _memory_checks(cfg, dataset, stream, without_count(shape, why), together)
+        if plain.fit.sizes != packed.fit.sizes:
+            return plain
+    for record in held:
+        logging.getLogger(record.name).handle(record)
+    return packed
+
+
+@contextmanager
+def held_logs() -> Iterator[list[logging.LogRecord]]:
+    """Hold back every line logged inside the block (the handlers of the ``bagpipe`` and the
+    root logger drop them); the list of records, in order, to replay if wanted."""
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if not any(r is record for r in held):  # one record reaches every handler
+            held.append(record)
+        return False
+
+    handlers = [*logging.getLogger("bagpipe").handlers, *logging.getLogger().handlers]
+    for h in handlers:
+        h.addFilter(hold)
+    try:
+        yield held
+    finally:
+        for h in handlers:
+            h.removeFilter(hold)
 
 
 def _memory_checks(

@@ -117,3 +117,18 @@ def test_a_run_killed_with_its_row_log_in_use_resumes_to_the_reference(run_cli, 
     got = json.loads((out / "summary.json").read_text())
     assert got["cache"]["store"]["logged_rows"] > 0  # packed rows were in the log at the end
     assert got["params_sha256"] == want
+
+
+def test_auto_gives_the_count_up_rather_than_shrink_the_read_ahead(run_cli, tmp_path):
+    """In a budget that holds the frequency layout's count only with 1 plan read ahead
+    instead of 9, auto keeps the identity layout and the read-ahead (newcomer review)."""
+    data = tmp_path / "d"
+    rc, _, err = run_cli("synth", "--profile", "tiny", "--samples", 8000, "--out", data, "--no-progress")
+    assert rc == 0, err
+    job = ("plan", "--data", data, "--mode", "lookahead", "--store", "disk", "--batch-size", 128, "--steps", 40)
+    rc, out, err = run_cli(*job, "--memory-budget-mb", 300, "--store-layout", "frequency")
+    assert rc == 0 and "1 plan read ahead instead of 9" in out + err, out + err
+    rc, out, err = run_cli(*job, "--memory-budget-mb", 300)
+    [line] = [ln for ln in out.splitlines() if ln.startswith("layout: ")]
+    assert line.startswith("layout: identity (--store-layout auto: the memory budget would hold the frequency")
+    assert "9 plans read ahead" in out and "instead of 9" not in out + err, out + err

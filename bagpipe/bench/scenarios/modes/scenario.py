@@ -160,11 +160,12 @@ def layout_of(store: str, steps: int, batch_size: int, data: Path) -> str:
     (:func:`bagpipe.budget.shape.auto_layout`)."""
     if store != "disk":
         return store.removeprefix("disk-")
-    from bagpipe.budget.shape import auto_layout
+    from bagpipe.budget.shape import auto_layout, frequency_peak
     from bagpipe.data.schema import DatasetMeta
 
     meta = DatasetMeta.load(data)
-    return auto_layout(steps, meta.num_samples() // batch_size, meta.total_rows).name
+    n, F = meta.num_samples(), meta.num_features  # one-hot: a lookup a feature
+    return auto_layout(steps, n // batch_size, frequency_peak(meta.total_rows, n * F, F)).name
 
 
 def make_templates(

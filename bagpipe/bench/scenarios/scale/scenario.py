@@ -219,9 +219,10 @@ def run(b: ScaleBench) -> dict:
     store_dir = out / "store"
     header_file = store_dir / "header.json"
     if b.store_layout == "auto":  # as bagpipe train's default picks it (the table and results.json name it)
-        from bagpipe.budget.shape import auto_layout
+        from bagpipe.budget.shape import auto_layout, frequency_peak
 
-        chosen = auto_layout(b.steps, meta.num_samples() // b.batch_size, meta.total_rows)
+        n, F = meta.num_samples(), meta.num_features  # one-hot: a lookup a feature
+        chosen = auto_layout(b.steps, n // b.batch_size, frequency_peak(meta.total_rows, n * F, F))
         b = dataclasses.replace(b, store_layout=chosen.name)
     layout = frequency_store_layout(Dataset(data)) if b.store_layout == "frequency" else None
     if header_file.exists():
