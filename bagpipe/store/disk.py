@@ -73,9 +73,9 @@ restore, a table made whole) puts rows at their home slots.
 
 The module is long because one class holds the files, the hinted read and write paths,
 the row log's appends and segment preparation, the crash-safe flush and the presence
-bitmap (its written rows and their reset for a restore), which share the store's locks and the invariants of its files; the I/O settings,
-the dirty-page bound and the raw ``pread``/``pwrite`` helpers are in
-:mod:`bagpipe.store.diskio`.
+bitmap (its written rows and their reset for a restore), which share the store's locks
+and the invariants of its files; the I/O settings, the dirty-page bound and the raw
+``pread``/``pwrite`` helpers are in :mod:`bagpipe.store.diskio`.
 """
 
 from __future__ import annotations

@@ -145,14 +145,16 @@ def memory_checks(
     if packed is None:
         why = f"the memory budget does not hold the frequency layout's count of the split ({need})"
         return _memory_checks(cfg, dataset, stream, without_count(shape, why), together)
+    kept, said = packed, held
     if packed.fit.changes:  # the budget shrank something to hold the count: without it, does it?
         why = f"the memory budget would hold the frequency layout's count ({need}) only with a smaller cache or read-ahead"
-        plain = _memory_checks(cfg, dataset, stream, without_count(shape, why), together)
+        with held_logs() as plain_said:
+            plain = _memory_checks(cfg, dataset, stream, without_count(shape, why), together)
         if plain.fit.sizes != packed.fit.sizes:
-            return plain
-    for record in held:
+            kept, said = plain, plain_said
+    for record in said:  # the lines of the checks kept, once
         logging.getLogger(record.name).handle(record)
-    return packed
+    return kept
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -153,13 +154,15 @@ def fresh_cold_copy(template: Path, dest: Path) -> None:
     drop_cached(template)
 
 
-def layout_of(store: str, steps: int, batch_size: int, data: Path) -> str:
+def layout_of(store: str, steps: int, batch_size: int, data: Path) -> Literal["identity", "frequency"]:
     """The row layout of a disk store of the table: ``disk-identity``, ``disk-frequency``
     name theirs; ``disk`` is in the one ``bagpipe train --store-layout auto`` picks for a run
     of ``steps`` batches of ``batch_size`` over the train split in ``data``
     (:func:`bagpipe.budget.shape.auto_layout`)."""
-    if store != "disk":
-        return store.removeprefix("disk-")
+    if store == "disk-identity":
+        return "identity"
+    if store == "disk-frequency":
+        return "frequency"
     from bagpipe.budget.shape import auto_layout, frequency_peak
     from bagpipe.data.schema import DatasetMeta
 

@@ -50,7 +50,7 @@ import numpy as np
 from bagpipe.bench.harness.report import header, write_results
 from bagpipe.bench.harness.runner import TrainFailed, launch, prepare
 from bagpipe.bench.harness.settings import CachePoint, Loaded, Throughput
-from bagpipe.bench.scenarios.modes.scenario import drop_cached, materialise_disk_store
+from bagpipe.bench.scenarios.modes.scenario import drop_cached, layout_of, materialise_disk_store
 from bagpipe.bench.scenarios.scale.report import plot, summarise, thin
 from bagpipe.config.modes import MODES
 from bagpipe.data.frequency import frequency_store_layout
@@ -219,11 +219,7 @@ def run(b: ScaleBench) -> dict:
     store_dir = out / "store"
     header_file = store_dir / "header.json"
     if b.store_layout == "auto":  # as bagpipe train's default picks it (the table and results.json name it)
-        from bagpipe.budget.shape import auto_layout, frequency_peak
-
-        n, F = meta.num_samples(), meta.num_features  # one-hot: a lookup a feature
-        chosen = auto_layout(b.steps, n // b.batch_size, frequency_peak(meta.total_rows, n * F, F))
-        b = dataclasses.replace(b, store_layout=chosen.name)
+        b = dataclasses.replace(b, store_layout=layout_of("disk", b.steps, b.batch_size, data))
     layout = frequency_store_layout(Dataset(data)) if b.store_layout == "frequency" else None
     if header_file.exists():
         h = json.loads(header_file.read_text())
