@@ -105,6 +105,11 @@ class TrainConfig:
             "--skip-stale runs on --device cpu: its snapshots of the hot rows are not built for a GPU",
         )
         need(
+            d.cache_sync != "owner" or not self.hot.on,
+            "--cache-sync owner does not plan a hot tier's rows yet (every trainer holds them from the start): "
+            "use --cache-sync partitioned with --hot-budget-mb / --hot-rows",
+        )
+        need(
             not d.sync_period or d.trainers >= 2,
             f"--cache-sync {d.cache_sync} averages the copies of several trainers: it needs --trainers N >= 2 (and --servers S)",
         )

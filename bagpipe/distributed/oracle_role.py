@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import bagpipe.phases as phases
 from bagpipe.budget import memory_plan
@@ -19,11 +20,13 @@ from bagpipe.cache.setup import CachePlan, CacheSetup, LocalPlans
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.shards import Dataset
 from bagpipe.data.stream import BatchStream, train_stream
+from bagpipe.distributed.exchange import OwnerPartitioner
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_report import OracleReport
-from bagpipe.distributed.partition import partition
+from bagpipe.distributed.partition import TrainerPlan, partition
 from bagpipe.distributed.schema import WireError
 from bagpipe.distributed.transport import CREDIT, PLAN, Transport
+from bagpipe.oracle.plan import Plan
 from bagpipe.train.preflight import cache_setup
 
 
@@ -55,18 +58,8 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
         fetched_rows=[0] * layout.trainers,
     )
     credits = _Credits(transport, layout.trainer_ranks, d.plans_in_flight)
-    replicated = d.cache_sync == "replicated"
     plans = source.plans(stream, start, cfg.run.steps)
-    while True:
-        t0 = time.perf_counter()
-        gplan = next(plans, None)
-        if gplan is None:
-            break
-        parts = partition(gplan, layout.trainers, replicated=replicated)
-        report.seconds_planning += time.perf_counter() - t0
-        report.sync_rows += len(parts[0].sync_slots)
-        report.sync_urgent_rows += parts[0].sync_urgent
-        report.replicated_sync_rows += parts[0].replicated_sync_rows
+    for parts in trainer_plans(plans, layout.trainers, d.cache_sync, report):
         for r, p in zip(layout.trainer_ranks, parts):
             t1 = time.perf_counter()
             credits.take(r)
@@ -79,6 +72,34 @@ def run_oracle(cfg: TrainConfig, layout: Layout, transport: Transport) -> Oracle
         transport.send(r, PLAN, {"end": True, "report": report})
     credits.wait_all_returned()  # nothing is left unread on the wire
     return report
+
+
+def trainer_plans(plans: Iterator[Plan], N: int, cache_sync: str, report: OracleReport) -> Iterator[list[TrainerPlan]]:
+    """Each global plan split into the N trainers' plans (``--cache-sync``'s split), counted
+    in ``report``; the owner-based exchange holds two plans back (it plans deliveries for
+    the next two steps' users)."""
+    owner = OwnerPartitioner(N) if cache_sync == "owner" else None
+    while True:
+        t0 = time.perf_counter()
+        gplan = next(plans, None)
+        if owner is not None:
+            ready = owner.push(gplan) if gplan is not None else owner.finish()
+            report.partitioned_sync_rows = owner.partitioned_sync_rows
+        else:
+            ready = [partition(gplan, N, replicated=cache_sync == "replicated")] if gplan is not None else []
+        report.seconds_planning += time.perf_counter() - t0
+        for parts in ready:
+            p = parts[0]
+            if owner is not None:
+                report.sync_rows += int(p.exchange_rows.sum())
+                report.sync_urgent_rows += int(p.exchange_rows[0] + p.exchange_rows[2])
+            else:
+                report.sync_rows += len(p.sync_slots)
+                report.sync_urgent_rows += p.sync_urgent
+            report.replicated_sync_rows += p.replicated_sync_rows
+            yield parts
+        if gplan is None:
+            return
 
 
 def resume_step(cfg: TrainConfig) -> int:

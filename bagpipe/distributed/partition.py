@@ -54,6 +54,22 @@ class TrainerPlan(Plan):
             ``sync_slots``, or -1 for a local row.
         num_trainers: N.
         replicated_sync_rows: K had every planned row been synchronised.
+
+    The owner-based exchange (``--cache-sync owner``, :mod:`bagpipe.distributed.exchange`)
+    fills the rest instead of ``sync_*``; counts are (2N,): the urgent half's N per-peer
+    counts, then the deferred half's; position and slot lists follow the same order
+    (urgent then deferred, by peer rank within each, ascending rows within a peer):
+        own_pos: positions in ``rows`` of the rows this trainer owns (sums and updates),
+            the first ``own_urgent`` of them urgent.
+        red_send_pos / red_send_counts: positions in ``rows`` whose gradients go to each owner.
+        red_recv_pos / red_recv_counts: positions in ``rows`` (owned rows) of the gradients
+            received from each user.
+        dlv_send_slots / dlv_send_counts: slots whose weights and state go to each trainer
+            that uses the row next; dlv_recv_slots / dlv_recv_counts: slots to install the
+            rows received from each trainer into.
+        exchange_rows: (4,) rows moved by every trainer together: gradients urgent,
+            deferred, rows delivered urgent, deferred (the same on every trainer: a zero
+            means nobody takes part in that collective).
     """
 
     sync_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
@@ -61,6 +77,17 @@ class TrainerPlan(Plan):
     sync_pos: np.ndarray = field(default_factory=lambda: _EMPTY)
     num_trainers: int = 1
     replicated_sync_rows: int = 0
+    own_pos: np.ndarray = field(default_factory=lambda: _EMPTY)
+    own_urgent: int = 0
+    red_send_pos: np.ndarray = field(default_factory=lambda: _EMPTY)
+    red_send_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
+    red_recv_pos: np.ndarray = field(default_factory=lambda: _EMPTY)
+    red_recv_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
+    dlv_send_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
+    dlv_send_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
+    dlv_recv_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
+    dlv_recv_counts: np.ndarray = field(default_factory=lambda: _EMPTY)
+    exchange_rows: np.ndarray = field(default_factory=lambda: _EMPTY)
 
 
 def slice_batch(batch: Batch, a: int, b: int) -> tuple[Batch, np.ndarray]:

@@ -27,6 +27,7 @@ from bagpipe.data.stream import BatchStream
 from bagpipe.device import Device
 from bagpipe.distributed.layout import Layout
 from bagpipe.distributed.oracle_role import PlanReceiver
+from bagpipe.distributed.row_exchange import OwnerRowUpdate
 from bagpipe.distributed.server import RemoteStore, setup_message
 from bagpipe.distributed.transport import CONTROL, Transport
 from bagpipe.optim.sparse import SparseOptimizer
@@ -76,6 +77,7 @@ class DataParallel:
         self.layout, self.rank, self.t, self.group, self.device = layout, rank, transport, group, device
         self.reports = rank == 0
         self.sync_period = dist.sync_period  # K of --cache-sync periodic:K (0: the exact caches)
+        self.cache_sync = dist.cache_sync
 
     @property
     def backend_name(self) -> str:
@@ -110,7 +112,14 @@ class DataParallel:
         plans = RemotePlans(PlanReceiver(self.t, self.layout.oracle_rank))
         # the cache (and the trainers' memory) as the oracle role planned it
         return cached_backend(
-            plans.receiver.plan, store, plans, self.device, cfg.cache.spec.executor, writes_cached=self.rank == 0
+            plans.receiver.plan,
+            store,
+            plans,
+            self.device,
+            cfg.cache.spec.executor,
+            # the synchronised caches are equal on every trainer: trainer 0 writes them; in the
+            # owner-based exchange each trainer writes the rows it owns (its slot_rows)
+            writes_cached=self.rank == 0 or self.cache_sync == "owner",
         )
 
     def restore_rows(self, ckpt: Checkpoint, backend: RemoteBackend) -> None:
@@ -138,10 +147,14 @@ class DataParallel:
             return None
         return lambda: servers.parts(step)
 
-    def row_update(self, opt: SparseOptimizer, backend: RemoteBackend) -> SyncedRowUpdate | PeriodicRowUpdate:
+    def row_update(
+        self, opt: SparseOptimizer, backend: RemoteBackend
+    ) -> SyncedRowUpdate | PeriodicRowUpdate | OwnerRowUpdate:
         cache = backend.cache
         if self.sync_period:  # cDLRM's periodic averaging (an approximation)
             return PeriodicRowUpdate(opt, cache, self.sync_period, self.layout.trainers, self.group)
+        if self.cache_sync == "owner":
+            return OwnerRowUpdate(opt, cache, self.rank, self.group)
         return SyncedRowUpdate(opt, cache, self.group)
 
     def mean(self, values: list[float]) -> float:
@@ -161,6 +174,7 @@ class DataParallel:
         report = backend.source.receiver.report
         assert report is not None, "the oracle's last message carries its report"
         steps = max(report.plan.get("steps", 0), 1)
+        partitioned = report.partitioned_sync_rows if report.cache_sync == "owner" else report.sync_rows
         return DistributedStats(
             trainers=N,
             servers=self.layout.servers,
@@ -171,7 +185,7 @@ class DataParallel:
             replicated_sync_rows_per_step=report.replicated_sync_rows / steps,
             replicated_sync_bytes_per_step=(report.replicated_sync_rows / steps) * dim * 4 if N > 1 else 0.0,
             # what the exact partitioned cache would all-reduce on these plans (its rows' gradients)
-            partitioned_sync_bytes_per_step=((report.sync_rows / steps) * dim * 4 if N > 1 else 0.0)
+            partitioned_sync_bytes_per_step=((partitioned / steps) * dim * 4 if N > 1 else 0.0)
             if report.cache_sync != "replicated"
             else None,
             fetched_rows_per_trainer=report.fetched_rows,

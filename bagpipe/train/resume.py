@@ -100,7 +100,7 @@ def refused_change(old: dict, new: dict) -> tuple[str, object, object] | None:
     """The first setting (by name) that a run of settings ``old`` may not resume with as
     ``new`` -- (name, old value, new value) -- or None. Every setting outside
     :data:`MAY_CHANGE` must stay; ``cache_sync`` may change between the exact
-    synchronisations (partitioned, replicated) but not to or from ``periodic:K``, cDLRM's
+    synchronisations (partitioned, owner, replicated) but not to or from ``periodic:K``, cDLRM's
     approximation: the resumed run would report as exact a model trained partly
     approximately, or continue an approximate one under another approximation."""
     # the settings that bring others along first (a recipe brings its D and its rate), the

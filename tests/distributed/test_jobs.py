@@ -358,6 +358,19 @@ def test_the_replicated_cache_computes_the_same_and_syncs_every_row(tiny_data, f
     assert_close(params(tmp_path / "rep"), params(full_runs("adagrad")))
 
 
+def test_the_owner_exchange_computes_the_same_and_moves_fewer_rows(tiny_data, full_runs, tmp_path):
+    """--cache-sync owner over 4 trainers (owners, deliveries to trainers that did not use a
+    row, deferred halves, mid-run evaluations that flush every trainer's owned rows): within
+    tolerance of one process, and fewer bytes than the partitioned cache's all-reduce."""
+    s = run_distributed(tiny_data, tmp_path / "own", "adagrad", 4, 1, "--cache-sync", "owner")
+    d = s["distributed"]
+    assert d["cache_sync"] == "owner" and s["exact"] is False  # N >= 2: within tolerance, as every sync
+    assert 0 < d["sync_overlapped_share"] < 1
+    ring = d["partitioned_sync_bytes_per_step"] * 2 * 3 / 4  # a ring all-reduce sends 2 (N - 1) / N of the buffer
+    assert 0 < d["sync_bytes_per_step"] < ring
+    assert_close(params(tmp_path / "own"), params(full_runs("adagrad")))
+
+
 def test_periodic_averaging_every_step_matches_full_with_sgd(tiny_data, full_runs, tmp_path):
     """cDLRM's periodic averaging with K = 1 and SGD: the average of the trainers' copies is
     the exact update, so the job ends within tolerance of full; it is still marked approximate."""

@@ -1,0 +1,317 @@
+"""The owner-based row exchange (``--cache-sync owner``): a global plan split into N
+trainers' plans where each of a step's rows has ONE owning trainer.
+
+The partitioned cache (:mod:`bagpipe.distributed.partition`) keeps every row that stays
+cached, or that several trainers used, equal on every trainer: one ring all-reduce of
+the union of the step's rows, each row crossing the links 2 (N - 1) times, although a
+row has a few users and one next user. Here copies may be stale, and the oracle, which
+knows the next two steps' splits, plans who must hold which row fresh:
+
+* **reduce**: every user of a row that several trainers used this step sends its
+  gradient (already divided by N) to the row's owner, one of its users; the owner sums
+  the contributions in trainer order and applies the row-wise optimizer (a one-user row
+  is updated by its user alone, as before);
+* **deliver**: the trainers that use a cached row at its next step and do not hold it
+  fresh receive its weights and optimizer state from the trainer that does (the owner
+  of its last update, its *writer*).
+
+So after every round a cached row is fresh on its writer and on the trainers of its
+next use; everybody else's copy of that slot is stale and never read: a trainer uses a
+row only at a step where it is a user, and every user either fetched it from its
+server or holds it fresh. The writer writes the row back when it leaves the cache (its
+expiry after its last use, or a forced eviction) and at a checkpoint's or an
+evaluation's flush; a trainer's ``slot_rows`` marks exactly the rows it writes.
+
+Urgency: the rows the next step uses, that expire now, or that are forced out before the
+next step are reduced, updated and delivered before the step ends; the others are
+reduced while the next step computes and updated (and their rows delivered to the
+trainers of the step after) once it has run backward. Deliveries for a step ``t`` come
+in round ``t - 1`` (the row was updated at ``t - 1``) or in round ``t - 2``'s deferred
+half; so the planner holds two plans back, the price of knowing who uses a row next.
+
+The sums are those of one process on the global batch up to float rounding (trainer
+order, as the ring all-reduce's are in its own order), so the exact modes stay exact
+within tolerance; with N = 1 nothing moves and the run is bitwise ``--mode full``'s.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from bagpipe.data.batch import Batch
+from bagpipe.distributed.partition import TrainerPlan, slice_batch
+from bagpipe.errors import BagpipeError, ConfigError
+from bagpipe.oracle.plan import Plan
+from bagpipe.oracle.unique import unique_inverse
+
+_ONE = np.uint64(1)
+
+
+@dataclass
+class _Split:
+    """A global plan and who uses which of its rows."""
+
+    plan: Plan
+    users: np.ndarray  # (U,) uint64: bit i set when trainer i uses the row
+    upos: list[np.ndarray]  # per trainer: positions (ascending) in plan.rows of its rows
+    subs: list[tuple[Batch, np.ndarray]]  # per trainer: its samples and their index into its rows
+
+
+def split_users(plan: Plan, num_trainers: int) -> _Split:
+    """Trainer i's samples ``[i*B/N, (i+1)*B/N)`` of ``plan``'s batch and the rows each uses."""
+    N, B = num_trainers, plan.batch.batch_size
+    if B % N:
+        raise ConfigError(f"the global batch of {B} samples does not split evenly over {N} trainers")
+    b = B // N
+    users = np.zeros(len(plan.rows), dtype=np.uint64)
+    upos, subs = [], []
+    for i in range(N):
+        sub, pos = slice_batch(plan.batch, i * b, (i + 1) * b)
+        mine, inverse = unique_inverse(plan.inverse[pos])  # ascending positions = ascending rows
+        users[mine] |= _ONE << np.uint64(i)
+        upos.append(mine)
+        subs.append((sub, inverse.astype(np.int64, copy=False)))
+    return _Split(plan, users, upos, subs)
+
+
+def _has(mask: np.ndarray, i: int) -> np.ndarray:
+    return ((mask >> np.uint64(i)) & _ONE).astype(bool)
+
+
+def _count(mask: np.ndarray, N: int) -> np.ndarray:
+    return sum((_has(mask, i).astype(np.int64) for i in range(N)), np.zeros(len(mask), dtype=np.int64))
+
+
+def _users_at(rows: np.ndarray, later: _Split | None) -> np.ndarray:
+    """(len(rows),) uint64: who uses each of ``rows`` at ``later``'s step (0: nobody)."""
+    out = np.zeros(len(rows), dtype=np.uint64)
+    if later is None or len(rows) == 0 or len(later.plan.rows) == 0:
+        return out
+    at = np.searchsorted(later.plan.rows, rows)
+    ok = at < len(later.plan.rows)
+    ok[ok] = later.plan.rows[at[ok]] == rows[ok]
+    out[ok] = later.users[at[ok]]
+    return out
+
+
+def pick_owner(candidates: np.ndarray, rows: np.ndarray, N: int) -> np.ndarray:
+    """(U,) the owner of each row: one of its ``candidates`` (a nonzero bitmask), the
+    ``row % count``-th, which spreads the owners (and their traffic) over the trainers."""
+    bits = np.stack([_has(candidates, i) for i in range(N)], axis=1)  # (U, N)
+    count = bits.sum(axis=1)
+    if len(rows) and int(count.min()) == 0:
+        raise BagpipeError("bug: a row of the step has no user")
+    k = rows % np.maximum(count, 1)
+    return np.argmax(np.cumsum(bits, axis=1) > k[:, None], axis=1).astype(np.int64)
+
+
+@dataclass
+class _Deliveries:
+    """Rows of a later step that some of their users do not hold fresh after this round."""
+
+    slots: np.ndarray  # (H,) their slots
+    source: np.ndarray  # (H,) the trainer that sends each (holds it fresh)
+    receivers: np.ndarray  # (H,) uint64 bitmask of the trainers that receive it
+    now: np.ndarray  # (H,) position in this step's rows, -1 for a row not used this step
+
+
+class OwnerPartitioner:
+    """Splits global plans into trainers' plans for the owner-based exchange (see the module).
+
+    Feed it the global plans in step order (:meth:`push`); it returns each step's N plans
+    once it has seen the two steps after it, and the rest at :meth:`finish`. It tracks,
+    per cache slot, which trainers hold the row fresh and which one writes it back.
+    """
+
+    def __init__(self, num_trainers: int):
+        if not 1 <= num_trainers <= 64:
+            raise ConfigError(f"--cache-sync owner supports 1 to 64 trainers, got {num_trainers}")
+        self.N = int(num_trainers)
+        self.holders = np.zeros(0, dtype=np.uint64)  # per slot: who holds its row fresh
+        self.writer = np.zeros(0, dtype=np.int64)  # per slot: who writes its row back (-1: empty)
+        self._window: deque[_Split] = deque()
+        self.partitioned_sync_rows = 0  # what the partitioned cache would all-reduce (for the summary)
+
+    def push(self, plan: Plan) -> list[list[TrainerPlan]]:
+        self._window.append(split_users(plan, self.N))
+        out = []
+        while len(self._window) >= 3:
+            out.append(self._emit(self._window[0], self._window[1], self._window[2]))
+            self._window.popleft()
+        return out
+
+    def finish(self) -> list[list[TrainerPlan]]:
+        out = []
+        while self._window:
+            later: list[_Split | None] = [*list(self._window)[1:], None, None]
+            out.append(self._emit(self._window[0], later[0], later[1]))
+            self._window.popleft()
+        return out
+
+    # ------------------------------------------------------------------ one round
+    def _room(self, slots: np.ndarray) -> None:
+        need = int(slots.max()) + 1 if len(slots) else 0
+        if need > len(self.writer):
+            grow = max(need, 2 * len(self.writer))
+            self.holders = np.concatenate([self.holders, np.zeros(grow - len(self.holders), dtype=np.uint64)])
+            self.writer = np.concatenate([self.writer, np.full(grow - len(self.writer), -1, dtype=np.int64)])
+
+    def _deliveries(
+        self, later: _Split | None, rows: np.ndarray, owner: np.ndarray, skip: _Split | None
+    ) -> _Deliveries:
+        """The rows hit at ``later``'s step (and not used at ``skip``'s) whose users there do
+        not all hold them fresh once this round's rows (``rows``, owned by ``owner``) are updated."""
+        empty = np.zeros(0, dtype=np.int64)
+        if later is None:
+            return _Deliveries(empty, empty, np.zeros(0, dtype=np.uint64), empty)
+        lp = later.plan
+        hit = ~np.isin(lp.rows, lp.fetch_rows)
+        if skip is not None:
+            hit &= _users_at(lp.rows, skip) == 0
+        hrows, hslots, husers = lp.rows[hit], lp.slots[hit], later.users[hit]
+        self._room(hslots)
+        now = np.searchsorted(rows, hrows) if len(rows) else np.zeros(len(hrows), dtype=np.int64)
+        used = now < len(rows)
+        used[used] = rows[now[used]] == hrows[used]
+        now = np.where(used, now, -1)
+        fresh = np.where(used, _ONE << owner[np.maximum(now, 0)].astype(np.uint64), self.holders[hslots])
+        source = np.where(used, owner[np.maximum(now, 0)], self.writer[hslots])
+        receivers = husers & ~fresh
+        moving = receivers != 0
+        if bool((source[moving] < 0).any()):
+            raise BagpipeError(f"bug: step {lp.step} hits a cached row nobody holds")
+        return _Deliveries(hslots[moving], source[moving], receivers[moving], now[moving])
+
+    def _emit(self, cur: _Split, nxt: _Split | None, nxt2: _Split | None) -> list[TrainerPlan]:
+        P, N = cur.plan, self.N
+        rows, slots, U = P.rows, P.slots, len(P.rows)
+        self._room(slots)
+        self._room(P.evict_before_slots)
+        # rows forced out before this step: their writer writes them back, the others free the slot
+        eb_writer = self.writer[P.evict_before_slots]
+        if bool((eb_writer < 0).any()):
+            raise BagpipeError(f"bug: step {P.step} forces out a row nobody holds")
+        self.holders[P.evict_before_slots] = 0
+        self.writer[P.evict_before_slots] = -1
+
+        m = cur.users
+        m1, m2 = _users_at(rows, nxt), _users_at(rows, nxt2)
+        cand = m & m1  # an owner that uses the row next saves a delivery
+        cand = np.where(cand == 0, m & m2, cand)
+        cand = np.where(cand == 0, m, cand)
+        owner = pick_owner(cand, rows, N)
+        expiring = np.zeros(U, dtype=bool)
+        expiring[np.searchsorted(rows, P.evict_after_rows)] = True
+        forced_next = np.isin(rows, nxt.plan.evict_before_rows) if nxt is not None else np.zeros(U, dtype=bool)
+        urgent = (m1 != 0) | expiring | forced_next
+        multi = _count(m, N) > 1
+        self.partitioned_sync_rows += int((multi | ~expiring).sum())
+        writer_before = self.writer[slots].copy()
+
+        d_now = self._deliveries(nxt, rows, owner, None)
+        d_later = self._deliveries(nxt2, rows, owner, nxt)
+        # the new holders: the owner of each row of this step, plus who receives it
+        fresh = _ONE << owner.astype(np.uint64)
+        for d in (d_now, d_later):
+            used = d.now >= 0
+            np.bitwise_or.at(fresh, d.now[used], d.receivers[used])
+            self.holders[d.slots[~used]] |= d.receivers[~used]
+        self.holders[slots] = fresh
+        self.writer[slots] = owner
+        self.holders[slots[expiring]] = 0
+        self.writer[slots[expiring]] = -1
+        totals = np.array(
+            [
+                int((_count(m[multi & urgent], N) - 1).sum()),
+                int((_count(m[multi & ~urgent], N) - 1).sum()),
+                int(_count(d_now.receivers, N).sum()),
+                int(_count(d_later.receivers, N).sum()),
+            ],
+            dtype=np.int64,
+        )
+        missing = np.zeros(U, dtype=bool)
+        missing[np.searchsorted(rows, P.fetch_rows)] = True
+        return [
+            self._trainer_plan(
+                i, cur, owner, multi, urgent, expiring, missing, writer_before, eb_writer, (d_now, d_later), totals
+            )
+            for i in range(N)
+        ]
+
+    def _trainer_plan(self, i, cur, owner, multi, urgent, expiring, missing, writer_before, eb_writer, dl, totals):
+        P, N = cur.plan, self.N
+        upos = cur.upos[i]
+        mine = np.zeros(len(P.rows), dtype=bool)
+        mine[upos] = True
+
+        def at(pos: np.ndarray) -> np.ndarray:  # positions in the step's rows -> in this trainer's rows
+            return np.searchsorted(upos, pos)
+
+        send_pos, send_counts, recv_pos, recv_counts, own = [], [], [], [], []
+        for part in (urgent, ~urgent):
+            out = np.flatnonzero(mine & multi & (owner != i) & part)
+            order = np.argsort(owner[out], kind="stable")  # by owner, ascending rows within
+            send_pos.append(at(out[order]))
+            send_counts.append(np.bincount(owner[out], minlength=N))
+            mine_owned = (owner == i) & part
+            own.append(at(np.flatnonzero(mine_owned)))
+            counts = np.zeros(N, dtype=np.int64)
+            for j in range(N):
+                if j != i:
+                    got = np.flatnonzero(mine_owned & multi & _has(cur.users, j))
+                    recv_pos.append(at(got))
+                    counts[j] = len(got)
+            recv_counts.append(counts)
+        dsend, dsend_counts, drecv, drecv_counts = [], [], [], []
+        for d in dl:
+            sc, rc = np.zeros(N, dtype=np.int64), np.zeros(N, dtype=np.int64)
+            for j in range(N):
+                out = (d.source == i) & _has(d.receivers, j)
+                dsend.append(d.slots[out])
+                sc[j] = int(out.sum())
+                got = (d.source == j) & _has(d.receivers, i)
+                drecv.append(d.slots[got])
+                rc[j] = int(got.sum())
+            dsend_counts.append(sc)
+            drecv_counts.append(rc)
+        sub, inverse = cur.subs[i]
+        owned = owner == i
+        # this trainer's copies that go stale (it used them and does not own them), and rows
+        # it wrote back until now that another trainer owns from here: their slots read as free
+        stale = (mine & ~owned) | ((writer_before == i) & ~owned)
+        fetch = missing & mine
+        ev_mine = expiring & owned
+        fb = eb_writer == i
+        cat = np.concatenate
+        return TrainerPlan(
+            step=P.step,
+            batch=sub,
+            rows=P.rows[upos],
+            slots=P.slots[upos],
+            inverse=inverse,
+            fetch_rows=P.rows[fetch],
+            fetch_slots=P.slots[fetch],
+            evict_before_rows=P.evict_before_rows[fb],
+            evict_before_slots=P.evict_before_slots[fb],
+            evict_after_rows=P.rows[ev_mine],
+            evict_after_slots=P.slots[ev_mine],
+            fetch_after=P.fetch_after,
+            drop_before_slots=P.evict_before_slots[~fb],
+            drop_after_slots=P.slots[stale & ~ev_mine],
+            num_trainers=N,
+            replicated_sync_rows=len(P.rows),
+            own_pos=cat(own),
+            own_urgent=len(own[0]),
+            red_send_pos=cat(send_pos),
+            red_send_counts=cat(send_counts).astype(np.int64),
+            red_recv_pos=cat(recv_pos) if recv_pos else np.zeros(0, dtype=np.int64),
+            red_recv_counts=cat(recv_counts),
+            dlv_send_slots=cat(dsend) if dsend else np.zeros(0, dtype=np.int64),
+            dlv_send_counts=cat(dsend_counts),
+            dlv_recv_slots=cat(drecv) if drecv else np.zeros(0, dtype=np.int64),
+            dlv_recv_counts=cat(drecv_counts),
+            exchange_rows=totals,
+        )
