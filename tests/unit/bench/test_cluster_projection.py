@@ -134,3 +134,33 @@ def test_trainer_0s_parts_sum_to_its_link(tmp_path):
 def test_projection_refusals(settings, message):
     with pytest.raises(ConfigError, match=message):
         ClusterBench(out="unused", **settings)
+
+
+def test_the_owner_exchange_bytes_are_its_plans_counts():
+    """--cache-sync owner: trainer 0's messages are its plan's all-to-all counts (gradients D
+    floats a row, rows D + S), the deferred half's rows counted as waited for."""
+    import numpy as np
+
+    from bagpipe.bench.scenarios.cluster.cost_model import exchange_messages
+    from bagpipe.distributed.partition import TrainerPlan
+
+    N, D, S = 3, 4, 1
+    p = TrainerPlan(
+        step=0,
+        batch=None,  # type: ignore[arg-type]
+        rows=np.zeros(0, np.int64),
+        slots=np.zeros(0, np.int64),
+        inverse=np.zeros(0, np.int64),
+        num_trainers=N,
+        red_send_counts=np.array([0, 2, 0, 0, 0, 5]),  # urgent: 2 gradients to trainer 1; deferred: 5 to trainer 2
+        red_recv_counts=np.array([0, 0, 3, 0, 0, 0]),
+        dlv_send_counts=np.array([0, 0, 0, 0, 1, 0]),  # deferred: 1 row to trainer 1
+        dlv_recv_counts=np.array([0, 4, 0, 0, 0, 0]),
+    )
+    got: dict[str, list] = {}
+    for part, (sent, received) in exchange_messages(p, D, S):
+        got.setdefault(part, [[], []])
+        got[part][0] += sent
+        got[part][1] += received
+    assert got["sync_urgent"] == [[2 * D * 4, 1 * (D + S) * 4], [3 * D * 4, 4 * (D + S) * 4]]
+    assert got["sync_deferred"] == [[5 * D * 4], []]

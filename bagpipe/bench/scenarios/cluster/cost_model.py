@@ -12,7 +12,10 @@ frames it (a :data:`~bagpipe.distributed.transport.HEADER_BYTES` header, the bod
 * trainer -> server k: the read request (row ids), write-backs (ids, weights, optimizer
   state), one ``mark`` a step; server k -> trainer: the rows read (D + S floats a row);
 * between trainers (N > 1): the synchronised rows' gradients (K x D floats) and DDP's
-  dense gradients, each all-reduced in a ring: 2 (N - 1) / N of the buffer each way.
+  dense gradients, each all-reduced in a ring: 2 (N - 1) / N of the buffer each way;
+  with ``--cache-sync owner`` instead of the row all-reduce, each trainer's part of the
+  plan's all-to-alls: gradients (D floats a row) to the rows' owners and rows (D + S
+  floats) to their next users, one message per peer with rows to move.
 
 Each gloo message carries a 48-byte preamble; TCP cuts it into segments of at most
 :data:`MSS` bytes of payload, each a frame with :data:`FRAME_HEADERS` bytes of
@@ -54,8 +57,8 @@ from bagpipe.cache.setup import LocalPlans
 from bagpipe.config.train import TrainConfig
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.distributed.layout import Layout
-from bagpipe.distributed.oracle_role import oracle_cache
-from bagpipe.distributed.partition import partition
+from bagpipe.distributed.oracle_report import OracleReport
+from bagpipe.distributed.oracle_role import oracle_cache, trainer_plans
 from bagpipe.distributed.transport import HEADER_BYTES, INLINE_BYTES
 from bagpipe.distributed.wire import PLAN, REPLY, REQUEST, encode
 from bagpipe.optim.names import row_state_dim
@@ -176,11 +179,12 @@ def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffi
         return len(encode(REQUEST, body)) + extra
 
     pipelined = cfg.cache.spec.pipelined
-    for gplan in planner.plans(stream, 0, cfg.run.steps):
-        if gplan.step < warmup:
+    for split in trainer_plans(planner.plans(stream, 0, cfg.run.steps), N, cfg.dist.cache_sync, OracleReport()):
+        step = split[0].step
+        if step < warmup:
             continue
-        last = gplan.step == cfg.run.steps - 1
-        for t, p in enumerate(partition(gplan, N)):
+        last = step == cfg.run.steps - 1
+        for t, p in enumerate(split):
             tl, ol = links[names[t]], links["oracle"]
             emb = parts["embedding"] if t == 0 else None
             body = len(encode(PLAN, p))
@@ -210,8 +214,16 @@ def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffi
                         written += len(mine) / N / measured
                 both(tl, emb, True, 0)  # the step's mark
                 message(sl.down, 0)
+            if N > 1 and cfg.dist.cache_sync == "owner":
+                for part, counts in exchange_messages(p, D, state):
+                    for d, sizes in ((tl.up, counts[0]), (tl.down, counts[1])):
+                        for nbytes in sizes:
+                            d.add(nbytes)
+                            if t == 0:
+                                (parts[part].up if d is tl.up else parts[part].down).add(nbytes)
             if N > 1:  # ring all-reduces: 2 (N - 1) messages of 1/N of each buffer each way
-                K, K1 = len(p.sync_slots), min(p.sync_urgent, len(p.sync_slots))
+                owner = cfg.dist.cache_sync == "owner"
+                K, K1 = (0, 0) if owner else (len(p.sync_slots), min(p.sync_urgent, len(p.sync_slots)))
                 for part, buffer in (
                     ("sync_urgent", K1 * D * 4),
                     ("sync_deferred", (K - K1) * D * 4),
@@ -226,6 +238,28 @@ def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffi
             d.payload /= measured
             d.segments /= measured
     return PlanTraffic(links, end, fetched, written, plan_bytes, parts)
+
+
+def exchange_messages(p, D: int, state: int) -> list[tuple[str, tuple[list[int], list[int]]]]:
+    """A trainer's messages of ``--cache-sync owner``'s all-to-alls in plan ``p``: per part,
+    the sizes of what it sends and receives, one message per peer with rows to move
+    (gradients: D floats a row; rows: D + S). What the trainer waits for is
+    ``sync_urgent``: the urgent half, and the deferred half's rows (delivered after the
+    next step's backward, before the step after it); only the deferred half's gradients
+    travel while the next step computes (``sync_deferred``)."""
+    N = p.num_trainers
+    out = []
+    for half, grads, rows in ((0, "sync_urgent", "sync_urgent"), (1, "sync_deferred", "sync_urgent")):
+        for part, width, send, recv in (
+            (grads, D, p.red_send_counts, p.red_recv_counts),
+            (rows, D + state, p.dlv_send_counts, p.dlv_recv_counts),
+        ):
+            sizes = tuple(
+                [int(n) * width * 4 for n in counts[half * N : (half + 1) * N] if n] if len(counts) else []
+                for counts in (send, recv)
+            )
+            out.append((part, sizes))
+    return out
 
 
 def predict_step_ms(

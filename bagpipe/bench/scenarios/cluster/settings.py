@@ -75,6 +75,10 @@ class ClusterBench(CachePoint, Throughput):
     """Modes across the network: a comma-separated subset of nocache,lru,lookahead (full always runs, on one process)."""
     large_lookahead: int = 60
     """A second, larger L for lookahead (0: only --lookahead)."""
+    cache_sync: str = "partitioned"
+    """How every job's trainers synchronise their cached rows (bagpipe train --cache-sync):
+    partitioned (a ring all-reduce of the step's shared and staying rows) or owner (each
+    row summed by one owner and sent to its next users)."""
     embedding_dim: int = 48
     """D (the paper's Criteo Kaggle runs: 48)."""
     probe_s: float = 1.0
@@ -124,6 +128,7 @@ class ClusterBench(CachePoint, Throughput):
             f"must be 0 or larger than --lookahead ({self.lookahead})",
         )
         self.check("threads", self.threads in (0, 1), "must be 1 (or 0): every role runs one thread")
+        self.check("cache_sync", self.cache_sync in ("partitioned", "owner"), "must be partitioned or owner")
         self.check("embedding_dim", self.embedding_dim >= 1, "must be >= 1")
         self.check("probe_s", self.probe_s > 0, "must be > 0")
         self.check("dilation", self.dilation >= 0, "must be >= 0 (0: real compute at --rates)")
@@ -192,6 +197,7 @@ def job_config(b: ClusterBench, data: Path, run_dir: Path, n: int, mode: str, L:
                 lookahead=L,
                 trainers=n,
                 servers=b.servers,
+                cache_sync=b.cache_sync,
             )
         ),
         **({"emulate_compute": emulated} if emulated else {}),
