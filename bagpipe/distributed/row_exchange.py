@@ -82,38 +82,11 @@ class OwnerRowUpdate:
     def _all_to_all(
         self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], width: int, async_op=False
     ):
-        """Move block j of ``send`` to trainer j and block j of the result from trainer j
-        (an ``all_to_all_single`` of uneven blocks), as point-to-point messages skipped
-        where a block is empty (both ends know its size from the plan).
-
-        Waited for (``async_op`` False): in N - 1 rounds, round r sending to rank + r and
-        receiving from rank - r, so every link carries one stream each way at a time; all
-        at once, N - 1 senders into one receiver overflow its queue (in ``bench cluster``'s
-        shaped links the retransmissions showed as 12% more bytes sent than the model's).
-        In the background (``async_op``): every message posted at once; (result, works)."""
-        N, me = len(send_counts), self.rank
-        send = send.to(self.comm_device)
         recv = torch.empty(sum(recv_counts), width, dtype=send.dtype, device=self.comm_device)
-        s_at = np.concatenate([[0], np.cumsum(send_counts)]).astype(np.int64)
-        r_at = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
-        peer = [dist.get_global_rank(self.group, j) for j in range(N)]
-        rounds = []
-        for r in range(1, N):
-            to, frm = (me + r) % N, (me - r) % N
-            ops = []
-            if send_counts[to]:
-                ops.append(dist.P2POp(dist.isend, send[s_at[to] : s_at[to + 1]], peer[to], self.group))
-            if recv_counts[frm]:
-                ops.append(dist.P2POp(dist.irecv, recv[r_at[frm] : r_at[frm + 1]], peer[frm], self.group))
-            rounds.append(ops)
-        if async_op:
-            ops = [op for ops in rounds for op in ops]
-            return recv, (dist.batch_isend_irecv(ops) if ops else [])
-        for ops in rounds:
-            if ops:
-                for work in dist.batch_isend_irecv(ops):
-                    work.wait()
-        return recv, None
+        work = dist.all_to_all_single(
+            recv, send.to(self.comm_device), recv_counts, send_counts, group=self.group, async_op=async_op
+        )
+        return recv, work
 
     def _reduce(self, plan: TrainerPlan, half: int, grad: torch.Tensor, async_op: bool):
         """Send the half's gradients to their owners; (received gradients or None, work or None)."""
@@ -205,8 +178,8 @@ class OwnerRowUpdate:
             return
         t0 = time.perf_counter()
         keep, self.sent = self.sent, 0
-        for work in d.work or ():
-            work.wait()
+        if d.work is not None:
+            d.work.wait()
         self._sum_and_update(d.plan, 1, d.grad, d.slots_u, d.recv)
         self._deliver(d.plan, 1)
         if self.bytes_sent:
