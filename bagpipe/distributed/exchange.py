@@ -234,14 +234,13 @@ class OwnerPartitioner:
         )
         missing = np.zeros(U, dtype=bool)
         missing[np.searchsorted(rows, P.fetch_rows)] = True
+        lists = _exchange_lists(cur.users, owner, multi, urgent, (d_now, d_later), N)
         return [
-            self._trainer_plan(
-                i, cur, owner, multi, urgent, expiring, missing, writer_before, eb_writer, (d_now, d_later), totals
-            )
+            self._trainer_plan(i, cur, owner, expiring, missing, writer_before, eb_writer, lists, totals)
             for i in range(N)
         ]
 
-    def _trainer_plan(self, i, cur, owner, multi, urgent, expiring, missing, writer_before, eb_writer, dl, totals):
+    def _trainer_plan(self, i, cur, owner, expiring, missing, writer_before, eb_writer, lists, totals):
         P, N = cur.plan, self.N
         upos = cur.upos[i]
         mine = np.zeros(len(P.rows), dtype=bool)
@@ -250,33 +249,7 @@ class OwnerPartitioner:
         def at(pos: np.ndarray) -> np.ndarray:  # positions in the step's rows -> in this trainer's rows
             return np.searchsorted(upos, pos)
 
-        send_pos, send_counts, recv_pos, recv_counts, own = [], [], [], [], []
-        for part in (urgent, ~urgent):
-            out = np.flatnonzero(mine & multi & (owner != i) & part)
-            order = np.argsort(owner[out], kind="stable")  # by owner, ascending rows within
-            send_pos.append(at(out[order]))
-            send_counts.append(np.bincount(owner[out], minlength=N))
-            mine_owned = (owner == i) & part
-            own.append(at(np.flatnonzero(mine_owned)))
-            counts = np.zeros(N, dtype=np.int64)
-            for j in range(N):
-                if j != i:
-                    got = np.flatnonzero(mine_owned & multi & _has(cur.users, j))
-                    recv_pos.append(at(got))
-                    counts[j] = len(got)
-            recv_counts.append(counts)
-        dsend, dsend_counts, drecv, drecv_counts = [], [], [], []
-        for d in dl:
-            sc, rc = np.zeros(N, dtype=np.int64), np.zeros(N, dtype=np.int64)
-            for j in range(N):
-                out = (d.source == i) & _has(d.receivers, j)
-                dsend.append(d.slots[out])
-                sc[j] = int(out.sum())
-                got = (d.source == j) & _has(d.receivers, i)
-                drecv.append(d.slots[got])
-                rc[j] = int(got.sum())
-            dsend_counts.append(sc)
-            drecv_counts.append(rc)
+        red_send, red_recv, own, dlv_send, dlv_recv = (lst.of(i) for lst in lists)
         sub, inverse = cur.subs[i]
         owned = owner == i
         # this trainer's copies that go stale (it used them and does not own them), and rows
@@ -285,7 +258,6 @@ class OwnerPartitioner:
         fetch = missing & mine
         ev_mine = expiring & owned
         fb = eb_writer == i
-        cat = np.concatenate
         return TrainerPlan(
             step=P.step,
             batch=sub,
@@ -303,15 +275,64 @@ class OwnerPartitioner:
             drop_after_slots=P.slots[stale & ~ev_mine],
             num_trainers=N,
             replicated_sync_rows=len(P.rows),
-            own_pos=cat(own),
-            own_urgent=len(own[0]),
-            red_send_pos=cat(send_pos),
-            red_send_counts=cat(send_counts).astype(np.int64),
-            red_recv_pos=cat(recv_pos) if recv_pos else np.zeros(0, dtype=np.int64),
-            red_recv_counts=cat(recv_counts),
-            dlv_send_slots=cat(dsend) if dsend else np.zeros(0, dtype=np.int64),
-            dlv_send_counts=cat(dsend_counts),
-            dlv_recv_slots=cat(drecv) if drecv else np.zeros(0, dtype=np.int64),
-            dlv_recv_counts=cat(drecv_counts),
+            own_pos=at(own[0]),
+            own_urgent=int(own[1][:N].sum()),
+            red_send_pos=at(red_send[0]),
+            red_send_counts=red_send[1],
+            red_recv_pos=at(red_recv[0]),
+            red_recv_counts=red_recv[1],
+            dlv_send_slots=dlv_send[0],
+            dlv_send_counts=dlv_send[1],
+            dlv_recv_slots=dlv_recv[0],
+            dlv_recv_counts=dlv_recv[1],
             exchange_rows=totals,
         )
+
+
+@dataclass
+class _PerTrainer:
+    """Items grouped by trainer (sorted by it), each with its (half, peer) key in 0..2N."""
+
+    trainer: np.ndarray  # (K,) sorted
+    values: np.ndarray  # (K,)
+    key: np.ndarray  # (K,) half * N + peer
+    N: int
+
+    def of(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Trainer ``i``'s values (in order) and its (2N,) counts per (half, peer)."""
+        a, b = np.searchsorted(self.trainer, [i, i + 1])
+        return self.values[a:b], np.bincount(self.key[a:b], minlength=2 * self.N).astype(np.int64)
+
+
+def _grouped(trainer, half, peer, order_last, values, N) -> _PerTrainer:
+    """Sort items by (trainer, half, peer, ``order_last``): the order both ends of a message list their rows in."""
+    span = int(order_last.max()) + 1 if len(order_last) else 1
+    o = np.argsort(((trainer * 2 + half) * N + peer) * span + order_last)  # one int64 key: a single sort
+    return _PerTrainer(trainer[o], values[o], half[o] * N + peer[o], N)
+
+
+def _exchange_lists(users, owner, multi, urgent, deliveries, N) -> list[_PerTrainer]:
+    """Every trainer's lists of one round at once (time O(pairs log pairs), not O(N^2 U)):
+    gradients sent (by sender: half, owner, row), received (by owner: half, sender, row),
+    rows owned (by owner: half, row; ``peer`` 0), rows delivered sent (by source: part,
+    receiver, row) and received (by receiver: part, source, row)."""
+    U = len(owner)
+    bits = np.stack([_has(users, j) for j in range(N)], axis=1) if U else np.zeros((0, N), dtype=bool)
+    row, user = np.nonzero(bits & multi[:, None])
+    keep = user != owner[row]
+    row, user = row[keep], user[keep]
+    half = (~urgent[row]).astype(np.int64)
+    dest = owner[row]
+    red_send = _grouped(user, half, dest, row, row, N)
+    red_recv = _grouped(dest, half, user, row, row, N)
+    all_rows = np.arange(U, dtype=np.int64)
+    own = _grouped(owner, (~urgent).astype(np.int64), np.zeros(U, dtype=np.int64), all_rows, all_rows, N)
+    parts = []
+    for part, d in enumerate(deliveries):
+        dbits = np.stack([_has(d.receivers, j) for j in range(N)], axis=1) if len(d.slots) else np.zeros((0, N), bool)
+        h, to = np.nonzero(dbits)
+        parts.append((np.full(len(h), part, dtype=np.int64), h, to, d.source[h], d.slots[h]))
+    p, h, to, src, slot = (np.concatenate(x) for x in zip(*parts))
+    dlv_send = _grouped(src, p, to, h, slot, N)
+    dlv_recv = _grouped(to, p, src, h, slot, N)
+    return [red_send, red_recv, own, dlv_send, dlv_recv]

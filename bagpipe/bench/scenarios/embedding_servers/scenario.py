@@ -10,7 +10,9 @@ through the local launcher, every role a process on loopback):
 * ``2 trainers + 2 servers, partitioned`` and ``..., replicated``: data-parallel
   training with the partitioned cache (rows one trainer uses and then drops are not
   synchronised) and with a fully replicated one (every planned row synchronised);
-  the bytes each trainer all-reduces per iteration are the point.
+  the bytes each trainer all-reduces per iteration are the point; ``..., owner
+  exchange`` (``--cache-sync owner``): the bytes trainer 0 sends to the rows' owners
+  and next users instead.
 
 All roles share this machine's cores, so the distributed throughputs measure overheads
 on one box, not scaling.
@@ -42,6 +44,7 @@ CONFIGS = {
     "1x2": ("1 trainer + 2 servers", 1, 2, "partitioned"),
     "2x2-partitioned": ("2 trainers + 2 servers, partitioned cache", 2, 2, "partitioned"),
     "2x2-replicated": ("2 trainers + 2 servers, replicated cache", 2, 2, "replicated"),
+    "2x2-owner": ("2 trainers + 2 servers, owner exchange", 2, 2, "owner"),
 }
 
 
@@ -56,7 +59,7 @@ class DistributedBench(CachePoint, Throughput):
     QUICK = dict(scale=0.01, batch_size=256, recipe="debug", steps=12, warmup=2, reps=1, lookahead=4)
 
     modes: tuple[str, ...] = tuple(CONFIGS)
-    """Configurations to run: a comma-separated subset of in-process,1x2,2x2-partitioned,2x2-replicated."""
+    """Configurations to run: a comma-separated subset of in-process,1x2,2x2-partitioned,2x2-replicated,2x2-owner."""
 
     def validate(self) -> None:
         super().validate()
