@@ -105,6 +105,10 @@ class TrainConfig:
             "--skip-stale runs on --device cpu: its snapshots of the hot rows are not built for a GPU",
         )
         need(
+            d.cache_sync != "owner" or d.trainers <= 64,
+            f"--cache-sync owner supports up to 64 trainers (a row's users are a 64-bit mask), got --trainers {d.trainers}",
+        )
+        need(
             d.cache_sync != "owner" or not self.hot.on,
             "--cache-sync owner does not plan a hot tier's rows yet (every trainer holds them from the start): "
             "use --cache-sync partitioned with --hot-budget-mb / --hot-rows",

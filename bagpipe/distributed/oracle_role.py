@@ -92,7 +92,8 @@ def trainer_plans(plans: Iterator[Plan], N: int, cache_sync: str, report: Oracle
             p = parts[0]
             if owner is not None:
                 report.sync_rows += int(p.exchange_rows.sum())
-                report.sync_urgent_rows += int(p.exchange_rows[0] + p.exchange_rows[2])
+                # waited for: the urgent half and the deferred half's rows (delivered after the next backward)
+                report.sync_urgent_rows += int(p.exchange_rows[0] + p.exchange_rows[2] + p.exchange_rows[3])
             else:
                 report.sync_rows += len(p.sync_slots)
                 report.sync_urgent_rows += p.sync_urgent

@@ -222,11 +222,11 @@ class DistributedStats:
     cache_sync: str
     """partitioned, owner, replicated or periodic:K (--cache-sync)."""
     sync_bytes_per_step: float
-    """Bytes of embedding gradients (or rows, periodically) trainer 0 all-reduced per step; with --cache-sync owner the bytes it sent (gradients to owners, rows to their next users)."""
+    """Bytes of embedding gradients (or rows, periodically) trainer 0 all-reduced per step (the buffer; a ring sends 2 (N - 1) / N of it); with --cache-sync owner the bytes it sent (gradients to owners, rows to their next users)."""
     sync_rows_per_step: float
     """Rows synchronised per step; with --cache-sync owner the row transfers between trainers (gradients and rows, all trainers together)."""
     sync_overlapped_share: float
-    """Share of the synchronised rows (owner: of the transfers) that overlapped the next step's compute."""
+    """Share of the synchronised rows (owner: of the transfers; the deferred half's rows count as waited for) that overlapped the next step's compute."""
     replicated_sync_rows_per_step: float
     """Rows a replicated cache would synchronise per step on the same plans."""
     replicated_sync_bytes_per_step: float

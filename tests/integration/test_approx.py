@@ -103,7 +103,15 @@ REFUSED = {
     ),
     "periodic-syntax": (
         ["--mode", "lookahead", "--trainers", "2", "--servers", "1", "--cache-sync", "periodic:0"],
-        "--cache-sync must be partitioned, replicated or periodic:K with K >= 1 steps, got 'periodic:0'",
+        "--cache-sync must be partitioned, owner, replicated or periodic:K with K >= 1 steps, got 'periodic:0'",
+    ),
+    "owner-hot-tier": (
+        ["--mode", "lookahead", "--trainers", "2", "--servers", "1", "--cache-sync", "owner", "--hot-budget-mb", "0.1"],
+        "--cache-sync owner does not plan a hot tier's rows yet",
+    ),
+    "owner-too-many": (
+        ["--mode", "lookahead", "--trainers", "128", "--servers", "1", "--cache-sync", "owner", "--batch-size", "128"],
+        "--cache-sync owner supports up to 64 trainers (a row's users are a 64-bit mask), got --trainers 128",
     ),
 }
 
