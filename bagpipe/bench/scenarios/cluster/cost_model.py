@@ -254,11 +254,11 @@ def exchange_messages(p, D: int, state: int) -> list[tuple[str, tuple[list[int],
             (grads, D, p.red_send_counts, p.red_recv_counts),
             (rows, D + state, p.dlv_send_counts, p.dlv_recv_counts),
         ):
-            sizes = tuple(
+            sent, got = (
                 [int(n) * width * 4 for n in counts[half * N : (half + 1) * N] if n] if len(counts) else []
                 for counts in (send, recv)
             )
-            out.append((part, sizes))
+            out.append((part, (sent, got)))
     return out
 
 
