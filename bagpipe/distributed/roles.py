@@ -356,7 +356,19 @@ def serve(
                 "estimate_mb": round(est.mib, 1),
                 "estimate_parts_mb": est.as_dict()["parts_mb"],
             }
-            report = EmbeddingServer(store, transport, layout.trainer_ranks, memory).serve()
+            server = EmbeddingServer(store, transport, layout.trainer_ranks, memory)
+            try:
+                report = server.serve()
+            except BagpipeError as e:
+                if server.receiving():
+                    # a reader is inside a gloo receive from a client that is still alive:
+                    # leaving the process group (or the interpreter's teardown) under it
+                    # aborts the process, so this role says its line and ends at once
+                    store.close()
+                    report_error(e)
+                    sys.stdout.flush()
+                    os._exit(2)
+                raise
         finally:
             store.close()
         log.info(

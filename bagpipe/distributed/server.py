@@ -19,6 +19,7 @@ Ordering, which exactness rests on:
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -99,6 +100,7 @@ class EmbeddingServer:
         self._checkpoints: dict[int, dict] = {}  # step -> the clients arrived, rank 0's request, the result
         self._part_writer: threading.Thread | None = None  # writes the last cut's part in the background
         self.report = ServerReport()
+        self._readers: list[threading.Thread] = []
 
     def serve(self) -> ServerReport:
         self._rss = RssSampler()
@@ -109,6 +111,9 @@ class EmbeddingServer:
             th.start()
         for th in threads:
             th.join()
+        if self._failure is None:  # every client said goodbye: its reader ended there
+            for th in self._readers:
+                th.join()
         if self._part_writer is not None:
             self._part_writer.join()
         self._rss.stop()
@@ -120,10 +125,20 @@ class EmbeddingServer:
         return self.report
 
     def _client_loop(self, client: int) -> None:
+        """Serve ``client``'s requests in arrival order. A reader thread takes them off the
+        wire as they come, so a client that dies is noticed even while one of its requests
+        is held (a read waiting for the other clients' marks): otherwise two trainers that
+        died with reads held for each other's marks left the server waiting forever."""
         counts = self.report.requests
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        reader = threading.Thread(target=self._read_loop, args=(client, inbox), name=f"recv-{client}", daemon=True)
+        self._readers.append(reader)
+        reader.start()
         try:
             while True:
-                msg = self.t.recv(client, REQUEST)
+                msg = inbox.get()
+                if isinstance(msg, BaseException):
+                    raise msg
                 op = msg["op"]
                 counts[op] = counts.get(op, 0) + 1
                 if op == "bye":
@@ -136,6 +151,27 @@ class EmbeddingServer:
                 if self._failure is None:
                     self._failure = (client, e)
                 self._cond.notify_all()
+
+    def _read_loop(self, client: int, inbox: queue.SimpleQueue) -> None:
+        """Take ``client``'s requests off the wire until its ``bye``; a failure (the client
+        gone) is queued after what arrived and wakes every held request at once."""
+        try:
+            while True:
+                msg = self.t.recv(client, REQUEST)
+                inbox.put(msg)
+                if msg["op"] == "bye":
+                    return
+        except BaseException as e:  # noqa: BLE001 - reported by serve()
+            inbox.put(e)
+            with self._cond:
+                if self._failure is None:
+                    self._failure = (client, e)
+                self._cond.notify_all()
+
+    def receiving(self) -> bool:
+        """Whether a reader is still inside a receive (after a failure: a client that is
+        alive and silent). Tearing the process group down under it aborts the process."""
+        return any(th.is_alive() for th in self._readers)
 
     def _checkpoint(self, client: int, msg: dict) -> dict:
         """One trainer's part of a checkpoint's cut: when every trainer has asked (so every

@@ -7,7 +7,8 @@ directly: threads and an in-memory network, no processes.
 visible to client 0's read); a client's requests are served in order; ``bye`` from
 every client ends ``serve()``; a client that disappears or sends a bad request makes
 ``serve()`` raise a :class:`BagpipeError` naming it, and a read waiting on its marks
-fails instead of hanging; rows route to server g % S at local row g // S (S = 1, 2,
+fails instead of hanging, also when every client dies with reads held for each
+other's marks; rows route to server g % S at local row g // S (S = 1, 2,
 3), reads and ``read_range`` reassemble in the caller's order, and after
 ``finish_writes`` untracked reads wait for every client's last write-back.
 
@@ -109,6 +110,22 @@ def test_a_client_that_disappears_stops_serve_and_the_reads_waiting_for_it(clust
     # the held read was refused and its server exited: trainer 0 learns it instead of waiting forever
     with pytest.raises(PeerLost, match=r"^trainer 0 lost contact with server 0 while receiving from it"):
         reading.result()
+
+
+def test_clients_that_die_with_reads_held_for_each_other_stop_serve(clusters, init):
+    """Both trainers die while each has a read held for the other's mark: every server
+    notices (a reader keeps taking requests off the wire while one is held) and stops,
+    instead of waiting for marks that never come."""
+    cl = clusters(init)
+    c0, c1 = cl.clients
+    Background(lambda: c0.read(np.array([0, 1]), after=0), "trainer 0 read")  # held: nobody marked 0
+    Background(lambda: c1.read(np.array([2, 3]), after=1), "trainer 1 read")  # held: nobody marked 1
+    assert wait_until(lambda: cl.requests("read") == [2, 2])
+    cl.net.kill(0)
+    cl.net.kill(1)
+    for b in cl.serving:
+        with pytest.raises(PeerLost, match=r"^server [01] lost contact with trainer [01] while receiving from it"):
+            b.result()
 
 
 def test_a_bad_request_fails_serve_naming_the_client(clusters, init):
