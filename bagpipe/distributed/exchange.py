@@ -207,7 +207,8 @@ class OwnerPartitioner:
         expiring[np.searchsorted(rows, P.evict_after_rows)] = True
         forced_next = np.isin(rows, nxt.plan.evict_before_rows) if nxt is not None else np.zeros(U, dtype=bool)
         urgent = (m1 != 0) | expiring | forced_next
-        multi = _count(m, N) > 1
+        users = _count(m, N)
+        multi = users > 1
         self.partitioned_sync_rows += int((multi | ~expiring).sum())
         writer_before = self.writer[slots].copy()
 
@@ -225,8 +226,8 @@ class OwnerPartitioner:
         self.writer[slots[expiring]] = -1
         totals = np.array(
             [
-                int((_count(m[multi & urgent], N) - 1).sum()),
-                int((_count(m[multi & ~urgent], N) - 1).sum()),
+                int((users[multi & urgent] - 1).sum()),
+                int((users[multi & ~urgent] - 1).sum()),
                 int(_count(d_now.receivers, N).sum()),
                 int(_count(d_later.receivers, N).sum()),
             ],

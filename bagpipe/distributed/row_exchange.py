@@ -75,8 +75,8 @@ class OwnerRowUpdate:
         self.comm_device = torch.device("cpu") if gloo else cache.device
         self.pending: _Deferred | None = None
         self.sync_wait_s = 0.0  # completing deferred halves
-        self.sent = 0  # bytes sent by the half running now
-        self.bytes_sent: list[int] = []  # per step, what this trainer sent (gradients and rows)
+        # per step, what this trainer sent (gradients and rows; a deferred half counts with its step)
+        self.bytes_sent: list[int] = []
 
     # ----------------------------------------------------------------- collectives
     def _all_to_all(
@@ -96,7 +96,7 @@ class OwnerRowUpdate:
         pos, send_counts = _half(plan.red_send_pos, plan.red_send_counts, half, N)
         _, recv_counts = _half(plan.red_recv_pos, plan.red_recv_counts, half, N)
         send = grad.index_select(0, self.cache.index(pos))
-        self.sent += send.numel() * send.element_size()
+        self.bytes_sent[-1] += send.numel() * send.element_size()
         return self._all_to_all(send, send_counts, recv_counts, grad.shape[1], async_op)
 
     def _sum_and_update(self, plan: TrainerPlan, half: int, grad, slots_u, recv: torch.Tensor | None) -> None:
@@ -138,7 +138,7 @@ class OwnerRowUpdate:
         into, recv_counts = _half(plan.dlv_recv_slots, plan.dlv_recv_counts, half, N)
         idx = self.cache.index(slots)
         send = torch.cat([self.cache.weights.index_select(0, idx), self.cache.state.index_select(0, idx)], dim=1)
-        self.sent += send.numel() * send.element_size()
+        self.bytes_sent[-1] += send.numel() * send.element_size()
         recv, _ = self._all_to_all(send, send_counts, recv_counts, send.shape[1])
         if len(into):
             recv = recv.to(self.cache.device)
@@ -152,7 +152,7 @@ class OwnerRowUpdate:
     def apply(self, inp, rows_u: torch.Tensor, grad_u: torch.Tensor) -> None:
         plan: TrainerPlan = inp.plan
         self.finish()  # the previous round's deferred half has overlapped this step's compute
-        self.sent = 0
+        self.bytes_sent.append(0)
         N = plan.num_trainers
         grad = grad_u / N if N > 1 else grad_u
         recv, work = self._reduce(plan, 0, grad, async_op=False)
@@ -161,7 +161,6 @@ class OwnerRowUpdate:
         recv, work = self._reduce(plan, 1, grad, async_op=True)
         if work is not None or len(plan.own_pos) > plan.own_urgent or int(plan.exchange_rows[3]):
             self.pending = _Deferred(plan, grad, inp.index, work, recv)
-        self.bytes_sent.append(self.sent)
 
     def before_evict(self, plan) -> None:
         if self.pending is not None and (
@@ -177,14 +176,10 @@ class OwnerRowUpdate:
         if d is None:
             return
         t0 = time.perf_counter()
-        keep, self.sent = self.sent, 0
         if d.work is not None:
             d.work.wait()
         self._sum_and_update(d.plan, 1, d.grad, d.slots_u, d.recv)
         self._deliver(d.plan, 1)
-        if self.bytes_sent:
-            self.bytes_sent[-1] += self.sent  # the deferred half's rows, counted with their step
-        self.sent = keep
         self.sync_wait_s += time.perf_counter() - t0
 
     def phase_seconds(self) -> dict:
