@@ -26,6 +26,7 @@ Store = Literal["memory", "disk"]
 DeviceName = Literal["cpu", "cuda", "cpu-async"]  # the keys of bagpipe.device.DEVICES
 MAX_DIM = 1 << 16  # D beyond this is a typo, not a model (a row of 256 KiB)
 MAX_THREADS = 4096
+MAX_DDP_BUCKET_MB = 1024.0  # a bucket beyond 1 GiB is a typo (DDP buffers every bucket twice)
 
 
 @dataclass(kw_only=True)
@@ -343,6 +344,12 @@ class DistConfig(Section):
     cache (docs/approximations.md)."""
     plans_in_flight: int = 4
     """Plans the oracle may send a trainer ahead of what it has taken (back-pressure)."""
+    ddp_bucket_mb: float = 0.0
+    """MiB of dense gradients the trainers all-reduce at a time (DDP's bucket_cap_mb; 0:
+    torch's default, a first bucket of 1 MiB and then 25 MiB). A bucket is all-reduced while
+    the rest of the backward runs, so smaller buckets hide more of the dense sync behind
+    the backward (the DLRM Kaggle recipe's ~2 MB in 0.25 MiB buckets: all but the last),
+    at one message more per bucket."""
     rendezvous_timeout: float = 300.0
     """Seconds a role waits for the job's other processes to start before it gives up."""
     max_restarts: int = 0
@@ -361,6 +368,10 @@ class DistConfig(Section):
         need(self.servers >= 0, f"servers must be >= 0, got {self.servers}")
         need(self.plans_in_flight >= 1, f"plans in flight must be >= 1, got {self.plans_in_flight}")
         need(self.max_restarts >= 0, f"max restarts must be >= 0, got {self.max_restarts}")
+        need(
+            finite(self.ddp_bucket_mb) and 0 <= self.ddp_bucket_mb <= MAX_DDP_BUCKET_MB,
+            f"--ddp-bucket-mb must be MiB in [0, {MAX_DDP_BUCKET_MB:g}] (0: torch's default), got {self.ddp_bucket_mb}",
+        )
         need(
             finite(self.rendezvous_timeout) and self.rendezvous_timeout > 0,
             f"rendezvous timeout must be a number of seconds > 0, got {self.rendezvous_timeout}",

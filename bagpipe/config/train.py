@@ -204,6 +204,7 @@ DISK_SETTINGS = ("store_dir", "init_from_store", "store_layout")
 DIST_SETTINGS = (
     "cache_sync",
     "plans_in_flight",
+    "ddp_bucket_mb",
     "rendezvous_timeout",
     "max_restarts",
     "spares",

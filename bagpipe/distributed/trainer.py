@@ -78,6 +78,7 @@ class DataParallel:
         self.reports = rank == 0
         self.sync_period = dist.sync_period  # K of --cache-sync periodic:K (0: the exact caches)
         self.cache_sync = dist.cache_sync
+        self.bucket_mb = dist.ddp_bucket_mb  # 0: DDP's default buckets
 
     @property
     def backend_name(self) -> str:
@@ -91,7 +92,8 @@ class DataParallel:
 
         dev = self.device.torch
         ids = [dev] if dev.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids, process_group=self.group)
+        buckets = {"bucket_cap_mb": self.bucket_mb} if self.bucket_mb > 0 else {}
+        return DistributedDataParallel(model, device_ids=ids, process_group=self.group, **buckets)
 
     def backend(
         self,

@@ -69,6 +69,7 @@ MAY_CHANGE = (
     "servers",
     "cache_sync",
     "plans_in_flight",
+    "ddp_bucket_mb",
     "rendezvous_timeout",
     "max_restarts",
     "spares",

@@ -315,8 +315,9 @@ class Approximation:
     periodic: dict | None = None
     """Periodic averaging's counters (--cache-sync periodic:K)."""
     emulated_compute: dict | None = None
-    """--emulate-compute (a benchmark; no training): the spec, the delay per step, and the bytes
-    a step handed to DDP's dense all-reduce and to the row sync (trainer 0's)."""
+    """--emulate-compute (a benchmark; no training): the spec, the delay per step, the bytes
+    a step handed to DDP's dense all-reduce and to the row sync, and the dense all-reduce
+    waited for after the emulated backward's end (trainer 0's)."""
 
 
 class StepMeter:

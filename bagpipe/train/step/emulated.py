@@ -11,10 +11,14 @@ gradient is a zero tensor of its shape and DDP's buckets are all-reduced as in a
 
 Timing (seconds of :meth:`EmulatedCompute.seconds` over the trainer's batch, split
 1 : 2 between forward and backward as a GPU's step roughly is): the one-sample forward,
-then a sleep to the forward's deadline; then a sleep for the backward's share, then the
-one-sample backward, whose DDP all-reduce therefore is NOT overlapped with the emulated
-backward (an upper bound on the dense sync's cost: a real DDP overlaps all but its last
-bucket with backward). Both land in ``times["forward"|"backward"]`` as a real step's do.
+then a sleep to the forward's deadline; then the one-sample backward, spread over the
+backward's share as a real backward is: a hook on every dense parameter's gradient sleeps
+until that gradient would be ready, the backward taken as proportional to the elements of
+the weights it has multiplied so far (matrix products dominate the dense model). So DDP
+all-reduces each bucket of gradients while the rest of the emulated backward still runs,
+as it does in a real step, and only what is left after the last gradient is waited for
+(``dense_wait_ms_per_step`` in the report; ``--ddp-bucket-mb`` sets the buckets). Both
+land in ``times["forward"|"backward"]`` as a real step's do.
 
 The values do not change (zero gradients leave sgd/adagrad/adam rows and weights where
 they are): the run's evaluation and digest are those of its initial parameters, so the
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,6 +43,26 @@ from bagpipe.train.step.plain import forward_logits
 
 FORWARD_SHARE = 1 / 3
 """The forward's part of the emulated compute (the backward has the rest)."""
+
+
+@dataclass
+class _Pace:
+    """The emulated backward under way: it started at ``start`` and takes ``seconds`` for
+    ``total`` elements of dense weights, of which ``done`` have their gradients."""
+
+    total: float = 1.0
+    start: float = 0.0
+    seconds: float = 0.0
+    done: float = 0.0
+    active: bool = False
+
+    def begin(self, start: float, seconds: float) -> None:
+        self.start, self.seconds, self.done, self.active = start, seconds, 0.0, True
+
+    def deadline(self, numel: int) -> float:
+        """When the gradient of the next ``numel`` elements is ready."""
+        self.done += numel
+        return self.start + self.seconds * min(self.done / self.total, 1.0)
 
 
 class EmulatedStep:
@@ -55,8 +80,12 @@ class EmulatedStep:
         self.steps = 0
         self.delay_s = 0.0
         self.dense_bytes = 0  # handed to DDP's all-reduce (counted by a comm hook)
+        self.dense_buckets = 0  # the all-reduces those bytes went in
         self.row_grad_bytes = 0  # the (U, D) gradients handed to the row strategy
+        self.dense_wait_s = 0.0  # the backward's end past its deadline: the dense sync left over
         self._hooked = False
+        self._paced: torch.nn.Module | None = None  # the model whose gradients pace the backward
+        self._pace = _Pace()
 
     def _until(self, deadline: float) -> None:
         left = deadline - self.clock()
@@ -68,6 +97,7 @@ class EmulatedStep:
     ) -> float:
         inp.ready()
         self._count_allreduce(model)
+        self._pace_backward(model)
         delay = self.compute.seconds(inp.batch.batch_size)
         t0 = self.clock()
         rows_u = inp.weights.index_select(0, inp.index)  # (U, D): the step's rows, as a real step reads them
@@ -75,8 +105,15 @@ class EmulatedStep:
         self._until(t0 + delay * FORWARD_SHARE)
         t1 = self.clock()
         dense_opt.zero_grad(set_to_none=True)
-        self._until(t1 + delay * (1 - FORWARD_SHARE))
-        (loss * 0.0).backward()  # zero gradients of every dense parameter: DDP all-reduces them
+        backward_s = delay * (1 - FORWARD_SHARE)
+        self._pace.begin(t1, backward_s)
+        try:  # zero gradients of every dense parameter, ready at their times: DDP all-reduces them
+            (loss * 0.0).backward()
+        finally:
+            self._pace.active = False  # a backward outside this step's does not sleep
+        deadline = t1 + backward_s
+        self.dense_wait_s += max(self.clock() - deadline, 0.0)
+        self._until(deadline)  # a parameter the backward did not reach still had its time
         t2 = self.clock()
         dense_opt.step()
         grad_u = torch.zeros_like(rows_u)
@@ -100,10 +137,32 @@ class EmulatedStep:
         def counted(group, bucket):
             buf = bucket.buffer()
             self.dense_bytes += buf.numel() * buf.element_size()
+            self.dense_buckets += 1
             return allreduce_hook(group, bucket)
 
         model.register_comm_hook(model.process_group, counted)
         self._hooked = True
+
+    def _pace_backward(self, model: torch.nn.Module) -> None:
+        """Once per model: a hook on each dense parameter's gradient that sleeps until the
+        emulated backward has done the elements before it and its own (in the order the
+        gradients arrive), so its gradient -- and DDP's bucket holding it -- is ready when a
+        real backward would have it."""
+        if self._paced is model:
+            return
+        params = [p for p in model.parameters() if p.requires_grad]
+        self._pace = pace = _Pace(total=float(sum(p.numel() for p in params)) or 1.0)
+
+        def hook(numel: int) -> Callable[[torch.Tensor], None]:
+            def ready(_grad: torch.Tensor) -> None:
+                if pace.active:
+                    self._until(pace.deadline(numel))
+
+            return ready
+
+        for p in params:
+            p.register_hook(hook(p.numel()))
+        self._paced = model
 
     def report(self) -> dict:
         """The summary's ``approximation.emulated_compute``."""
@@ -114,7 +173,9 @@ class EmulatedStep:
             "steps": self.steps,
             "delay_ms_per_step": 1000 * self.delay_s / n,
             "dense_allreduce_bytes_per_step": self.dense_bytes / n,
+            "dense_allreduce_buckets_per_step": self.dense_buckets / n,
             "row_grad_bytes_per_step": self.row_grad_bytes / n,
+            "dense_wait_ms_per_step": 1000 * self.dense_wait_s / n,
         }
 
     @staticmethod

@@ -74,6 +74,7 @@ def test_the_paper_profile_off_nothing():
         (dict(gpu_step_ms=20.0), "--gpu-step-ms applies to --dilation k > 0"),
         (dict(dilation=10.0, gpu_step_ms=0.0), "--gpu-step-ms must be > 0"),
         (dict(starved_share=0.0), "--starved-share must be in"),
+        (dict(ddp_bucket_mb=-0.5), r"--ddp-bucket-mb must be MiB in \[0, 1024\]"),
     ],
 )
 def test_refusals(settings, message):

@@ -164,3 +164,44 @@ def test_the_owner_exchange_bytes_are_its_plans_counts():
         got[part][1] += received
     assert got["sync_urgent"] == [[2 * D * 4, 1 * (D + S) * 4], [3 * D * 4, 4 * (D + S) * 4]]
     assert got["sync_deferred"] == [[5 * D * 4], []]
+
+
+def test_dense_buckets_ready_during_the_backward_hide_all_but_the_last():
+    # compute 12 ms: forward 4, backward 4 -> 12; dense 5 ms in two buckets of 4 and 1 ms,
+    # ready at a quarter and at the end of the backward; no deferred sync
+    t = _traffic()
+    t.parts["sync_deferred"] = _link(0, 0)
+    t.dense_buckets = [(0.25, 0.8), (1.0, 0.2)]
+    p = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=True)
+    # bucket 1: ready at 4 + 2 = 6, done at 10; bucket 2: ready at 12, done at 13; + urgent 3
+    assert p["dense_exposed_ms"] == pytest.approx(1.0)
+    assert p["step_ms"] == pytest.approx(20.0)  # the trainer's link (20,000 B down at 1 MB/s) still binds
+    t.links["trainer 0"] = _link(1_000, 1_000)
+    t.links["trainer 1"] = _link(1_000, 1_000)
+    assert predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=True)["step_ms"] == pytest.approx(16.0)
+    # a first bucket that takes longer than the backward left holds the last one back
+    t.dense_buckets = [(0.25, 0.8), (0.5, 0.2)]
+    t.parts["dense"] = _link(20_000, 20_000)  # 20 ms: 16 + 4
+    p = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=True)
+    assert p["dense_exposed_ms"] == pytest.approx(6 + 16 + 4 - 12)
+    assert p["step_ms"] == pytest.approx(26.0 + 3.0)
+
+
+def test_ddp_buckets_follow_the_reverse_parameter_order_and_the_caps():
+    import torch
+
+    from bagpipe.bench.scenarios.cluster.cost_model import ddp_buckets
+
+    # parameters of 1 MiB, 0.5 MiB and 0.25 MiB (float32), registered in that order
+    model = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in (262_144, 131_072, 65_536)])
+    total = 262_144 + 131_072 + 65_536
+    # DDP's default: the first bucket closes at 1 MiB (all three), none left
+    assert ddp_buckets(model, 0) == [(1.0, total)]
+    # 0.25 MiB buckets: one per parameter, the smallest (registered last) first
+    assert ddp_buckets(model, 0.25) == [
+        (65_536 / total, 65_536),
+        ((65_536 + 131_072) / total, 131_072),
+        (1.0, 262_144),
+    ]
+    # 0.5 MiB: the two smaller ones share a bucket
+    assert ddp_buckets(model, 0.5) == [((65_536 + 131_072) / total, 65_536 + 131_072), (1.0, 262_144)]

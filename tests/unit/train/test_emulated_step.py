@@ -143,3 +143,41 @@ def test_a_compute_slower_than_the_clock_is_not_slept_past():
         {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
     )
     assert clock.slept == []
+
+
+def test_the_backward_is_spread_over_the_gradients_in_proportion_to_their_weights():
+    """Each dense gradient is ready when a real backward would have it (a sleep per
+    parameter, its share of the backward by elements), so DDP all-reduces a bucket while
+    the rest of the backward runs instead of after all of it."""
+    clock = FakeClock()
+    step = EmulatedStep(parse_compute("30ms"), clock=clock, sleep=clock.sleep)
+    model = _model()
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    step(
+        model,
+        torch.optim.SGD(params, lr=0.1),
+        Recorder(),
+        _input(),
+        {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
+    )
+    backward_s = 0.030 * (1 - FORWARD_SHARE)
+    slept = [s for s in clock.slept[1:] if s > 1e-12]  # [0]: the forward's
+    assert sorted(slept) == pytest.approx(sorted(backward_s * p.numel() / total for p in params))
+    assert step.report()["dense_wait_ms_per_step"] == 0.0
+
+
+def test_what_the_dense_sync_leaves_after_the_backward_is_counted_as_its_wait():
+    clock = FakeClock()
+    step = EmulatedStep(parse_compute("30ms"), clock=clock, sleep=clock.sleep)
+    model = _model()
+    first = next(model.parameters())  # its gradient comes last: the last bucket's all-reduce follows it
+
+    def last_bucket(_p):
+        clock.now += 0.005
+
+    first.register_post_accumulate_grad_hook(last_bucket)
+    times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    step(model, torch.optim.SGD(model.parameters(), lr=0.1), Recorder(), _input(), times)
+    assert step.report()["dense_wait_ms_per_step"] == pytest.approx(5.0)
+    assert times["backward"] == pytest.approx(0.030 * (1 - FORWARD_SHARE) + 0.005)

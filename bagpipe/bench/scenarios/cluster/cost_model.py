@@ -62,11 +62,13 @@ from bagpipe.distributed.oracle_role import oracle_cache, trainer_plans
 from bagpipe.distributed.transport import HEADER_BYTES, INLINE_BYTES
 from bagpipe.distributed.wire import PLAN, REPLY, REQUEST, encode
 from bagpipe.optim.names import row_state_dim
+from bagpipe.train.step.emulated import FORWARD_SHARE
 
 MSS = 1448  # TCP payload of a full segment: MTU 1500 - IP 20 - TCP 20 - timestamps 12
 FRAME_HEADERS = 66  # Ethernet 14 + IP 20 + TCP 32 bytes per frame
 GLOO_PREAMBLE = 48  # gloo's header of every message (six 64-bit words)
 SEGMENTS_PER_ACK = 2  # delayed ACKs
+MIB = 1 << 20
 
 
 @dataclass
@@ -122,6 +124,9 @@ class PlanTraffic:
     plan_bytes: float  # one trainer's plan, encoded
     parts: dict[str, Link] = field(default_factory=dict)
     """Trainer 0's link split by what the bytes are (:data:`PARTS`); they sum to ``links["trainer 0"]``."""
+    dense_buckets: list[tuple[float, float]] = field(default_factory=lambda: [(1.0, 1.0)])
+    """DDP's buckets in the order it all-reduces them: (share of the backward done when the
+    bucket is ready, share of the dense bytes it holds) (:func:`ddp_buckets`)."""
 
     def per_link(self, links: dict[str, Link] | None = None) -> dict[str, dict[str, float]]:
         return {name: dict(zip(("sent", "received"), link.wire())) for name, link in (links or self.links).items()}
@@ -148,8 +153,33 @@ dense all-reduce; the row sync of the rows the next step needs or that leave
 (``sync_urgent``, waited for) and of the rest (``sync_deferred``, overlapped with the next step)."""
 
 
-def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffic:
-    """Replay the oracle of run ``cfg`` and count its messages (see the module docstring)."""
+def ddp_buckets(model, bucket_mb: float) -> list[tuple[float, int]]:
+    """DDP's buckets of ``model``'s dense gradients (float32), in the order it all-reduces
+    them: (share of the backward done when the bucket's last gradient is ready, its
+    elements). DDP fills buckets in the reverse order of ``model.parameters()`` (its guess
+    of the backward's order) up to ``bucket_mb`` MiB each (0: torch's default, a first
+    bucket of 1 MiB and then 25 MiB; a bucket closes once it reaches its limit); the emulated
+    backward (:class:`~bagpipe.train.step.emulated.EmulatedStep`) has a gradient ready once
+    the elements before it and its own are done, its time proportional to elements."""
+    params = [p.numel() for p in reversed(list(model.parameters())) if p.requires_grad]
+    total = sum(params) or 1
+    limits = [bucket_mb * MIB] if bucket_mb > 0 else [MIB, 25 * MIB]
+    buckets: list[tuple[float, int]] = []
+    done = size = 0
+    for n in params:
+        done += n
+        size += n
+        if size * 4 >= limits[min(len(buckets), len(limits) - 1)]:
+            buckets.append((done / total, size))
+            size = 0
+    if size:
+        buckets.append((done / total, size))
+    return buckets
+
+
+def plan_traffic(cfg: TrainConfig, dense: list[tuple[float, int]], warmup: int) -> PlanTraffic:
+    """Replay the oracle of run ``cfg`` and count its messages (see the module docstring);
+    ``dense``: the dense model's buckets (:func:`ddp_buckets`)."""
     D = cfg.arch.model_config().embedding_dim
     state = row_state_dim(cfg.optim.optimizer, D)
     stream, setup = oracle_cache(cfg)  # the cache and planner the oracle role sets up for this run
@@ -227,7 +257,7 @@ def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffi
                 for part, buffer in (
                     ("sync_urgent", K1 * D * 4),
                     ("sync_deferred", (K - K1) * D * 4),
-                    ("dense", dense_params * 4),
+                    *(("dense", n * 4) for _, n in dense),
                 ):
                     if not buffer:
                         continue
@@ -237,7 +267,9 @@ def plan_traffic(cfg: TrainConfig, dense_params: int, warmup: int) -> PlanTraffi
         for d in (link.up, link.down):
             d.payload /= measured
             d.segments /= measured
-    return PlanTraffic(links, end, fetched, written, plan_bytes, parts)
+    elements = sum(n for _, n in dense) or 1
+    buckets = [(ready, n / elements) for ready, n in dense]
+    return PlanTraffic(links, end, fetched, written, plan_bytes, parts, buckets)
 
 
 def exchange_messages(p, D: int, state: int) -> list[tuple[str, tuple[list[int], list[int]]]]:
@@ -299,15 +331,20 @@ def predict_emulated_ms(
     Trainer 0's step, in the order the trainer waits for each (``t_X``: trainer 0's bytes of
     part X over its link, :data:`PARTS`): the deferred row sync of the previous step
     overlaps what comes before the next step's dense all-reduce (gloo runs collectives in
-    order), then the dense all-reduce and the urgent row sync are waited for:
+    order); the dense all-reduce runs bucket by bucket as the backward makes each ready
+    (``traffic.dense_buckets``; a bucket's share of ``t_dense`` by its bytes, each after the
+    one before it), so only what is left of it when the backward ends is waited for
+    (``dense_exposed_ms``); then the urgent row sync:
 
-    * pipelined (lookahead): ``max(compute, t_sync_deferred) + t_dense + t_sync_urgent``;
-      the fetches and write-backs run on background threads;
+    * pipelined (lookahead): the compute starts at once, the fetches and write-backs run
+      on background threads;
     * synchronous (nocache, lru): the rows are fetched first, in turn (``t_embedding`` =
       trainer 0's embedding bytes sent / up + received / down, at least the busiest
-      server's link: every trainer asks at once), then the compute:
-      ``max(t_embedding + compute, t_sync_deferred) + t_dense + t_sync_urgent``;
+      server's link: every trainer asks at once), then the compute;
 
+    so a step is ``max(dense done, t_embedding + compute) + t_sync_urgent`` (with every
+    bucket ready at the backward's end: ``max(t_embedding + compute, t_sync_deferred) +
+    t_dense + t_sync_urgent``),
     and at least every host's whole step of bytes over its link (``trainer_link``,
     ``server``, ``oracle``): a link cannot carry more. ``bound`` names the largest term.
     """
@@ -321,7 +358,15 @@ def predict_emulated_ms(
     oracle = hosts.get("oracle", 0.0)
     trainer_link = max((v for k, v in hosts.items() if k.startswith("trainer")), default=0.0)
     embedding = 0.0 if pipelined else max(serial, server)
-    chain = max(embedding + compute_ms, t["sync_deferred"]) + t["dense"] + t["sync_urgent"]
+    backward_start = embedding + compute_ms * FORWARD_SHARE
+    backward_end = embedding + compute_ms
+    done = t["sync_deferred"]  # the collectives before the first bucket's
+    ready = 0.0
+    for share_done, share_bytes in traffic.dense_buckets:  # DDP launches its buckets in order
+        ready = max(ready, backward_start + share_done * (backward_end - backward_start))
+        done = max(done, ready) + t["dense"] * share_bytes
+    dense_exposed = max(done - max(backward_end, t["sync_deferred"]), 0.0)  # the deferred sync's wait is the row sync's
+    chain = max(done, backward_end) + t["sync_urgent"]
     floors = {"trainer link": trainer_link, "server link": server, "oracle link": oracle}
     step = max(chain, *floors.values())
     if step > chain:
@@ -330,7 +375,7 @@ def predict_emulated_ms(
         terms = {
             "compute": compute_ms,
             "embedding access": embedding,
-            "dense all-reduce": t["dense"],
+            "dense all-reduce": dense_exposed,
             "row sync": t["sync_urgent"] + max(t["sync_deferred"] - compute_ms - embedding, 0.0),
         }
         bound = max(terms, key=lambda k: terms[k])
@@ -339,6 +384,7 @@ def predict_emulated_ms(
         "compute_ms": compute_ms,
         "embedding_ms": embedding,
         "dense_ms": t["dense"],
+        "dense_exposed_ms": dense_exposed,
         "sync_urgent_ms": t["sync_urgent"],
         "sync_deferred_ms": t["sync_deferred"],
         "trainer_link_ms": trainer_link,
@@ -379,5 +425,5 @@ def traffic_for(cfg: TrainConfig, meta: DatasetMeta, warmup: int) -> PlanTraffic
     from bagpipe.models.registry import build_model
 
     torch.manual_seed(0)
-    dense = sum(p.numel() for p in build_model(cfg.arch.model_config(), meta.num_dense, meta.num_features).parameters())
-    return plan_traffic(cfg, dense, warmup)
+    model = build_model(cfg.arch.model_config(), meta.num_dense, meta.num_features)
+    return plan_traffic(cfg, ddp_buckets(model, cfg.dist.ddp_bucket_mb), warmup)

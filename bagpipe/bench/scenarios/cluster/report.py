@@ -109,6 +109,14 @@ def summarise(
             "starved": starved,
             "valid": not starved if waits else None,
             "hit_rate": sums[0].get("cache", {}).get("hit_rate"),
+            "dense_wait_ms": _med(
+                [
+                    (s.get("approximation") or {})
+                    .get("emulated_compute", {})
+                    .get("dense_wait_ms_per_step", float("nan"))
+                    for s in sums
+                ]
+            ),
             "rows_fetched_per_step": tr.rows_fetched,
             "plan_bytes": tr.plan_bytes,
             "digest_equals_full": (sums[0].get("params_sha256") == ideal_digest) if ideal_digest and n == 1 else None,
@@ -149,6 +157,7 @@ def dilation_section(b: ClusterBench) -> dict:
         "compute_ms_per_step": b.compute_ms(),
         "paper_trainer_mbit": PAPER_CLUSTER["trainer_mbit"],
         "paper_server_mbit": PAPER_CLUSTER["server_mbit"],
+        "ddp_bucket_mb": b.ddp_bucket_mb,
         "trainer_mbit": rate,
         "server_mbit": rate * b.server_ratio,
         "off_profile": b.off_profile(),
@@ -313,6 +322,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
                 sx(v["speedup_over_lru"]),
                 f"{v['share_of_ideal']:.2f}",
                 f"{st['compute']:.0f} / {st['rows']:.0f} / {st['sync']:.0f} / {st['other']:.0f}",
+                _dense_wait(v),
                 _share(v),
                 f"{v['model_samples_per_s']:,.0f} ({v['vs_model']:.2f}; {v['model']['bottleneck'] or '-'})",
                 _validity(v),
@@ -346,6 +356,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
             "vs lru",
             "of ideal",
             "ms/step compute / rows / sync / other",
+            "dense all-reduce after the backward, ms (model)",
             "share on embedding access (model)",
             "model samples/s (measured / model; bound)",
             "valid",
@@ -405,8 +416,22 @@ def dilation_line(d: dict) -> str:
         f"= k x {d['gpu_step_ms']:g} ms per 2048 samples ({d['gpu_step_ms_source']}); links: trainer "
         f"{d['paper_trainer_mbit']:,.0f} / k = {d['trainer_mbit']:g} Mbit/s, server and oracle "
         f"{d['paper_server_mbit']:,.0f} / k = {d['server_mbit']:g} Mbit/s. Off the paper's profile: {off}. "
-        "Runs with emulated compute do not train (summary exact false)."
+        "Runs with emulated compute do not train (summary exact false). Dense gradients all-reduced in "
+        + (
+            f"{d['ddp_bucket_mb']:g} MiB buckets"
+            if d.get("ddp_bucket_mb")
+            else "DDP's default buckets (1 MiB, then 25 MiB)"
+        )
+        + " while the emulated backward runs."
     )
+
+
+def _dense_wait(v: dict) -> str:
+    """The dense all-reduce trainer 0 waited for after its emulated backward, and the model's."""
+    got, model = v.get("dense_wait_ms", float("nan")), v["model"].get("dense_exposed_ms")
+    if got != got:  # NaN: real compute, not measured apart
+        return "-"
+    return f"{got:.0f}" + ("" if model is None else f" ({model:.0f})")
 
 
 def _share(v: dict) -> str:

@@ -79,6 +79,10 @@ class ClusterBench(CachePoint, Throughput):
     """How every job's trainers synchronise their cached rows (bagpipe train --cache-sync):
     partitioned (a ring all-reduce of the step's shared and staying rows) or owner (each
     row summed by one owner and sent to its next users)."""
+    ddp_bucket_mb: float = 0.0
+    """MiB of dense gradients every job's trainers all-reduce at a time (bagpipe train
+    --ddp-bucket-mb; 0: torch's default, 1 MiB then 25 MiB). Each bucket is all-reduced
+    while the rest of the (emulated) backward runs; the cost model follows the same buckets."""
     embedding_dim: int = 48
     """D (the paper's Criteo Kaggle runs: 48)."""
     probe_s: float = 1.0
@@ -129,6 +133,7 @@ class ClusterBench(CachePoint, Throughput):
         )
         self.check("threads", self.threads in (0, 1), "must be 1 (or 0): every role runs one thread")
         self.check("cache_sync", self.cache_sync in ("partitioned", "owner"), "must be partitioned or owner")
+        self.check("ddp_bucket_mb", 0 <= self.ddp_bucket_mb <= 1024, "must be MiB in [0, 1024] (0: torch's default)")
         self.check("embedding_dim", self.embedding_dim >= 1, "must be >= 1")
         self.check("probe_s", self.probe_s > 0, "must be > 0")
         self.check("dilation", self.dilation >= 0, "must be >= 0 (0: real compute at --rates)")
@@ -198,6 +203,7 @@ def job_config(b: ClusterBench, data: Path, run_dir: Path, n: int, mode: str, L:
                 trainers=n,
                 servers=b.servers,
                 cache_sync=b.cache_sync,
+                ddp_bucket_mb=b.ddp_bucket_mb,
             )
         ),
         **({"emulate_compute": emulated} if emulated else {}),
