@@ -49,7 +49,7 @@ def test_trainers_wrap_their_model_in_buckets_of_the_size_given(monkeypatch):
 
     for mb, want in ((0.25, {"bucket_cap_mb": 0.25}), (0.0, {})):  # 0: DDP's own default
         dist = TrainConfig.of(**JOB, ddp_bucket_mb=mb).dist
-        DataParallel(Layout(2, 1), 0, None, None, dist, Dev()).wrap(torch.nn.Linear(2, 1))
+        DataParallel(Layout(2, 1), 0, None, None, dist, Dev()).wrap(torch.nn.Linear(2, 1))  # type: ignore[arg-type]
         assert {k: v for k, v in seen.items() if k == "bucket_cap_mb"} == want
         seen.clear()
 
