@@ -35,7 +35,9 @@ STEPS: dict[StepName, StepFn] = {"plain": train_step, "hotline": hotline_step}
 def step_for(cfg: TrainConfig) -> StepFn:
     """The step of run ``cfg``: its mode's, or the emulated step of ``--emulate-compute``."""
     spec = cfg.approx.emulate_compute
-    return EmulatedStep(parse_compute(spec)) if spec is not None else STEPS[cfg.cache.spec.step]
+    if spec is None:
+        return STEPS[cfg.cache.spec.step]
+    return EmulatedStep(parse_compute(spec), warmup=cfg.run.warmup_steps)
 
 
 __all__ = ["STEPS", "EmulatedStep", "LocalRowUpdate", "forward_logits", "hotline_step", "step_for", "train_step"]

@@ -68,15 +68,18 @@ class _Pace:
 class EmulatedStep:
     """A :class:`~bagpipe.train.protocols.StepFn` that sleeps ``compute.seconds(B)`` (B: the
     step's batch on this trainer) instead of computing; ``clock`` and ``sleep`` are
-    injectable (tests)."""
+    injectable (tests). The dense all-reduce's wait is averaged over the steps after the
+    first ``warmup`` (``--warmup-steps``, as the summary's times are): DDP's first step
+    all-reduces every gradient in one bucket before it builds its buckets."""
 
     def __init__(
         self,
         compute: EmulatedCompute,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
+        warmup: int = 0,
     ):
-        self.compute, self.clock, self.sleep = compute, clock, sleep
+        self.compute, self.clock, self.sleep, self.warmup = compute, clock, sleep, warmup
         self.steps = 0
         self.delay_s = 0.0
         self.dense_bytes = 0  # handed to DDP's all-reduce (counted by a comm hook)
@@ -112,7 +115,8 @@ class EmulatedStep:
         finally:
             self._pace.active = False  # a backward outside this step's does not sleep
         deadline = t1 + backward_s
-        self.dense_wait_s += max(self.clock() - deadline, 0.0)
+        if self.steps >= self.warmup:
+            self.dense_wait_s += max(self.clock() - deadline, 0.0)
         self._until(deadline)  # a parameter the backward did not reach still had its time
         t2 = self.clock()
         dense_opt.step()
@@ -175,7 +179,7 @@ class EmulatedStep:
             "dense_allreduce_bytes_per_step": self.dense_bytes / n,
             "dense_allreduce_buckets_per_step": self.dense_buckets / n,
             "row_grad_bytes_per_step": self.row_grad_bytes / n,
-            "dense_wait_ms_per_step": 1000 * self.dense_wait_s / n,
+            "dense_wait_ms_per_step": 1000 * self.dense_wait_s / max(self.steps - self.warmup, 1),
         }
 
     @staticmethod

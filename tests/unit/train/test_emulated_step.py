@@ -181,3 +181,20 @@ def test_what_the_dense_sync_leaves_after_the_backward_is_counted_as_its_wait():
     step(model, torch.optim.SGD(model.parameters(), lr=0.1), Recorder(), _input(), times)
     assert step.report()["dense_wait_ms_per_step"] == pytest.approx(5.0)
     assert times["backward"] == pytest.approx(0.030 * (1 - FORWARD_SHARE) + 0.005)
+
+
+def test_the_dense_wait_leaves_out_the_warm_up_steps():
+    clock = FakeClock()
+    step = EmulatedStep(parse_compute("30ms"), clock=clock, sleep=clock.sleep, warmup=1)
+    model = _model()
+    first = next(model.parameters())
+    waits = iter([0.050, 0.002, 0.004])  # DDP's first step: one bucket of everything, after the backward
+
+    def last_bucket(_p):
+        clock.now += next(waits)
+
+    first.register_post_accumulate_grad_hook(last_bucket)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        step(model, opt, Recorder(), _input(), {"forward": 0.0, "backward": 0.0, "optimizer": 0.0})
+    assert step.report()["dense_wait_ms_per_step"] == pytest.approx(3.0)
