@@ -122,7 +122,8 @@ def projection_table(payload: dict) -> str:
                 f"{r['share_of_ideal']:.2f}",
                 sx(r["speedup_over_nocache"]),
                 sx(r["speedup_over_lru"]),
-                f"{m['compute_ms']:.1f} / {m['embedding_ms']:.1f} / {m['dense_ms']:.1f} / "
+                f"{m['compute_ms']:.1f} / {m['embedding_ms']:.1f} / {m['dense_ms']:.1f} "
+                f"({m.get('dense_exposed_ms', m['dense_ms']):.1f}) / "
                 f"{m['sync_urgent_ms']:.1f} / {m['sync_deferred_ms']:.1f}",
                 f"{m['trainer_link_ms']:.1f} / {m['server_link_ms']:.1f} / {m['oracle_link_ms']:.1f}",
                 f"{m['step_ms']:.1f}",
@@ -145,7 +146,7 @@ def projection_table(payload: dict) -> str:
             "of ideal",
             "vs nocache",
             "vs lru",
-            "ms: compute / embedding (sync modes) / dense all-reduce / row sync urgent / deferred",
+            "ms: compute / embedding (sync modes) / dense all-reduce (left after the backward) / row sync urgent / deferred",
             "ms of bytes on the busiest trainer / server / oracle link",
             "ms/step",
             "bound",
