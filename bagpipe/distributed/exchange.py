@@ -41,11 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bagpipe.data.batch import Batch
-from bagpipe.distributed.partition import TrainerPlan, slice_batch
+from bagpipe.distributed.partition import TrainerPlan, TrainerSlice, common_fields, trainer_slices
 from bagpipe.errors import BagpipeError, ConfigError
 from bagpipe.oracle.plan import Plan
-from bagpipe.oracle.unique import unique_inverse
 
 _ONE = np.uint64(1)
 
@@ -56,25 +54,17 @@ class _Split:
 
     plan: Plan
     users: np.ndarray  # (U,) uint64: bit i set when trainer i uses the row
-    upos: list[np.ndarray]  # per trainer: positions (ascending) in plan.rows of its rows
-    subs: list[tuple[Batch, np.ndarray]]  # per trainer: its samples and their index into its rows
+    parts: list[TrainerSlice]  # per trainer: its samples and the rows it uses
 
 
 def split_users(plan: Plan, num_trainers: int) -> _Split:
-    """Trainer i's samples ``[i*B/N, (i+1)*B/N)`` of ``plan``'s batch and the rows each uses."""
-    N, B = num_trainers, plan.batch.batch_size
-    if B % N:
-        raise ConfigError(f"the global batch of {B} samples does not split evenly over {N} trainers")
-    b = B // N
+    """Trainer i's samples ``[i*B/N, (i+1)*B/N)`` of ``plan``'s batch, the rows each uses,
+    and each row's users as a bit mask."""
+    parts = trainer_slices(plan, num_trainers)
     users = np.zeros(len(plan.rows), dtype=np.uint64)
-    upos, subs = [], []
-    for i in range(N):
-        sub, pos = slice_batch(plan.batch, i * b, (i + 1) * b)
-        mine, inverse = unique_inverse(plan.inverse[pos])  # ascending positions = ascending rows
-        users[mine] |= _ONE << np.uint64(i)
-        upos.append(mine)
-        subs.append((sub, inverse.astype(np.int64, copy=False)))
-    return _Split(plan, users, upos, subs)
+    for i, part in enumerate(parts):
+        users[part.upos] |= _ONE << np.uint64(i)
+    return _Split(plan, users, parts)
 
 
 def _has(mask: np.ndarray, i: int) -> np.ndarray:
@@ -243,7 +233,8 @@ class OwnerPartitioner:
 
     def _trainer_plan(self, i, cur, owner, expiring, missing, writer_before, eb_writer, lists, totals):
         P, N = cur.plan, self.N
-        upos = cur.upos[i]
+        part = cur.parts[i]
+        upos = part.upos
         mine = np.zeros(len(P.rows), dtype=bool)
         mine[upos] = True
 
@@ -251,31 +242,17 @@ class OwnerPartitioner:
             return np.searchsorted(upos, pos)
 
         red_send, red_recv, own, dlv_send, dlv_recv = (lst.of(i) for lst in lists)
-        sub, inverse = cur.subs[i]
         owned = owner == i
         # this trainer's copies that go stale (it used them and does not own them), and rows
         # it wrote back until now that another trainer owns from here: their slots read as free
         stale = (mine & ~owned) | ((writer_before == i) & ~owned)
-        fetch = missing & mine
         ev_mine = expiring & owned
-        fb = eb_writer == i
+        fields = common_fields(
+            P, part, fetch=missing & mine, forced=eb_writer == i, leaves=ev_mine, drops=stale & ~ev_mine
+        )
         return TrainerPlan(
-            step=P.step,
-            batch=sub,
-            rows=P.rows[upos],
-            slots=P.slots[upos],
-            inverse=inverse,
-            fetch_rows=P.rows[fetch],
-            fetch_slots=P.slots[fetch],
-            evict_before_rows=P.evict_before_rows[fb],
-            evict_before_slots=P.evict_before_slots[fb],
-            evict_after_rows=P.rows[ev_mine],
-            evict_after_slots=P.slots[ev_mine],
-            fetch_after=P.fetch_after,
-            drop_before_slots=P.evict_before_slots[~fb],
-            drop_after_slots=P.slots[stale & ~ev_mine],
+            **fields,
             num_trainers=N,
-            replicated_sync_rows=len(P.rows),
             own_pos=at(own[0]),
             own_urgent=int(own[1][:N].sum()),
             red_send_pos=at(red_send[0]),

@@ -99,22 +99,66 @@ def _positions(sorted_rows: np.ndarray, subset: np.ndarray) -> np.ndarray:
     return np.searchsorted(sorted_rows, subset)
 
 
-def partition(plan: Plan, num_trainers: int, *, replicated: bool = False) -> list[TrainerPlan]:
-    """Split a global ``plan`` into ``num_trainers`` trainers' plans."""
-    N = int(num_trainers)
-    B = plan.batch.batch_size
+@dataclass
+class TrainerSlice:
+    """Trainer i's part of a global batch: its samples ``[i*B/N, (i+1)*B/N)``."""
+
+    batch: Batch
+    upos: np.ndarray  # (U_i,) ascending positions in the global plan's rows of the rows it uses
+    inverse: np.ndarray  # (L_i,) int64: each of its lookups' index into its rows
+
+
+def trainer_slices(plan: Plan, num_trainers: int) -> list[TrainerSlice]:
+    """Every trainer's samples of ``plan``'s batch and the rows each uses (a ConfigError
+    when the batch does not split evenly)."""
+    N, B = int(num_trainers), plan.batch.batch_size
     if B % N:
         raise ConfigError(f"the global batch of {B} samples does not split evenly over {N} trainers")
     b = B // N
-    U = len(plan.rows)
-    slices, users = [], np.zeros(U, dtype=np.int64)
-    first_user = np.full(U, N, dtype=np.int64)
+    out = []
     for i in range(N):
         sub, pos = slice_batch(plan.batch, i * b, (i + 1) * b)
         upos, inverse = unique_inverse(plan.inverse[pos])  # ascending positions = ascending rows
-        users[upos] += 1
-        first_user[upos] = np.minimum(first_user[upos], i)
-        slices.append((sub, upos, inverse.astype(np.int64, copy=False)))
+        out.append(TrainerSlice(sub, upos, inverse.astype(np.int64, copy=False)))
+    return out
+
+
+def common_fields(
+    plan: Plan, part: TrainerSlice, fetch: np.ndarray, forced: np.ndarray, leaves: np.ndarray, drops: np.ndarray
+) -> dict:
+    """The fields of a :class:`TrainerPlan` every split fills alike, from masks over the
+    plan's rows (``fetch``: this trainer fetches them; ``leaves``: it writes them back after
+    the step; ``drops``: it only frees their slots after it) and over its forced evictions
+    (``forced``: this trainer writes them back before the step, the others drop them)."""
+    return dict(
+        step=plan.step,
+        batch=part.batch,
+        rows=plan.rows[part.upos],
+        slots=plan.slots[part.upos],
+        inverse=part.inverse,
+        fetch_rows=plan.rows[fetch],
+        fetch_slots=plan.slots[fetch],
+        evict_before_rows=plan.evict_before_rows[forced],
+        evict_before_slots=plan.evict_before_slots[forced],
+        evict_after_rows=plan.rows[leaves],
+        evict_after_slots=plan.slots[leaves],
+        fetch_after=plan.fetch_after,
+        drop_before_slots=plan.evict_before_slots[~forced],
+        drop_after_slots=plan.slots[drops],
+        replicated_sync_rows=len(plan.rows),
+    )
+
+
+def partition(plan: Plan, num_trainers: int, *, replicated: bool = False) -> list[TrainerPlan]:
+    """Split a global ``plan`` into ``num_trainers`` trainers' plans."""
+    N = int(num_trainers)
+    slices = trainer_slices(plan, N)
+    U = len(plan.rows)
+    users = np.zeros(U, dtype=np.int64)
+    first_user = np.full(U, N, dtype=np.int64)
+    for i, part in enumerate(slices):
+        users[part.upos] += 1
+        first_user[part.upos] = np.minimum(first_user[part.upos], i)
     expiring = np.zeros(U, dtype=bool)
     expiring[_positions(plan.rows, plan.evict_after_rows)] = True
     missing = np.zeros(U, dtype=bool)
@@ -132,35 +176,25 @@ def partition(plan: Plan, num_trainers: int, *, replicated: bool = False) -> lis
     sync_slots = plan.slots[order]
     forced_writer = plan.evict_before_rows % N
     out = []
-    for i, (sub, upos, inverse) in enumerate(slices):
+    for i, part in enumerate(slices):
         mine = sync | (first_user == i)  # rows this trainer holds during the step
-        fetch = missing & mine
-        ev_mine = expiring & (first_user == i)
         # every expiring row leaves every trainer's cache; a hit that only another trainer
         # used still sits in this one's copy of the slot and must not be written back from here
-        ev_drop = expiring & (first_user != i)
-        fb = forced_writer == i
+        fields = common_fields(
+            plan,
+            part,
+            fetch=missing & mine,
+            forced=forced_writer == i,
+            leaves=expiring & (first_user == i),
+            drops=expiring & (first_user != i),
+        )
         out.append(
             TrainerPlan(
-                step=plan.step,
-                batch=sub,
-                rows=plan.rows[upos],
-                slots=plan.slots[upos],
-                inverse=inverse,
-                fetch_rows=plan.rows[fetch],
-                fetch_slots=plan.slots[fetch],
-                evict_before_rows=plan.evict_before_rows[fb],
-                evict_before_slots=plan.evict_before_slots[fb],
-                evict_after_rows=plan.rows[ev_mine],
-                evict_after_slots=plan.slots[ev_mine],
-                fetch_after=plan.fetch_after,
-                drop_before_slots=plan.evict_before_slots[~fb],
-                drop_after_slots=plan.slots[ev_drop],
+                **fields,
                 sync_slots=sync_slots,
-                sync_pos=sync_index[upos],
+                sync_pos=sync_index[part.upos],
                 sync_urgent=int(urgent.sum()),
                 num_trainers=N,
-                replicated_sync_rows=U,
             )
         )
     return out
