@@ -190,6 +190,31 @@ def frequency_peak(num_rows: int, split_lookups: int, sample_lookups: int = 1) -
     return layout_bytes(LayoutChoice("frequency", "made here"), num_rows, split_lookups, sample_lookups)
 
 
+def counted(shape: RunShape, dataset: Dataset, stream: BatchStream) -> RunShape:
+    """``shape`` with its frequency layout's estimate from the rows the train split really
+    uses (:func:`bagpipe.data.frequency.rows_used`: one pass over its ids, 1 byte a row of
+    the tables) instead of the bound by its lookups, which can be 30 times too high (a
+    skewed split looks its hot rows up again and again); ``shape`` itself where there is
+    nothing to count (no frequency layout made here, or counted already)."""
+    from bagpipe.data.frequency import rows_used
+
+    lay = shape.layout
+    if lay is None or lay.name != "frequency" or not lay.made or lay.used_rows:
+        return shape
+    used = max(1, rows_used(dataset))
+    B = max(1, shape.batch_size)
+    split_lookups, sample_lookups = stream.num_samples * shape.lookups // B, shape.lookups // B
+    bound = layout_bytes(lay, shape.num_rows, split_lookups, sample_lookups)
+    with_used = dataclasses.replace(lay, used_rows=used)
+    need = layout_bytes(with_used, shape.num_rows, split_lookups, sample_lookups)
+    why = (
+        f"{lay.why}; the split uses {used:,} rows (counted), so the count takes {need / 2**20:,.0f} MiB "
+        f"rather than the {bound / 2**20:,.0f} MiB its lookups bound"
+    )
+    choice = dataclasses.replace(with_used, why=why)
+    return dataclasses.replace(shape, layout=choice, layout_bytes=need)
+
+
 def without_count(shape: RunShape, why: str) -> RunShape:
     """``shape`` with ``auto``'s frequency layout turned into identity (a budget does not hold its count)."""
     assert shape.layout is not None
@@ -214,7 +239,7 @@ def layout_bytes(choice: LayoutChoice | None, num_rows: int, split_lookups: int,
 
     if not choice.made:
         return 36 * choice.packed_rows + (1 << 20)
-    used = min(num_rows, split_lookups)
+    used = choice.used_rows or min(num_rows, split_lookups)
     counting = 4 * num_rows + 20 * used + 16 * COUNT_BATCH * sample_lookups
     return max(counting, 44 * used) + (1 << 20)
 

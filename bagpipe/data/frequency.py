@@ -33,6 +33,16 @@ def row_use_counts(dataset: Dataset, split: str = "train") -> tuple[np.ndarray, 
     return rows, counts[rows].astype(np.int64)
 
 
+def rows_used(dataset: Dataset, split: str = "train") -> int:
+    """How many distinct rows the split looks up: one pass over its ids in file order, 1
+    byte a row of the tables (a mask) and a counting batch's ids."""
+    stream = BatchStream(dataset, split, COUNT_BATCH, shuffle=False, drop_last=False)
+    seen = np.zeros(dataset.meta.total_rows, dtype=bool)
+    for batch in stream.batches():
+        seen[batch.rows.numpy()] = True
+    return int(np.count_nonzero(seen))
+
+
 def count_lookups(counts: np.ndarray, rows: np.ndarray) -> None:
     """Add the lookups ``rows`` (any shape, repeats counted) to ``counts`` (uint32, one a row),
     saturating at 2^32 - 1."""

@@ -52,6 +52,10 @@ class LayoutChoice:
     auto: bool = False
     """Chosen by ``--store-layout auto`` (which falls back to identity where a memory budget
     does not hold the count)."""
+    used_rows: int = 0
+    """A frequency layout made here: the rows the train split uses, where they were counted
+    before deciding (a memory budget that does not hold the estimate bounded by the split's
+    lookups); 0: not counted (the estimate takes every lookup as a row)."""
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: == over an array field would raise

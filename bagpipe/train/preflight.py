@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from bagpipe.budget import MemoryPlan
 from bagpipe.budget.estimate import RunShape
 from bagpipe.budget.job import RoleShare
-from bagpipe.budget.shape import run_shape, without_count
+from bagpipe.budget.shape import counted, run_shape, without_count
 from bagpipe.budget.sizing import Budget, BudgetError, Fit
 from bagpipe.cache.setup import CacheSetup
 from bagpipe.checkpoint import Checkpoint, CheckpointFolder
@@ -73,8 +73,10 @@ class MemoryCheck:
     roles: tuple[RoleShare, ...] = ()
     """A distributed job's roles (each trainer, each server, the oracle); () for one process."""
     shape: RunShape | None = None
-    """The shape the checks fitted: the one given, or -- where a memory budget does not hold
-    ``--store-layout auto``'s count of the split -- the same with the identity layout."""
+    """The shape the checks fitted: the one given; its frequency layout's estimate from the
+    rows the split was counted to use (a budget that did not hold the bound); or -- where a
+    memory budget does not hold ``--store-layout auto``'s count of the split -- the same
+    with the identity layout."""
 
 
 def preflight(cfg: TrainConfig, run: RunDir, *, checks: bool = True) -> Preflight:
@@ -131,21 +133,29 @@ def memory_checks(
     """Every memory refusal of the run ``cfg`` before it trains (``shape``: as
     :func:`preflight` measures it); raises one line, the words the run itself would stop
     with. ``together``: a distributed job's roles share this process's memory cgroup (a
-    local job), and their sum is held against its limit too. ``--store-layout auto``'s
-    frequency layout is given up for the identity layout where the budget does not hold
-    its count, or holds it only with a smaller cache or read-ahead than without it."""
-    if not _auto_frequency(shape):
+    local job), and their sum is held against its limit too. A frequency layout's count is
+    first estimated with the rows used bounded by the split's lookups; where the budget does
+    not hold that, the rows the split uses are counted (:func:`~bagpipe.budget.shape.counted`)
+    and the checks run again on the count. ``--store-layout auto``'s frequency layout is then
+    given up for the identity layout where the budget still does not hold its count, or holds
+    it only with a smaller cache or read-ahead than without it."""
+    if not _frequency_made_here(shape):
         return _memory_checks(cfg, dataset, stream, shape, together)
-    need = f"{shape.layout_bytes / 2**20:,.0f} MiB"
-    with held_logs() as held:  # the trial's own lines (its fit) are said only if it is kept
+    assert shape.layout is not None
+    if not shape.layout.auto:  # --store-layout frequency: refused only if even the count does not fit
         try:
-            packed = _memory_checks(cfg, dataset, stream, shape, together)
+            return _memory_checks(cfg, dataset, stream, shape, together)
         except BudgetError:
-            packed = None
+            exact = counted(shape, dataset, stream)
+            if exact is shape:
+                raise
+            return _memory_checks(cfg, dataset, stream, exact, together)
+    packed, said, shape = _try_counted(cfg, dataset, stream, shape, together)
+    need = f"{shape.layout_bytes / 2**20:,.0f} MiB"
     if packed is None:
         why = f"the memory budget does not hold the frequency layout's count of the split ({need})"
         return _memory_checks(cfg, dataset, stream, without_count(shape, why), together)
-    kept, said = packed, held
+    kept = packed
     if packed.fit.changes:  # the budget shrank something to hold the count: without it, does it?
         why = f"the memory budget would hold the frequency layout's count ({need}) only with a smaller cache or read-ahead"
         with held_logs() as plain_said:
@@ -155,6 +165,31 @@ def memory_checks(
     for record in said:  # the lines of the checks kept, once
         logging.getLogger(record.name).handle(record)
     return kept
+
+
+def _try_counted(
+    cfg: TrainConfig, dataset: Dataset, stream: BatchStream, shape: RunShape, together: bool
+) -> tuple[MemoryCheck | None, list[logging.LogRecord], RunShape]:
+    """The checks of ``auto``'s frequency layout, their lines held back, and the shape they
+    ran on: as estimated, else (the budget does not hold it) with the split's rows counted."""
+    with held_logs() as held:  # the trial's own lines (its fit) are said only if it is kept
+        try:
+            return _memory_checks(cfg, dataset, stream, shape, together), held, shape
+        except BudgetError:
+            pass
+    exact = counted(shape, dataset, stream)
+    if exact is shape:
+        return None, [], shape
+    with held_logs() as held:
+        try:
+            return _memory_checks(cfg, dataset, stream, exact, together), held, exact
+        except BudgetError:
+            return None, [], exact
+
+
+def _frequency_made_here(shape: RunShape) -> bool:
+    lay = shape.layout
+    return lay is not None and lay.name == "frequency" and lay.made
 
 
 @contextmanager
