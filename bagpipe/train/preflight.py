@@ -143,13 +143,19 @@ def memory_checks(
         return _memory_checks(cfg, dataset, stream, shape, together)
     assert shape.layout is not None
     if not shape.layout.auto:  # --store-layout frequency: refused only if even the count does not fit
-        try:
-            return _memory_checks(cfg, dataset, stream, shape, together)
-        except BudgetError:
+        with held_logs() as held:  # the bound's lines are said only if its checks are kept
+            try:
+                kept = _memory_checks(cfg, dataset, stream, shape, together)
+            except BudgetError:
+                kept = None
+        if kept is None:
             exact = counted(shape, dataset, stream)
             if exact is shape:
-                raise
+                return _memory_checks(cfg, dataset, stream, shape, together)  # raises, saying its lines
             return _memory_checks(cfg, dataset, stream, exact, together)
+        for record in held:
+            logging.getLogger(record.name).handle(record)
+        return kept
     packed, said, shape = _try_counted(cfg, dataset, stream, shape, together)
     need = f"{shape.layout_bytes / 2**20:,.0f} MiB"
     if packed is None:

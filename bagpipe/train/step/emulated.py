@@ -68,9 +68,11 @@ class _Pace:
 class EmulatedStep:
     """A :class:`~bagpipe.train.protocols.StepFn` that sleeps ``compute.seconds(B)`` (B: the
     step's batch on this trainer) instead of computing; ``clock`` and ``sleep`` are
-    injectable (tests). The dense all-reduce's wait is averaged over the steps after the
-    first ``warmup`` (``--warmup-steps``, as the summary's times are): DDP's first step
-    all-reduces every gradient in one bucket before it builds its buckets."""
+    injectable (tests). The dense all-reduce's wait and DDP's all-reduces per step are
+    averaged over the steps after the first ``warmup`` (``--warmup-steps``, as the summary's
+    times are): DDP's first step all-reduces every gradient in one bucket before it builds
+    its buckets. On a GPU the wait is read after a device synchronisation (NCCL's
+    all-reduce only orders the stream)."""
 
     def __init__(
         self,
@@ -83,12 +85,15 @@ class EmulatedStep:
         self.steps = 0
         self.delay_s = 0.0
         self.dense_bytes = 0  # handed to DDP's all-reduce (counted by a comm hook)
-        self.dense_buckets = 0  # the all-reduces those bytes went in
         self.row_grad_bytes = 0  # the (U, D) gradients handed to the row strategy
-        self.dense_wait_s = 0.0  # the backward's end past its deadline: the dense sync left over
+        # per step: (the backward's end past its deadline -- the dense sync left over, seconds;
+        # the all-reduces DDP ran)
+        self.dense_steps: list[tuple[float, int]] = []
+        self._buckets_this_step = 0
         self._hooked = False
         self._paced: torch.nn.Module | None = None  # the model whose gradients pace the backward
         self._pace = _Pace()
+        self._pace_hooks: list = []  # their handles, removed when another model comes
 
     def _until(self, deadline: float) -> None:
         left = deadline - self.clock()
@@ -101,6 +106,7 @@ class EmulatedStep:
         inp.ready()
         self._count_allreduce(model)
         self._pace_backward(model)
+        self._buckets_this_step = 0
         delay = self.compute.seconds(inp.batch.batch_size)
         t0 = self.clock()
         rows_u = inp.weights.index_select(0, inp.index)  # (U, D): the step's rows, as a real step reads them
@@ -115,8 +121,9 @@ class EmulatedStep:
         finally:
             self._pace.active = False  # a backward outside this step's does not sleep
         deadline = t1 + backward_s
-        if self.steps >= self.warmup:
-            self.dense_wait_s += max(self.clock() - deadline, 0.0)
+        if rows_u.is_cuda:  # NCCL's all-reduce only makes the stream wait: wait for it here
+            torch.cuda.synchronize(rows_u.device)
+        self.dense_steps.append((max(self.clock() - deadline, 0.0), self._buckets_this_step))
         self._until(deadline)  # a parameter the backward did not reach still had its time
         t2 = self.clock()
         dense_opt.step()
@@ -141,7 +148,7 @@ class EmulatedStep:
         def counted(group, bucket):
             buf = bucket.buffer()
             self.dense_bytes += buf.numel() * buf.element_size()
-            self.dense_buckets += 1
+            self._buckets_this_step += 1
             return allreduce_hook(group, bucket)
 
         model.register_comm_hook(model.process_group, counted)
@@ -164,22 +171,27 @@ class EmulatedStep:
 
             return ready
 
-        for p in params:
-            p.register_hook(hook(p.numel()))
+        for h in self._pace_hooks:  # another model: the previous one's gradients pace nothing
+            h.remove()
+        self._pace_hooks = [p.register_hook(hook(p.numel())) for p in params]
         self._paced = model
 
     def report(self) -> dict:
         """The summary's ``approximation.emulated_compute``."""
         n = max(self.steps, 1)
+        # DDP's all-reduces over the steps after the warm-up, as the summary's times count
+        # them (every step where no more ran): DDP's first step is one bucket of everything
+        measured = self.dense_steps[self.warmup :] if len(self.dense_steps) > self.warmup else self.dense_steps
+        m = max(len(measured), 1)
         return {
             "spec": self.compute.spec,
             "trained": False,
             "steps": self.steps,
             "delay_ms_per_step": 1000 * self.delay_s / n,
             "dense_allreduce_bytes_per_step": self.dense_bytes / n,
-            "dense_allreduce_buckets_per_step": self.dense_buckets / n,
+            "dense_allreduce_buckets_per_step": sum(b for _, b in measured) / m,
             "row_grad_bytes_per_step": self.row_grad_bytes / n,
-            "dense_wait_ms_per_step": 1000 * self.dense_wait_s / max(self.steps - self.warmup, 1),
+            "dense_wait_ms_per_step": 1000 * sum(w for w, _ in measured) / m,
         }
 
     @staticmethod

@@ -75,6 +75,8 @@ def test_the_paper_profile_off_nothing():
         (dict(dilation=10.0, gpu_step_ms=0.0), "--gpu-step-ms must be > 0"),
         (dict(starved_share=0.0), "--starved-share must be in"),
         (dict(ddp_bucket_mb=-0.5), r"--ddp-bucket-mb must be MiB in \[0, 1024\]"),
+        (dict(ddp_bucket_mb=2048.0), r"--ddp-bucket-mb must be MiB in \[0, 1024\]"),
+        (dict(ddp_bucket_mb=float("nan")), "ddp_bucket_mb must be a finite number, got nan"),
     ],
 )
 def test_refusals(settings, message):

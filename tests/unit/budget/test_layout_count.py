@@ -86,3 +86,24 @@ def test_where_even_the_count_does_not_fit_auto_keeps_identity_and_frequency_is_
     given = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, store_layout="frequency"))
     with pytest.raises(BudgetError, match="too small"):
         preflight.memory_checks(given, dataset, stream, run_shape(given, dataset, stream))
+
+
+@pytest.mark.parametrize("layout", ["auto", "frequency"])
+def test_the_checks_lines_are_said_once_when_the_count_is_tried(tiny_data, tmp_path, monkeypatch, caplog, layout):
+    """The checks on the bound log (a budget note, the fit) and fail; the checks on the count
+    are kept: each line is said once, the failed try's not at all."""
+    import logging
+
+    cfg, dataset, stream, shape = _run(tiny_data, tmp_path, store_layout=layout)
+    exact = counted(shape, dataset, stream)
+    inner = _Budget((exact.layout_bytes + shape.layout_bytes) // 2)
+
+    def noisy(cfg, dataset, stream, shape, together):
+        logging.getLogger("bagpipe.budget").warning(f"checked a layout of {shape.layout_bytes} bytes")
+        return inner(cfg, dataset, stream, shape, together)
+
+    monkeypatch.setattr(preflight, "_memory_checks", noisy)
+    with caplog.at_level(logging.INFO):
+        preflight.memory_checks(cfg, dataset, stream, shape)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checked a layout")]
+    assert said == [f"checked a layout of {exact.layout_bytes} bytes"]

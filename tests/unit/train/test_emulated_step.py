@@ -198,3 +198,34 @@ def test_the_dense_wait_leaves_out_the_warm_up_steps():
     for _ in range(3):
         step(model, opt, Recorder(), _input(), {"forward": 0.0, "backward": 0.0, "optimizer": 0.0})
     assert step.report()["dense_wait_ms_per_step"] == pytest.approx(3.0)
+
+
+def test_a_backward_outside_the_step_does_not_sleep_and_another_model_takes_the_hooks_over():
+    clock = FakeClock()
+    step = EmulatedStep(parse_compute("30ms"), clock=clock, sleep=clock.sleep)
+    a, b = _model(), _model()
+    for model in (a, b):
+        step(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            Recorder(),
+            _input(),
+            {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
+        )
+    slept = len(clock.slept)
+    for model in (a, b):  # an evaluation's or a user's backward: no emulated time
+        model.zero_grad()
+        model(torch.randn(2, 13), torch.randn(2, F, D)).sum().backward()
+    assert len(clock.slept) == slept
+    # the first model's hooks are gone: stepping it again paces it once, not twice
+    before = len(clock.slept)
+    step(
+        a,
+        torch.optim.SGD(a.parameters(), lr=0.1),
+        Recorder(),
+        _input(),
+        {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
+    )
+    backward = [x for x in clock.slept[before + 1 :] if x > 1e-12]
+    assert len(backward) == len(list(a.parameters()))
+    assert sum(backward) == pytest.approx(0.030 * (1 - FORWARD_SHARE))

@@ -11,6 +11,7 @@ from typing import Any
 from bagpipe.bench.harness.settings import CachePoint, Throughput
 from bagpipe.config.compute import V100_BATCH, V100_STEP_MS
 from bagpipe.config.modes import mode_spec
+from bagpipe.config.sections import MAX_DDP_BUCKET_MB
 from bagpipe.config.train import TrainConfig, only_applicable
 
 MODES = ("nocache", "lru", "lookahead")
@@ -133,7 +134,11 @@ class ClusterBench(CachePoint, Throughput):
         )
         self.check("threads", self.threads in (0, 1), "must be 1 (or 0): every role runs one thread")
         self.check("cache_sync", self.cache_sync in ("partitioned", "owner"), "must be partitioned or owner")
-        self.check("ddp_bucket_mb", 0 <= self.ddp_bucket_mb <= 1024, "must be MiB in [0, 1024] (0: torch's default)")
+        self.check(
+            "ddp_bucket_mb",
+            0 <= self.ddp_bucket_mb <= MAX_DDP_BUCKET_MB,
+            f"must be MiB in [0, {MAX_DDP_BUCKET_MB:g}] (0: torch's default)",
+        )
         self.check("embedding_dim", self.embedding_dim >= 1, "must be >= 1")
         self.check("probe_s", self.probe_s > 0, "must be > 0")
         self.check("dilation", self.dilation >= 0, "must be >= 0 (0: real compute at --rates)")
