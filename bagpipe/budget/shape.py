@@ -90,7 +90,7 @@ def run_shape(cfg: TrainConfig, dataset: Dataset, stream: BatchStream, batch_siz
     one = stream.batch(0)
     batch_bytes = sum(t.numel() * t.element_size() for t in (one.labels, one.dense, one.rows, one.offsets))
     id_bytes = one.rows.element_size() * max(1, len(one.rows) // max(1, len(one.labels)))
-    split_lookups, sample_lookups = stream.num_samples * lookups // max(1, B), lookups // max(1, B)
+    split_lookups, sample_lookups = _split_lookups(stream, lookups, B)
     making = frequency_peak(meta.total_rows, split_lookups, sample_lookups)
     layout = choose_layout(cfg, stream.batches_per_epoch, making)
     return RunShape(
@@ -190,6 +190,12 @@ def frequency_peak(num_rows: int, split_lookups: int, sample_lookups: int = 1) -
     return layout_bytes(LayoutChoice("frequency", "made here"), num_rows, split_lookups, sample_lookups)
 
 
+def _split_lookups(stream: BatchStream, lookups: int, batch_size: int) -> tuple[int, int]:
+    """(lookups of the whole train split, lookups a sample) for ``lookups`` a batch of ``batch_size``."""
+    B = max(1, batch_size)
+    return stream.num_samples * lookups // B, lookups // B
+
+
 def counted(shape: RunShape, dataset: Dataset, stream: BatchStream) -> RunShape:
     """``shape`` with its frequency layout's estimate from the rows the train split really
     uses (:func:`bagpipe.data.frequency.rows_used`: one pass over its ids, 1 byte a row of
@@ -202,8 +208,7 @@ def counted(shape: RunShape, dataset: Dataset, stream: BatchStream) -> RunShape:
     if lay is None or lay.name != "frequency" or not lay.made or lay.used_rows:
         return shape
     used = max(1, rows_used(dataset))
-    B = max(1, shape.batch_size)
-    split_lookups, sample_lookups = stream.num_samples * shape.lookups // B, shape.lookups // B
+    split_lookups, sample_lookups = _split_lookups(stream, shape.lookups, shape.batch_size)
     bound = layout_bytes(lay, shape.num_rows, split_lookups, sample_lookups)
     with_used = dataclasses.replace(lay, used_rows=used)
     need = layout_bytes(with_used, shape.num_rows, split_lookups, sample_lookups)

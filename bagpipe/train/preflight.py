@@ -141,28 +141,17 @@ def memory_checks(
     it only with a smaller cache or read-ahead than without it."""
     if not _frequency_made_here(shape):
         return _memory_checks(cfg, dataset, stream, shape, together)
-    assert shape.layout is not None
-    if not shape.layout.auto:  # --store-layout frequency: refused only if even the count does not fit
-        with held_logs() as held:  # the bound's lines are said only if its checks are kept
-            try:
-                kept = _memory_checks(cfg, dataset, stream, shape, together)
-            except BudgetError:
-                kept = None
-        if kept is None:
-            exact = counted(shape, dataset, stream)
-            if exact is shape:
-                return _memory_checks(cfg, dataset, stream, shape, together)  # raises, saying its lines
-            return _memory_checks(cfg, dataset, stream, exact, together)
-        for record in held:
-            logging.getLogger(record.name).handle(record)
-        return kept
     packed, said, shape = _try_counted(cfg, dataset, stream, shape, together)
+    assert shape.layout is not None
+    auto = shape.layout.auto  # --store-layout frequency: refused only if even the count does not fit
     need = f"{shape.layout_bytes / 2**20:,.0f} MiB"
     if packed is None:
+        if not auto:
+            return _memory_checks(cfg, dataset, stream, shape, together)  # raises, saying its lines
         why = f"the memory budget does not hold the frequency layout's count of the split ({need})"
         return _memory_checks(cfg, dataset, stream, without_count(shape, why), together)
     kept = packed
-    if packed.fit.changes:  # the budget shrank something to hold the count: without it, does it?
+    if auto and packed.fit.changes:  # the budget shrank something to hold the count: without it, does it?
         why = f"the memory budget would hold the frequency layout's count ({need}) only with a smaller cache or read-ahead"
         with held_logs() as plain_said:
             plain = _memory_checks(cfg, dataset, stream, without_count(shape, why), together)
@@ -176,7 +165,7 @@ def memory_checks(
 def _try_counted(
     cfg: TrainConfig, dataset: Dataset, stream: BatchStream, shape: RunShape, together: bool
 ) -> tuple[MemoryCheck | None, list[logging.LogRecord], RunShape]:
-    """The checks of ``auto``'s frequency layout, their lines held back, and the shape they
+    """The checks of a frequency layout made here, their lines held back, and the shape they
     ran on: as estimated, else (the budget does not hold it) with the split's rows counted."""
     with held_logs() as held:  # the trial's own lines (its fit) are said only if it is kept
         try:

@@ -78,6 +78,13 @@ def _input() -> StepInput:
     )
 
 
+def _step_once(step: EmulatedStep, model, times: dict | None = None) -> dict:
+    """One emulated step of ``model`` (plain SGD, a recording row strategy); its times."""
+    times = times if times is not None else {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    step(model, torch.optim.SGD(model.parameters(), lr=0.1), Recorder(), _input(), times)
+    return times
+
+
 def _model():
     torch.manual_seed(0)
     cfg = recipe("dlrm", "debug")
@@ -135,13 +142,7 @@ def test_a_compute_slower_than_the_clock_is_not_slept_past():
     clock = Slow()
     step = EmulatedStep(parse_compute("3ms"), clock=clock, sleep=clock.sleep)
     model = _model()
-    step(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        Recorder(),
-        _input(),
-        {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
-    )
+    _step_once(step, model)
     assert clock.slept == []
 
 
@@ -154,13 +155,7 @@ def test_the_backward_is_spread_over_the_gradients_in_proportion_to_their_weight
     model = _model()
     params = list(model.parameters())
     total = sum(p.numel() for p in params)
-    step(
-        model,
-        torch.optim.SGD(params, lr=0.1),
-        Recorder(),
-        _input(),
-        {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
-    )
+    _step_once(step, model)
     backward_s = 0.030 * (1 - FORWARD_SHARE)
     slept = [s for s in clock.slept[1:] if s > 1e-12]  # [0]: the forward's
     assert sorted(slept) == pytest.approx(sorted(backward_s * p.numel() / total for p in params))
@@ -177,8 +172,7 @@ def test_what_the_dense_sync_leaves_after_the_backward_is_counted_as_its_wait():
         clock.now += 0.005
 
     first.register_post_accumulate_grad_hook(last_bucket)
-    times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-    step(model, torch.optim.SGD(model.parameters(), lr=0.1), Recorder(), _input(), times)
+    times = _step_once(step, model)
     assert step.report()["dense_wait_ms_per_step"] == pytest.approx(5.0)
     assert times["backward"] == pytest.approx(0.030 * (1 - FORWARD_SHARE) + 0.005)
 
@@ -205,13 +199,7 @@ def test_a_backward_outside_the_step_does_not_sleep_and_another_model_takes_the_
     step = EmulatedStep(parse_compute("30ms"), clock=clock, sleep=clock.sleep)
     a, b = _model(), _model()
     for model in (a, b):
-        step(
-            model,
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            Recorder(),
-            _input(),
-            {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
-        )
+        _step_once(step, model)
     slept = len(clock.slept)
     for model in (a, b):  # an evaluation's or a user's backward: no emulated time
         model.zero_grad()
@@ -219,13 +207,7 @@ def test_a_backward_outside_the_step_does_not_sleep_and_another_model_takes_the_
     assert len(clock.slept) == slept
     # the first model's hooks are gone: stepping it again paces it once, not twice
     before = len(clock.slept)
-    step(
-        a,
-        torch.optim.SGD(a.parameters(), lr=0.1),
-        Recorder(),
-        _input(),
-        {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
-    )
+    _step_once(step, a)
     backward = [x for x in clock.slept[before + 1 :] if x > 1e-12]
     assert len(backward) == len(list(a.parameters()))
     assert sum(backward) == pytest.approx(0.030 * (1 - FORWARD_SHARE))
