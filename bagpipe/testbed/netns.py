@@ -101,6 +101,42 @@ class Host:
         return ["ip", "netns", "exec", self.ns]
 
 
+@dataclass(frozen=True)
+class TcpCounters:
+    """A namespace's TCP counters (``/proc/net/snmp``, ``/proc/net/netstat``): segments sent,
+    segments sent again (lost, or taken for lost), and retransmission timeouts (a sender
+    that heard nothing for an RTO, at least 200 ms, and starts over from one segment)."""
+
+    segments: int = 0
+    retransmitted: int = 0
+    timeouts: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> TcpCounters:
+        """From the text of ``/proc/net/snmp`` and ``/proc/net/netstat`` (a header line and a
+        value line per protocol)."""
+        lines = [line.split() for line in text.splitlines() if line.strip()]
+        fields: dict[str, int] = {}
+        for head, values in zip(lines, lines[1:]):
+            if head[0] not in ("Tcp:", "TcpExt:") or values[0] != head[0] or len(head) != len(values):
+                continue
+            try:
+                numbers = [int(v) for v in values[1:]]
+            except ValueError:  # a header followed by a header: not this pair
+                continue
+            fields.update({f"{head[0]}{k}": n for k, n in zip(head[1:], numbers)})
+        return cls(
+            segments=fields.get("Tcp:OutSegs", 0),
+            retransmitted=fields.get("Tcp:RetransSegs", 0),
+            timeouts=fields.get("TcpExt:TCPTimeouts", 0),
+        )
+
+    def __sub__(self, other: TcpCounters) -> TcpCounters:
+        return TcpCounters(
+            self.segments - other.segments, self.retransmitted - other.retransmitted, self.timeouts - other.timeouts
+        )
+
+
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     r = subprocess.run(list(cmd), capture_output=True, text=True)
     if check and r.returncode != 0:
@@ -359,6 +395,11 @@ class EmulatedNet:
                 st = link["stats64"]
                 out[name] = (int(st["rx"]["bytes"]), int(st["tx"]["bytes"]))
         return out
+
+    def tcp_counters(self, host: Host) -> TcpCounters:
+        """TCP's counters of ``host``'s namespace so far (every socket of the host)."""
+        r = _run("ip", "netns", "exec", host.ns, "cat", "/proc/net/snmp", "/proc/net/netstat")
+        return TcpCounters.parse(r.stdout)
 
     def counters(self, host: Host) -> tuple[int, int]:
         """(bytes sent, bytes received) on ``host``'s eth0 so far (Ethernet frames, headers included)."""

@@ -327,5 +327,10 @@ def test_bench_cluster_quick(tmp_path, capsys):
                     # below the model as far as write-backs still queued on a slowed link when the
                     # counters are read (17% seen under load); never more than 15% above it
                     assert 0.75 < ratio < 1.15, (v["config"], role, d, ratio)
+        # every host's TCP counted over the run: what it sent, and the share it sent again
+        assert set(v["tcp"]) == set(v["bytes_per_step"]), v["config"]
+        assert v["tcp"]["trainer 0"]["segments_per_step"] > 0 and v["tcp"]["server 0"]["segments_per_step"] > 0
+        assert all(0 <= t["retransmitted_share"] <= 1 for t in v["tcp"].values())
+    assert "TCP segments sent again" in (out / "results.md").read_text()
     assert (out / "cluster.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert os.getpid() not in run_namespaces()

@@ -43,6 +43,28 @@ def _split(t: dict, step_ms: float) -> dict[str, float]:
     }
 
 
+def _tcp_medians(windows: list[dict]) -> dict[str, dict[str, float]]:
+    """Every host's TCP figures (``_tcp_figures``), the median over the repetitions;
+    empty for runs from before they were counted."""
+    hosts = windows[0].get("tcp", {}) if windows else {}
+    return {
+        host: {k: _med([w["tcp"][host][k] for w in windows if host in w.get("tcp", {})]) for k in figures}
+        for host, figures in hosts.items()
+    }
+
+
+def _tcp_cell(v: dict) -> str:
+    """Retransmitted segments (share of those sent) of trainer 0, server 0 and the worst
+    host, and the worst host's retransmission timeouts per step."""
+    tcp = v.get("tcp") or {}
+    if not tcp:
+        return "not measured"
+    worst = max(tcp, key=lambda h: tcp[h]["retransmitted_share"])
+    shares = " / ".join(f"{tcp[h]['retransmitted_share']:.1%}" if h in tcp else "-" for h in ROLES[:2])
+    timeouts = max(x["timeouts_per_step"] for x in tcp.values())
+    return f"{shares} / {tcp[worst]['retransmitted_share']:.1%} ({worst}); {timeouts:.1f}"
+
+
 def _med(values: list[float]) -> float:
     return median_spread(values)[0] if values else float("nan")
 
@@ -74,6 +96,11 @@ def summarise(
             role: max(w.get("run_queue_share", {}).get(role, 0.0) for w in windows)
             for role in (windows[0].get("run_queue_share", {}) if windows else {})
         }
+        after_warmup = {
+            role: {d: _med([w["bytes_per_measured_step"][role][d] for w in windows]) for d in ("sent", "received")}
+            for role in (windows[0].get("bytes_per_measured_step", {}) if windows else {})
+        }
+        tcp = _tcp_medians(windows)
         starved = starved_roles(waits, b.starved_share)
         cfg = runs[0]["config"]
         if (n, key) not in traffic:
@@ -101,11 +128,14 @@ def summarise(
             "model_bytes_per_step": model_bytes,
             "bytes_vs_model": tr.within(measured),
             "model_bytes_racing_the_reading": tr.per_link(tr.racing),
+            "bytes_per_measured_step": after_warmup,
+            "bytes_vs_model_measured_steps": timing[(n, key)].within(after_warmup) if after_warmup else {},
             "model": model,
             "model_samples_per_s": model["samples_per_s"],
             "vs_model": sps / model["samples_per_s"] if model["samples_per_s"] else float("nan"),
             "cpu_share": cpu,
             "run_queue_share": waits,
+            "tcp": tcp,
             "starved": starved,
             "valid": not starved if waits else None,
             "hit_rate": sums[0].get("cache", {}).get("hit_rate"),
@@ -344,7 +374,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
         waits = v.get("run_queue_share") or {}
         worst = max(waits, key=lambda r: waits[r]) if waits else None
         wait = f"{waits[worst]:.0%} ({worst})" if worst else "not measured"
-        rows2.append([f"{v['rate_mbit']:g}", v["trainers"], v["config"], *cells, cpu, wait])
+        rows2.append([f"{v['rate_mbit']:g}", v["trainers"], v["config"], *cells, cpu, wait, _tcp_cell(v)])
     t1 = markdown_table(
         [
             "Mbit/s trainer / server",
@@ -373,6 +403,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
             "oracle (model)",
             "CPU cores: trainer 0 / server 0 / oracle / busiest other trainer",
             f"run-queue wait, worst role (starved above {b.starved_share:.0%})",
+            "TCP segments sent again: trainer 0 / server 0 / worst host; most retransmission timeouts a step",
         ],
         rows2,
     )

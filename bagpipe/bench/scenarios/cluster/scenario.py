@@ -45,7 +45,7 @@ from bagpipe.data.schema import DatasetMeta
 from bagpipe.distributed.launch import Placement, launch
 from bagpipe.distributed.layout import Layout
 from bagpipe.jsonout import json_text
-from bagpipe.testbed.netns import EmulatedNet, Host, probe_rate, terminate_as_interrupt, unavailable
+from bagpipe.testbed.netns import EmulatedNet, Host, TcpCounters, probe_rate, terminate_as_interrupt, unavailable
 
 PORT = 29500
 
@@ -94,6 +94,7 @@ class _Window:
         self.net, self.hosts, self.names, self.run = net, hosts, names, run_dir
         self.warmup, self.steps, self.at_end = max(warmup, 1), steps, at_end
         self.start = self._bytes()
+        self.tcp_start = self._tcp()
         self.snaps: list[dict] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="cluster-window")
@@ -108,6 +109,9 @@ class _Window:
     def _bytes(self) -> dict[str, tuple[int, int]]:
         every = self.net.all_counters()  # one instant for every host
         return {n: every[h.name] for n, h in zip(self.names, self.hosts)}
+
+    def _tcp(self) -> dict[str, TcpCounters]:
+        return {n: self.net.tcp_counters(h) for n, h in zip(self.names, self.hosts)}
 
     def _cpu(self) -> dict[str, float]:
         import psutil
@@ -154,7 +158,8 @@ class _Window:
                     "step": self._step(),
                     "cpu": last_cpu | self._cpu(),
                     "wait": last_wait | self._waits(),
-                    "bytes": self._bytes() if mark == self.steps else None,
+                    "bytes": self._bytes(),
+                    "tcp": self._tcp() if mark == self.steps else None,
                 }
             )
         self.at_end()
@@ -176,11 +181,30 @@ class _Window:
                 }
                 for n in self.names
             },
+            # the steps after the warm-up alone: no start-up (DDP's first broadcast of the dense model, the handshakes)
+            "bytes_per_measured_step": {
+                n: {
+                    "sent": (z["bytes"][n][0] - a["bytes"][n][0]) / max(z["step"] - a["step"], 1),
+                    "received": (z["bytes"][n][1] - a["bytes"][n][1]) / max(z["step"] - a["step"], 1),
+                }
+                for n in self.names
+            },
+            "tcp": {n: _tcp_figures(z["tcp"][n] - self.tcp_start[n], steps) for n in self.names},
             "cpu_share": {role: (z["cpu"][role] - a["cpu"][role]) / wall for role in z["cpu"] if role in a["cpu"]},
             "run_queue_share": {
                 role: (z["wait"][role] - a["wait"][role]) / wall for role in z["wait"] if role in a["wait"]
             },
         }
+
+
+def _tcp_figures(d: TcpCounters, steps: int) -> dict[str, float]:
+    """A host's TCP over a run: segments sent per step, the share of them sent again, and
+    retransmission timeouts per step (each a stall of at least 200 ms, real time)."""
+    return {
+        "segments_per_step": d.segments / steps,
+        "retransmitted_share": d.retransmitted / d.segments if d.segments else 0.0,
+        "timeouts_per_step": d.timeouts / steps,
+    }
 
 
 def run_queue_wait_s(pid: int) -> float | None:
@@ -339,7 +363,6 @@ def report_again(b: ClusterBench) -> dict:
         probes_by_rate = json.loads((out / "results.json").read_text())["probes_mbit"]
     else:
         probes_by_rate = json.loads(saved.read_text())
-    probes = {float(r): p for r, p in probes_by_rate.items()}
     configs = {key: (mode, L) for key, mode, L in b.configs()}
     results: dict[tuple[int, float, str], list[dict]] = {}
     for line in (out / "runs.jsonl").read_text().splitlines():
@@ -348,6 +371,8 @@ def report_again(b: ClusterBench) -> dict:
         run_dir = out / "runs" / f"{r['rate']:g}-{r['trainers']}-{r['config']}"
         r["config"] = job_config(b, data, run_dir, r["trainers"], mode, L, cache_rows)
         results.setdefault((r["trainers"], r["rate"], r.pop("config_key", None) or _key(r)), []).append(r)
+    # probes.json names a rate as "{rate:g}" (six digits): a dilated rate (10,000 / 300) is not that float
+    probes = {rate: probes_by_rate[f"{rate:g}"] for _, rate, _ in results}
     ideal = [_emulated_ideal(b)] if b.dilation else [{"samples_per_s": float("nan"), "params_sha256": None}]
     payload = summarise(b, results, ideal, probes, cache_rows, meta)
     plot(out, payload)
