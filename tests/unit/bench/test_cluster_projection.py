@@ -64,11 +64,30 @@ def test_a_saturated_server_link_bounds_both():
     p = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=True)
     assert p["step_ms"] == pytest.approx(200.0)
     assert p["bottleneck"] == "server link"
-    # the synchronous baseline waits for the server's 200 ms, then computes: 200 + 12 + 5 + 3
+    # the synchronous baseline waits for the server's link, what it receives (4,000 B: 2 ms)
+    # and then what it sends (200 ms), then computes: 202 + 12 + 5 + 3
     p = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=False)
-    assert p["embedding_ms"] == pytest.approx(200.0)
-    assert p["step_ms"] == pytest.approx(220.0)
+    assert p["embedding_ms"] == pytest.approx(202.0)
+    assert p["server_link_ms"] == pytest.approx(202.0)
+    assert p["step_ms"] == pytest.approx(222.0)
     assert p["bottleneck"] == "embedding access"
+
+
+def test_a_synchronous_servers_write_backs_come_before_its_replies():
+    # 100,000 B each way at 2 MB/s: 50 ms when both directions run at once (lookahead's
+    # write-backs and prefetches of different steps), 100 ms in turn (a synchronous mode's
+    # reads are held until every trainer's write-back is in)
+    t = _traffic()
+    t.links["server 0"] = _link(100_000, 100_000)
+    pipelined = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=True)
+    synchronous = predict_emulated_ms(t, RATES, compute_ms=12.0, pipelined=False)
+    assert pipelined["server_link_ms"] == pytest.approx(50.0)
+    assert synchronous["server_link_ms"] == pytest.approx(100.0)
+    assert synchronous["embedding_ms"] == pytest.approx(100.0)  # above trainer 0's own 10 ms of rows
+    assert synchronous["step_ms"] == pytest.approx(100.0 + 12.0 + 5.0 + 3.0)
+    assert synchronous["embedding_share"] == pytest.approx(100.0 / 120.0)
+    # trainers' links are never taken in turn: a collective sends and receives at once
+    assert synchronous["trainer_link_ms"] == pytest.approx(20.0)
 
 
 def test_a_long_deferred_sync_is_waited_for():

@@ -302,7 +302,7 @@ def predict_step_ms(
     ``compute + trainer 0's serial transfers`` (at least the slowest link) for synchronous ones."""
     wire = traffic.per_link()
     link_ms = {
-        name: max(wire[name]["sent"] / rates_bytes_s[name][0], wire[name]["received"] / rates_bytes_s[name][1]) * 1000
+        name: _ms(traffic.links[name], rates_bytes_s[name], _in_turn(name, pipelined))
         for name in wire
         if name in rates_bytes_s
     }
@@ -316,10 +316,27 @@ def predict_step_ms(
     return {"step_ms": step, "slowest_link_ms": slowest, "bottleneck": link if slowest > compute_ms else "compute"}
 
 
-def _ms(link: Link, rate: tuple[float, float]) -> float:
-    """Time (ms) ``link``'s bytes of a step need, both directions at once at ``rate`` (up, down) bytes/s."""
+def _ms(link: Link, rate: tuple[float, float], in_turn: bool = False) -> float:
+    """Time (ms) ``link``'s bytes of a step need at ``rate`` (up, down) bytes/s: both
+    directions at once, or one after the other (``in_turn``: an embedding server of a
+    synchronous mode, below)."""
     sent, received = link.wire()
-    return max(sent / rate[0], received / rate[1]) * 1000
+    up, down = sent / rate[0], received / rate[1]
+    return (up + down if in_turn else max(up, down)) * 1000
+
+
+def _in_turn(name: str, pipelined: bool) -> bool:
+    """Whether host ``name``'s two directions are used one after the other in a step.
+
+    An embedding server's, in a synchronous mode (``nocache``, ``lru``): it holds every
+    read of step t until every trainer has written back what step t - 1 evicted (the
+    read's label; exactness), and the trainers ask for step t's rows only then, so the
+    server's link receives the write-backs and requests and then sends the replies -- never
+    both at once. Measured: the servers' ``waited_s`` (the reads held) is 0.6 s a read for
+    ``nocache`` at 8 trainers (docs/distributed.md). With lookahead the write-backs and
+    prefetches of different steps overlap, and trainers' links carry both directions
+    at once (a collective's send and receive)."""
+    return not pipelined and name.startswith("server")
 
 
 def predict_emulated_ms(
@@ -340,7 +357,8 @@ def predict_emulated_ms(
       on background threads;
     * synchronous (nocache, lru): the rows are fetched first, in turn (``t_embedding`` =
       trainer 0's embedding bytes sent / up + received / down, at least the busiest
-      server's link: every trainer asks at once), then the compute;
+      server's link, its received bytes and then its sent ones: every trainer asks at once,
+      after every trainer's write-back, :func:`_in_turn`), then the compute;
 
     so a step is ``max(dense done, t_embedding + compute) + t_sync_urgent`` (with every
     bucket ready at the backward's end: ``max(t_embedding + compute, t_sync_deferred) +
@@ -353,7 +371,11 @@ def predict_emulated_ms(
     t = {name: _ms(p[name], (up, down)) if name in p else 0.0 for name in PARTS}
     emb_sent, emb_received = p["embedding"].wire() if "embedding" in p else (0.0, 0.0)
     serial = (emb_sent / up + emb_received / down) * 1000
-    hosts = {name: _ms(link, rates_bytes_s[name]) for name, link in traffic.links.items() if name in rates_bytes_s}
+    hosts = {
+        name: _ms(link, rates_bytes_s[name], _in_turn(name, pipelined))
+        for name, link in traffic.links.items()
+        if name in rates_bytes_s
+    }
     server = max((v for k, v in hosts.items() if k.startswith("server")), default=0.0)
     oracle = hosts.get("oracle", 0.0)
     trainer_link = max((v for k, v in hosts.items() if k.startswith("trainer")), default=0.0)
