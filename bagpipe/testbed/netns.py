@@ -103,9 +103,11 @@ class Host:
 
 @dataclass(frozen=True)
 class TcpCounters:
-    """A namespace's TCP counters (``/proc/net/snmp``, ``/proc/net/netstat``): segments sent,
-    segments sent again (lost, or taken for lost), and retransmission timeouts (a sender
-    that heard nothing for an RTO, at least 200 ms, and starts over from one segment)."""
+    """A namespace's TCP counters (``/proc/net/snmp``, ``/proc/net/netstat``): segments sent
+    (every one: new data, pure ACKs and control, and retransmissions), segments sent again
+    (lost, or taken for lost), and retransmission timeouts (a sender that heard nothing for
+    an RTO, at least 200 ms, and starts over from one segment). The kernel's ``OutSegs``
+    leaves retransmissions out, so ``segments`` is ``OutSegs + RetransSegs``."""
 
     segments: int = 0
     retransmitted: int = 0
@@ -126,7 +128,7 @@ class TcpCounters:
                 continue
             fields.update({f"{head[0]}{k}": n for k, n in zip(head[1:], numbers)})
         return cls(
-            segments=fields.get("Tcp:OutSegs", 0),
+            segments=fields.get("Tcp:OutSegs", 0) + fields.get("Tcp:RetransSegs", 0),
             retransmitted=fields.get("Tcp:RetransSegs", 0),
             timeouts=fields.get("TcpExt:TCPTimeouts", 0),
         )

@@ -327,6 +327,11 @@ def test_bench_cluster_quick(tmp_path, capsys):
                     # below the model as far as write-backs still queued on a slowed link when the
                     # counters are read (17% seen under load); never more than 15% above it
                     assert 0.75 < ratio < 1.15, (v["config"], role, d, ratio)
+        # the steps after the warm-up against the model of the same steps (a synchronous mode:
+        # no prefetch runs ahead of the counters)
+        if v["mode"] == "nocache":
+            for d, ratio in v["bytes_vs_model_measured_steps"]["trainer 0"].items():
+                assert 0.85 < ratio < 1.15, (d, ratio)
         # every host's TCP counted over the run: what it sent, and the share it sent again
         assert set(v["tcp"]) == set(v["bytes_per_step"]), v["config"]
         assert v["tcp"]["trainer 0"]["segments_per_step"] > 0 and v["tcp"]["server 0"]["segments_per_step"] > 0

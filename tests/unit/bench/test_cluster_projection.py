@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from bagpipe.bench.scenarios.cluster.cost_model import PARTS, Direction, Link, PlanTraffic, predict_emulated_ms
+from bagpipe.bench.scenarios.cluster.cost_model import (
+    PARTS,
+    Direction,
+    Link,
+    PlanTraffic,
+    predict_emulated_ms,
+    predict_step_ms,
+)
 from bagpipe.bench.scenarios.cluster.projection import paper_rates, projection_row, speedups
 from bagpipe.bench.scenarios.cluster.settings import ClusterBench
 from bagpipe.errors import ConfigError
@@ -88,6 +95,20 @@ def test_a_synchronous_servers_write_backs_come_before_its_replies():
     assert synchronous["embedding_share"] == pytest.approx(100.0 / 120.0)
     # trainers' links are never taken in turn: a collective sends and receives at once
     assert synchronous["trainer_link_ms"] == pytest.approx(20.0)
+
+
+def test_measured_compute_synchronous_step_waits_for_the_server_in_turn():
+    # the model of an undilated run (its compute measured): trainer 0's 34,000 B in turn at
+    # 1 MB/s = 34 ms; the server's 100,000 B each way at 2 MB/s, in turn, 100 ms
+    t = _traffic()
+    t.links["server 0"] = _link(100_000, 100_000)
+    p = predict_step_ms(t, RATES, compute_ms=12.0, pipelined=False)
+    assert p["step_ms"] == pytest.approx(12.0 + 100.0)
+    assert p["slowest_link_ms"] == pytest.approx(100.0)
+    # a light server: trainer 0's own transfers bind, 12 + 34
+    assert predict_step_ms(_traffic(), RATES, compute_ms=12.0, pipelined=False)["step_ms"] == pytest.approx(46.0)
+    # pipelined: the server's directions at once (50 ms) against the compute
+    assert predict_step_ms(t, RATES, compute_ms=12.0, pipelined=True)["step_ms"] == pytest.approx(50.0)
 
 
 def test_a_long_deferred_sync_is_waited_for():

@@ -299,7 +299,9 @@ def predict_step_ms(
 ) -> dict[str, float | str]:
     """The model's step time (ms) from the bytes of every link and the rate each achieves
     (host -> (up, down) bytes/s): ``max(compute, slowest link)`` for pipelined plans,
-    ``compute + trainer 0's serial transfers`` (at least the slowest link) for synchronous ones."""
+    ``compute + trainer 0's serial transfers`` for synchronous ones, or ``compute + the
+    busiest server's link`` where that takes longer (its write-backs, then its replies:
+    :func:`_in_turn`), and at least the slowest link."""
     wire = traffic.per_link()
     link_ms = {
         name: _ms(traffic.links[name], rates_bytes_s[name], _in_turn(name, pipelined))
@@ -311,7 +313,9 @@ def predict_step_ms(
         step = max(compute_ms, slowest)
     else:  # every byte trainer 0 sends or receives is waited for in turn (measured so: see docs/distributed.md)
         up, down = rates_bytes_s["trainer 0"]
-        step = max(compute_ms + (wire["trainer 0"]["sent"] / up + wire["trainer 0"]["received"] / down) * 1000, slowest)
+        serial = (wire["trainer 0"]["sent"] / up + wire["trainer 0"]["received"] / down) * 1000
+        server = max((v for k, v in link_ms.items() if k.startswith("server")), default=0.0)
+        step = max(compute_ms + max(serial, server), slowest)
     link = max(link_ms, key=lambda name: link_ms[name]) if link_ms else ""
     return {"step_ms": step, "slowest_link_ms": slowest, "bottleneck": link if slowest > compute_ms else "compute"}
 
@@ -332,8 +336,8 @@ def _in_turn(name: str, pipelined: bool) -> bool:
     read of step t until every trainer has written back what step t - 1 evicted (the
     read's label; exactness), and the trainers ask for step t's rows only then, so the
     server's link receives the write-backs and requests and then sends the replies -- never
-    both at once. Measured: the servers' ``waited_s`` (the reads held) is 0.6 s a read for
-    ``nocache`` at 8 trainers (docs/distributed.md). With lookahead the write-backs and
+    both at once. Measured: the servers' ``waited_s`` (the reads held) is 0.1-0.6 s a read
+    for ``nocache`` at 8 trainers (docs/distributed.md). With lookahead the write-backs and
     prefetches of different steps overlap, and trainers' links carry both directions
     at once (a collective's send and receive)."""
     return not pipelined and name.startswith("server")

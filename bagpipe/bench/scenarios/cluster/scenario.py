@@ -82,10 +82,11 @@ def _probe(net: EmulatedNet, hosts: dict[str, Host], b: ClusterBench) -> dict[st
 
 
 class _Window:
-    """What a job did on the network and the CPUs: every host's interface counters from
-    before its roles start to when trainer 0 finishes the last step (every step's traffic,
-    the cold start's included), and every role's CPU time from the end of the warm-up to
-    the last step (polling trainer 0's heartbeat). ``at_end`` runs once the last step is
+    """What a job did on the network and the CPUs: every host's interface counters and TCP
+    counters from before its roles start to when trainer 0 finishes the last step (every
+    step's traffic, the cold start's included), the interface counters again at the end of
+    the warm-up (the measured steps' bytes alone), and every role's CPU time from the end of
+    the warm-up to the last step (polling trainer 0's heartbeat). ``at_end`` runs once the last step is
     done (the links are unshaped for the evaluation and the digest, which are not measured)."""
 
     def __init__(
@@ -156,9 +157,9 @@ class _Window:
                 {
                     "t": time.perf_counter(),
                     "step": self._step(),
+                    "bytes": self._bytes(),  # right after the step: the counters of that instant
                     "cpu": last_cpu | self._cpu(),
                     "wait": last_wait | self._waits(),
-                    "bytes": self._bytes(),
                     "tcp": self._tcp() if mark == self.steps else None,
                 }
             )
@@ -198,8 +199,9 @@ class _Window:
 
 
 def _tcp_figures(d: TcpCounters, steps: int) -> dict[str, float]:
-    """A host's TCP over a run: segments sent per step, the share of them sent again, and
-    retransmission timeouts per step (each a stall of at least 200 ms, real time)."""
+    """A host's TCP over a run: segments sent per step (pure ACKs and retransmissions
+    included), the share of them that were retransmissions, and retransmission timeouts per
+    step (each a stall of at least 200 ms, real time)."""
     return {
         "segments_per_step": d.segments / steps,
         "retransmitted_share": d.retransmitted / d.segments if d.segments else 0.0,
