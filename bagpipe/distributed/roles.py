@@ -372,5 +372,6 @@ def serve(
         finally:
             store.close()
         log.info(
-            f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' write-backs"
+            f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' "
+            f"write-backs, {report.read_s:.2f} s in the store, replies {report.reply_s:.2f} s on the wire"
         )

@@ -74,6 +74,8 @@ class ServerReport:
 
     requests: dict = field(default_factory=dict)  # requests served, by kind
     waited_s: float = 0.0  # time reads were held for other clients' write-backs
+    read_s: float = 0.0  # time reads spent in the store, waiting for its lock included
+    reply_s: float = 0.0  # time spent handing replies to the wire (until gloo took the last byte)
 
 
 class EmbeddingServer:
@@ -145,7 +147,10 @@ class EmbeddingServer:
                     return
                 reply = self._handle(client, op, msg)
                 if reply is not None:
+                    t0 = time.perf_counter()
                     self.t.send(client, REPLY, reply)
+                    with self._cond:  # one client thread each: the sums are shared
+                        self.report.reply_s += time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - reported by serve()
             with self._cond:
                 if self._failure is None:
@@ -247,11 +252,14 @@ class EmbeddingServer:
     def _handle(self, client: int, op: str, msg: dict):
         if op == "read":
             self._wait_for(msg["after"])
+            t0 = time.perf_counter()
             with self._store_lock:
                 if msg.get("count", True):
                     w, s = self.store.read(msg["rows"])
                 else:
                     w, s = self.store.peek(msg["rows"])
+            with self._cond:
+                self.report.read_s += time.perf_counter() - t0
             return {"w": w, "s": s}
         if op == "range":
             self._wait_for(msg["after"])
@@ -281,6 +289,8 @@ class EmbeddingServer:
                 "store": self.store.stats.as_dict(),
                 "requests": dict(self.report.requests),
                 "waited_s": self.report.waited_s,
+                "read_s": self.report.read_s,
+                "reply_s": self.report.reply_s,
                 "memory": self.memory | {"peak_anon_mb": self._rss.peak_anon_mb if self._rss else None},
             }
         raise BagpipeError(f"unknown request {op!r} from rank {client}")

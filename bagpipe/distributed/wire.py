@@ -83,7 +83,9 @@ SCHEMAS: dict[int, Spec] = {
         cut=struct_({"cut": INT_}),
         written=struct_({"rows": ROWS}),
         error=struct_({"error": STR_}),
-        stats=struct_({"store": DATA, "requests": DATA, "waited_s": FLOAT_}, {"memory": DATA}),
+        stats=struct_(
+            {"store": DATA, "requests": DATA, "waited_s": FLOAT_}, {"memory": DATA, "read_s": FLOAT_, "reply_s": FLOAT_}
+        ),
     ),
     CONTROL: struct_(
         {"table_sizes": list_of(INT_), "dim": INT_, "seed": INT_, "state_dim": INT_, "restore": maybe(STR_)}

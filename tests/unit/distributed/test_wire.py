@@ -182,6 +182,10 @@ def every_message() -> list[tuple[int, object]]:
         (REPLY, {"part": {"shard": 1, "shards": 2, "kind": "delta", "rows": 12, "bytes": 400}}),
         (REPLY, {"error": "server 1 could not write its checkpoint part: disk full"}),
         (REPLY, {"store": {"reads": 3, "rows_read": 40}, "requests": {"read": 3, "mark": 2}, "waited_s": 0.25}),
+        (
+            REPLY,
+            {"store": {}, "requests": {"read": 3}, "waited_s": 0.25, "read_s": 0.01, "reply_s": 0.5, "memory": {}},
+        ),
         (CONTROL, {"table_sizes": [5, 3, 1000], "dim": 16, "seed": 7, "state_dim": 1, "restore": None}),
         (CONTROL, {"table_sizes": [5], "dim": 4, "seed": 1, "state_dim": 2, "restore": "/runs/a/checkpoints/step-40"}),
         (PLAN, CachePlan(cache_rows=6, lookahead=2)),
