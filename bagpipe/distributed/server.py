@@ -22,8 +22,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -80,49 +78,6 @@ class ServerReport:
     reply_s: float = 0.0  # time spent handing replies to the wire (until gloo took the last byte)
 
 
-class ReadersWriter:
-    """Many readers at once, or one writer; a waiting writer goes before readers that come
-    after it (the shard's store: the reads of different trainers overlap, a write-back has it
-    alone)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writing = False
-        self._writers_waiting = 0
-
-    @contextmanager
-    def reading(self) -> Iterator[None]:
-        with self._cond:
-            while self._writing or self._writers_waiting:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def writing(self) -> Iterator[None]:
-        with self._cond:
-            self._writers_waiting += 1
-            try:
-                while self._writing or self._readers:
-                    self._cond.wait()
-            finally:
-                self._writers_waiting -= 1
-            self._writing = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
-
-
 class EmbeddingServer:
     """Serves one shard to the trainers ``clients`` until every one says goodbye.
 
@@ -142,9 +97,7 @@ class EmbeddingServer:
         self.clients = list(clients)
         self._marks = {c: -1 << 62 for c in self.clients}
         self._cond = threading.Condition()
-        # a store allows one reader and one writer, or many readers where it says so
-        # (EmbeddingStore.concurrent_reads); the clients are many
-        self._store_lock = ReadersWriter()
+        self._store_lock = threading.Lock()  # the stores allow one reader + one writer; clients are many
         self._failure: tuple[int, BaseException] | None = None
         self._checkpoints: dict[int, dict] = {}  # step -> the clients arrived, rank 0's request, the result
         self._part_writer: threading.Thread | None = None  # writes the last cut's part in the background
@@ -243,7 +196,7 @@ class EmbeddingServer:
         if writer:
             try:
                 p = c["params"]
-                with self._store_lock.writing():  # nothing else touches the shard during the cut
+                with self._store_lock:  # nothing else touches the shard during the cut
                     if self._part_writer is not None:  # trainer 0 waited for it before this cut: it is done
                         self._part_writer.join()
                     snap = take_snapshot(self.store, bool(p["everything"]))
@@ -296,15 +249,11 @@ class EmbeddingServer:
                 self._cond.wait(timeout=0.5)
             self.report.waited_s += time.perf_counter() - t0
 
-    def _reading(self):
-        """The store for a read: shared with other reads where the store allows it."""
-        return self._store_lock.reading() if self.store.concurrent_reads else self._store_lock.writing()
-
     def _handle(self, client: int, op: str, msg: dict):
         if op == "read":
             self._wait_for(msg["after"])
             t0 = time.perf_counter()
-            with self._reading():
+            with self._store_lock:
                 if msg.get("count", True):
                     w, s = self.store.read(msg["rows"])
                 else:
@@ -314,11 +263,11 @@ class EmbeddingServer:
             return {"w": w, "s": s}
         if op == "range":
             self._wait_for(msg["after"])
-            with self._reading():
+            with self._store_lock:
                 w, s = self.store.read_range(msg["start"], msg["stop"])
             return {"w": w, "s": s}
         if op == "write":
-            with self._store_lock.writing():
+            with self._store_lock:
                 self.store.write(msg["rows"], msg["w"], msg["s"])
             return None
         if op == "mark":
@@ -327,11 +276,11 @@ class EmbeddingServer:
                 self._cond.notify_all()
             return None
         if op == "flush":
-            with self._store_lock.writing():
+            with self._store_lock:
                 self.store.flush()
             return {}
         if op == "written":  # the rows this shard wrote since initialisation (the digest)
-            with self._store_lock.writing():
+            with self._store_lock:
                 return {"rows": self.store.written_rows()}
         if op == "checkpoint":
             return self._checkpoint(client, msg)

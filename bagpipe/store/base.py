@@ -76,9 +76,6 @@ class EmbeddingStore(ABC):
 
     #: Whether writes are remembered for incremental checkpoints (:meth:`take_dirty`).
     tracks_writes = True
-    #: Whether any number of threads may read at once (while nothing writes): an embedding
-    #: server then serves its trainers' reads side by side (``ReadersWriter``).
-    concurrent_reads = False
     #: Rows per chunk of :meth:`chunks` (a disk store's is sized by its memory budget).
     chunk_rows = EXPORT_CHUNK_ROWS
     #: Why the store has its row layout (the run's ``--store-layout`` choice), for the

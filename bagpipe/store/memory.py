@@ -60,8 +60,6 @@ class MemoryStore(EmbeddingStore):
     set the flag: the flags are exactly the written rows).
     """
 
-    concurrent_reads = True  # a read only gathers from the arrays and computes initial values
-
     def __init__(self, init: RowValues, state_dim: int):
         super().__init__(init, state_dim)
         self.weights = committed_zeros((self.num_rows, self.dim), np.float32)

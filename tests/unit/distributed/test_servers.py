@@ -10,9 +10,7 @@ every client ends ``serve()``; a client that disappears or sends a bad request m
 fails instead of hanging, also when every client dies with reads held for each
 other's marks; rows route to server g % S at local row g // S (S = 1, 2,
 3), reads and ``read_range`` reassemble in the caller's order, and after
-``finish_writes`` untracked reads wait for every client's last write-back; the trainers'
-reads overlap in a store that allows it (a memory store) and take turns in one that does
-not, and a write has the store alone, before readers that came after it.
+``finish_writes`` untracked reads wait for every client's last write-back.
 
 The transport's own framing, encoding and authentication are tested in
 ``tests/unit/distributed/test_wire.py``; here every server and client joins with the job's
@@ -21,9 +19,6 @@ secret first. Every thread a test starts must have ended when it finishes
 """
 
 from __future__ import annotations
-
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -37,7 +32,7 @@ from concurrency import (
     wait_until,
 )
 
-from bagpipe.distributed.server import FINAL, ReadersWriter
+from bagpipe.distributed.server import FINAL
 from bagpipe.distributed.transport import REQUEST, PeerLost
 from bagpipe.errors import BagpipeError
 from bagpipe.store.init import RowInitializer
@@ -74,74 +69,6 @@ def test_a_read_waits_until_every_client_marked_its_label(clusters, init):
     # the hold is counted apart from the store's read and the reply's send, which follow it
     assert all(0 < srv.report.read_s < srv.report.waited_s for srv in cl.servers)
     assert all(srv.report.reply_s > 0 for srv in cl.servers)
-
-
-def _count_readers_inside(store, seconds: float) -> list[int]:
-    """Make ``store``'s reads last ``seconds``; the returned list's last item is the most
-    reads that were inside the store at once."""
-    inside, most, lock = [0], [0], threading.Lock()
-    real = store._read
-
-    def slow_read(rows):
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(seconds)
-        try:
-            return real(rows)
-        finally:
-            with lock:
-                inside[0] -= 1
-
-    store._read = slow_read
-    return most
-
-
-@pytest.mark.parametrize("concurrent", [True, False])
-def test_trainers_reads_overlap_in_a_store_that_allows_it(clusters, init, concurrent):
-    cl = clusters(init, trainers=2, servers=1)
-    srv = cl.servers[0]
-    srv.store.concurrent_reads = concurrent  # a memory store allows it; a disk store does not
-    most = _count_readers_inside(srv.store, seconds=0.3)
-    rows = np.array([3, 0, 2, 1], np.int64)
-    reads = [Background(lambda c=c: c.read(rows), f"trainer {k} read") for k, c in enumerate(cl.clients)]
-    for r in reads:
-        np.testing.assert_array_equal(r.result()[0], init.rows(rows))
-    assert most[0] == (2 if concurrent else 1)
-    assert srv.store.stats.reads == 2 and srv.store.stats.rows_read == 8  # counted under the store's own lock
-
-
-def test_a_write_has_the_store_alone_and_goes_before_later_readers():
-    lock = ReadersWriter()
-    order: list[str] = []
-    first_in, release = threading.Event(), threading.Event()
-
-    def reader(name: str, hold: threading.Event | None = None) -> None:
-        with lock.reading():
-            order.append(f"{name} in")
-            if hold is not None:
-                first_in.set()
-                release.wait(5)
-            order.append(f"{name} out")
-
-    def writer() -> None:
-        with lock.writing():
-            order.append("write")
-
-    r1 = threading.Thread(target=reader, args=("r1", release))
-    r1.start()
-    assert first_in.wait(5)
-    w = threading.Thread(target=writer)
-    w.start()
-    assert wait_until(lambda: lock._writers_waiting == 1)
-    r2 = threading.Thread(target=reader, args=("r2",))  # comes after the writer: waits for it
-    r2.start()
-    time.sleep(0.1)
-    assert order == ["r1 in"]  # neither the writer nor the later reader went in beside r1's read
-    release.set()
-    for t in (r1, w, r2):
-        t.join(5)
-    assert order == ["r1 in", "r1 out", "write", "r2 in", "r2 out"]
 
 
 def test_a_clients_requests_are_served_in_order(clusters, init):
