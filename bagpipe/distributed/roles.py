@@ -373,5 +373,6 @@ def serve(
             store.close()
         log.info(
             f"server {shard}: requests {report.requests}; reads held {report.waited_s:.2f} s for other trainers' "
-            f"write-backs, {report.read_s:.2f} s in the store, replies {report.reply_s:.2f} s on the wire"
+            f"write-backs, {report.lock_s:.2f} s for the store's lock, {report.read_s:.2f} s in the store, "
+            f"row replies {report.reply_s:.2f} s to the wire"
         )

@@ -74,8 +74,9 @@ class ServerReport:
 
     requests: dict = field(default_factory=dict)  # requests served, by kind
     waited_s: float = 0.0  # time reads were held for other clients' write-backs
-    read_s: float = 0.0  # time reads spent in the store, waiting for its lock included
-    reply_s: float = 0.0  # time spent handing replies to the wire (until gloo took the last byte)
+    lock_s: float = 0.0  # time reads waited for the store's lock (other clients' reads and writes)
+    read_s: float = 0.0  # time reads spent in the store, the lock held
+    reply_s: float = 0.0  # time handing rows' replies (read, range) to the wire, until it took the last byte
 
 
 class EmbeddingServer:
@@ -149,8 +150,9 @@ class EmbeddingServer:
                 if reply is not None:
                     t0 = time.perf_counter()
                     self.t.send(client, REPLY, reply)
-                    with self._cond:  # one client thread each: the sums are shared
-                        self.report.reply_s += time.perf_counter() - t0
+                    if op in ("read", "range"):
+                        with self._cond:  # one client thread each: the sums are shared
+                            self.report.reply_s += time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - reported by serve()
             with self._cond:
                 if self._failure is None:
@@ -254,12 +256,15 @@ class EmbeddingServer:
             self._wait_for(msg["after"])
             t0 = time.perf_counter()
             with self._store_lock:
+                t1 = time.perf_counter()
                 if msg.get("count", True):
                     w, s = self.store.read(msg["rows"])
                 else:
                     w, s = self.store.peek(msg["rows"])
+            t2 = time.perf_counter()
             with self._cond:
-                self.report.read_s += time.perf_counter() - t0
+                self.report.lock_s += t1 - t0
+                self.report.read_s += t2 - t1
             return {"w": w, "s": s}
         if op == "range":
             self._wait_for(msg["after"])
@@ -289,6 +294,7 @@ class EmbeddingServer:
                 "store": self.store.stats.as_dict(),
                 "requests": dict(self.report.requests),
                 "waited_s": self.report.waited_s,
+                "lock_s": self.report.lock_s,
                 "read_s": self.report.read_s,
                 "reply_s": self.report.reply_s,
                 "memory": self.memory | {"peak_anon_mb": self._rss.peak_anon_mb if self._rss else None},

@@ -84,7 +84,8 @@ SCHEMAS: dict[int, Spec] = {
         written=struct_({"rows": ROWS}),
         error=struct_({"error": STR_}),
         stats=struct_(
-            {"store": DATA, "requests": DATA, "waited_s": FLOAT_}, {"memory": DATA, "read_s": FLOAT_, "reply_s": FLOAT_}
+            {"store": DATA, "requests": DATA, "waited_s": FLOAT_},
+            {"memory": DATA, "lock_s": FLOAT_, "read_s": FLOAT_, "reply_s": FLOAT_},
         ),
     ),
     CONTROL: struct_(

@@ -245,7 +245,9 @@ class DistributedStats:
     """The oracle role's time waiting for a trainer to take a plan (back-pressure)."""
     servers_report: list
     """Each server's request counts, the time its reads were held for other trainers'
-    write-backs, and its memory: budget, estimate and measured peak anonymous MiB."""
+    write-backs, waited for the store's lock and spent in the store, the time its row
+    replies took to hand to the wire, and its memory: budget, estimate and measured peak
+    anonymous MiB."""
     bytes_sent_by_trainer0: int
     """Bytes trainer 0 sent through the transport (requests, write-backs, marks, credits)."""
     bytes_received_by_trainer0: int

@@ -184,7 +184,15 @@ def every_message() -> list[tuple[int, object]]:
         (REPLY, {"store": {"reads": 3, "rows_read": 40}, "requests": {"read": 3, "mark": 2}, "waited_s": 0.25}),
         (
             REPLY,
-            {"store": {}, "requests": {"read": 3}, "waited_s": 0.25, "read_s": 0.01, "reply_s": 0.5, "memory": {}},
+            {
+                "store": {},
+                "requests": {"read": 3},
+                "waited_s": 0.25,
+                "lock_s": 0.02,
+                "read_s": 0.01,
+                "reply_s": 0.5,
+                "memory": {},
+            },
         ),
         (CONTROL, {"table_sizes": [5, 3, 1000], "dim": 16, "seed": 7, "state_dim": 1, "restore": None}),
         (CONTROL, {"table_sizes": [5], "dim": 4, "seed": 1, "state_dim": 2, "restore": "/runs/a/checkpoints/step-40"}),

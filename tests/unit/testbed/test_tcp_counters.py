@@ -10,10 +10,10 @@ beyond its ACKs.
 
 import pytest
 
-from bagpipe.bench.scenarios.cluster.report import _tcp_cell
-from bagpipe.bench.scenarios.cluster.scenario import _tcp_figures
+from bagpipe.bench.scenarios.cluster.tcp import tcp_cell, tcp_figures, tcp_medians
 from bagpipe.testbed import netns
-from bagpipe.testbed.netns import EmulatedNet, TcpCounters, probe_rate
+from bagpipe.testbed.netns import EmulatedNet, probe_rate
+from bagpipe.testbed.tcpstats import TcpCounters
 
 pytestmark = pytest.mark.unit
 
@@ -41,12 +41,12 @@ def test_a_difference_is_what_happened_between_two_readings():
     before = TcpCounters(100, 5, 1)
     after = TcpCounters(1100, 25, 3)
     assert after - before == TcpCounters(1000, 20, 2)
-    assert _tcp_figures(after - before, steps=4) == {
+    assert tcp_figures(after - before, steps=4) == {
         "segments_per_step": 250.0,
         "retransmitted_share": 0.02,
         "timeouts_per_step": 0.5,
     }
-    assert _tcp_figures(TcpCounters(), steps=4)["retransmitted_share"] == 0.0  # nothing sent: no share
+    assert tcp_figures(TcpCounters(), steps=4)["retransmitted_share"] == 0.0  # nothing sent: no share
 
 
 def test_missing_protocols_read_as_zero():
@@ -60,8 +60,8 @@ def test_the_report_names_the_worst_host():
         "trainer 1": {"segments_per_step": 9.0, "retransmitted_share": 0.086, "timeouts_per_step": 0.3},
         "server 0": {"segments_per_step": 9.0, "retransmitted_share": 0.048, "timeouts_per_step": 0.8},
     }
-    assert _tcp_cell({"tcp": tcp}) == "3.6% / 4.8% / 8.6% (trainer 1); 0.8"
-    assert _tcp_cell({}) == "not measured"  # a sweep from before the counters
+    assert tcp_cell({"tcp": tcp}) == "3.6% / 4.8% / 8.6% (trainer 1); 0.8"
+    assert tcp_cell({}) == "not measured"  # a sweep from before the counters
 
 
 @pytest.mark.skipif(netns.unavailable() is not None, reason=f"no emulated hosts here: {netns.unavailable()}")
@@ -74,3 +74,13 @@ def test_a_streams_segments_are_counted_in_its_senders_namespace():
     data_segments = mbit * 1e6 / 8 * 0.5 / 1448  # the stream's bytes over a full segment's payload
     assert sent_a.segments >= 0.9 * data_segments
     assert sent_b.segments < sent_a.segments  # b only acknowledges (delayed ACKs: about one per two)
+
+
+def test_the_median_over_repetitions_and_runs_from_before_the_counters():
+    def window(share: float) -> dict:
+        return {"tcp": {"trainer 0": {"segments_per_step": 10.0, "retransmitted_share": share, "timeouts_per_step": 0}}}
+
+    got = tcp_medians([window(0.01), window(0.05), window(0.03)])
+    assert got == {"trainer 0": {"segments_per_step": 10.0, "retransmitted_share": 0.03, "timeouts_per_step": 0}}
+    assert tcp_medians([{"bytes_per_step": {}}]) == {}  # a sweep from before the counters
+    assert tcp_medians([]) == {}

@@ -24,6 +24,7 @@ from pathlib import Path
 from bagpipe.bench.harness.report import header, markdown_table, median_spread, percent, pyplot, save_png
 from bagpipe.bench.scenarios.cluster.cost_model import model_for, traffic_for
 from bagpipe.bench.scenarios.cluster.settings import PAPER_CLUSTER, ClusterBench
+from bagpipe.bench.scenarios.cluster.tcp import tcp_cell, tcp_medians
 from bagpipe.data.schema import DatasetMeta
 
 ROLES = ("trainer 0", "server 0", "oracle")
@@ -41,28 +42,6 @@ def _split(t: dict, step_ms: float) -> dict[str, float]:
         "other": max(step_ms - compute - rows - sync, 0.0),
         "step": step_ms,
     }
-
-
-def _tcp_medians(windows: list[dict]) -> dict[str, dict[str, float]]:
-    """Every host's TCP figures (``_tcp_figures``), the median over the repetitions;
-    empty for runs from before they were counted."""
-    hosts = windows[0].get("tcp", {}) if windows else {}
-    return {
-        host: {k: _med([w["tcp"][host][k] for w in windows if host in w.get("tcp", {})]) for k in figures}
-        for host, figures in hosts.items()
-    }
-
-
-def _tcp_cell(v: dict) -> str:
-    """Retransmitted segments (share of those sent) of trainer 0, server 0 and the host
-    with the largest share, and the most retransmission timeouts per step of any host."""
-    tcp = v.get("tcp") or {}
-    if not tcp:
-        return "not measured"
-    worst = max(tcp, key=lambda h: tcp[h]["retransmitted_share"])
-    shares = " / ".join(f"{tcp[h]['retransmitted_share']:.1%}" if h in tcp else "-" for h in ROLES[:2])
-    timeouts = max(x["timeouts_per_step"] for x in tcp.values())
-    return f"{shares} / {tcp[worst]['retransmitted_share']:.1%} ({worst}); {timeouts:.1f}"
 
 
 def _med(values: list[float]) -> float:
@@ -101,7 +80,7 @@ def summarise(
             role: {d: _med([w["bytes_per_measured_step"][role][d] for w in windows]) for d in ("sent", "received")}
             for role in (windows[0].get("bytes_per_measured_step", {}) if windows else {})
         }
-        tcp = _tcp_medians(windows)
+        tcp = tcp_medians(windows)
         starved = starved_roles(waits, b.starved_share)
         cfg = runs[0]["config"]
         if (n, key) not in traffic:
@@ -377,7 +356,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
         waits = v.get("run_queue_share") or {}
         worst = max(waits, key=lambda r: waits[r]) if waits else None
         wait = f"{waits[worst]:.0%} ({worst})" if worst else "not measured"
-        rows2.append([f"{v['rate_mbit']:g}", v["trainers"], v["config"], *cells, cpu, wait, _tcp_cell(v)])
+        rows2.append([f"{v['rate_mbit']:g}", v["trainers"], v["config"], *cells, cpu, wait, tcp_cell(v)])
     t1 = markdown_table(
         [
             "Mbit/s trainer / server",

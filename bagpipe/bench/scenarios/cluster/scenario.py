@@ -41,11 +41,13 @@ from bagpipe.bench.harness.runner import data_samples, ensure_synth
 from bagpipe.bench.harness.runner import launch as launch_train
 from bagpipe.bench.scenarios.cluster.report import plot, summarise
 from bagpipe.bench.scenarios.cluster.settings import ClusterBench, job_config
+from bagpipe.bench.scenarios.cluster.tcp import tcp_figures
 from bagpipe.data.schema import DatasetMeta
 from bagpipe.distributed.launch import Placement, launch
 from bagpipe.distributed.layout import Layout
 from bagpipe.jsonout import json_text
-from bagpipe.testbed.netns import EmulatedNet, Host, TcpCounters, probe_rate, terminate_as_interrupt, unavailable
+from bagpipe.testbed.netns import EmulatedNet, Host, probe_rate, terminate_as_interrupt, unavailable
+from bagpipe.testbed.tcpstats import TcpCounters
 
 PORT = 29500
 
@@ -190,23 +192,12 @@ class _Window:
                 }
                 for n in self.names
             },
-            "tcp": {n: _tcp_figures(z["tcp"][n] - self.tcp_start[n], steps) for n in self.names},
+            "tcp": {n: tcp_figures(z["tcp"][n] - self.tcp_start[n], steps) for n in self.names},
             "cpu_share": {role: (z["cpu"][role] - a["cpu"][role]) / wall for role in z["cpu"] if role in a["cpu"]},
             "run_queue_share": {
                 role: (z["wait"][role] - a["wait"][role]) / wall for role in z["wait"] if role in a["wait"]
             },
         }
-
-
-def _tcp_figures(d: TcpCounters, steps: int) -> dict[str, float]:
-    """A host's TCP over a run: segments sent per step (pure ACKs and retransmissions
-    included), the share of them that were retransmissions, and retransmission timeouts per
-    step (each a stall of at least 200 ms, real time)."""
-    return {
-        "segments_per_step": d.segments / steps,
-        "retransmitted_share": d.retransmitted / d.segments if d.segments else 0.0,
-        "timeouts_per_step": d.timeouts / steps,
-    }
 
 
 def run_queue_wait_s(pid: int) -> float | None:
