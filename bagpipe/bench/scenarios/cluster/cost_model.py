@@ -302,20 +302,17 @@ def predict_step_ms(
     ``compute + trainer 0's serial transfers`` for synchronous ones, or ``compute + the
     busiest server's link`` where that takes longer (its write-backs, then its replies:
     :func:`_in_turn`), and at least the slowest link."""
-    wire = traffic.per_link()
     link_ms = {
-        name: _ms(traffic.links[name], rates_bytes_s[name], _in_turn(name, pipelined))
-        for name in wire
+        name: _ms(link, rates_bytes_s[name], _in_turn(name, pipelined))
+        for name, link in traffic.links.items()
         if name in rates_bytes_s
     }
     slowest = max(link_ms.values()) if link_ms else 0.0
     if pipelined:
         step = max(compute_ms, slowest)
     else:  # every byte trainer 0 sends or receives is waited for in turn (measured so: see docs/distributed.md)
-        up, down = rates_bytes_s["trainer 0"]
-        serial = (wire["trainer 0"]["sent"] / up + wire["trainer 0"]["received"] / down) * 1000
-        server = max((v for k, v in link_ms.items() if k.startswith("server")), default=0.0)
-        step = max(compute_ms + max(serial, server), slowest)
+        serial = _ms(traffic.links["trainer 0"], rates_bytes_s["trainer 0"], in_turn=True)
+        step = max(compute_ms + max(serial, _busiest(link_ms, "server")), slowest)
     link = max(link_ms, key=lambda name: link_ms[name]) if link_ms else ""
     return {"step_ms": step, "slowest_link_ms": slowest, "bottleneck": link if slowest > compute_ms else "compute"}
 
@@ -327,6 +324,11 @@ def _ms(link: Link, rate: tuple[float, float], in_turn: bool = False) -> float:
     sent, received = link.wire()
     up, down = sent / rate[0], received / rate[1]
     return (up + down if in_turn else max(up, down)) * 1000
+
+
+def _busiest(ms: dict[str, float], kind: str) -> float:
+    """The longest time among the hosts whose name starts with ``kind`` ("server", "trainer"); 0 if none."""
+    return max((v for k, v in ms.items() if k.startswith(kind)), default=0.0)
 
 
 def _in_turn(name: str, pipelined: bool) -> bool:
@@ -373,16 +375,15 @@ def predict_emulated_ms(
     up, down = rates_bytes_s["trainer 0"]
     p = traffic.parts
     t = {name: _ms(p[name], (up, down)) if name in p else 0.0 for name in PARTS}
-    emb_sent, emb_received = p["embedding"].wire() if "embedding" in p else (0.0, 0.0)
-    serial = (emb_sent / up + emb_received / down) * 1000
+    serial = _ms(p["embedding"], (up, down), in_turn=True) if "embedding" in p else 0.0
     hosts = {
         name: _ms(link, rates_bytes_s[name], _in_turn(name, pipelined))
         for name, link in traffic.links.items()
         if name in rates_bytes_s
     }
-    server = max((v for k, v in hosts.items() if k.startswith("server")), default=0.0)
+    server = _busiest(hosts, "server")
     oracle = hosts.get("oracle", 0.0)
-    trainer_link = max((v for k, v in hosts.items() if k.startswith("trainer")), default=0.0)
+    trainer_link = _busiest(hosts, "trainer")
     embedding = 0.0 if pipelined else max(serial, server)
     backward_start = embedding + compute_ms * FORWARD_SHARE
     backward_end = embedding + compute_ms

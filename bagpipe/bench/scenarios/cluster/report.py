@@ -44,6 +44,14 @@ def _split(t: dict, step_ms: float) -> dict[str, float]:
     }
 
 
+def _bytes_medians(windows: list[dict], key: str) -> dict[str, dict[str, float]]:
+    """Every host's bytes a step (the windows' ``key``), median over repetitions; {} if absent."""
+    return {
+        role: {d: _med([w[key][role][d] for w in windows]) for d in ("sent", "received")}
+        for role in (windows[0].get(key, {}) if windows else {})
+    }
+
+
 def _med(values: list[float]) -> float:
     return median_spread(values)[0] if values else float("nan")
 
@@ -54,7 +62,6 @@ def summarise(
     ideal_sps, ideal_spread = median_spread([s["samples_per_s"] for s in ideal])
     ideal_digest = ideal[0].get("params_sha256") if ideal else None
     traffic: dict = {}
-    timing: dict = {}
     measured_steps: dict = {}
     out: dict = {}
     for (n, rate, key), runs in sorted(results.items(), key=lambda kv: (kv[0][0], -kv[0][1], kv[0][2])):
@@ -64,10 +71,7 @@ def summarise(
         step_ms = 1000 * batch / sps
         t = {k: _med([s["time_per_step_ms"][k] for s in sums]) for k in sums[0]["time_per_step_ms"]}
         windows = [r["window"] for r in runs if r["window"]]
-        measured = {
-            role: {d: _med([w["bytes_per_step"][role][d] for w in windows]) for d in ("sent", "received")}
-            for role in (windows[0]["bytes_per_step"] if windows else {})
-        }
+        measured = _bytes_medians(windows, "bytes_per_step")
         cpu = {
             role: _med([w["cpu_share"].get(role, float("nan")) for w in windows])
             for role in (windows[0]["cpu_share"] if windows else {})
@@ -76,11 +80,7 @@ def summarise(
             role: max(w.get("run_queue_share", {}).get(role, 0.0) for w in windows)
             for role in (windows[0].get("run_queue_share", {}) if windows else {})
         }
-        after_warmup = {
-            role: {d: _med([w["bytes_per_measured_step"][role][d] for w in windows]) for d in ("sent", "received")}
-            for role in (windows[0].get("bytes_per_measured_step", {}) if windows else {})
-        }
-        tcp = tcp_medians(windows)
+        after_warmup = _bytes_medians(windows, "bytes_per_measured_step")
         starved = starved_roles(waits, b.starved_share)
         cfg = runs[0]["config"]
         if (n, key) not in traffic:
@@ -88,9 +88,8 @@ def summarise(
             # the measured steps' bytes (after the warm-up, as samples/s is): the step time of a
             # dilated run, and the bytes of the steps after the warm-up of any run
             measured_steps[(n, key)] = traffic_for(cfg, meta, b.warmup)
-            timing[(n, key)] = measured_steps[(n, key)] if b.dilation else traffic[(n, key)]
         tr = traffic[(n, key)]
-        model = model_for(cfg, timing[(n, key)], t, probes[rate])
+        model = model_for(cfg, measured_steps[(n, key)] if b.dilation else tr, t, probes[rate])
         model_bytes = tr.per_link()
         out[f"{rate:g}/{n}/{key}"] = {
             "rate_mbit": rate,
@@ -117,7 +116,7 @@ def summarise(
             "vs_model": sps / model["samples_per_s"] if model["samples_per_s"] else float("nan"),
             "cpu_share": cpu,
             "run_queue_share": waits,
-            "tcp": tcp,
+            "tcp": tcp_medians(windows),
             "starved": starved,
             "valid": not starved if waits else None,
             "hit_rate": sums[0].get("cache", {}).get("hit_rate"),

@@ -175,6 +175,7 @@ class _Window:
         a, z = self.snaps
         wall = z["t"] - a["t"]
         steps = max(z["step"], 1)
+        measured = max(z["step"] - a["step"], 1)
         return {
             "steps": steps,
             "bytes_per_step": {
@@ -187,8 +188,8 @@ class _Window:
             # the steps after the warm-up alone: no start-up (DDP's first broadcast of the dense model, the handshakes)
             "bytes_per_measured_step": {
                 n: {
-                    "sent": (z["bytes"][n][0] - a["bytes"][n][0]) / max(z["step"] - a["step"], 1),
-                    "received": (z["bytes"][n][1] - a["bytes"][n][1]) / max(z["step"] - a["step"], 1),
+                    "sent": (z["bytes"][n][0] - a["bytes"][n][0]) / measured,
+                    "received": (z["bytes"][n][1] - a["bytes"][n][1]) / measured,
                 }
                 for n in self.names
             },
