@@ -7,7 +7,10 @@ most one MTU, as on a real NIC without offloads) and its own address in a privat
 is added to the machine's own network namespace, and only addresses of namespaces
 this run made are used. A host's link is shaped in both directions with ``tbf`` at
 its rate: on ``eth0`` (what the host sends) and on its port of the bridge (what it
-receives). ``netem`` is not needed (there is no added delay: bandwidth only).
+receives). ``netem`` is not needed (there is no added delay: bandwidth only). Every host
+runs TCP with :data:`CONGESTION_CONTROL` (cubic, Linux's default) unless told otherwise,
+set on its route to the others (``congctl``): a new namespace inherits the machine's
+default, which may be another (bbr here), and may only change it to one the machine allows.
 
 Names: every namespace of a run is ``bp<pid>s<start>-<name>``, ``<pid>`` the process
 that made it and ``<start>`` that process's start time (clock ticks after boot, from
@@ -57,6 +60,9 @@ IFACE = "eth0"
 SWITCH = "sw"
 BURST_BYTES = 16 * 1024  # tbf bucket at the lowest rates (a few frames); 1 ms of traffic at high ones
 LATENCY_MS = 50  # tbf queue: how long a packet may wait before it is dropped
+#: TCP congestion control of every emulated host: Linux's default. A new namespace
+#: inherits the machine's (bbr on some), which is not what the emulated hosts would run.
+CONGESTION_CONTROL = "cubic"
 
 
 log = logging.getLogger(__name__)
@@ -126,24 +132,7 @@ def unavailable() -> str | None:
         r = _run("ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1", check=False)
         if r.returncode != 0:
             return f"cannot make a veth pair: {r.stderr.strip()}"
-        r = _run(
-            "tc",
-            "-n",
-            probe,
-            "qdisc",
-            "add",
-            "dev",
-            "p0",
-            "root",
-            "tbf",
-            "rate",
-            "100mbit",
-            "burst",
-            "64kb",
-            "latency",
-            "50ms",
-            check=False,
-        )
+        r = _run(*f"tc -n {probe} qdisc add dev p0 root tbf rate 100mbit burst 64kb latency 50ms".split(), check=False)
         if r.returncode != 0:
             return f"cannot shape a link with tbf: {r.stderr.strip()}"
     finally:
@@ -218,8 +207,9 @@ class EmulatedNet:
         net.popen(a, ["python", ...])
     """
 
-    def __init__(self, label: str = ""):
+    def __init__(self, label: str = "", congestion_control: str | None = CONGESTION_CONTROL):
         self.tag = run_tag()
+        self.congestion_control = congestion_control  # None: the machine's, inherited
         self.label = re.sub(r"[^a-z0-9]", "", label.lower())[:6]
         self.switch = f"{self.tag}-{self.label}{SWITCH}"
         self.hosts: dict[str, Host] = {}
@@ -278,6 +268,8 @@ class EmulatedNet:
             self._offloads_off(where, dev)
         _run("ip", "-n", ns, "link", "set", "lo", "up")
         _run("ip", "-n", ns, "addr", "add", f"{host.addr}/24", "dev", IFACE)
+        if self.congestion_control:  # on the route: the namespace's default may only be an "allowed" one
+            _run("ip", "-n", ns, "route", "replace", f"{SUBNET}.0/24", "dev", IFACE, "congctl", self.congestion_control)
         self.hosts[name] = host
         if rate_mbit:
             self.shape(host, rate_mbit)

@@ -337,5 +337,7 @@ def test_bench_cluster_quick(tmp_path, capsys):
         assert v["tcp"]["trainer 0"]["segments_per_step"] > 0 and v["tcp"]["server 0"]["segments_per_step"] > 0
         assert all(0 <= t["retransmitted_share"] <= 1 for t in v["tcp"].values())
     assert "TCP segments sent again" in (out / "results.md").read_text()
+    # every host ran Linux's default congestion control, not whatever this machine's is
+    assert payload["config"]["congestion_control"] == "cubic" and "(TCP: cubic)" in (out / "results.md").read_text()
     assert (out / "cluster.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert os.getpid() not in run_namespaces()

@@ -77,6 +77,7 @@ def test_the_paper_profile_off_nothing():
         (dict(ddp_bucket_mb=-0.5), r"--ddp-bucket-mb must be MiB in \[0, 1024\]"),
         (dict(ddp_bucket_mb=2048.0), r"--ddp-bucket-mb must be MiB in \[0, 1024\]"),
         (dict(ddp_bucket_mb=float("nan")), "ddp_bucket_mb must be a finite number, got nan"),
+        (dict(congestion_control="vegas2"), "--congestion-control must be inherit or one this kernel offers"),
     ],
 )
 def test_refusals(settings, message):

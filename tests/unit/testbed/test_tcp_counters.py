@@ -5,8 +5,12 @@ The parser reads the kernel's ``/proc/net/snmp`` + ``/proc/net/netstat`` text (a
 line and a value line per protocol); the namespace test sends a real TCP stream between
 two emulated hosts (skipped where namespaces cannot be made) and checks that the sender's
 counters moved by at least the stream's segments and the receiver sent no data segments
-beyond its ACKs.
+beyond its ACKs. The last test checks that both ends of a connection between two emulated
+hosts run the congestion control the net was given (set on each host's route).
 """
+
+import subprocess
+import sys
 
 import pytest
 
@@ -84,3 +88,42 @@ def test_the_median_over_repetitions_and_runs_from_before_the_counters():
     assert got == {"trainer 0": {"segments_per_step": 10.0, "retransmitted_share": 0.03, "timeouts_per_step": 0}}
     assert tcp_medians([{"bytes_per_step": {}}]) == {}  # a sweep from before the counters
     assert tcp_medians([]) == {}
+
+
+@pytest.mark.skipif(netns.unavailable() is not None, reason=f"no emulated hosts here: {netns.unavailable()}")
+@pytest.mark.parametrize("cc", ["cubic", "reno"])
+def test_every_emulated_host_runs_the_congestion_control_it_was_given(cc):
+    """What the sockets of a connection between two hosts run, both ends (``ss -ti`` names it)."""
+    with EmulatedNet("cc", congestion_control=cc) as net:
+        a, b = net.add("a", rate_mbit=20), net.add("b", rate_mbit=20)
+        server = net.popen(b, [sys.executable, "-c", SERVER, b.addr], stdout=subprocess.PIPE, text=True)
+        client = net.run(a, [sys.executable, "-c", CLIENT, b.addr], capture_output=True, text=True, timeout=30)
+        accepted, _ = server.communicate(timeout=30)
+    assert client.returncode == 0 and server.returncode == 0, client.stderr
+    assert cc in client.stdout.split() and cc in accepted.split()
+    assert netns.CONGESTION_CONTROL == "cubic"  # what bench cluster's hosts run unless told otherwise
+
+
+SHOW = "subprocess.run(['ss', '-tin', 'state', 'established'], check=True); sys.stdout.flush()"
+SERVER = f"""
+import socket, subprocess, sys
+c, _ = socket.create_server((sys.argv[1], 5301)).accept()
+got = 0
+while got < 100_000:
+    got += len(c.recv(65536))
+{SHOW}
+c.sendall(b"k")
+c.recv(1)
+"""
+CLIENT = f"""
+import socket, subprocess, sys, time
+for _ in range(100):  # until the other host listens
+    try:
+        s = socket.create_connection((sys.argv[1], 5301), timeout=10)
+        break
+    except ConnectionRefusedError:
+        time.sleep(0.1)
+s.sendall(b"x" * 100_000)
+s.recv(1)
+{SHOW}
+"""

@@ -302,7 +302,7 @@ def run(b: ClusterBench) -> dict:
     log.unlink(missing_ok=True)
     (out / "runs.jsonl").unlink(missing_ok=True)
 
-    with terminate_as_interrupt(), EmulatedNet("cl") as net:
+    with terminate_as_interrupt(), EmulatedNet("cl", b.host_congestion_control()) as net:
         hosts = _hosts(net, b)
         for rep in range(b.reps):
             rates = (

@@ -99,6 +99,10 @@ class ClusterBench(CachePoint, Throughput):
     gpu_step_ms: float = V100_STEP_MS
     """With --dilation: the profile GPU's forward + backward of one trainer's 2048 samples,
     ms (an assumption, not a figure of the paper: bagpipe.config.compute.V100_STEP_MS)."""
+    congestion_control: str = "cubic"
+    """TCP congestion control of every emulated host (each namespace's
+    net.ipv4.tcp_congestion_control): cubic, Linux's default, or another the kernel offers
+    (bbr, reno); inherit: this machine's own, whatever it is."""
     starved_share: float = 0.10
     """A role is starved of CPU -- the run's figures invalid -- when its threads waited on
     the run queue for more than this share of the measured wall time (/proc/PID/task/*/schedstat)."""
@@ -144,12 +148,23 @@ class ClusterBench(CachePoint, Throughput):
         self.check("dilation", self.dilation >= 0, "must be >= 0 (0: real compute at --rates)")
         self.check("gpu_step_ms", self.gpu_step_ms > 0, "must be > 0 ms")
         self.check("starved_share", 0 < self.starved_share <= 1, "must be in (0, 1]")
+        offered = available_congestion_control()
+        self.check(
+            "congestion_control",
+            self.congestion_control == "inherit" or offered is None or self.congestion_control in offered,
+            f"must be inherit or one this kernel offers ({', '.join(offered or [])}; "
+            "net.ipv4.tcp_available_congestion_control)",
+        )
         if self.dilation:
             self.check("rates", self.rates == ClusterBench.rates, "is set by --dilation k (10,000 / k Mbit/s): drop it")
             self.check("server_ratio", self.server_ratio == 2.5, "is the paper's 2.5 with --dilation: drop it")
             self.check("digest", not self.digest, "does not apply to --dilation (emulated compute does not train)")
         else:
             self.check("gpu_step_ms", self.gpu_step_ms == V100_STEP_MS, "applies to --dilation k > 0")
+
+    def host_congestion_control(self) -> str | None:
+        """What every emulated host's TCP is set to (None: the machine's, inherited)."""
+        return None if self.congestion_control == "inherit" else self.congestion_control
 
     def with_servers(self, servers: int) -> ClusterBench:
         """These settings with ``servers`` embedding servers."""
@@ -194,6 +209,14 @@ class ClusterBench(CachePoint, Throughput):
             else:
                 out.append((mode, mode, 1))
         return out
+
+
+def available_congestion_control() -> list[str] | None:
+    """The TCP congestion controls this kernel offers (None: not Linux, not known)."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    except OSError:
+        return None
 
 
 def job_config(b: ClusterBench, data: Path, run_dir: Path, n: int, mode: str, L: int, cache_rows: int) -> TrainConfig:
