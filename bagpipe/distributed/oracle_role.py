@@ -10,6 +10,7 @@ so the oracle's memory stays bounded however long the run.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -171,7 +172,15 @@ class _Credits:
 
 class PlanReceiver:
     """A trainer's side of the plan stream: ``plan``, the cache the oracle role planned
-    (the stream's first message); then iterate to get plans, one credit per plan taken."""
+    (the stream's first message); then iterate to get plans, one credit per plan taken.
+
+    A thread (``bagpipe-plans``) takes the plans off the wire as the oracle sends them, up
+    to the oracle's window ahead. The oracle sends to one trainer after the other and a
+    gloo send completes only once the peer receives: received only when the trainer
+    asked for its next plan (a synchronous executor, ``nocache`` and ``lru``, at the start
+    of each step), trainer k got its plan k plan-transfers after trainer 0, and every
+    trainer's read waited for the last one's mark (8 trainers under ``bench cluster
+    --dilation 300``: ~1 s a step, docs/distributed.md)."""
 
     def __init__(self, transport: Transport, oracle_rank: int):
         self.t = transport
@@ -181,10 +190,28 @@ class PlanReceiver:
             raise WireError(f"the plan stream starts with a {type(plan).__name__}, not the cache's CachePlan")
         self.plan: CachePlan = plan
         self.report: OracleReport | None = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._receiver: threading.Thread | None = None
+
+    def _receive(self) -> None:
+        """Take plans off the wire to the stream's end (or a failure, handed over as such)."""
+        try:
+            while True:
+                msg = self.t.recv(self.oracle, PLAN)
+                self._inbox.put(msg)
+                if isinstance(msg, dict) and msg.get("end"):
+                    return
+        except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
+            self._inbox.put(e)
 
     def __iter__(self):
+        if self._receiver is None:
+            self._receiver = threading.Thread(target=self._receive, name="bagpipe-plans", daemon=True)
+            self._receiver.start()
         while True:
-            msg = self.t.recv(self.oracle, PLAN)
+            msg = self._inbox.get()
+            if isinstance(msg, BaseException):
+                raise msg
             if isinstance(msg, dict) and msg.get("end"):
                 self.report = msg["report"]
                 return

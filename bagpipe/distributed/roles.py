@@ -198,6 +198,7 @@ def joined(
     name = layout.name(rank)
     watch = superseded_watch(name)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=layout.world_size, timeout=OP_TIMEOUT)
+    transport = None
     try:
         # every rank must create every group, in the same order and with the same backend
         if placement is not None:
@@ -213,10 +214,12 @@ def joined(
         lost = BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})")
         if report_errors:
             report_error(lost)
+            _end_now_if_receiving(transport)
         raise lost from e
     except BagpipeError as e:
         if report_errors:
             report_error(e)
+            _end_now_if_receiving(transport)
         raise
     finally:
         if watch is not None:
@@ -226,6 +229,16 @@ def joined(
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
         sys.stdout.flush()
+
+
+def _end_now_if_receiving(transport) -> None:
+    """After this role's error line: with another thread still inside a receive (a
+    trainer's plan receiver waiting for the oracle's next plan), leaving the process group
+    would abort the process, so the role ends here, as a stopped role does (exit 2)."""
+    if transport is not None and transport.receiving_elsewhere():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
 
 
 def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:

@@ -154,6 +154,7 @@ class Transport:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.refused: Counter = Counter()  # (peer, reason) -> messages refused
+        self._receiving: Counter = Counter()  # thread ident -> receives it is inside
 
     def _lock(self, peer: int, stream: int) -> threading.Lock:
         with self._locks_guard:
@@ -267,12 +268,30 @@ class Transport:
         """The next message from ``peer`` on ``stream`` that passes every check; refused
         ones are logged and skipped."""
         key = self._session(peer)[1]
-        with self._guard(peer, "receiving from"):
-            while True:
-                try:
-                    return self._recv_message(peer, stream, key)
-                except Refused as e:
-                    self._refused(peer, stream, str(e))
+        me = threading.get_ident()
+        self._count_receiving(me, 1)
+        try:
+            with self._guard(peer, "receiving from"):
+                while True:
+                    try:
+                        return self._recv_message(peer, stream, key)
+                    except Refused as e:
+                        self._refused(peer, stream, str(e))
+        finally:
+            self._count_receiving(me, -1)
+
+    def _count_receiving(self, thread: int, n: int) -> None:
+        with self._locks_guard:
+            self._receiving[thread] += n
+            if not self._receiving[thread]:
+                del self._receiving[thread]
+
+    def receiving_elsewhere(self) -> bool:
+        """Whether a thread other than this one is inside a receive. Leaving the process
+        group (or the interpreter's teardown) under a thread inside a gloo receive aborts
+        the process: a role that stops with an error then ends at once instead."""
+        with self._locks_guard:
+            return any(t != threading.get_ident() for t in self._receiving)
 
     def _session(self, peer: int) -> tuple[bytes, bytes]:
         keys = self._keys.get(peer)

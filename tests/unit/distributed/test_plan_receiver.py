@@ -1,0 +1,103 @@
+"""A trainer's plan receiver takes the oracle's plans off the wire ahead of the trainer.
+
+The oracle sends each trainer its plan in turn, and a gloo send completes only once the
+peer receives: a trainer that received its next plan only when it asked for it (the
+synchronous executor, at the start of every step) held up the oracle's sends to every
+trainer after it (docs/distributed.md, "The plans reached the trainers one after
+another"). These tests run the receiver against an oracle over the fake wire: the plans
+leave the wire before the trainer asks, arrive in order with one credit per plan taken,
+a failure of the oracle reaches the trainer's thread, and a transport knows when
+another thread is inside a receive (the role then ends at once on an error).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fakes import FakeNet, join_all
+from test_wire import assert_same, trainer_plans
+
+from bagpipe.cache.setup import CachePlan
+from bagpipe.distributed.oracle_report import OracleReport
+from bagpipe.distributed.oracle_role import PlanReceiver
+from bagpipe.distributed.transport import PeerLost, Transport
+from bagpipe.distributed.wire import CREDIT, PLAN
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+TRAINER, ORACLE = 0, 1
+
+
+def _pair() -> tuple[Transport, Transport, FakeNet]:
+    net = FakeNet(timeout=5.0)
+
+    def name(rank: int) -> str:
+        return "trainer 0" if rank == TRAINER else "oracle"
+
+    t, o = Transport(name, net.wire(TRAINER)), Transport(name, net.wire(ORACLE))
+    assert not join_all({TRAINER: t, ORACLE: o}, {TRAINER: [ORACLE], ORACLE: [TRAINER]})
+    return t, o, net
+
+
+def _wait_until(cond, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_plans_leave_the_wire_before_the_trainer_asks_and_arrive_in_order_one_credit_each():
+    t, o, net = _pair()
+    plans = trainer_plans()[::2]  # trainer 0's part of every step (partitioned over 2)
+    o.send(TRAINER, PLAN, CachePlan(cache_rows=6, lookahead=2))
+    for p in plans:
+        o.send(TRAINER, PLAN, p)
+    o.send(TRAINER, PLAN, {"end": True, "report": OracleReport(cache_rows=6, lookahead=2)})
+    receiver = PlanReceiver(t, ORACLE)
+    it = iter(receiver)
+    first = next(it)
+    # while the trainer holds its first plan, the rest are already off the wire
+    _wait_until(lambda: not net._fifos[(ORACLE, TRAINER, PLAN)])
+    got = [first, *it]
+    assert len(got) == len(plans)
+    for g, p in zip(got, plans):
+        assert_same(g, p)
+    assert receiver.report is not None and receiver.report.cache_rows == 6
+    assert [o.recv(TRAINER, CREDIT) for _ in plans] == [1] * len(plans)  # one credit per plan taken
+    assert not t.receiving_elsewhere()  # the receiver's thread ended at the stream's end
+
+
+def test_the_oracle_lost_reaches_the_trainers_thread_as_peer_lost():
+    t, o, net = _pair()
+    o.send(TRAINER, PLAN, CachePlan(cache_rows=6, lookahead=2))
+    receiver = PlanReceiver(t, ORACLE)
+    it = iter(receiver)
+    got: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            next(it)
+        except BaseException as e:  # noqa: BLE001 - what the trainer's thread sees
+            got.append(e)
+
+    th = threading.Thread(target=take)
+    th.start()
+    _wait_until(t.receiving_elsewhere)  # the receiver waits inside a receive, not the trainer
+    net.kill(ORACLE)
+    th.join(timeout=10)
+    assert len(got) == 1 and isinstance(got[0], PeerLost), got
+    assert "oracle" in str(got[0])
+    assert not t.receiving_elsewhere()
+
+
+def test_a_transport_knows_whether_another_thread_is_inside_a_receive():
+    t, o, _ = _pair()
+    assert not t.receiving_elsewhere()
+    th = threading.Thread(target=t.recv, args=(ORACLE, CREDIT))
+    th.start()
+    _wait_until(t.receiving_elsewhere)
+    o.send(TRAINER, CREDIT, 1)
+    th.join(timeout=10)
+    assert not t.receiving_elsewhere()
