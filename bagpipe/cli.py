@@ -307,12 +307,17 @@ def _stopped(command: str | None, e: KeyboardInterrupt) -> int:
 
 def _leave_past_stuck_threads(rc: int) -> None:
     """End the process now if a thread is still blocked inside torch's C++ code (a rendezvous
-    given up on: a TCPStore client waiting for an answer that never comes). Left to the
+    given up on: a TCPStore client waiting for an answer that never comes; a role's thread
+    inside a gloo receive when the role stopped with an error). Left to the
     interpreter's shutdown, such a thread is unwound through C++ frames that do not allow
     it, and the process aborts (SIGABRT) after its one-line error instead of exiting with it."""
     import threading
 
-    if any(t.name == "bagpipe-rendezvous" and t.is_alive() for t in threading.enumerate()):
+    receivers = ("bagpipe-plans", "credits-")  # a trainer's plans, the oracle's credits
+    if any(
+        t.is_alive() and (t.name == "bagpipe-rendezvous" or (rc != 0 and t.name.startswith(receivers)))
+        for t in threading.enumerate()
+    ):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)

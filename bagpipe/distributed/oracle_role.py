@@ -191,7 +191,10 @@ class PlanReceiver:
         self.plan: CachePlan = plan
         self.report: OracleReport | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._receiver: threading.Thread | None = None
+        # from now on: the oracle's sends to the trainers after this one need not wait for
+        # this trainer's setup (its cache, a restore)
+        self._receiver = threading.Thread(target=self._receive, name="bagpipe-plans", daemon=True)
+        self._receiver.start()
 
     def _receive(self) -> None:
         """Take plans off the wire to the stream's end (or a failure, handed over as such)."""
@@ -205,9 +208,6 @@ class PlanReceiver:
             self._inbox.put(e)
 
     def __iter__(self):
-        if self._receiver is None:
-            self._receiver = threading.Thread(target=self._receive, name="bagpipe-plans", daemon=True)
-            self._receiver.start()
         while True:
             msg = self._inbox.get()
             if isinstance(msg, BaseException):

@@ -32,7 +32,6 @@ _POOL_SUFFIX = re.compile(r"_\d+$")  # ThreadPoolExecutor's workers: PREFIX_0, P
 #: Threads of the embedding pipeline (their CPU is the pipeline's cost), by name prefix.
 PIPELINE_THREADS = (
     "bagpipe-planner",
-    "bagpipe-plans",
     "bagpipe-fetch",
     "bagpipe-writeback",
     "bagpipe-read",

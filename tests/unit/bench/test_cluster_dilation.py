@@ -101,3 +101,9 @@ def test_run_queue_wait_is_read_from_schedstat():
         pytest.skip("this kernel keeps no schedstat")
     assert mine >= 0
     assert run_queue_wait_s(2**22 + 12345) is None  # no such process
+
+
+def test_the_report_names_the_congestion_control_an_inheriting_sweep_ran():
+    assert _bench().congestion_label() == "cubic"
+    machine = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    assert _bench(congestion_control="inherit").congestion_label() == f"inherit: {machine}"

@@ -409,7 +409,7 @@ def tables(b: ClusterBench, payload: dict) -> str:
         ],
     )
     ideal = f"ideal (--mode full, one process, batch {b.batch_size}, no network): {payload['ideal_samples_per_s']:,.0f} samples/s per trainer"
-    probes = f"probe: achieved Mbit/s on each link under the shaping (TCP: {b.congestion_control})\n\n" + probes
+    probes = f"probe: achieved Mbit/s on each link under the shaping (TCP: {b.congestion_label()})\n\n" + probes
     parts = [t1, t2, probes, ideal, tg]
     if "dilation" in payload:
         parts[3] = (

@@ -100,9 +100,9 @@ class ClusterBench(CachePoint, Throughput):
     """With --dilation: the profile GPU's forward + backward of one trainer's 2048 samples,
     ms (an assumption, not a figure of the paper: bagpipe.config.compute.V100_STEP_MS)."""
     congestion_control: str = "cubic"
-    """TCP congestion control of every emulated host (each namespace's
-    net.ipv4.tcp_congestion_control): cubic, Linux's default, or another the kernel offers
-    (bbr, reno); inherit: this machine's own, whatever it is."""
+    """TCP congestion control of every emulated host (set on its route, ip route ...
+    congctl): cubic, Linux's default, or another the kernel has loaded (bbr, reno);
+    inherit: this machine's own default (net.ipv4.tcp_congestion_control)."""
     starved_share: float = 0.10
     """A role is starved of CPU -- the run's figures invalid -- when its threads waited on
     the run queue for more than this share of the measured wall time (/proc/PID/task/*/schedstat)."""
@@ -165,6 +165,15 @@ class ClusterBench(CachePoint, Throughput):
     def host_congestion_control(self) -> str | None:
         """What every emulated host's TCP is set to (None: the machine's, inherited)."""
         return None if self.congestion_control == "inherit" else self.congestion_control
+
+    def congestion_label(self) -> str:
+        """The congestion control the report names: with inherit, which one that is here."""
+        if self.congestion_control != "inherit":
+            return self.congestion_control
+        try:
+            return f"inherit: {Path('/proc/sys/net/ipv4/tcp_congestion_control').read_text().strip()}"
+        except OSError:
+            return "inherit"
 
     def with_servers(self, servers: int) -> ClusterBench:
         """These settings with ``servers`` embedding servers."""
