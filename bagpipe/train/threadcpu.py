@@ -30,13 +30,7 @@ from dataclasses import dataclass
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _POOL_SUFFIX = re.compile(r"_\d+$")  # ThreadPoolExecutor's workers: PREFIX_0, PREFIX_1...
 #: Threads of the embedding pipeline (their CPU is the pipeline's cost), by name prefix.
-PIPELINE_THREADS = (
-    "bagpipe-planner",
-    "bagpipe-fetch",
-    "bagpipe-writeback",
-    "bagpipe-read",
-    "diskstore-",
-)
+PIPELINE_THREADS = ("bagpipe-planner", "bagpipe-fetch", "bagpipe-writeback", "bagpipe-read", "diskstore-")
 #: The step's compute: the trainer's thread and torch's intra-op workers.
 COMPUTE_THREADS = ("trainer", "native")
 
