@@ -307,16 +307,15 @@ def _stopped(command: str | None, e: KeyboardInterrupt) -> int:
 
 def _leave_past_stuck_threads(rc: int) -> None:
     """End the process now if a thread is still blocked inside torch's C++ code (a rendezvous
-    given up on: a TCPStore client waiting for an answer that never comes; a role's thread
-    inside a gloo receive when the role stopped with an error). Left to the
-    interpreter's shutdown, such a thread is unwound through C++ frames that do not allow
-    it, and the process aborts (SIGABRT) after its one-line error instead of exiting with it."""
+    given up on: a TCPStore client waiting for an answer that never comes; after an error, a
+    thread inside a receive of the transport: :func:`bagpipe.distributed.transport.receiving_elsewhere`).
+    Left to the interpreter's shutdown, such a thread is unwound through C++ frames that do not
+    allow it, and the process aborts (SIGABRT) after its one-line error instead of exiting with it."""
     import threading
 
-    receivers = ("bagpipe-plans", "credits-")  # a trainer's plans, the oracle's credits
-    if any(
-        t.is_alive() and (t.name == "bagpipe-rendezvous" or (rc != 0 and t.name.startswith(receivers)))
-        for t in threading.enumerate()
+    transport = sys.modules.get("bagpipe.distributed.transport")  # not imported: no thread inside a receive
+    if any(t.is_alive() and t.name == "bagpipe-rendezvous" for t in threading.enumerate()) or (
+        rc != 0 and transport is not None and transport.receiving_elsewhere()
     ):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -13,7 +13,7 @@ server applies its own (:func:`server_fit`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bagpipe.budget.estimate import Estimate, RunShape, Sizes, estimate, estimate_server
 from bagpipe.budget.sizing import Budget, BudgetError, Fit, Wanted, fit
@@ -52,11 +52,14 @@ def memory_plan(cfg, dataset, stream, role: str = "trainer", shape: RunShape | N
     over ``dataset``'s train ``stream``: its budget and its shape (``shape``: as the run
     measured it already; None: measured here). ``role`` ``remote-trainer``: the trainers
     of a distributed job (the oracle role sizes their cache for them), each on 1/N of the batch."""
+    remote = role == "remote-trainer"
     if shape is None:
         from bagpipe.budget.shape import run_shape
 
-        share = stream.batch_size // cfg.dist.trainers if role == "remote-trainer" else None
+        share = stream.batch_size // cfg.dist.trainers if remote else None
         shape = run_shape(cfg, dataset, stream, share)
+    if remote:  # its plan receiver holds up to --plans-in-flight plans
+        shape = replace(shape, plans_received=cfg.dist.plans_in_flight)
     return MemoryPlan(Budget.of(cfg.memory.memory_budget_mb), shape, role=role)
 
 

@@ -142,6 +142,8 @@ class RunShape:
         layout_bytes: a disk store's frequency layout: its count of the train split's rows
             at start-up (a store made here) and the packed rows it keeps.
         layout: the row layout of the run's disk store and why (None without one).
+        plans_received: plans a distributed trainer's receiver may hold ahead of its step
+            (``--plans-in-flight``; 0 outside a distributed trainer).
     """
 
     spec: ModeSpec
@@ -164,6 +166,7 @@ class RunShape:
     evict_rows: int | None = None
     layout_bytes: int = 0
     layout: LayoutChoice | None = None
+    plans_received: int = 0
 
     @property
     def row_bytes(self) -> int:
@@ -300,6 +303,9 @@ def estimate(shape: RunShape, sizes: Sizes, role: str = "trainer") -> Estimate:
                 f"{staged} plan{'' if staged == 1 else 's'} read ahead, {fetch:,} rows fetched a step",
             )
         )
+        if remote and shape.plans_received:  # the plan receiver's inbox (bagpipe.distributed.oracle_role)
+            n = shape.plans_received
+            parts.append(Part("plans received", n * plan, f"up to {n} from the oracle ahead of the step"))
         if not remote:
             ob, note = _oracle(shape, sizes)
             if ob:

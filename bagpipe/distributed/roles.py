@@ -190,7 +190,7 @@ def joined(
     import torch.distributed as dist
 
     from bagpipe.distributed.auth import load_secret
-    from bagpipe.distributed.transport import Transport, gloo_reason
+    from bagpipe.distributed.transport import Transport, gloo_reason, receiving_elsewhere
 
     secret = load_secret(secret_file)  # before waiting for anyone: a missing secret is a one-line error now
     torch.set_num_threads(max(1, threads))  # N + S + 1 processes share the machine's cores
@@ -214,35 +214,24 @@ def joined(
         lost = BagpipeError(f"{name} lost contact with another role ({gloo_reason(e)})")
         if report_errors:
             report_error(lost)
-            _end_now_if_receiving(transport)
         raise lost from e
     except BagpipeError as e:
         if report_errors:
             report_error(e)
-            _end_now_if_receiving(transport)
         raise
     finally:
         if watch is not None:
             watch.stop()
         try:
-            # not under a thread inside a receive (an error this role did not end at once
-            # for above: an interrupt, a full disk, a bug): that aborts the process; the
-            # command line ends it past that thread after its message (cli.py)
-            if transport is None or not transport.receiving_elsewhere():
+            # not under a thread inside a receive (a trainer's plan receiver, a server's
+            # reader, the oracle's credits): that aborts the process. The error goes on to
+            # whoever ends the process past that thread with its exit code: a role's worker
+            # at once after its line, the command line after its message (cli.py)
+            if not receiving_elsewhere():
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
         sys.stdout.flush()
-
-
-def _end_now_if_receiving(transport) -> None:
-    """After this role's error line: with another thread still inside a receive (a
-    trainer's plan receiver waiting for the oracle's next plan), leaving the process group
-    would abort the process, so the role ends here, as a stopped role does (exit 2)."""
-    if transport is not None and transport.receiving_elsewhere():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(2)
 
 
 def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
@@ -374,18 +363,7 @@ def serve(
                 "estimate_parts_mb": est.as_dict()["parts_mb"],
             }
             server = EmbeddingServer(store, transport, layout.trainer_ranks, memory)
-            try:
-                report = server.serve()
-            except BagpipeError as e:
-                if server.receiving():
-                    # a reader is inside a gloo receive from a client that is still alive:
-                    # leaving the process group (or the interpreter's teardown) under it
-                    # aborts the process, so this role says its line and ends at once
-                    store.close()
-                    report_error(e)
-                    sys.stdout.flush()
-                    os._exit(2)
-                raise
+            report = server.serve()  # a reader left inside a receive after an error: see joined()
         finally:
             store.close()
         log.info(

@@ -175,11 +175,6 @@ class EmbeddingServer:
                     self._failure = (client, e)
                 self._cond.notify_all()
 
-    def receiving(self) -> bool:
-        """Whether a reader is still inside a receive (after a failure: a client that is
-        alive and silent). Tearing the process group down under it aborts the process."""
-        return any(th.is_alive() for th in self._readers)
-
     def _checkpoint(self, client: int, msg: dict) -> dict:
         """One trainer's part of a checkpoint's cut: when every trainer has asked (so every
         write-back before the cut is applied: each client's requests are served in order),

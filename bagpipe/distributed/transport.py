@@ -120,6 +120,27 @@ class Refused(Exception):
     """A received message that is not taken (internal: becomes a log line, or AuthError in a handshake)."""
 
 
+#: The attribute of a thread inside :meth:`Transport.recv`: the transport it receives from.
+_INSIDE = "bagpipe_inside_receive"
+
+
+def receiving_elsewhere(transport: Transport | None = None) -> bool:
+    """Whether a thread other than the caller is inside a receive (of ``transport``; of any
+    transport of this process when None).
+
+    The one test of what makes a role's exit different: leaving the process group, or the
+    interpreter's teardown, under a thread blocked inside a gloo receive aborts the process
+    (SIGABRT, after the role's error line). So a role that stops with such a thread does not
+    leave the group (:func:`bagpipe.distributed.roles.joined`), and the process ends past it
+    with its exit code (a role's worker at once, the command line after its message)."""
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        inside = getattr(t, _INSIDE, None)
+        if t is not me and inside is not None and (transport is None or inside is transport):
+            return True
+    return False
+
+
 class Transport:
     """Authenticated, data-only messages over gloo send/recv on the default process group.
 
@@ -154,7 +175,6 @@ class Transport:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.refused: Counter = Counter()  # (peer, reason) -> messages refused
-        self._receiving: Counter = Counter()  # thread ident -> receives it is inside
 
     def _lock(self, peer: int, stream: int) -> threading.Lock:
         with self._locks_guard:
@@ -266,10 +286,12 @@ class Transport:
 
     def recv(self, peer: int, stream: int) -> Any:
         """The next message from ``peer`` on ``stream`` that passes every check; refused
-        ones are logged and skipped."""
+        ones are logged and skipped. The calling thread is marked as inside a receive of this
+        transport meanwhile (:func:`receiving_elsewhere`)."""
         key = self._session(peer)[1]
-        me = threading.get_ident()
-        self._count_receiving(me, 1)
+        me = threading.current_thread()
+        outer = getattr(me, _INSIDE, None)
+        setattr(me, _INSIDE, self)
         try:
             with self._guard(peer, "receiving from"):
                 while True:
@@ -278,20 +300,11 @@ class Transport:
                     except Refused as e:
                         self._refused(peer, stream, str(e))
         finally:
-            self._count_receiving(me, -1)
-
-    def _count_receiving(self, thread: int, n: int) -> None:
-        with self._locks_guard:
-            self._receiving[thread] += n
-            if not self._receiving[thread]:
-                del self._receiving[thread]
+            setattr(me, _INSIDE, outer)
 
     def receiving_elsewhere(self) -> bool:
-        """Whether a thread other than this one is inside a receive. Leaving the process
-        group (or the interpreter's teardown) under a thread inside a gloo receive aborts
-        the process: a role that stops with an error then ends at once instead."""
-        with self._locks_guard:
-            return any(t != threading.get_ident() for t in self._receiving)
+        """Whether a thread other than the caller is inside a receive of this transport."""
+        return receiving_elsewhere(self)
 
     def _session(self, peer: int) -> tuple[bytes, bytes]:
         keys = self._keys.get(peer)

@@ -204,6 +204,20 @@ def test_the_estimate_grows_with_what_it_holds():
     assert full.part("store") >= 8_000_000 * 65 * 4  # the full tables are in the process
 
 
+@pytest.mark.unit
+def test_a_distributed_trainer_counts_the_plans_its_receiver_holds_ahead():
+    """A distributed trainer's plan receiver holds up to --plans-in-flight plans from the
+    oracle before its step takes them (bagpipe.distributed.oracle_role.PlanReceiver)."""
+    s, w = shape(), wanted().sizes
+    base = estimate(s, w, "remote-trainer")
+    four = estimate(dataclasses.replace(s, plans_received=4), w, "remote-trainer")
+    eight = estimate(dataclasses.replace(s, plans_received=8), w, "remote-trainer")
+    assert base.part("plans received") == 0
+    assert 0 < four.part("plans received") and eight.part("plans received") == 2 * four.part("plans received")
+    assert eight.total - four.total == four.part("plans received")
+    assert estimate(dataclasses.replace(s, plans_received=4), w).part("plans received") == 0  # one process: none
+
+
 # --------------------------------------------------------------------------- the disk store's I/O
 
 

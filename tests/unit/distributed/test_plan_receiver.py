@@ -7,13 +7,19 @@ trainer after it (docs/distributed.md, "The plans reached the trainers one after
 another"). These tests run the receiver against an oracle over the fake wire: the plans
 leave the wire before the trainer asks, arrive in order with one credit per plan taken,
 a failure of the oracle reaches the trainer's thread, and a transport knows when
-another thread is inside a receive (the role then ends at once on an error).
+another thread is inside a receive (the role then does not leave its process group under
+it, and the process ends past it with its exit code).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from fakes import FakeNet, join_all
@@ -22,7 +28,7 @@ from test_wire import assert_same, trainer_plans
 from bagpipe.cache.setup import CachePlan
 from bagpipe.distributed.oracle_report import OracleReport
 from bagpipe.distributed.oracle_role import PlanReceiver
-from bagpipe.distributed.transport import PeerLost, Transport
+from bagpipe.distributed.transport import PeerLost, Transport, receiving_elsewhere
 from bagpipe.distributed.wire import CREDIT, PLAN
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -101,3 +107,51 @@ def test_a_transport_knows_whether_another_thread_is_inside_a_receive():
     o.send(TRAINER, CREDIT, 1)
     th.join(timeout=10)
     assert not t.receiving_elsewhere()
+
+
+def test_any_transports_receive_counts_for_the_process_but_not_the_calling_thread():
+    t, o, _ = _pair()
+    other, _, _ = _pair()
+    assert not receiving_elsewhere()
+    th = threading.Thread(target=t.recv, args=(ORACLE, CREDIT))
+    th.start()
+    _wait_until(receiving_elsewhere)  # any transport of this process
+    assert t.receiving_elsewhere() and not other.receiving_elsewhere()  # or that transport's
+    o.send(TRAINER, CREDIT, 1)
+    th.join(timeout=10)
+    assert not receiving_elsewhere()
+    o.send(TRAINER, CREDIT, 2)
+    assert t.recv(ORACLE, CREDIT) == 2 and not receiving_elsewhere()  # the caller's own receive is not "elsewhere"
+
+
+_PAST_A_RECEIVE = """
+import sys, threading, time
+from fakes import FakeNet, join_all
+from bagpipe.cli import _leave_past_stuck_threads
+from bagpipe.distributed.transport import Transport, receiving_elsewhere
+net = FakeNet(timeout=60.0)
+t, o = Transport(str, net.wire(0)), Transport(str, net.wire(1))
+assert not join_all({0: t, 1: o}, {0: [1], 1: [0]})
+threading.Thread(target=t.recv, args=(1, 4), daemon=True).start()  # never answered
+while not receiving_elsewhere():
+    time.sleep(0.01)
+_leave_past_stuck_threads(int(sys.argv[1]))
+print("returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize("rc", [0, 2])
+def test_the_command_line_ends_a_failed_process_past_a_thread_inside_a_receive(rc):
+    """After an error (rc != 0) the command line ends the process with its code at once when
+    a thread is still inside a receive (in gloo, the interpreter's teardown would abort it);
+    a command that succeeded returns as usual."""
+    tests = Path(__file__).resolve().parents[2]  # fakes.py; bagpipe beside it
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_PAST_A_RECEIVE), str(rc)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env={**os.environ, "PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"},
+    )
+    assert r.returncode == rc, r.stderr
+    assert ("returned" in r.stdout) == (rc == 0), r.stdout
