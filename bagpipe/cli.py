@@ -281,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         rc = _main(argv)
     except KeyboardInterrupt as e:
         rc = _stopped(command, e)
+    except Exception:  # a bug: Python's traceback, and past a stuck thread as after any error
+        if argv is None and _stuck_threads(1):
+            import traceback
+
+            traceback.print_exc()
+            _leave_past_stuck_threads(1)
+        raise
     if argv is None:
         # the command is done and has said so: a Ctrl-C in the interpreter's teardown (joining
         # threads, closing files) killed the process with status 130 and no word (newcomer
@@ -306,20 +313,25 @@ def _stopped(command: str | None, e: KeyboardInterrupt) -> int:
 
 
 def _leave_past_stuck_threads(rc: int) -> None:
-    """End the process now if a thread is still blocked inside torch's C++ code (a rendezvous
-    given up on: a TCPStore client waiting for an answer that never comes; after an error, a
-    thread inside a receive of the transport: :func:`bagpipe.distributed.transport.receiving_elsewhere`).
-    Left to the interpreter's shutdown, such a thread is unwound through C++ frames that do not
-    allow it, and the process aborts (SIGABRT) after its one-line error instead of exiting with it."""
-    import threading
-
-    transport = sys.modules.get("bagpipe.distributed.transport")  # not imported: no thread inside a receive
-    if any(t.is_alive() and t.name == "bagpipe-rendezvous" for t in threading.enumerate()) or (
-        rc != 0 and transport is not None and transport.receiving_elsewhere()
-    ):
+    """End the process now, with ``rc``, if :func:`_stuck_threads`. Left to the interpreter's
+    shutdown, such a thread is unwound through C++ frames that do not allow it, and the
+    process aborts (SIGABRT) after its one-line error instead of exiting with it."""
+    if _stuck_threads(rc):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
+
+
+def _stuck_threads(rc: int) -> bool:
+    """Whether a thread is still blocked inside torch's C++ code: a rendezvous given up on (a
+    TCPStore client waiting for an answer that never comes), or, after an error (``rc`` != 0),
+    a thread inside a receive of the transport (:func:`bagpipe.distributed.transport.receiving_elsewhere`)."""
+    import threading
+
+    if any(t.is_alive() and t.name == "bagpipe-rendezvous" for t in threading.enumerate()):
+        return True
+    transport = sys.modules.get("bagpipe.distributed.transport")  # not imported: no thread inside a receive
+    return rc != 0 and transport is not None and transport.receiving_elsewhere()
 
 
 def _main(argv: list[str] | None) -> int:

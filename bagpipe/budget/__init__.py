@@ -59,7 +59,7 @@ def memory_plan(cfg, dataset, stream, role: str = "trainer", shape: RunShape | N
         share = stream.batch_size // cfg.dist.trainers if remote else None
         shape = run_shape(cfg, dataset, stream, share)
     if remote:  # its plan receiver holds up to --plans-in-flight plans
-        shape = replace(shape, plans_received=cfg.dist.plans_in_flight)
+        shape = replace(shape, plans_received=cfg.dist.plans_in_flight, trainers=cfg.dist.trainers)
     return MemoryPlan(Budget.of(cfg.memory.memory_budget_mb), shape, role=role)
 
 

@@ -144,6 +144,8 @@ class RunShape:
         layout: the row layout of the run's disk store and why (None without one).
         plans_received: plans a distributed trainer's receiver may hold ahead of its step
             (``--plans-in-flight``; 0 outside a distributed trainer).
+        trainers: N, the data-parallel trainers (a trainer's plan lists the slots of the
+            global batch's synchronised rows: up to N times its own unique rows).
     """
 
     spec: ModeSpec
@@ -167,6 +169,7 @@ class RunShape:
     layout_bytes: int = 0
     layout: LayoutChoice | None = None
     plans_received: int = 0
+    trainers: int = 1
 
     @property
     def row_bytes(self) -> int:
@@ -304,8 +307,8 @@ def estimate(shape: RunShape, sizes: Sizes, role: str = "trainer") -> Estimate:
             )
         )
         if remote and shape.plans_received:  # the plan receiver's inbox (bagpipe.distributed.oracle_role)
-            n = shape.plans_received
-            parts.append(Part("plans received", n * plan, f"up to {n} from the oracle ahead of the step"))
+            n, received = shape.plans_received, plan + 8 * shape.trainers * U  # + the global batch's synced slots
+            parts.append(Part("plans received", n * received, f"up to {n} from the oracle ahead of the step"))
         if not remote:
             ob, note = _oracle(shape, sizes)
             if ob:

@@ -220,14 +220,16 @@ def joined(
             report_error(e)
         raise
     finally:
+        # Another thread inside a receive (a trainer's plan receiver, a server's reader, the
+        # oracle's credits): leaving the process group under it aborts the process, so the
+        # group stays and nothing here waits; the error goes on to whoever ends the process
+        # past that thread with its exit code: a role's worker at once after its line, the
+        # command line after its message (cli.py)
+        stuck = receiving_elsewhere()
         if watch is not None:
-            watch.stop()
+            watch.stop(wait=not stuck)
         try:
-            # not under a thread inside a receive (a trainer's plan receiver, a server's
-            # reader, the oracle's credits): that aborts the process. The error goes on to
-            # whoever ends the process past that thread with its exit code: a role's worker
-            # at once after its line, the command line after its message (cli.py)
-            if not receiving_elsewhere():
+            if not stuck:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
@@ -253,19 +255,26 @@ def run_role(cfg: TrainConfig, layout: Layout, rank: int) -> dict | None:
     if role == "trainer":
         from bagpipe.device import open_device
         from bagpipe.distributed.trainer import run_trainer
+        from bagpipe.distributed.transport import receiving_elsewhere
 
         placement = trainer_placement(cfg.device.device)
         # opened before joining: a trainer without its GPU fails at once, naming why
         device = open_device(
             cfg.device.device, placement.index, cfg.device.deterministic, cfg.device.device_memory_budget_mb
         )
+        done = False
         try:
             with joined(
                 layout, rank, threads, timeout, cfg.dist.secret_file, placement, report_errors=True, settings=settings
             ) as (transport, group):
-                return run_trainer(cfg, layout, rank, transport, group, device)
+                summary = run_trainer(cfg, layout, rank, transport, group, device)
+            done = True
+            return summary
         finally:
-            device.close()
+            # after an error with a thread inside a receive the process ends past it (joined):
+            # closing the device could wait on a collective whose peer is gone
+            if done or not receiving_elsewhere():
+                device.close()
     with joined(layout, rank, threads, timeout, cfg.dist.secret_file, report_errors=True, settings=settings) as (
         transport,
         group,

@@ -63,9 +63,10 @@ class SupersededWatch:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Stop watching; ``wait``: until the watch's thread has ended (up to its store's timeout)."""
         self._stop.set()
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.period_s + 10)
 
     def _run(self) -> None:

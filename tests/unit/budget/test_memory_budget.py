@@ -216,6 +216,9 @@ def test_a_distributed_trainer_counts_the_plans_its_receiver_holds_ahead():
     assert 0 < four.part("plans received") and eight.part("plans received") == 2 * four.part("plans received")
     assert eight.total - four.total == four.part("plans received")
     assert estimate(dataclasses.replace(s, plans_received=4), w).part("plans received") == 0  # one process: none
+    # a plan also lists the slots of the global batch's synchronised rows: more trainers, larger plans
+    wide = estimate(dataclasses.replace(s, plans_received=4, trainers=8), w, "remote-trainer")
+    assert wide.part("plans received") > four.part("plans received")
 
 
 # --------------------------------------------------------------------------- the disk store's I/O

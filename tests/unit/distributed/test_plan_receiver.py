@@ -112,16 +112,16 @@ def test_a_transport_knows_whether_another_thread_is_inside_a_receive():
 def test_any_transports_receive_counts_for_the_process_but_not_the_calling_thread():
     t, o, _ = _pair()
     other, _, _ = _pair()
-    assert not receiving_elsewhere()
+    assert not t.receiving_elsewhere() and not other.receiving_elsewhere()
     th = threading.Thread(target=t.recv, args=(ORACLE, CREDIT))
     th.start()
     _wait_until(receiving_elsewhere)  # any transport of this process
     assert t.receiving_elsewhere() and not other.receiving_elsewhere()  # or that transport's
     o.send(TRAINER, CREDIT, 1)
     th.join(timeout=10)
-    assert not receiving_elsewhere()
+    assert not t.receiving_elsewhere()
     o.send(TRAINER, CREDIT, 2)
-    assert t.recv(ORACLE, CREDIT) == 2 and not receiving_elsewhere()  # the caller's own receive is not "elsewhere"
+    assert t.recv(ORACLE, CREDIT) == 2 and not t.receiving_elsewhere()  # the caller's own receive is not "elsewhere"
 
 
 _PAST_A_RECEIVE = """
@@ -155,3 +155,37 @@ def test_the_command_line_ends_a_failed_process_past_a_thread_inside_a_receive(r
     )
     assert r.returncode == rc, r.stderr
     assert ("returned" in r.stdout) == (rc == 0), r.stdout
+
+
+_A_BUG_PAST_A_RECEIVE = """
+import sys, threading, time
+from fakes import FakeNet, join_all
+import bagpipe.cli as cli
+from bagpipe.distributed.transport import Transport, receiving_elsewhere
+net = FakeNet(timeout=60.0)
+t, o = Transport(str, net.wire(0)), Transport(str, net.wire(1))
+assert not join_all({0: t, 1: o}, {0: [1], 1: [0]})
+threading.Thread(target=t.recv, args=(1, 4), daemon=True).start()  # never answered
+while not receiving_elsewhere():
+    time.sleep(0.01)
+def bug(argv):
+    raise RuntimeError("a bug in a command")
+cli._main = bug
+sys.argv = ["bagpipe", "version"]
+cli.main()
+print("returned", flush=True)
+"""
+
+
+def test_a_bug_ends_the_process_past_a_thread_inside_a_receive_with_its_traceback():
+    tests = Path(__file__).resolve().parents[2]
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_A_BUG_PAST_A_RECEIVE)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env={**os.environ, "PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"},
+    )
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("RuntimeError: a bug in a command") == 1, r.stderr  # the traceback, once
+    assert "returned" not in r.stdout
