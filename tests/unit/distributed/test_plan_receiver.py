@@ -124,6 +124,13 @@ def test_any_transports_receive_counts_for_the_process_but_not_the_calling_threa
     assert t.recv(ORACLE, CREDIT) == 2 and not t.receiving_elsewhere()  # the caller's own receive is not "elsewhere"
 
 
+def _child_env() -> dict[str, str]:
+    """A child that imports fakes.py and bagpipe, and is no bagpipe process's child (lifeline)."""
+    tests = Path(__file__).resolve().parents[2]  # fakes.py; bagpipe beside it
+    env = {k: v for k, v in os.environ.items() if k != "BAGPIPE_PARENT"}
+    return {**env, "PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"}
+
+
 _PAST_A_RECEIVE = """
 import sys, threading, time
 from fakes import FakeNet, join_all
@@ -145,20 +152,20 @@ def test_the_command_line_ends_a_failed_process_past_a_thread_inside_a_receive(r
     """After an error (rc != 0) the command line ends the process with its code at once when
     a thread is still inside a receive (in gloo, the interpreter's teardown would abort it);
     a command that succeeded returns as usual."""
-    tests = Path(__file__).resolve().parents[2]  # fakes.py; bagpipe beside it
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_PAST_A_RECEIVE), str(rc)],
         capture_output=True,
         text=True,
         timeout=50,
-        env={**os.environ, "PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"},
+        env=_child_env(),
     )
     assert r.returncode == rc, r.stderr
     assert ("returned" in r.stdout) == (rc == 0), r.stdout
 
 
 _A_BUG_PAST_A_RECEIVE = """
-import sys, threading, time
+import atexit, sys, threading, time
+atexit.register(print, "teardown", flush=True)  # the interpreter's teardown ran (os._exit skips it)
 from fakes import FakeNet, join_all
 import bagpipe.cli as cli
 from bagpipe.distributed.transport import Transport, receiving_elsewhere
@@ -178,14 +185,13 @@ print("returned", flush=True)
 
 
 def test_a_bug_ends_the_process_past_a_thread_inside_a_receive_with_its_traceback():
-    tests = Path(__file__).resolve().parents[2]
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_A_BUG_PAST_A_RECEIVE)],
         capture_output=True,
         text=True,
         timeout=50,
-        env={**os.environ, "PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"},
+        env=_child_env(),
     )
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("RuntimeError: a bug in a command") == 1, r.stderr  # the traceback, once
-    assert "returned" not in r.stdout
+    assert "returned" not in r.stdout and "teardown" not in r.stdout, r.stdout  # ended past the thread
