@@ -267,8 +267,11 @@ def test_a_killed_server_and_a_server_killed_while_writing_are_recovered_bitwise
     assert stdout.count("[launcher] 4 of 4 roles start in pre-started spare processes") == 2
     for e in events:  # where the seconds went: consecutive phases that add up to the whole
         ph = e["phases"]
-        assert list(ph) == [*PHASE_NAMES, "total"] and all(v >= 0 for v in ph.values()), ph
-        assert abs(sum(ph[k] for k in PHASE_NAMES) - ph["total"]) < 1e-6 and ph["total"] > 0
+        # a kill before the first checkpoint was durable (its part still being written on a
+        # loaded machine: from_checkpoint None) restarts from the beginning: nothing to restore
+        names = [n for n in PHASE_NAMES if n != "restore" or e["from_checkpoint"] is not None]
+        assert list(ph) == [*names, "total"] and all(v >= 0 for v in ph.values()), (ph, seeds)
+        assert abs(sum(ph[k] for k in names) - ph["total"]) < 1e-6 and ph["total"] > 0
     assert digest(out) == full_digest, seeds
     assert_nothing_left(out, pids)
 
