@@ -41,7 +41,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 # main() runs, would still end in a traceback (difflib, logging: imported where used).
 import argparse  # noqa: E402
 import importlib  # noqa: E402
-from collections.abc import Collection, Iterator, Sequence  # noqa: E402
+from collections.abc import Callable, Collection, Iterator, Sequence  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 from bagpipe.errors import BagpipeError, ConfigError  # noqa: E402
@@ -282,11 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         rc = _stopped(command, e)
     except Exception:  # a bug: Python's traceback, and past a stuck thread as after any error
-        if argv is None and _stuck_threads(1):
+        if argv is None:
             import traceback
 
-            traceback.print_exc()
-            _leave_past_stuck_threads(1)
+            _leave_past_stuck_threads(1, say=traceback.print_exc)
         raise
     if argv is None:
         # the command is done and has said so: a Ctrl-C in the interpreter's teardown (joining
@@ -312,11 +311,14 @@ def _stopped(command: str | None, e: KeyboardInterrupt) -> int:
     return 128 + signum if signum else 130
 
 
-def _leave_past_stuck_threads(rc: int) -> None:
-    """End the process now, with ``rc``, if :func:`_stuck_threads`. Left to the interpreter's
-    shutdown, such a thread is unwound through C++ frames that do not allow it, and the
-    process aborts (SIGABRT) after its one-line error instead of exiting with it."""
+def _leave_past_stuck_threads(rc: int, say: Callable[[], None] | None = None) -> None:
+    """End the process now, with ``rc``, if :func:`_stuck_threads` (after ``say``: what the
+    process would print on its way out). Left to the interpreter's shutdown, such a thread is
+    unwound through C++ frames that do not allow it, and the process aborts (SIGABRT) after
+    its one-line error instead of exiting with it."""
     if _stuck_threads(rc):
+        if say is not None:
+            say()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)

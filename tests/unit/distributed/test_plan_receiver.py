@@ -124,48 +124,8 @@ def test_any_transports_receive_counts_for_the_process_but_not_the_calling_threa
     assert t.recv(ORACLE, CREDIT) == 2 and not t.receiving_elsewhere()  # the caller's own receive is not "elsewhere"
 
 
-def _child_env() -> dict[str, str]:
-    """A child that imports fakes.py and bagpipe, and is no bagpipe process's child (lifeline)."""
-    tests = Path(__file__).resolve().parents[2]  # fakes.py; bagpipe beside it
-    env = {k: v for k, v in os.environ.items() if k != "BAGPIPE_PARENT"}
-    return {**env, "PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"}
-
-
-_PAST_A_RECEIVE = """
-import sys, threading, time
-from fakes import FakeNet, join_all
-from bagpipe.cli import _leave_past_stuck_threads
-from bagpipe.distributed.transport import Transport, receiving_elsewhere
-net = FakeNet(timeout=60.0)
-t, o = Transport(str, net.wire(0)), Transport(str, net.wire(1))
-assert not join_all({0: t, 1: o}, {0: [1], 1: [0]})
-threading.Thread(target=t.recv, args=(1, 4), daemon=True).start()  # never answered
-while not receiving_elsewhere():
-    time.sleep(0.01)
-_leave_past_stuck_threads(int(sys.argv[1]))
-print("returned", flush=True)
-"""
-
-
-@pytest.mark.parametrize("rc", [0, 2])
-def test_the_command_line_ends_a_failed_process_past_a_thread_inside_a_receive(rc):
-    """After an error (rc != 0) the command line ends the process with its code at once when
-    a thread is still inside a receive (in gloo, the interpreter's teardown would abort it);
-    a command that succeeded returns as usual."""
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_PAST_A_RECEIVE), str(rc)],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        env=_child_env(),
-    )
-    assert r.returncode == rc, r.stderr
-    assert ("returned" in r.stdout) == (rc == 0), r.stdout
-
-
-_A_BUG_PAST_A_RECEIVE = """
+_A_THREAD_INSIDE_A_RECEIVE = """
 import atexit, sys, threading, time
-atexit.register(print, "teardown", flush=True)  # the interpreter's teardown ran (os._exit skips it)
 from fakes import FakeNet, join_all
 import bagpipe.cli as cli
 from bagpipe.distributed.transport import Transport, receiving_elsewhere
@@ -175,22 +135,46 @@ assert not join_all({0: t, 1: o}, {0: [1], 1: [0]})
 threading.Thread(target=t.recv, args=(1, 4), daemon=True).start()  # never answered
 while not receiving_elsewhere():
     time.sleep(0.01)
-def bug(argv):
-    raise RuntimeError("a bug in a command")
-cli._main = bug
-sys.argv = ["bagpipe", "version"]
-cli.main()
-print("returned", flush=True)
 """
 
 
+def _run_child(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``script`` in a child process with a thread of it blocked inside a receive; the
+    child imports fakes.py and bagpipe, and is no bagpipe process's child (lifeline)."""
+    tests = Path(__file__).resolve().parents[2]  # fakes.py; bagpipe beside it
+    env = {k: v for k, v in os.environ.items() if k != "BAGPIPE_PARENT"}
+    env["PYTHONPATH"] = f"{tests}{os.pathsep}{tests.parent}"
+    code = _A_THREAD_INSIDE_A_RECEIVE + textwrap.dedent(script)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=50, env=env)
+
+
+@pytest.mark.parametrize("rc", [0, 2])
+def test_the_command_line_ends_a_failed_process_past_a_thread_inside_a_receive(rc):
+    """After an error (rc != 0) the command line ends the process with its code at once when
+    a thread is still inside a receive (in gloo, the interpreter's teardown would abort it);
+    a command that succeeded returns as usual."""
+    r = _run_child(
+        """
+        cli._leave_past_stuck_threads(int(sys.argv[1]))
+        print("returned", flush=True)
+        """,
+        str(rc),
+    )
+    assert r.returncode == rc, r.stderr
+    assert ("returned" in r.stdout) == (rc == 0), r.stdout
+
+
 def test_a_bug_ends_the_process_past_a_thread_inside_a_receive_with_its_traceback():
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_A_BUG_PAST_A_RECEIVE)],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        env=_child_env(),
+    r = _run_child(
+        """
+        atexit.register(print, "teardown", flush=True)  # the interpreter's teardown ran (os._exit skips it)
+        def bug(argv):
+            raise RuntimeError("a bug in a command")
+        cli._main = bug
+        sys.argv = ["bagpipe", "version"]
+        cli.main()
+        print("returned", flush=True)
+        """
     )
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("RuntimeError: a bug in a command") == 1, r.stderr  # the traceback, once
