@@ -9,7 +9,7 @@ group, every other native thread -- torch's intra-op workers, mostly -- as ``nat
 and reports milliseconds per measured step.
 
 How to read the figures of a pipeline thread (``bagpipe-fetch``, ``bagpipe-writeback``,
-``bagpipe-planner``, ``diskstore-*``) beside its ``busy`` seconds (its own wall clock around
+``bagpipe-planner``, ``bagpipe-plans``, ``diskstore-*``) beside its ``busy`` seconds (its own wall clock around
 its work, :class:`bagpipe.cache.executor.PipelineTimes`):
 
 * ``cpu`` close to ``busy``: the thread computes (NumPy, system calls: ``system``);
@@ -29,8 +29,16 @@ from dataclasses import dataclass
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _POOL_SUFFIX = re.compile(r"_\d+$")  # ThreadPoolExecutor's workers: PREFIX_0, PREFIX_1...
-#: Threads of the embedding pipeline (their CPU is the pipeline's cost), by name prefix.
-PIPELINE_THREADS = ("bagpipe-planner", "bagpipe-fetch", "bagpipe-writeback", "bagpipe-read", "diskstore-")
+#: Threads of the embedding pipeline (their CPU is the pipeline's cost), by name prefix;
+#: ``bagpipe-plans`` is a distributed trainer's receiver of the oracle role's plans.
+PIPELINE_THREADS = (
+    "bagpipe-planner",
+    "bagpipe-plans",
+    "bagpipe-fetch",
+    "bagpipe-writeback",
+    "bagpipe-read",
+    "diskstore-",
+)
 #: The step's compute: the trainer's thread and torch's intra-op workers.
 COMPUTE_THREADS = ("trainer", "native")
 

@@ -49,6 +49,9 @@ def test_compute_scales_with_the_batch_and_the_assumed_gpu_step():
     assert spec is not None and spec.endswith("us/sample")
     assert parse_compute(spec).seconds(1024) * 1000 == pytest.approx(b.compute_ms())
     assert _bench().link_rates() == ClusterBench.rates and _bench().emulated_compute() is None
+    # the report names where the step time came from: the given one is not the module's assumption
+    assert b.gpu_step_source().startswith("--gpu-step-ms")
+    assert "V100_STEP_MS" in _bench(dilation=50.0).gpu_step_source()
 
 
 def test_the_paper_profile_off_nothing():
@@ -71,7 +74,7 @@ def test_the_paper_profile_off_nothing():
         (dict(dilation=10.0, rates=(30.0,)), "--rates is set by --dilation"),
         (dict(dilation=10.0, server_ratio=3.0), "--server-ratio is the paper's 2.5"),
         (dict(dilation=10.0, digest=True), "--digest does not apply to --dilation"),
-        (dict(gpu_step_ms=20.0), "--gpu-step-ms applies to --dilation k > 0"),
+        (dict(gpu_step_ms=20.0), "--gpu-step-ms applies to --dilation k > 0 or --project"),
         (dict(dilation=10.0, gpu_step_ms=0.0), "--gpu-step-ms must be > 0"),
         (dict(starved_share=0.0), "--starved-share must be in"),
         (dict(ddp_bucket_mb=-0.5), r"--ddp-bucket-mb must be MiB in \[0, 1024\]"),

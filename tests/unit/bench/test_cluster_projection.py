@@ -142,6 +142,33 @@ def test_projection_row_and_speedups_by_hand():
     assert la["speedup_over_lru"] is None
 
 
+def test_speedups_compare_points_of_the_same_compute():
+    # one traffic projected at two compute times (--project-step-ms): each mode is compared
+    # with nocache at its own compute, and a shorter compute puts more of nocache's step on
+    # embedding access (its wait for rows, 10 ms, does not shrink with the compute)
+    t = _traffic()
+    rows = [
+        projection_row(4, 1, key, t, batch=2048, compute_ms=ms, efficiency=0.0008)
+        for ms in (12.0, 2.0)
+        for key in ("lookahead-L20", "nocache")
+    ]
+    speedups(rows)
+    la12, no12, la2, no2 = rows
+    assert (la12["compute_ms"], la2["compute_ms"]) == (12.0, 2.0)
+    assert la12["speedup_over_nocache"] == pytest.approx(30.0 / 20.0)
+    # compute 2: lookahead max(2, 4) + 5 + 3 = 12 ms, its link's 20 ms binds; nocache 10 + 2 + 5 + 3 = 20
+    assert la2["model"]["step_ms"] == pytest.approx(20.0) and no2["model"]["step_ms"] == pytest.approx(20.0)
+    assert la2["speedup_over_nocache"] == pytest.approx(1.0)
+    assert no2["model"]["embedding_share"] == pytest.approx(10.0 / 20.0)
+    assert no12["model"]["embedding_share"] == pytest.approx(10.0 / 30.0)
+
+
+def test_the_projected_step_times():
+    assert ClusterBench(out="unused", project=(8,)).projected_step_ms() == (13.0,)
+    assert ClusterBench(out="unused", project=(8,), gpu_step_ms=4.0).projected_step_ms() == (4.0,)
+    assert ClusterBench(out="unused", project=(8,), project_step_ms=(2.0, 13.0)).projected_step_ms() == (2.0, 13.0)
+
+
 def test_trainer_0s_parts_sum_to_its_link(tmp_path):
     from bagpipe.bench.harness.runner import ensure_synth
     from bagpipe.bench.scenarios.cluster.cost_model import traffic_for
@@ -169,6 +196,9 @@ def test_trainer_0s_parts_sum_to_its_link(tmp_path):
         (dict(project=(0,)), "--project must be numbers of trainers"),
         (dict(project=(8,), project_servers=(0,)), "--project-servers must be numbers of servers"),
         (dict(project=(8,), project_efficiency=1.5), "--project-efficiency must be in"),
+        (dict(project=(8,), project_step_ms=(2.0, 0.0)), "--project-step-ms must be step times in ms, each > 0"),
+        (dict(project=(8,), project_step_ms=(float("nan"),)), "project_step_ms must be a finite number, got nan"),
+        (dict(project_step_ms=(2.0,)), "--project-step-ms applies to --project"),
     ],
 )
 def test_projection_refusals(settings, message):

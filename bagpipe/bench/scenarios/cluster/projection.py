@@ -7,12 +7,13 @@ batches for N trainers of ``--batch-size`` each (:func:`~bagpipe.bench.scenarios
 as ``bench cluster`` models its measured points), and
 :func:`~bagpipe.bench.scenarios.cluster.cost_model.predict_emulated_ms` turns the bytes of
 every link into a step at the paper's undilated cluster: compute ``--gpu-step-ms`` per
-2048 samples, a trainer's link 10 Gbit/s, every server's and the oracle's 25 Gbit/s, each
+2048 samples (or each of ``--project-step-ms``: one replay serves them all), a trainer's link 10 Gbit/s, every server's and the oracle's 25 Gbit/s, each
 times ``--project-efficiency`` (what a TCP stream achieves of a shaped rate: the probes of
 ``bench cluster`` measured 0.95-0.97). The cache is sized as the sweep's for N trainers
 (``--cache-fraction`` of all rows, at least one global batch of ids). The table gives samples/s, per trainer, the
-share of the ideal (N x compute alone), the speedups, every term of the step and which
-one bounds it.
+share of the ideal (N x compute alone), the speedups, the share of a step on embedding
+access (a synchronous mode's wait for its rows), every term of the step and which one
+bounds it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bagpipe.bench.harness.report import header, markdown_table, write_results
 from bagpipe.bench.harness.runner import data_samples, ensure_synth
 from bagpipe.bench.scenarios.cluster.cost_model import PlanTraffic, predict_emulated_ms, traffic_for
 from bagpipe.bench.scenarios.cluster.settings import PAPER_CLUSTER, ClusterBench, job_config
+from bagpipe.config.compute import V100_BATCH
 from bagpipe.data.schema import DatasetMeta
 
 
@@ -49,6 +51,7 @@ def projection_row(
     return {
         "trainers": n,
         "servers": servers,
+        "compute_ms": compute_ms,
         "config": key,
         "samples_per_s": sps,
         "per_trainer": sps / n,
@@ -60,11 +63,11 @@ def projection_row(
 
 
 def speedups(rows: list[dict]) -> None:
-    """``speedup_over_nocache`` / ``_lru`` of every row, at the same trainers and servers."""
-    at = {(r["trainers"], r["servers"], r["config"]): r for r in rows}
+    """``speedup_over_nocache`` / ``_lru`` of every row, at the same trainers, servers and compute."""
+    at = {(r["trainers"], r["servers"], r["compute_ms"], r["config"]): r for r in rows}
     for r in rows:
         for base in ("nocache", "lru"):
-            ref = at.get((r["trainers"], r["servers"], base))
+            ref = at.get((r["trainers"], r["servers"], r["compute_ms"], base))
             r[f"speedup_over_{base}"] = r["samples_per_s"] / ref["samples_per_s"] if ref else None
 
 
@@ -77,7 +80,7 @@ def project(b: ClusterBench) -> dict:
     top = max(b.project)
     ensure_synth(data, b.profile, data_samples(b.batch_size * top, b.steps), b.scale, seed=1)
     meta = DatasetMeta.load(data)
-    compute_ms = b.gpu_step_ms * b.batch_size / 2048
+    computes = [ms * b.batch_size / V100_BATCH for ms in b.projected_step_ms()]
     rows = []
     caches = {}
     for n in b.project:
@@ -86,18 +89,20 @@ def project(b: ClusterBench) -> dict:
             for key, mode, L in b.configs():
                 t0 = time.perf_counter()
                 cfg = job_config(b.with_servers(s), data, out / "unused", n, mode, L, cache_rows)
-                traffic = traffic_for(cfg, meta, b.warmup)
-                rows.append(projection_row(n, s, key, traffic, b.batch_size, compute_ms, b.project_efficiency))
-                print(
-                    f"{n} trainers, {s} server(s), {key}: {rows[-1]['samples_per_s']:,.0f} samples/s "
-                    f"({rows[-1]['model']['bottleneck']}; replayed in {time.perf_counter() - t0:.0f} s)",
-                    flush=True,
-                )
+                traffic = traffic_for(cfg, meta, b.warmup)  # the bytes do not depend on the compute
+                for compute_ms in computes:
+                    rows.append(projection_row(n, s, key, traffic, b.batch_size, compute_ms, b.project_efficiency))
+                    print(
+                        f"{n} trainers, {s} server(s), {key}, compute {compute_ms:g} ms: "
+                        f"{rows[-1]['samples_per_s']:,.0f} samples/s ({rows[-1]['model']['bottleneck']}; "
+                        f"replayed in {time.perf_counter() - t0:.0f} s)",
+                        flush=True,
+                    )
     speedups(rows)
     payload = {
         **header(b),
         "projection": rows,
-        "compute_ms": compute_ms,
+        "compute_ms": computes,
         "cache_rows": caches,
         "total_rows": meta.total_rows,
         "efficiency": b.project_efficiency,
@@ -116,12 +121,14 @@ def projection_table(payload: dict) -> str:
             [
                 r["trainers"],
                 r["servers"],
+                f"{r['compute_ms']:g}",
                 r["config"],
                 f"{r['samples_per_s']:,.0f}",
                 f"{r['per_trainer']:,.0f}",
                 f"{r['share_of_ideal']:.2f}",
                 sx(r["speedup_over_nocache"]),
                 sx(r["speedup_over_lru"]),
+                f"{m['embedding_share']:.0%}",
                 f"{m['compute_ms']:.1f} / {m['embedding_ms']:.1f} / {m['dense_ms']:.1f} "
                 f"({m.get('dense_exposed_ms', m['dense_ms']):.1f}) / "
                 f"{m['sync_urgent_ms']:.1f} / {m['sync_deferred_ms']:.1f}",
@@ -132,7 +139,7 @@ def projection_table(payload: dict) -> str:
         )
     head = (
         f"Projection by the cost model (no process ran): the paper's cluster, compute "
-        f"{payload['compute_ms']:g} ms a step (an assumption), trainer links 10 Gbit/s, servers and oracle "
+        f"{' / '.join(f'{ms:g}' for ms in payload['compute_ms'])} ms a step (an assumption), trainer links 10 Gbit/s, servers and oracle "
         f"25 Gbit/s, each x {payload['efficiency']:g}; cache (rows, by trainers) "
         f"{', '.join(f'{n}: {c:,}' for n, c in payload['cache_rows'].items())} of {payload['total_rows']:,} rows."
     )
@@ -140,12 +147,14 @@ def projection_table(payload: dict) -> str:
         [
             "trainers",
             "servers",
+            "compute ms",
             "mode",
             "samples/s",
             "per trainer",
             "of ideal",
             "vs nocache",
             "vs lru",
+            "on embedding access",
             "ms: compute / embedding (sync modes) / dense all-reduce (left after the backward) / row sync urgent / deferred",
             "ms of bytes on the busiest trainer / server / oracle link",
             "ms/step",

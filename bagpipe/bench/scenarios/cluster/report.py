@@ -163,7 +163,7 @@ def dilation_section(b: ClusterBench) -> dict:
     return {
         "k": b.dilation,
         "gpu_step_ms": b.gpu_step_ms,
-        "gpu_step_ms_source": "assumption (bagpipe.config.compute.V100_STEP_MS), not a figure of the paper",
+        "gpu_step_ms_source": b.gpu_step_source(),
         "emulate_compute": b.emulated_compute(),
         "compute_ms_per_step": b.compute_ms(),
         "paper_trainer_mbit": PAPER_CLUSTER["trainer_mbit"],

@@ -97,7 +97,7 @@ class ClusterBench(CachePoint, Throughput):
     every trainer link 10,000 / k Mbit/s, the server's and the oracle's 25,000 / k (so
     --rates and --server-ratio are set by k); the ideal is the emulated compute alone."""
     gpu_step_ms: float = V100_STEP_MS
-    """With --dilation: the profile GPU's forward + backward of one trainer's 2048 samples,
+    """With --dilation or --project: the profile GPU's forward + backward of one trainer's 2048 samples,
     ms (an assumption, not a figure of the paper: bagpipe.config.compute.V100_STEP_MS)."""
     congestion_control: str = "cubic"
     """TCP congestion control of every emulated host (set on its route, ip route ...
@@ -114,6 +114,10 @@ class ClusterBench(CachePoint, Throughput):
     """With --project: numbers of embedding servers."""
     project_efficiency: float = 0.96
     """With --project: achieved over nominal link rate (bench cluster's probes: 0.95-0.97)."""
+    project_step_ms: tuple[float, ...] = ()
+    """With --project: the profile GPU's forward + backward of 2048 samples to project at,
+    ms (e.g. 2,4,8,13: where the paper's ~75% of nocache's step on embedding access lies;
+    one replay of the planner serves them all). Default: --gpu-step-ms alone."""
 
     def validate(self) -> None:
         super().validate()
@@ -125,6 +129,12 @@ class ClusterBench(CachePoint, Throughput):
             "must be numbers of servers in 1..8",
         )
         self.check("project_efficiency", 0 < self.project_efficiency <= 1, "must be in (0, 1]")
+        self.check(
+            "project_step_ms",
+            all(0 < ms <= 1e6 for ms in self.project_step_ms),
+            "must be step times in ms, each > 0 (and at most 1e6)",
+        )
+        self.check("project_step_ms", bool(self.project) or not self.project_step_ms, "applies to --project")
         self.check("rates", bool(self.rates) and all(r > 0 for r in self.rates), "must be link rates > 0 in Mbit/s")
         self.check(
             "trainers", bool(self.trainers) and all(n >= 1 for n in self.trainers), "must be numbers of trainers >= 1"
@@ -159,8 +169,18 @@ class ClusterBench(CachePoint, Throughput):
             self.check("rates", self.rates == ClusterBench.rates, "is set by --dilation k (10,000 / k Mbit/s): drop it")
             self.check("server_ratio", self.server_ratio == 2.5, "is the paper's 2.5 with --dilation: drop it")
             self.check("digest", not self.digest, "does not apply to --dilation (emulated compute does not train)")
-        else:
-            self.check("gpu_step_ms", self.gpu_step_ms == V100_STEP_MS, "applies to --dilation k > 0")
+        elif not self.project:
+            self.check("gpu_step_ms", self.gpu_step_ms == V100_STEP_MS, "applies to --dilation k > 0 or --project")
+
+    def gpu_step_source(self) -> str:
+        """Where the profile GPU's step time came from (neither is a figure of the paper)."""
+        if self.gpu_step_ms == V100_STEP_MS:
+            return "assumption (bagpipe.config.compute.V100_STEP_MS), not a figure of the paper"
+        return "--gpu-step-ms, not a figure of the paper"
+
+    def projected_step_ms(self) -> tuple[float, ...]:
+        """The profile GPU's step times (ms per 2048 samples) --project projects at."""
+        return self.project_step_ms or (self.gpu_step_ms,)
 
     def host_congestion_control(self) -> str | None:
         """What every emulated host's TCP is set to (None: the machine's, inherited)."""
