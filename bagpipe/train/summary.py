@@ -499,8 +499,9 @@ class Summary:
     """CPU per measured step of every thread of the process, by name (``trainer``: the steps'
     thread; ``native``: threads Python did not start, mostly torch's intra-op workers)."""
     pipeline_cpu_share: float | None
-    """CPU of the embedding pipeline's threads (planner, fetch, write-back, the disk store's
-    pools) over the CPU of the step's compute (trainer + native); None without figures."""
+    """CPU of the embedding pipeline's threads (planner, fetch, write-back, readers, the disk
+    store's pools, a distributed trainer's plan receiver) over the CPU of the step's compute
+    (trainer + native); None without figures."""
     cache: CacheStats | None
     """The embedding side of a run with a store; None for the full tables."""
     distributed: DistributedStats | None

@@ -163,6 +163,21 @@ def test_speedups_compare_points_of_the_same_compute():
     assert no12["model"]["embedding_share"] == pytest.approx(10.0 / 30.0)
 
 
+def test_the_table_has_a_row_per_compute_with_its_share_on_embedding_access():
+    from bagpipe.bench.scenarios.cluster.projection import projection_table
+
+    t = _traffic()
+    rows = [projection_row(4, 1, "nocache", t, batch=2048, compute_ms=ms, efficiency=0.0008) for ms in (12.0, 2.0)]
+    speedups(rows)
+    table = projection_table(
+        {"projection": rows, "compute_ms": [12.0, 2.0], "efficiency": 0.0008, "cache_rows": {4: 10}, "total_rows": 100}
+    )
+    assert "compute 12 / 2 ms a step" in table
+    body = [line for line in table.splitlines() if line.startswith("| 4 |")]
+    assert [line.split(" | ")[2] for line in body] == ["12", "2"]
+    assert "| 33% |" in body[0] and "| 50% |" in body[1]  # 10 ms of rows in a 30 and a 20 ms step
+
+
 def test_the_projected_step_times():
     assert ClusterBench(out="unused", project=(8,)).projected_step_ms() == (13.0,)
     assert ClusterBench(out="unused", project=(8,), gpu_step_ms=4.0).projected_step_ms() == (4.0,)
@@ -199,6 +214,10 @@ def test_trainer_0s_parts_sum_to_its_link(tmp_path):
         (dict(project=(8,), project_step_ms=(2.0, 0.0)), "--project-step-ms must be step times in ms, each > 0"),
         (dict(project=(8,), project_step_ms=(float("nan"),)), "project_step_ms must be a finite number, got nan"),
         (dict(project_step_ms=(2.0,)), "--project-step-ms applies to --project"),
+        (
+            dict(project=(8,), project_step_ms=(2.0,), gpu_step_ms=4.0),
+            "--gpu-step-ms is replaced by --project-step-ms: give one of the two",
+        ),
     ],
 )
 def test_projection_refusals(settings, message):

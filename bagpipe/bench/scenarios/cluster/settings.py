@@ -135,6 +135,11 @@ class ClusterBench(CachePoint, Throughput):
             "must be step times in ms, each > 0 (and at most 1e6)",
         )
         self.check("project_step_ms", bool(self.project) or not self.project_step_ms, "applies to --project")
+        self.check(
+            "gpu_step_ms",
+            not self.project_step_ms or self.gpu_step_ms == V100_STEP_MS,
+            "is replaced by --project-step-ms: give one of the two",
+        )
         self.check("rates", bool(self.rates) and all(r > 0 for r in self.rates), "must be link rates > 0 in Mbit/s")
         self.check(
             "trainers", bool(self.trainers) and all(n >= 1 for n in self.trainers), "must be numbers of trainers >= 1"
