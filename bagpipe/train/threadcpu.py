@@ -9,8 +9,8 @@ group, every other native thread -- torch's intra-op workers, mostly -- as ``nat
 and reports milliseconds per measured step.
 
 How to read the figures of a pipeline thread (``bagpipe-fetch``, ``bagpipe-writeback``,
-``bagpipe-planner``, ``bagpipe-plans``, ``diskstore-*``) beside its ``busy`` seconds (its own wall clock around
-its work, :class:`bagpipe.cache.executor.PipelineTimes`):
+``bagpipe-planner``, ``bagpipe-plans``, ``diskstore-*``) beside its ``busy`` seconds (its own
+wall clock around its work, :class:`bagpipe.cache.executor.PipelineTimes`):
 
 * ``cpu`` close to ``busy``: the thread computes (NumPy, system calls: ``system``);
 * ``busy`` well above ``cpu + runq``: it waited for I/O or for the interpreter lock;

@@ -7,8 +7,9 @@ batches for N trainers of ``--batch-size`` each (:func:`~bagpipe.bench.scenarios
 as ``bench cluster`` models its measured points), and
 :func:`~bagpipe.bench.scenarios.cluster.cost_model.predict_emulated_ms` turns the bytes of
 every link into a step at the paper's undilated cluster: compute ``--gpu-step-ms`` per
-2048 samples (or each of ``--project-step-ms``: one replay serves them all), a trainer's link 10 Gbit/s, every server's and the oracle's 25 Gbit/s, each
-times ``--project-efficiency`` (what a TCP stream achieves of a shaped rate: the probes of
+2048 samples (or each of ``--project-step-ms``: one replay serves them all), a trainer's
+link 10 Gbit/s, every server's and the oracle's 25 Gbit/s, each times
+``--project-efficiency`` (what a TCP stream achieves of a shaped rate: the probes of
 ``bench cluster`` measured 0.95-0.97). The cache is sized as the sweep's for N trainers
 (``--cache-fraction`` of all rows, at least one global batch of ids). The table gives samples/s, per trainer, the
 share of the ideal (N x compute alone), the speedups, the share of a step on embedding
@@ -137,10 +138,11 @@ def projection_table(payload: dict) -> str:
                 m["bottleneck"],
             ]
         )
+    computes = " / ".join(f"{ms:g}" for ms in payload["compute_ms"])
     head = (
-        f"Projection by the cost model (no process ran): the paper's cluster, compute "
-        f"{' / '.join(f'{ms:g}' for ms in payload['compute_ms'])} ms a step (an assumption), trainer links 10 Gbit/s, servers and oracle "
-        f"25 Gbit/s, each x {payload['efficiency']:g}; cache (rows, by trainers) "
+        f"Projection by the cost model (no process ran): the paper's cluster, compute {computes} ms a step "
+        f"(an assumption), trainer links 10 Gbit/s, servers and oracle 25 Gbit/s, each x {payload['efficiency']:g}; "
+        f"cache (rows, by trainers) "
         f"{', '.join(f'{n}: {c:,}' for n, c in payload['cache_rows'].items())} of {payload['total_rows']:,} rows."
     )
     table = markdown_table(
